@@ -1,0 +1,184 @@
+"""Shared building blocks and conventions for every hypermixer-jax model.
+
+Conventions (all models follow them, so any token mixer drops into any block):
+
+* Token mixers are Linen modules called as
+  ``mixer(x, *, mask=None, segment_ids=None, deterministic=True) -> y`` with
+  ``x, y: [B, N, d]``; ``mask: [B, N]`` bool, True for real tokens;
+  ``segment_ids: [B, N]`` int, 0 for padding and 1, 2, ... for the packed
+  examples of a row. When ``segment_ids`` is given, a mixer never mixes tokens
+  of different segments. Causality is a module attribute (``causal=True``).
+* Every parameter carries logical axis names at creation
+  (``nn.with_logical_partitioning``) and the main activations are constrained
+  with ``nn.with_logical_constraint``; the rules mapping logical names to mesh
+  axes live in the config (see ``hypermixer_jax.sharding``). The logical names
+  are the constants below; use them, do not invent new spellings.
+* ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+Dtype = Any
+Initializer = Callable[..., Array]
+
+# ---------------------------------------------------------------------------
+# Logical axis names.
+# ---------------------------------------------------------------------------
+BATCH = "batch"        # examples
+LENGTH = "length"      # tokens / patches of the activations
+EMBED = "embed"        # model width d
+MLP = "mlp"            # feed-forward hidden width (d_ffn), gMLP channels
+HEADS = "heads"        # attention heads / HyperMixer heads
+KV = "kv"              # per-head width
+HYPER = "hyper"        # HyperMixer hidden width d' (TM-MLP hidden units)
+SEQ_IN = "seq_in"      # token-mixing weights indexed by input position (SGU W, Mixer MLP)
+SEQ_OUT = "seq_out"    # token-mixing weights indexed by output position
+TOKEN_MLP = "token_mlp"  # MLP-Mixer token-mixing hidden width D_S
+VOCAB = "vocab"        # vocabulary
+PATCH = "patch"        # flattened patch features P*P*3
+CLASSES = "classes"    # classifier outputs
+EXPERT = "expert"      # MoE experts
+NORM = "norm"          # LayerNorm scale / bias (replicated by every preset)
+
+LOGICAL_AXES = (BATCH, LENGTH, EMBED, MLP, HEADS, KV, HYPER, SEQ_IN, SEQ_OUT,
+                TOKEN_MLP, VOCAB, PATCH, CLASSES, EXPERT, NORM)
+
+default_kernel_init = nn.initializers.lecun_normal()
+
+
+def partitioned(init: Initializer, axes: Sequence[str | None]) -> Initializer:
+  """Wraps ``init`` so the created parameter carries logical axis ``axes``."""
+  return nn.with_logical_partitioning(init, tuple(axes))
+
+
+def constrain(x: Array, axes: Sequence[str | None]) -> Array:
+  """Logical sharding constraint on an activation (no-op outside a mesh)."""
+  return nn.with_logical_constraint(x, tuple(axes))
+
+
+class Dense(nn.Module):
+  """``nn.Dense`` whose kernel and bias carry logical axis names.
+
+  Attributes:
+    features: output width.
+    axes: logical names of the kernel, ``(in_axis, out_axis)``; the bias
+      takes ``out_axis``.
+  """
+  features: int
+  axes: tuple[str | None, str | None]
+  use_bias: bool = True
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  kernel_init: Initializer = default_kernel_init
+  bias_init: Initializer = nn.initializers.zeros_init()
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    return nn.Dense(
+        self.features,
+        use_bias=self.use_bias,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        kernel_init=partitioned(self.kernel_init, self.axes),
+        bias_init=partitioned(self.bias_init, (self.axes[1],)),
+        name="dense")(x)
+
+
+class LayerNorm(nn.Module):
+  """``nn.LayerNorm`` over the last axis, scale and bias named ``axis``."""
+  axis: str = NORM
+  epsilon: float = 1e-6
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    return nn.LayerNorm(
+        epsilon=self.epsilon,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        scale_init=partitioned(nn.initializers.ones_init(), (self.axis,)),
+        bias_init=partitioned(nn.initializers.zeros_init(), (self.axis,)),
+        name="ln")(x)
+
+
+def gelu(x: Array) -> Array:
+  """Exact (erf) GELU, as in the papers' reference code."""
+  return nn.gelu(x, approximate=False)
+
+
+def sinusoidal_positions(length: int, dim: int, dtype: Dtype = jnp.float32
+                         ) -> Array:
+  """Fixed sinusoidal position table ``[length, dim]`` (Vaswani et al.)."""
+  pos = jnp.arange(length, dtype=jnp.float32)[:, None]
+  half = dim // 2
+  freq = jnp.exp(-jnp.log(10000.0) * jnp.arange(half, dtype=jnp.float32)
+                 / max(half, 1))
+  angles = pos * freq[None, :]
+  table = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+  if dim % 2:
+    table = jnp.pad(table, ((0, 0), (0, 1)))
+  return table.astype(dtype)
+
+
+def resolve_mask(x: Array, mask: Array | None, segment_ids: Array | None
+                 ) -> Array | None:
+  """Checks and combines the padding mask and the segment ids.
+
+  Returns a ``[B, N]`` bool mask (True = real token) or None when the
+  sequence has no padding. Raises ValueError naming the argument when a shape
+  does not match ``x``'s ``[B, N]``.
+  """
+  b, n = x.shape[0], x.shape[1]
+  if mask is not None:
+    if mask.shape != (b, n):
+      raise ValueError(
+          f"mask has shape {tuple(mask.shape)} but x is [B, N, d] = "
+          f"{tuple(x.shape)}; pass a [B, N] = {(b, n)} boolean padding mask "
+          "(True for real tokens).")
+    mask = mask.astype(bool)
+  if segment_ids is not None:
+    if segment_ids.shape != (b, n):
+      raise ValueError(
+          f"segment_ids has shape {tuple(segment_ids.shape)} but x is "
+          f"[B, N, d] = {tuple(x.shape)}; pass [B, N] = {(b, n)} integer "
+          "segment ids (0 for padding).")
+    seg_mask = segment_ids > 0
+    mask = seg_mask if mask is None else jnp.logical_and(mask, seg_mask)
+  return mask
+
+
+def pair_mask(mask: Array | None, segment_ids: Array | None,
+              causal: bool, n_q: int, n_k: int) -> Array | None:
+  """``[B or 1, Nq, Nk]`` bool: may query i read key j.
+
+  Combines the key padding mask, segment equality and causality. Returns
+  None when nothing is masked.
+  """
+  out = None
+  if mask is not None:
+    out = mask[:, None, :n_k]
+  if segment_ids is not None:
+    same = segment_ids[:, :n_q, None] == segment_ids[:, None, :n_k]
+    out = same if out is None else jnp.logical_and(out, same)
+  if causal:
+    tri = jnp.tril(jnp.ones((n_q, n_k), dtype=bool))[None]
+    out = tri if out is None else jnp.logical_and(out, tri)
+  return out
+
+
+def check_width(x: Array, expected: int | None, module: str) -> None:
+  """Raises ValueError if ``x``'s feature width differs from ``expected``."""
+  if x.ndim != 3:
+    raise ValueError(f"{module}: x must be [B, N, d], got shape {x.shape}.")
+  if expected is not None and x.shape[-1] != expected:
+    raise ValueError(
+        f"{module}: x has feature width d={x.shape[-1]} but the module was "
+        f"built for d={expected}; set the model's d_model to {x.shape[-1]} or "
+        "project the input first.")

@@ -1,0 +1,39 @@
+"""hypermixer-jax: MLP-based alternatives to Transformers in JAX/Flax."""
+import setuptools
+
+INSTALL_REQUIRES = [
+    "jax>=0.9",
+    "jaxlib>=0.9",
+    "flax>=0.11",
+    "optax>=0.2.4",
+    "orbax-checkpoint>=0.11",
+    "chex>=0.1.90",
+    "ml_collections>=1.0",
+    "absl-py",
+    "numpy",
+    # Input pipelines (CPU tf is what seqio/TFDS need on the host).
+    "tensorflow",
+    "tensorflow-datasets>=4.9",
+    "tensorflow-text",
+    "seqio>=0.0.19",
+    "sentencepiece",
+    # Metrics and visualisation.
+    "tensorboardX",
+    "matplotlib",
+    "tqdm",
+]
+
+TESTS_REQUIRE = ["pytest", "pytest-xdist"]
+
+setuptools.setup(
+    name="hypermixer_jax",
+    version="0.1.0",
+    description="HyperMixer, MLP-Mixer, gMLP/aMLP, sMLP and baselines in JAX/Flax",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["hypermixer_jax", "hypermixer_jax.*"]),
+    python_requires=">=3.11",
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TESTS_REQUIRE},
+    entry_points={"console_scripts": ["hypermixer-train=hypermixer_jax.main:run"]},
+)

@@ -1,0 +1,38 @@
+"""Test setup: 8 fake CPU devices, so that sharding is tested everywhere.
+
+The flag must be set before JAX initialises its backend, i.e. before any
+test module touches a device; conftest.py is imported first by pytest.
+"""
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+  os.environ["XLA_FLAGS"] = (
+      _flags + " --xla_force_host_platform_device_count=8").strip()
+# TensorFlow (seqio/TFDS) must never grab an accelerator or print noise.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+SHARED_DATA = pathlib.Path(
+    os.environ.get("HYPERMIXER_SHARED_DATA",
+                   pathlib.Path(__file__).resolve().parents[1].parent
+                   / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+  """Path of ``../shared/data``; skips the test when it is absent."""
+  if not SHARED_DATA.is_dir():
+    pytest.skip(f"real sample data not found at {SHARED_DATA} (set "
+                "HYPERMIXER_SHARED_DATA to the shared/data folder to run "
+                "this test)")
+  return SHARED_DATA
