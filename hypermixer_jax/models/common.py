@@ -3,7 +3,8 @@
 Conventions (all models follow them, so any token mixer drops into any block):
 
 * Token mixers are Linen modules called as
-  ``mixer(x, *, mask=None, segment_ids=None, deterministic=True) -> y`` with
+  ``mixer(x, *, mask=None, segment_ids=None, positions=None,
+  deterministic=True) -> y`` with
   ``x, y: [B, N, d]``; ``mask: [B, N]`` bool, True for real tokens;
   ``segment_ids: [B, N]`` int, 0 for padding and 1, 2, ... for the packed
   examples of a row. When ``segment_ids`` is given, a mixer never mixes tokens
