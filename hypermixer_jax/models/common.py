@@ -8,7 +8,10 @@ Conventions (all models follow them, so any token mixer drops into any block):
   ``x, y: [B, N, d]``; ``mask: [B, N]`` bool, True for real tokens;
   ``segment_ids: [B, N]`` int, 0 for padding and 1, 2, ... for the packed
   examples of a row. When ``segment_ids`` is given, a mixer never mixes tokens
-  of different segments. Causality is a module attribute (``causal=True``).
+  of different segments. ``positions: [B, N]`` (default ``arange(N)``) is
+  each token's position inside its own segment, so that mixers whose weights
+  depend on absolute position restart at 0 in every packed example.
+  Causality is a module attribute (``causal=True``).
 * Every parameter carries logical axis names at creation
   (``nn.with_logical_partitioning``) and the main activations are constrained
   with ``nn.with_logical_constraint``; the rules mapping logical names to mesh
