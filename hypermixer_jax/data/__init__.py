@@ -1,0 +1,13 @@
+"""Input pipelines: seqio tasks, feature converters and resumable iterators.
+
+Entry points: ``build_pipeline``, ``default_data_config``, ``task_metrics``;
+the seqio tasks are registered in ``hypermixer_jax.data.tasks``.
+"""
+from hypermixer_jax.data.config import default_data_config
+from hypermixer_jax.data.metrics import task_metrics
+from hypermixer_jax.data.pipeline import Pipeline
+from hypermixer_jax.data.pipeline import build_pipeline
+from hypermixer_jax.data.tasks import TASK_NAMES
+
+__all__ = ["Pipeline", "TASK_NAMES", "build_pipeline", "default_data_config",
+           "task_metrics"]

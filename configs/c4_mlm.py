@@ -1,0 +1,43 @@
+"""Masked-LM pretraining on C4 of one of the HyperMixer paper's GLUE models.
+
+    python -m hypermixer_jax.main --config=configs/c4_mlm.py:hypermixer \
+        --workdir=/ckpt/mlm_hypermixer
+
+Argument: a GLUE model of the zoo, ``glue_<ARG>`` (``hypermixer``,
+``hypermixer_tied``, ``mlp_mixer``, ``gmlp``, ``attention``,
+``linear_attention``, ``fnet``), given an MLM head. BERT-style setting of the
+gMLP paper's ablations (length 128, AdamW 0.9/0.999, linear warm-up, peak
+lr 7e-4, 125k steps), at batch 256 (the paper's 2048 by ``grad_accum_steps``
+or a bigger mesh). ``configs/glue.py:TASK,ARG,finetune`` starts from here.
+"""
+import ml_collections
+
+from hypermixer_jax.train.config import TEXT_SEQ_LEN
+from hypermixer_jax.train.config import base_config
+from hypermixer_jax.train.config import text_model
+
+
+def get_config(arg: str = "hypermixer") -> ml_collections.ConfigDict:
+  c = base_config()
+  c.model = text_model(arg or "hypermixer", "mlm")
+  c.data.task = "c4_mlm"
+  c.data.seq_len = TEXT_SEQ_LEN
+  c.data.packing = True
+
+  c.mesh.data = -1
+  c.sharding.rules = "data_parallel"
+
+  c.learning_rate = 7e-4
+  c.warmup_steps = 10_000
+  c.decay = "linear"
+  c.weight_decay = 0.01
+  c.clip_norm = 1.0
+  c.num_train_steps = 125_000
+  c.batch_size = 256
+  c.eval_batch_size = 256
+  c.eval_every = 5_000
+  c.eval_steps = 50
+  c.log_every = 100
+  c.checkpoint_every = 5_000
+  c.keep_checkpoints = 3
+  return c

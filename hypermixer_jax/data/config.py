@@ -1,0 +1,71 @@
+"""The data configuration (``config.data``): every field the pipelines read."""
+from __future__ import annotations
+
+import os
+
+import ml_collections
+from ml_collections import config_dict
+
+# seqio's (and T5's) default vocabulary. Many machines cannot reach the bucket:
+# set HYPERMIXER_VOCAB, pass --config.data.vocab_path=/local/file.model, or
+# train one with `python -m hypermixer_jax.data.train_vocab`.
+T5_VOCAB_GCS = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+  """Returns the data config with defaults for every field.
+
+  Fields:
+    task: one of ``hypermixer_jax.data.TASK_NAMES`` ('c4_mlm', 'c4_lm',
+      'glue_sst2', 'glue_mnli', 'glue_qnli', 'glue_qqp', 'glue_snli',
+      'imagenet_patches', 'synthetic_pairs').
+    seq_len: tokens per row for the text tasks (128 and 512 in the papers).
+    vocab_path: a SentencePiece ``.model`` file (local path or gs://).
+    extra_ids: sentinel ids appended to the SentencePiece vocabulary by seqio
+      (100 as in T5); the first three serve as [MASK], [CLS] and [SEP].
+    data_dir: TFDS data directory (None: TFDS's default).
+    local_files: split name -> file pattern (comma-separated patterns allowed)
+      of local JSONL (.jsonl), TSV with a header (.tsv) or text (.txt, .raw)
+      files; when set for a split, TFDS is not used for it. For ImageNet: a
+      ``filename<TAB>class_index`` TSV with image paths relative to it.
+    packing: pack several short examples per row (segment ids mark them).
+    shuffle_buffer_size: examples in the seeded shuffle buffer.
+    mlm: BERT masking rates (selection, [MASK], random token).
+    image_size, patch_size: resolution and square patch side for ImageNet.
+    min_crop_area: smallest area fraction of the random resized crop.
+    crop_fraction: eval centre crop fraction (image_size / resized side).
+    synthetic: options of the §4.7 shape-pairs task (see ``synthetic.py``).
+  """
+  c = ml_collections.ConfigDict()
+  c.task = "synthetic_pairs"
+  c.seq_len = 128
+  c.vocab_path = os.environ.get("HYPERMIXER_VOCAB", T5_VOCAB_GCS)
+  c.extra_ids = 100
+  c.data_dir = config_dict.placeholder(str)
+  c.local_files = ml_collections.ConfigDict()
+  c.packing = False
+  c.shuffle_buffer_size = 10_000
+
+  c.mlm = ml_collections.ConfigDict()
+  c.mlm.select_rate = 0.15
+  c.mlm.mask_token_rate = 0.8
+  c.mlm.random_token_rate = 0.1
+
+  c.image_size = 224
+  c.patch_size = 16
+  c.min_crop_area = 0.08
+  c.crop_fraction = 0.875
+
+  c.synthetic = ml_collections.ConfigDict()
+  c.synthetic.seq_len = 64
+  c.synthetic.data_seed = 0                # the data set; the pipeline seed only orders it
+  c.synthetic.num_examples = 50_000       # train split; 0 = endless fresh examples
+  c.synthetic.num_eval_examples = 2_000   # validation and test splits
+  c.synthetic.shapes = ("triangle", "box")
+  c.synthetic.min_height = 1.0
+  c.synthetic.max_height = 25.0
+  c.synthetic.min_width = 3
+  c.synthetic.max_width = 9
+  c.synthetic.noise = 0.3                  # uniform input noise, in height units
+  c.synthetic.normalize = True             # divide heights by max_height
+  return c

@@ -1,0 +1,145 @@
+"""seqio FeatureConverters from task features to the batch formats of
+CONTRIBUTING.md (``inputs``, ``targets``, ``weights``, ``segment_ids``,
+``positions``, ``token_type_ids``, ``label``).
+
+``segment_ids`` is always present for text: 1..K for the K examples packed in
+a row (1 without packing), 0 on padding. ``positions`` restart at 0 in every
+segment.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import seqio
+import tensorflow as tf
+
+Spec = seqio.FeatureConverter.FeatureSpec
+
+
+def _unpacked_segments(ex: Mapping[str, tf.Tensor], key: str) -> dict:
+  """segment_ids / positions of an unpacked, right-padded row."""
+  real = tf.cast(tf.not_equal(ex[key], 0), tf.int32)
+  # A row is one example followed by padding, so the real tokens are a prefix.
+  length = tf.reduce_sum(real)
+  n = tf.size(ex[key])
+  segment_ids = tf.cast(tf.range(n) < length, tf.int32)
+  return {"segment_ids": segment_ids,
+          "positions": tf.range(n, dtype=tf.int32) * segment_ids}
+
+
+class MLMFeatureConverter(seqio.FeatureConverter):
+  """Masked LM: loss weights on *all* selected positions.
+
+  seqio's ``EncoderFeatureConverter`` derives the loss weights from
+  ``inputs == mask_id``, which forgets the 10% of selected tokens replaced by a
+  random token and the 10% kept unchanged. Here the task provides ``weights``
+  (1 on every selected position, see ``preprocessors.bert_mask``) and the
+  converter packs or pads them together with the tokens.
+  """
+
+  TASK_FEATURES = {"inputs": Spec(dtype=tf.int32),
+                   "targets": Spec(dtype=tf.int32),
+                   "weights": Spec(dtype=tf.int32)}
+  MODEL_FEATURES = {"inputs": Spec(dtype=tf.int32),
+                    "targets": Spec(dtype=tf.int32),
+                    "weights": Spec(dtype=tf.float32),
+                    "segment_ids": Spec(dtype=tf.int32),
+                    "positions": Spec(dtype=tf.int32)}
+  PACKING_FEATURE_DTYPES = {}
+
+  def _convert_features(self, ds, task_feature_lengths):
+    # seqio's packer measures each feature by its count of non-zero entries,
+    # so 0/1 weights travel as 1/2 and are shifted back after packing.
+    ds = ds.map(lambda ex: {**ex, "weights": ex["weights"] + 1},
+                num_parallel_calls=tf.data.AUTOTUNE)
+    ds = self._pack_or_pad(ds, task_feature_lengths)
+
+    def convert(ex):
+      weights = tf.maximum(ex["weights"] - 1, 0)
+      out = {"inputs": ex["inputs"], "targets": ex["targets"],
+             "weights": tf.cast(weights, tf.float32)}
+      if self.pack:
+        out["segment_ids"] = ex["targets_segment_ids"]
+        out["positions"] = ex["targets_positions"]
+      else:
+        out.update(_unpacked_segments(ex, "targets"))
+      return out
+
+    return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    n = task_feature_lengths["targets"]
+    return {k: n for k in self.MODEL_FEATURES}
+
+
+class CausalLMFeatureConverter(seqio.FeatureConverter):
+  """Causal LM on top of seqio's ``LMFeatureConverter``, renamed to our keys.
+
+  ``inputs`` are the targets shifted right (BOS = 0 at the start of every
+  segment), ``targets`` the next tokens, ``weights`` 1 on real tokens.
+  """
+
+  TASK_FEATURES = {"targets": Spec(dtype=tf.int32)}
+  MODEL_FEATURES = {"inputs": Spec(dtype=tf.int32),
+                    "targets": Spec(dtype=tf.int32),
+                    "weights": Spec(dtype=tf.float32),
+                    "segment_ids": Spec(dtype=tf.int32),
+                    "positions": Spec(dtype=tf.int32)}
+  PACKING_FEATURE_DTYPES = {}
+
+  def _convert_features(self, ds, task_feature_lengths):
+    ds = seqio.LMFeatureConverter(pack=self.pack)(ds, task_feature_lengths)
+
+    def convert(ex):
+      out = {"inputs": ex["decoder_input_tokens"],
+             "targets": ex["decoder_target_tokens"],
+             "weights": tf.cast(ex["decoder_loss_weights"], tf.float32)}
+      if self.pack:
+        out["segment_ids"] = ex["decoder_segment_ids"]
+        out["positions"] = ex["decoder_positions"]
+      else:
+        out.update(_unpacked_segments(ex, "decoder_target_tokens"))
+      return out
+
+    return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    n = task_feature_lengths["targets"]
+    return {k: n for k in self.MODEL_FEATURES}
+
+
+class ClassificationFeatureConverter(seqio.FeatureConverter):
+  """GLUE: padded ``inputs``/``token_type_ids``, ``segment_ids``, ``label``.
+
+  Not packable: one label per row.
+  """
+
+  TASK_FEATURES = {"inputs": Spec(dtype=tf.int32),
+                   "token_type_ids": Spec(dtype=tf.int32),
+                   "label": Spec(dtype=tf.int32, rank=0)}
+  MODEL_FEATURES = {"inputs": Spec(dtype=tf.int32),
+                    "token_type_ids": Spec(dtype=tf.int32),
+                    "segment_ids": Spec(dtype=tf.int32),
+                    "label": Spec(dtype=tf.int32, rank=0)}
+  PACKING_FEATURE_DTYPES = {}
+
+  def __init__(self, pack: bool = False, **kwargs):
+    if pack:
+      raise ValueError("Packing is not supported for classification tasks "
+                       "(one label per row); set data.packing=False.")
+    super().__init__(pack=False, **kwargs)
+
+  def _convert_features(self, ds, task_feature_lengths):
+    lengths = {k: v for k, v in task_feature_lengths.items() if k != "label"}
+    ds = self._pack_or_pad(ds, lengths)
+
+    def convert(ex):
+      return {"inputs": ex["inputs"], "token_type_ids": ex["token_type_ids"],
+              "segment_ids": _unpacked_segments(ex, "inputs")["segment_ids"],
+              "label": ex["label"]}
+
+    return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    n = task_feature_lengths["inputs"]
+    return {"inputs": n, "token_type_ids": n, "segment_ids": n, "label": 0}

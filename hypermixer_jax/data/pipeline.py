@@ -1,0 +1,216 @@
+"""``build_pipeline``: per-host, seeded, resumable iterators of NumPy batches.
+
+Every pipeline is a sequence of epochs. Epoch e is built from the seed
+``(seed, e)`` (TFDS file order, shuffle buffer, masking and augmentation all
+derive from it, statelessly), so it is a pure function of (config, split,
+shard, seed, e). The state is ``(epoch, batches taken in the epoch)``: a
+restored pipeline rebuilds epoch e and skips the batches already taken, and
+then yields exactly what the uninterrupted pipeline would have yielded.
+Skipping replays the tf.data pipeline (cost ~ the batches skipped, at the
+pipeline's throughput); the synthetic task indexes its examples directly, so
+it resumes at no cost.
+
+Each host reads its own shard (``seqio.ShardInfo(shard_index, num_shards)``:
+whole files when there are enough of them, else every num_shards-th example).
+With ``repeat`` the last incomplete batch of an epoch is dropped so that every
+batch has ``batch_size`` rows; without it, the last batch may be smaller.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import ml_collections
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from hypermixer_jax.data import converters
+from hypermixer_jax.data import sources
+from hypermixer_jax.data import synthetic
+from hypermixer_jax.data import tasks
+from hypermixer_jax.data import vocab as vocab_lib
+
+Batch = dict[str, np.ndarray]
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+  """An int32 seed for epoch ``epoch`` of a pipeline seeded with ``seed``."""
+  return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0] >> 1)
+
+
+class Pipeline:
+  """An iterable of batches whose position can be saved and restored.
+
+  Iterating continues from the current position; ``get_state()`` counts the
+  batches handed out so far (a consumer that prefetches must save the state
+  of the batches it has actually used).
+  """
+
+  def __init__(self, make_epoch: Callable[[int, int], Iterator[Batch]], *,
+               identity: dict[str, Any], repeat: bool):
+    self._make_epoch = make_epoch
+    self._identity = identity
+    self._repeat = repeat
+    self._epoch = 0
+    self._batch = 0
+    self._done = False
+
+  def __iter__(self) -> Iterator[Batch]:
+    while not self._done:
+      yielded = False
+      for batch in self._make_epoch(self._epoch, self._batch):
+        self._batch += 1
+        yielded = True
+        yield batch
+      if not self._repeat:
+        self._done = True
+        return
+      if not yielded and self._batch == 0:
+        raise ValueError(
+            f"{self._identity['task']}:{self._identity['split']} (shard "
+            f"{self._identity['shard_index']}) has fewer examples than one "
+            f"batch of {self._identity['batch_size']}.")
+      self._epoch += 1
+      self._batch = 0
+
+  def get_state(self) -> dict[str, Any]:
+    """JSON-serialisable position in the stream."""
+    return {**self._identity, "epoch": self._epoch, "batch": self._batch,
+            "done": self._done}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    """Continues from ``state`` (from ``get_state`` of the same pipeline)."""
+    for k, v in self._identity.items():
+      if state.get(k) != v:
+        raise ValueError(f"Pipeline state is for {k}={state.get(k)!r}, this "
+                         f"pipeline has {k}={v!r}.")
+    self._epoch = int(state["epoch"])
+    self._batch = int(state["batch"])
+    self._done = bool(state.get("done", False))
+
+
+def _check_config(cfg: ml_collections.ConfigDict, split: str) -> None:
+  name = cfg.task
+  if name not in tasks.TASK_NAMES:
+    raise ValueError(f"Unknown data.task {name!r}; choose from "
+                     f"{tasks.TASK_NAMES}.")
+  if name == "synthetic_pairs":
+    synthetic.check_options(cfg.synthetic)
+    synthetic.num_examples(cfg.synthetic, split)
+    return
+  if cfg.data_dir and not tf.io.gfile.isdir(cfg.data_dir):
+    raise FileNotFoundError(f"data.data_dir={cfg.data_dir!r} does not exist.")
+  if cfg.local_files:
+    if split not in cfg.local_files:
+      raise ValueError(f"data.local_files has no entry for split {split!r} "
+                       f"(has {sorted(cfg.local_files)}).")
+    sources.check_local_files({split: cfg.local_files[split]})
+  if name == "imagenet_patches":
+    if cfg.patch_size < 1 or cfg.image_size % cfg.patch_size:
+      raise ValueError(f"image_size={cfg.image_size} must be a positive "
+                       f"multiple of patch_size={cfg.patch_size}.")
+    return
+  minimum = tasks.MIN_SEQ_LEN[name]
+  if cfg.seq_len < minimum:
+    raise ValueError(f"data.seq_len={cfg.seq_len} is below the minimum "
+                     f"{minimum} for task {name!r}.")
+  vocab_lib.check_vocab_path(cfg.vocab_path)
+
+
+def _tf_epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
+                 repeat, shuffle):
+  """make_epoch for the seqio tasks: (epoch, skip) -> batches."""
+  name = cfg.task
+  task_name = name
+  if name == "imagenet_patches" and split == "train":
+    task_name = "imagenet_patches_train"  # with random crops and flips
+  task = tasks.get_task(cfg, task_name)
+  shard_info = (seqio.ShardInfo(shard_index, num_shards)
+                if num_shards > 1 else None)
+
+  if name in ("c4_mlm", "c4_lm"):
+    converter = (converters.MLMFeatureConverter if name == "c4_mlm"
+                 else converters.CausalLMFeatureConverter)(pack=cfg.packing)
+    keys = converter.TASK_FEATURES
+    lengths = {k: cfg.seq_len for k in keys}
+  elif name in tasks.CLASSIFICATION:
+    converter = converters.ClassificationFeatureConverter(pack=cfg.packing)
+    lengths = {"inputs": cfg.seq_len, "token_type_ids": cfg.seq_len,
+               "label": 0}
+  else:
+    converter, lengths = None, None
+
+  options = tf.data.Options()
+  options.deterministic = True
+
+  def make_epoch(epoch: int, skip: int) -> Iterator[Batch]:
+    ds = task.get_dataset(
+        sequence_length=lengths and {k: v for k, v in lengths.items()
+                                     if k != "label"}, split=split, shuffle=shuffle,
+        shuffle_buffer_size=cfg.shuffle_buffer_size,
+        seed=epoch_seed(seed, epoch), shard_info=shard_info, num_epochs=1,
+        try_in_mem_cache=False)
+    if converter is not None:
+      ds = converter(ds, lengths)
+    ds = ds.batch(batch_size, drop_remainder=repeat).skip(skip)
+    ds = ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+    return ds.as_numpy_iterator()
+
+  return make_epoch
+
+
+def _synthetic_epoch_fn(cfg, split, *, batch_size, shard_index, num_shards,
+                        seed, repeat, shuffle):
+  """make_epoch for synthetic_pairs, straight from NumPy (no tf.data)."""
+  opts = cfg.synthetic
+  n = synthetic.num_examples(opts, split)
+
+  def make_epoch(epoch: int, skip: int) -> Iterator[Batch]:
+    if not n:  # endless: this host reads examples shard, shard + hosts, ...
+      for b in range(skip, np.iinfo(np.int64).max):
+        rows = b * batch_size + np.arange(batch_size)
+        yield synthetic.generate(opts, split, rows * num_shards + shard_index)
+      return
+    arrays = synthetic.split_arrays(opts, split)
+    order = (np.random.default_rng([seed, epoch]).permutation(n) if shuffle
+             else np.arange(n))[shard_index::num_shards]
+    stop = (len(order) // batch_size * batch_size if repeat else len(order))
+    for start in range(skip * batch_size, stop, batch_size):
+      rows = order[start:start + batch_size]
+      yield {k: v[rows] for k, v in arrays.items()}
+
+  return make_epoch
+
+
+def build_pipeline(data_config: ml_collections.ConfigDict, split: str, *,
+                   batch_size: int, shard_index: int = 0, num_shards: int = 1,
+                   seed: int, repeat: bool, shuffle: bool) -> Pipeline:
+  """Batches of ``data_config.task`` for one host, in CONTRIBUTING.md formats.
+
+  Args:
+    data_config: see ``default_data_config()``.
+    split: 'train', 'validation' (MNLI also 'validation_matched',
+      'validation_mismatched'), 'test'.
+    batch_size: rows per batch on this host.
+    shard_index, num_shards: this host's shard of the data.
+    seed: seeds shuffling, masking and augmentation (the same on all hosts).
+    repeat: endless epochs (each reshuffled) with full batches only.
+    shuffle: shuffle files and examples.
+
+  Returns:
+    A ``Pipeline``: iterable of NumPy batch dicts, with get_state/set_state.
+  """
+  if batch_size < 1:
+    raise ValueError(f"batch_size={batch_size} must be positive.")
+  if not 0 <= shard_index < num_shards:
+    raise ValueError(f"shard_index={shard_index} not in [0, {num_shards}).")
+  _check_config(data_config, split)
+  kwargs = dict(batch_size=batch_size, shard_index=shard_index,
+                num_shards=num_shards, seed=seed, repeat=repeat,
+                shuffle=shuffle)
+  fn = (_synthetic_epoch_fn if data_config.task == "synthetic_pairs"
+        else _tf_epoch_fn)
+  identity = {"task": tasks.task_name_for(data_config), "split": split,
+              **kwargs}
+  return Pipeline(fn(data_config, split, **kwargs), identity=identity,
+                  repeat=repeat)

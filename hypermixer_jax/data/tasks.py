@@ -1,0 +1,265 @@
+"""All seqio tasks of hypermixer-jax, registered in this one module.
+
+| name | data | features |
+| --- | --- | --- |
+| ``c4_mlm`` | TFDS ``c4/en`` or local text | BERT-masked ``inputs``, ``targets``, ``weights`` |
+| ``c4_lm`` | TFDS ``c4/en`` or local text | ``targets`` (causal LM) |
+| ``glue_sst2``, ``glue_mnli``, ``glue_qnli``, ``glue_qqp``, ``glue_snli`` | TFDS ``glue/*``, ``snli`` or local TSV/JSONL | ``inputs``, ``token_type_ids``, ``label`` |
+| ``imagenet_patches`` (+ ``_train`` with augmentation) | TFDS ``imagenet2012`` or a local labels TSV | ``inputs`` patches, ``label`` |
+| ``synthetic_pairs`` | generated (``synthetic.py``) | ``inputs``, ``targets``, ``weights`` |
+
+The tasks registered at import use ``default_data_config()``. A config that
+changes what a task reads (vocabulary, data_dir, local files, masking,
+image or synthetic options) gets its own task, registered on first use by
+``get_task`` under ``<name>__<fingerprint>``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from typing import Mapping
+
+import ml_collections
+import numpy as np
+import seqio
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from hypermixer_jax.data import images
+from hypermixer_jax.data import metrics
+from hypermixer_jax.data import preprocessors as prep
+from hypermixer_jax.data import sources
+from hypermixer_jax.data import synthetic
+from hypermixer_jax.data import vocab as vocab_lib
+from hypermixer_jax.data.config import default_data_config
+
+C4_TFDS = "c4/en:3.*.*"
+IMAGENET_TFDS = "imagenet2012:5.*.*"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassificationSpec:
+  """A sentence (pair) classification task."""
+  tfds_name: str
+  splits: Mapping[str, str]        # our split name -> TFDS split
+  keys: tuple[str, ...]            # TFDS features of sentence a (and b)
+  columns: tuple[tuple[str, ...], ...]  # local column names of a (and b)
+  label_names: tuple[str, ...]
+  label_columns: tuple[str, ...] = ("label",)
+  metric_names: tuple[str, ...] = ("accuracy",)
+  drop_unlabelled: bool = False    # SNLI: -1 marks pairs without gold label
+
+
+_NLI3 = ("entailment", "neutral", "contradiction")
+CLASSIFICATION = {
+    "glue_sst2": ClassificationSpec(
+        "glue/sst2:2.*.*", {"train": "train", "validation": "validation",
+                            "test": "test"},
+        ("sentence",), (("sentence",),), ("negative", "positive")),
+    "glue_mnli": ClassificationSpec(
+        "glue/mnli:2.*.*",
+        {"train": "train", "validation": "validation_matched",
+         "validation_matched": "validation_matched",
+         "validation_mismatched": "validation_mismatched",
+         "test_matched": "test_matched", "test_mismatched": "test_mismatched"},
+        ("premise", "hypothesis"),
+        (("premise", "sentence1"), ("hypothesis", "sentence2")), _NLI3,
+        ("label", "gold_label")),
+    "glue_qnli": ClassificationSpec(
+        "glue/qnli:2.*.*", {"train": "train", "validation": "validation",
+                            "test": "test"},
+        ("question", "sentence"), (("question",), ("sentence",)),
+        ("entailment", "not_entailment")),
+    "glue_qqp": ClassificationSpec(
+        "glue/qqp:2.*.*", {"train": "train", "validation": "validation",
+                           "test": "test"},
+        ("question1", "question2"), (("question1",), ("question2",)),
+        ("not_duplicate", "duplicate"), ("label", "is_duplicate"),
+        ("accuracy", "f1")),
+    "glue_snli": ClassificationSpec(
+        "snli:1.*.*", {"train": "train", "validation": "validation",
+                       "test": "test"},
+        ("premise", "hypothesis"),
+        (("premise", "sentence1"), ("hypothesis", "sentence2")), _NLI3,
+        ("label", "gold_label"), drop_unlabelled=True),
+}
+TEXT_TASKS = ("c4_mlm", "c4_lm")
+TASK_NAMES = TEXT_TASKS + tuple(CLASSIFICATION) + (
+    "imagenet_patches", "synthetic_pairs")
+
+# Minimum seq_len per task: MLM needs room for a masked token among several,
+# pairs need [CLS] a [SEP] b [SEP] with a word on each side.
+MIN_SEQ_LEN = {"c4_mlm": 8, "c4_lm": 2, "glue_sst2": 3, **{
+    k: 5 for k in CLASSIFICATION if k != "glue_sst2"}}
+
+
+def _relevant(cfg: ml_collections.ConfigDict, name: str) -> dict:
+  """The config fields that change what task ``name`` produces."""
+  if name in TEXT_TASKS or name in CLASSIFICATION:
+    rel = {"vocab_path": cfg.vocab_path, "extra_ids": cfg.extra_ids,
+           "data_dir": cfg.data_dir, "local_files": cfg.local_files.to_dict()}
+    if name == "c4_mlm":
+      rel["mlm"] = cfg.mlm.to_dict()
+    return rel
+  if name.startswith("imagenet_patches"):
+    return {"data_dir": cfg.data_dir, "local_files": cfg.local_files.to_dict(),
+            **{k: cfg[k] for k in ("image_size", "patch_size",
+                                   "min_crop_area", "crop_fraction")}}
+  if name == "synthetic_pairs":
+    return {k: list(v) if isinstance(v, tuple) else v
+            for k, v in cfg.synthetic.to_dict().items()}
+  raise ValueError(f"Unknown task {name!r}; choose from {TASK_NAMES}.")
+
+
+def _source(cfg, tfds_name, splits, read_file_fn, decoders=None):
+  if cfg.local_files:
+    return sources.local_source(cfg.local_files.to_dict(), read_file_fn)
+  return sources.tfds_source(tfds_name, cfg.data_dir, splits, decoders)
+
+
+def _text_task(name: str, task_name: str, cfg) -> seqio.Task:
+  vocab = vocab_lib.get_vocabulary(cfg.vocab_path, cfg.extra_ids)
+  mlm = name == "c4_mlm"
+  source = _source(cfg, C4_TFDS, {"train": "train", "validation": "validation"},
+                   sources.make_reader({"text": ("text",)}))
+  steps = [functools.partial(prep.rekey, key_map={"text": "text"}),
+           functools.partial(prep.tokenize_text, append_eos=not mlm),
+           prep.split_into_chunks]
+  features = {"targets": seqio.Feature(vocab, add_eos=not mlm)}
+  if mlm:
+    # The mask ids need the vocabulary's size, read lazily inside the map.
+    steps.append(functools.partial(_mask_with_vocab, vocab=vocab,
+                                   **cfg.mlm.to_dict()))
+    features["inputs"] = seqio.Feature(vocab, add_eos=False)
+    features["weights"] = seqio.ContinuousFeature(dtype=tf.int32, rank=1)
+  return seqio.Task(task_name, source, output_features=features,
+                    preprocessors=steps)
+
+
+def _mask_with_vocab(ds, vocab, select_rate, mask_token_rate,
+                     random_token_rate):
+  ids = vocab_lib.special_ids(vocab)
+  return prep.mask_tokens(ds, mask_id=ids.mask, first_regular=ids.first_regular,
+                          num_regular=ids.num_regular, select_rate=select_rate,
+                          mask_token_rate=mask_token_rate,
+                          random_token_rate=random_token_rate)
+
+
+def _classification_task(name: str, task_name: str, cfg) -> seqio.Task:
+  spec = CLASSIFICATION[name]
+  vocab = vocab_lib.get_vocabulary(cfg.vocab_path, cfg.extra_ids)
+  text_keys = ("text_a", "text_b")[:len(spec.keys)]
+  reader = sources.make_reader(
+      {**dict(zip(text_keys, spec.columns)), "label": spec.label_columns},
+      spec.label_names)
+  source = _source(cfg, spec.tfds_name, spec.splits, reader)
+  steps = [functools.partial(prep.rekey, key_map={
+      **{k: (v if not cfg.local_files else k)
+         for k, v in zip(text_keys, spec.keys)}, "label": "label"})]
+  if spec.drop_unlabelled:
+    steps.append(prep.drop_negative_labels)
+  steps.append(functools.partial(_encode_with_vocab, vocab=vocab,
+                                 keys=text_keys))
+  return seqio.Task(
+      task_name, source,
+      output_features={
+          "inputs": seqio.Feature(vocab, add_eos=False),
+          "token_type_ids": seqio.ContinuousFeature(dtype=tf.int32, rank=1),
+          "label": seqio.ContinuousFeature(dtype=tf.int32, rank=0)},
+      preprocessors=steps,
+      metric_fns=[getattr(metrics, m) for m in spec.metric_names])
+
+
+def _encode_with_vocab(ds, sequence_length, output_features, vocab, keys):
+  ids = vocab_lib.special_ids(vocab)
+  return prep.encode_pair(ds, sequence_length, output_features,
+                          cls_id=ids.cls, sep_id=ids.sep, keys=keys)
+
+
+def _image_task(name: str, task_name: str, cfg) -> seqio.Task:
+  source = _source(cfg, IMAGENET_TFDS,
+                   {"train": "train", "validation": "validation"},
+                   sources.image_reader,
+                   decoders={"image": tfds.decode.SkipDecoding()})
+  steps = [functools.partial(prep.rekey, key_map={"image": "image",
+                                                  "label": "label"}),
+           functools.partial(images.preprocess,
+                             train=name.endswith("_train"),
+                             image_size=cfg.image_size,
+                             patch_size=cfg.patch_size,
+                             min_crop_area=cfg.min_crop_area,
+                             crop_fraction=cfg.crop_fraction)]
+  return seqio.Task(
+      task_name, source,
+      output_features={
+          "inputs": seqio.ContinuousFeature(dtype=tf.float32, rank=2),
+          "label": seqio.ContinuousFeature(dtype=tf.int32, rank=0)},
+      preprocessors=steps, metric_fns=[metrics.accuracy])
+
+
+def _synthetic_task(task_name: str, cfg) -> seqio.Task:
+  opts = ml_collections.ConfigDict(cfg.synthetic.to_dict())
+
+  def dataset_fn(split, shuffle_files, seed=None):
+    del shuffle_files, seed  # the Task's seeded shuffle orders the examples
+    n = synthetic.num_examples(opts, split)
+    if n:
+      return tf.data.Dataset.from_tensor_slices(
+          synthetic.generate(opts, split, np.arange(n)))
+    blocks = tf.data.Dataset.counter().map(
+        lambda b: tf.numpy_function(
+            lambda i: tuple(synthetic.generate(
+                opts, split, np.arange(i * synthetic.BLOCK,
+                                       (i + 1) * synthetic.BLOCK)).values()),
+            [b], (tf.float32,) * 3))
+    return blocks.map(lambda x, y, w: {"inputs": x, "targets": y,
+                                       "weights": w}).unbatch()
+
+  return seqio.Task(
+      task_name, seqio.FunctionDataSource(dataset_fn, splits=list(synthetic.STREAMS)),
+      output_features={
+          "inputs": seqio.ContinuousFeature(dtype=tf.float32, rank=2),
+          "targets": seqio.ContinuousFeature(dtype=tf.float32, rank=2),
+          "weights": seqio.ContinuousFeature(dtype=tf.float32, rank=1)})
+
+
+def _build(name: str, task_name: str, cfg) -> seqio.Task:
+  if name in TEXT_TASKS:
+    return _text_task(name, task_name, cfg)
+  if name in CLASSIFICATION:
+    return _classification_task(name, task_name, cfg)
+  if name.startswith("imagenet_patches"):
+    return _image_task(name, task_name, cfg)
+  return _synthetic_task(task_name, cfg)
+
+
+def task_name_for(cfg: ml_collections.ConfigDict, name: str | None = None
+                  ) -> str:
+  """Registry name of the task that ``cfg`` describes."""
+  name = name or cfg.task
+  rel = _relevant(cfg, name)
+  if rel == _relevant(default_data_config(), name):
+    return name
+  blob = json.dumps(rel, sort_keys=True, default=str).encode()
+  return f"{name}__{hashlib.sha1(blob).hexdigest()[:10]}"
+
+
+def get_task(cfg: ml_collections.ConfigDict, name: str | None = None
+             ) -> seqio.Task:
+  """The seqio Task for ``cfg`` (registering it on first use)."""
+  name = name or cfg.task
+  task_name = task_name_for(cfg, name)
+  if task_name not in seqio.TaskRegistry.names():
+    seqio.TaskRegistry.add_provider(task_name, _build(name, task_name, cfg))
+  return seqio.get_mixture_or_task(task_name)
+
+
+def _register_defaults() -> None:
+  cfg = default_data_config()
+  for name in TASK_NAMES + ("imagenet_patches_train",):
+    get_task(cfg, name)
+
+
+_register_defaults()

@@ -1,0 +1,288 @@
+"""Token routers for mixture-of-experts layers, as small pure functions.
+
+Every router works on ONE routing group of ``S`` tokens (the layers vmap them
+over groups) and returns
+
+  dispatch  [S, E, C] float 0/1: token s fills slot c of expert e;
+  combine   [S, E, C] float:     dispatch times the token's gate for e;
+  aux       dict of scalars / [E] vectors (losses and statistics),
+
+with ``E`` experts of capacity ``C`` slots. A token whose expert is full is
+dropped: its rows of ``dispatch``/``combine`` are zero, so the MoE output is
+zero there and the token passes through the block's residual. Padding tokens
+(``mask`` False) are never routed. Slots are filled in token order (earlier
+tokens first), so with a per-sequence group a token's routing never depends
+on later tokens (top-1 routers, and top-k with ``priority='token'``).
+
+Routers (Yu et al. 2022, Sec. 2.2, and the papers they cite):
+  * Switch (Fedus et al.): top-1, gate p_e(x) = softmax(x W_r)_e,
+    load-balancing loss  E * sum_e f_e P_e  (f_e: fraction of tokens whose
+    argmax is e, P_e: mean router probability of e), router z-loss
+    mean(logsumexp(x W_r)^2) (Zoph et al.), capacity factor.
+  * GShard (Lepikhin et al.): top-2, gates renormalised over the two, the
+    second choices fill the slots left by all first choices.
+  * Base Layers (Lewis et al.): a balanced assignment (every expert exactly
+    S / E tokens) by an auction (Bertsekas), gate sigmoid(x . w_e); greedy
+    top-1 at inference.
+  * Hash Layers (Roller et al.): a fixed random token-id -> expert table.
+
+Statistics in ``aux`` (over real tokens): ``expert_usage`` [E] (share of the
+k * #tokens assignments each expert processed), ``dropped_fraction``,
+``router_confidence`` (mean top probability) and ``router_entropy``.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+LOSS_KEYS = ("load_balancing_loss", "z_loss")
+
+
+def expert_capacity(num_tokens: int, num_experts: int,
+                    capacity_factor: float, k: int = 1) -> int:
+  """Slots per expert: ``ceil(k * S * capacity_factor / E)``, at least 1."""
+  return max(1, int(math.ceil(k * num_tokens * capacity_factor / num_experts)))
+
+
+def _real(mask: Array | None, s: int) -> Array:
+  return (jnp.ones((s,), jnp.float32) if mask is None
+          else mask.astype(jnp.float32))
+
+
+def _slots(choice: Array, taken: Array, capacity: int):
+  """Token-order slot of each token in its chosen expert.
+
+  Args:
+    choice: [S, E] one-hot (0 rows for tokens not routed by this choice).
+    taken: [E] slots already filled by earlier choices.
+  Returns:
+    keep [S, E] (choice and a free slot), slot [S] int, new ``taken``.
+  """
+  pos = jnp.cumsum(choice, axis=0) - choice + taken[None, :]     # [S, E]
+  keep = choice * (pos < capacity)
+  slot = jnp.sum(pos * choice, axis=-1).astype(jnp.int32)         # [S]
+  return keep, slot, taken + jnp.sum(choice, axis=0)
+
+
+def _dispatch(keep: Array, slot: Array, capacity: int) -> Array:
+  """[S, E] kept choice and [S] slot -> [S, E, C] 0/1 dispatch tensor."""
+  return keep[:, :, None] * jax.nn.one_hot(slot, capacity)[:, None, :]
+
+
+def _stats(probs: Array | None, dispatch: Array, real: Array, k: int) -> dict:
+  n_real = jnp.maximum(jnp.sum(real), 1.0)
+  processed = jnp.sum(dispatch, axis=(0, 2))                      # [E]
+  out = {
+      "expert_usage": processed / (k * n_real),
+      "dropped_fraction": 1.0 - jnp.sum(processed) / (k * n_real),
+  }
+  if probs is not None:
+    top = jnp.max(probs, axis=-1)
+    ent = -jnp.sum(probs * jnp.log(jnp.maximum(probs, 1e-30)), axis=-1)
+    out["router_confidence"] = jnp.sum(top * real) / n_real
+    out["router_entropy"] = jnp.sum(ent * real) / n_real
+  return out
+
+
+def load_balancing_loss(probs: Array, top1: Array, real: Array) -> Array:
+  """Switch's ``E * sum_e f_e P_e`` over the real tokens.
+
+  ``f_e`` (fraction of tokens whose first choice is e) is not differentiable;
+  the gradient flows through ``P_e`` (mean probability of e), pushing it down
+  where the load is high.
+  """
+  n_real = jnp.maximum(jnp.sum(real), 1.0)
+  e = probs.shape[-1]
+  f = jnp.sum(top1 * real[:, None], axis=0) / n_real
+  p = jnp.sum(probs * real[:, None], axis=0) / n_real
+  return e * jnp.sum(f * p)
+
+
+def router_z_loss(logits: Array, real: Array) -> Array:
+  """ST-MoE's ``mean(logsumexp(logits)^2)`` over the real tokens."""
+  z = jax.nn.logsumexp(logits, axis=-1)
+  return jnp.sum(z * z * real) / jnp.maximum(jnp.sum(real), 1.0)
+
+
+def top_k_route(logits: Array, *, k: int, capacity: int,
+                mask: Array | None = None, normalize_gates: bool = True,
+                priority: str = "choice"):
+  """Top-k routing with capacity (GShard for k=2).
+
+  Args:
+    logits: [S, E] router logits of one group.
+    k: experts per token.
+    capacity: slots per expert.
+    mask: [S] bool, False for padding (never routed).
+    normalize_gates: divide the k gates by their sum (GShard); Switch keeps
+      the raw probability.
+    priority: 'choice' (GShard): the i-th choices of all tokens fill the
+      slots before any (i+1)-th choice, so a token's second choice may be
+      dropped because of a LATER token's first choice (not causal);
+      'token': all choices of token s before those of token s+1 (causal).
+      Identical for k = 1.
+  Returns:
+    (dispatch [S, E, C], combine [S, E, C], aux).
+  """
+  if priority not in ("choice", "token"):
+    raise ValueError(f"top_k_route: priority={priority!r}, expected 'choice' "
+                     "or 'token'.")
+  s, e = logits.shape
+  logits = logits.astype(jnp.float32)
+  real = _real(mask, s)
+  probs = jax.nn.softmax(logits, axis=-1)
+  gates, experts = jax.lax.top_k(probs, k)                        # [S, k]
+  if normalize_gates and k > 1:
+    gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
+  choice = jax.nn.one_hot(experts, e) * real[:, None, None]       # [S, k, E]
+  if priority == "choice":
+    choice = jnp.swapaxes(choice, 0, 1)                           # [k, S, E]
+  keep, slot, _ = _slots(choice.reshape(-1, e), jnp.zeros((e,), jnp.float32),
+                         capacity)
+  d = _dispatch(keep, slot, capacity).reshape(choice.shape + (capacity,))
+  if priority == "choice":
+    d = jnp.swapaxes(d, 0, 1)                                     # [S, k, E, C]
+  dispatch = jnp.sum(d, axis=1)
+  combine = jnp.einsum("skec,sk->sec", d, gates)
+  top1 = jax.nn.one_hot(experts[:, 0], e)
+  aux = {"load_balancing_loss": load_balancing_loss(probs, top1, real),
+         "z_loss": router_z_loss(logits, real)}
+  aux.update(_stats(probs, dispatch, real, k))
+  return dispatch, combine, aux
+
+
+def switch_route(logits: Array, *, capacity: int, mask: Array | None = None):
+  """Switch Transformer top-1 routing; gate = the chosen probability.
+
+  Jitter noise (Switch's multiplicative noise on the router input) is applied
+  by the layer before the router projection, as it acts on tokens.
+  """
+  return top_k_route(logits, k=1, capacity=capacity, mask=mask,
+                     normalize_gates=False)
+
+
+def balanced_assignment(scores: Array, *, epsilon: float | None = None,
+                        max_iters: int = 1000) -> Array:
+  """Expert of each token, every expert getting exactly ``S / E`` tokens.
+
+  Solves max sum_s scores[s, a(s)] subject to |a^-1(e)| = S / E by
+  Bertsekas' auction for similar objects (each expert is S/E identical
+  slots): unassigned tokens bid for their best expert net of its price; an
+  expert keeps its S/E highest bids and its price becomes the lowest bid it
+  keeps. The result is within ``S * epsilon`` of the optimum. Tokens still
+  unassigned after ``max_iters`` rounds fill the free slots in token order
+  (the exact balancing step), so the loads are always exactly equal.
+
+  Args:
+    scores: [S, E] (e.g. router logits); S must be a multiple of E.
+    epsilon: bid increment; default 1e-3 * (score range), at least 1e-6.
+    max_iters: auction rounds before the balancing step.
+  Returns:
+    [S] int32 expert index.
+  """
+  s, e = scores.shape
+  if s % e:
+    raise ValueError(
+        f"balanced_assignment: {s} tokens cannot be split equally over {e} "
+        "experts; use a group size that is a multiple of the expert count.")
+  cap = s // e
+  scores = jax.lax.stop_gradient(scores).astype(jnp.float32)
+  if e == 1:
+    return jnp.zeros((s,), jnp.int32)
+  if epsilon is None:
+    eps = jnp.maximum(1e-3 * (jnp.max(scores) - jnp.min(scores)), 1e-6)
+  else:
+    eps = jnp.float32(epsilon)
+  neg = jnp.float32(-jnp.inf)
+
+  def cond(state):
+    owner, _, _, it = state
+    return jnp.logical_and(jnp.any(owner < 0), it < max_iters)
+
+  def body(state):
+    owner, bid, price, it = state
+    value = scores - price[None, :]                                # [S, E]
+    top2, idx = jax.lax.top_k(value, 2)
+    best = idx[:, 0]
+    new_bid = price[best] + top2[:, 0] - top2[:, 1] + eps
+    bidding = owner < 0
+    cand = jnp.where(bidding[:, None] & (jnp.arange(e) == best[:, None]),
+                     new_bid[:, None], neg)
+    cand = jnp.where(~bidding[:, None] & (jnp.arange(e) == owner[:, None]),
+                     bid[:, None], cand)                           # [S, E]
+    order = jnp.argsort(-cand, axis=0, stable=True)
+    rank = jnp.argsort(order, axis=0, stable=True)
+    keep = (rank < cap) & (cand > neg)
+    owner = jnp.where(jnp.any(keep, axis=1),
+                      jnp.argmax(keep, axis=1), -1).astype(jnp.int32)
+    bid = jnp.sum(jnp.where(keep, cand, 0.0), axis=1)
+    full = jnp.sum(keep, axis=0) == cap
+    price = jnp.where(full, jnp.min(jnp.where(keep, cand, jnp.inf), axis=0),
+                      price)
+    return owner, bid, price, it + 1
+
+  init = (jnp.full((s,), -1, jnp.int32), jnp.zeros((s,), jnp.float32),
+          jnp.zeros((e,), jnp.float32), jnp.int32(0))
+  owner, _, _, _ = jax.lax.while_loop(cond, body, init)
+
+  # Exact balancing of whatever the auction left: the j-th unassigned token
+  # takes the j-th free slot (free slots listed expert by expert).
+  free = cap - jnp.sum(jax.nn.one_hot(owner, e, dtype=jnp.int32), axis=0)
+  left = owner < 0
+  j = jnp.cumsum(left) - 1
+  fill = jnp.searchsorted(jnp.cumsum(free), j, side="right").astype(jnp.int32)
+  return jnp.where(left, fill, owner)
+
+
+def base_route(logits: Array, *, train: bool, capacity: int | None = None,
+               mask: Array | None = None, epsilon: float | None = None,
+               max_iters: int = 1000):
+  """Base Layers routing; gate = sigmoid(logit of the chosen expert).
+
+  Training: ``balanced_assignment`` of all S tokens (padding included, so the
+  loads stay exactly S / E; padding slots are then left empty). Inference:
+  greedy top-1 with ``capacity`` slots in token order.
+  """
+  s, e = logits.shape
+  logits = logits.astype(jnp.float32)
+  real = _real(mask, s)
+  if train:
+    capacity = s // e
+    expert = balanced_assignment(logits, epsilon=epsilon, max_iters=max_iters)
+  else:
+    if capacity is None:
+      raise ValueError("base_route: inference routing needs a capacity.")
+    expert = jnp.argmax(logits, axis=-1)
+  choice = jax.nn.one_hot(expert, e)
+  keep, slot, _ = _slots(choice, jnp.zeros((e,), jnp.float32), capacity)
+  keep = keep * real[:, None]
+  gate = jax.nn.sigmoid(jnp.take_along_axis(logits, expert[:, None], -1))[:, 0]
+  dispatch = _dispatch(keep, slot, capacity)
+  combine = dispatch * gate[:, None, None]
+  return dispatch, combine, _stats(jax.nn.softmax(logits, -1), dispatch,
+                                   real, 1)
+
+
+def make_hash_table(vocab_size: int, num_experts: int, seed: int = 0
+                    ) -> np.ndarray:
+  """Fixed random token-id -> expert table, each expert ~vocab/E ids."""
+  rng = np.random.RandomState(seed)
+  return (rng.permutation(vocab_size) % num_experts).astype(np.int32)
+
+
+def hash_route(token_ids: Array, *, table: Array, num_experts: int,
+               capacity: int, mask: Array | None = None):
+  """Hash Layers routing: expert ``table[token_id]``, gate 1, token order."""
+  s = token_ids.shape[0]
+  real = _real(mask, s)
+  expert = jnp.asarray(table)[token_ids]
+  choice = jax.nn.one_hot(expert, num_experts) * real[:, None]
+  keep, slot, _ = _slots(choice, jnp.zeros((num_experts,), jnp.float32),
+                         capacity)
+  dispatch = _dispatch(keep, slot, capacity)
+  return dispatch, dispatch, _stats(None, dispatch, real, 1)

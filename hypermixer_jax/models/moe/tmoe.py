@@ -1,0 +1,231 @@
+"""tMoE: a token-routed mixture of feed-forward experts (Yu et al. 2022, Sec. 2.2).
+
+  y(x) = sum_{e in routed(x)} g_e(x) E_e(x),   E_e(x) = W2_e GELU(W1_e x + b1_e) + b2_e
+  x [B, N, d];  W1 [E, d, d_ffn] ('expert', 'embed', 'mlp');  W2 [E, d_ffn, d]
+
+Routing groups are the rows of the batch (one sequence = one group of N
+tokens, capacity per sequence), so the routing of a sequence never depends on
+the other examples nor on the mesh, and a top-1 router is causal (slots are
+filled in token order). Dropped and padding tokens get y = 0, i.e. they pass
+through the block's residual.
+
+Expert parallelism: with a mesh whose 'expert' axis has n > 1 devices, each
+device holds E/n experts; the per-row dispatch [G, E, C, d] (G rows sharded
+over the batch axes plus 'expert') is exchanged by ``jax.lax.all_to_all``
+inside ``jax.shard_map`` so that each device receives the slots of its own
+experts from every row of its expert group, applies them, and sends the
+results back by a second all-to-all. Without such a mesh the same einsums run
+densely; both give the same numbers.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from hypermixer_jax.models import common
+from hypermixer_jax.models.moe import routers
+
+Array = common.Array
+EXPERT_AXIS = "expert"          # mesh axis of the experts
+ROUTERS = ("switch", "gshard", "base", "hash")
+
+
+def expert_mesh_size(axis: str = EXPERT_AXIS) -> int:
+  """Devices on the current mesh's expert axis (1 without a mesh)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or axis not in mesh.axis_names:
+    return 1
+  return mesh.shape[axis]
+
+
+def _group_axes(axis: str) -> tuple[str, ...]:
+  """Mesh axes of the group (batch) dimension: the batch rule plus ``axis``."""
+  mesh = jax.sharding.get_abstract_mesh()
+  spec = nn.logical_to_mesh_axes((common.BATCH,))
+  got = spec[0] if spec is not None and len(spec) else None
+  got = () if got is None else ((got,) if isinstance(got, str) else tuple(got))
+  names = tuple(a for a in got if a in mesh.axis_names)
+  return names if axis in names else names + (axis,)
+
+
+def apply_experts(expert_fn: Callable[..., Array], params: Any, xe: Array,
+                  extras: Any = None, *, axis: str = EXPERT_AXIS) -> Array:
+  """Runs ``expert_fn`` on dispatched slots, expert-parallel when possible.
+
+  Args:
+    expert_fn: ``(params, xe, extras) -> ye`` with ``xe [G', E', C, ...]``,
+      params with a leading expert axis of size E', ``extras`` a pytree of
+      per-group arrays ``[G', ...]`` (e.g. positions of each row).
+    params: pytree of expert parameters, leading axis E.
+    xe: [G, E, C, ...] the slots of every group.
+    extras: pytree of [G, ...] arrays, or None.
+    axis: the mesh axis the experts are sharded over.
+  Returns:
+    ye [G, E, C, ...]. With a mesh axis ``axis`` of size n > 1, the experts
+    are sharded n ways and the slots move by two ``all_to_all``s; otherwise
+    ``expert_fn`` runs on everything at once.
+  """
+  n = expert_mesh_size(axis)
+  if n == 1:
+    return expert_fn(params, xe, extras)
+  g, e = xe.shape[:2]
+  gaxes = _group_axes(axis)
+  mesh = jax.sharding.get_abstract_mesh()
+  shards = 1
+  for a in gaxes:
+    shards *= mesh.shape[a]
+  if e % n or g % shards:
+    raise ValueError(
+        f"expert parallelism: {e} experts must divide by the mesh's '{axis}' "
+        f"size {n}, and the {g} routing groups (batch rows) by the "
+        f"{shards} devices of mesh axes {gaxes}.")
+  gspec = jax.P(gaxes)
+
+  def body(p, x, ex):
+    x = jax.lax.all_to_all(x, axis, 1, 0, tiled=True)    # [G*n/s, E/n, C, .]
+    if ex is not None:
+      ex = jax.tree.map(
+          lambda a: jax.lax.all_gather(a, axis, axis=0, tiled=True), ex)
+    y = expert_fn(p, x, ex)
+    return jax.lax.all_to_all(y, axis, 0, 1, tiled=True)  # [G/s, E, C, .]
+
+  return jax.shard_map(
+      body,
+      in_specs=(jax.tree.map(lambda _: jax.P(axis), params), gspec,
+                jax.tree.map(lambda _: gspec, extras)),
+      out_specs=gspec)(params, xe, extras)
+
+
+def sow_router_aux(module: nn.Module, aux: dict, weights: dict) -> None:
+  """Sows weighted losses into 'aux_loss' and every statistic (losses
+  unweighted too) into 'moe_metrics'. ``aux`` values carry a leading group
+  axis; they are averaged over it."""
+  for k, v in aux.items():
+    v = jnp.mean(v, axis=0)
+    module.sow("moe_metrics", k, v)
+    if k in weights and weights[k]:
+      module.sow("aux_loss", k, weights[k] * v)
+
+
+class MoeFeedForward(nn.Module):
+  """Mixture of feed-forward experts ``[B, N, d] -> [B, N, d]`` (no residual).
+
+  Attributes:
+    num_experts: E.
+    d_ffn: hidden width of each expert.
+    router: 'switch' (top-1), 'gshard' (top-2), 'base' (balanced) or 'hash'.
+    capacity_factor: slots per expert = ceil(k N cf / E) in training
+      (Base Layers uses exactly N / E).
+    eval_capacity_factor: the same at inference (``deterministic=True``).
+    jitter_noise: Switch's multiplicative U(1-eps, 1+eps) noise on the router
+      input in training (drawn from the 'dropout' rng).
+    load_balancing_weight, z_loss_weight: coefficients of the sown losses.
+    token_priority: GShard fills slots token by token (both choices of a
+      token before the next token), which keeps top-2 causal; the default
+      is GShard's choice-major priority.
+    vocab_size, hash_seed: the Hash router's table (call with ``token_ids``).
+    auction_epsilon, auction_max_iters: Base Layers' assignment solver.
+    dropout_rate: dropout on the layer's output.
+  """
+  num_experts: int
+  d_ffn: int
+  router: str = "switch"
+  capacity_factor: float = 1.25
+  eval_capacity_factor: float = 2.0
+  jitter_noise: float = 0.0
+  load_balancing_weight: float = 1e-2
+  z_loss_weight: float = 1e-3
+  token_priority: bool = False
+  vocab_size: int | None = None
+  hash_seed: int = 0
+  auction_epsilon: float | None = None
+  auction_max_iters: int = 1000
+  dropout_rate: float = 0.0
+  dtype: common.Dtype = jnp.float32
+  param_dtype: common.Dtype = jnp.float32
+
+  def _route(self, x, logits, mask, token_ids, deterministic):
+    """Per-row routing: ([B, N, E, C] dispatch, combine, aux [B, ...])."""
+    n, e = x.shape[1], self.num_experts
+    k = 2 if self.router == "gshard" else 1
+    cf = self.eval_capacity_factor if deterministic else self.capacity_factor
+    cap = routers.expert_capacity(n, e, cf, k)
+    if self.router in ("switch", "gshard"):
+      fn = lambda l, m: routers.top_k_route(
+          l, k=k, capacity=cap, mask=m, normalize_gates=k > 1,
+          priority="token" if self.token_priority else "choice")
+      return jax.vmap(fn)(logits, mask)
+    if self.router == "base":
+      fn = lambda l, m: routers.base_route(
+          l, train=not deterministic, capacity=cap, mask=m,
+          epsilon=self.auction_epsilon, max_iters=self.auction_max_iters)
+      return jax.vmap(fn)(logits, mask)
+    if token_ids is None or self.vocab_size is None:
+      raise ValueError("MoeFeedForward(router='hash') needs vocab_size and "
+                       "the token_ids of x.")
+    table = jnp.asarray(routers.make_hash_table(self.vocab_size, e,
+                                                self.hash_seed))
+    fn = lambda t, m: routers.hash_route(t, table=table, num_experts=e,
+                                         capacity=cap, mask=m)
+    return jax.vmap(fn)(token_ids, mask)
+
+  @nn.compact
+  def __call__(self, x: Array, *, mask: Array | None = None,
+               segment_ids: Array | None = None,
+               token_ids: Array | None = None,
+               deterministic: bool = True) -> Array:
+    if self.router not in ROUTERS:
+      raise ValueError(f"MoeFeedForward: router={self.router!r}, expected "
+                       f"one of {ROUTERS}.")
+    common.check_width(x, None, "MoeFeedForward")
+    b, n, d = x.shape
+    e, f = self.num_experts, self.d_ffn
+    mask = common.resolve_mask(x, mask, segment_ids)
+    if mask is None:
+      mask = jnp.ones((b, n), bool)
+    x = common.constrain(x, (common.BATCH, common.LENGTH, common.EMBED))
+
+    logits = None
+    if self.router != "hash":
+      r_in = x
+      if self.jitter_noise and not deterministic:
+        r_in = r_in * jax.random.uniform(
+            self.make_rng("dropout"), r_in.shape, r_in.dtype,
+            1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
+      # The router runs in float32: its softmax decides discrete routes.
+      logits = common.Dense(e, (common.EMBED, None), use_bias=False,
+                            dtype=jnp.float32, param_dtype=self.param_dtype,
+                            name="router")(r_in.astype(jnp.float32))  # [B,N,E]
+    dispatch, combine, aux = self._route(x, logits, mask, token_ids,
+                                         deterministic)   # [B, N, E, C]
+    sow_router_aux(self, aux, {"load_balancing_loss": self.load_balancing_weight,
+                               "z_loss": self.z_loss_weight})
+
+    w1 = self.param("wi", common.partitioned(
+        nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
+                                         in_axis=1, out_axis=2, batch_axis=0),
+        (common.EXPERT, common.EMBED, common.MLP)), (e, d, f), self.param_dtype)
+    b1 = self.param("bi", common.partitioned(nn.initializers.zeros_init(),
+                                             (common.EXPERT, common.MLP)),
+                    (e, f), self.param_dtype)
+    w2 = self.param("wo", common.partitioned(
+        nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
+                                         in_axis=1, out_axis=2, batch_axis=0),
+        (common.EXPERT, common.MLP, common.EMBED)), (e, f, d), self.param_dtype)
+    b2 = self.param("bo", common.partitioned(nn.initializers.zeros_init(),
+                                             (common.EXPERT, common.EMBED)),
+                    (e, d), self.param_dtype)
+    dt = self.dtype
+    xe = jnp.einsum("bnec,bnd->becd", dispatch.astype(dt), x.astype(dt))
+    def experts(p, xs, _):
+      w1, b1, w2, b2 = (a.astype(dt) for a in p)
+      h = common.gelu(jnp.einsum("gecd,edf->gecf", xs, w1) + b1[:, None])
+      return jnp.einsum("gecf,efd->gecd", h, w2) + b2[:, None]
+
+    ye = apply_experts(experts, (w1, b1, w2, b2), xe)        # [B, E, C, d]
+    y = jnp.einsum("bnec,becd->bnd", combine.astype(dt), ye)
+    y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    return common.constrain(y, (common.BATCH, common.LENGTH, common.EMBED))

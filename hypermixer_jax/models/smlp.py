@@ -1,0 +1,225 @@
+"""sMLP: the sparse all-MLP causal language model (Yu et al. 2022, Fig. 2).
+
+  h_0 = Embed(tokens)                                          # [B, N, d]
+  N1 dense blocks:   h = h + SGU(LN(h))                         (causal gMLP)
+  N2 sparse blocks:  h = h + sMoE-SGU(LN(h));  h = h + tMoE(LN(h))
+  logits = LN(h) Embed^T / sqrt(d)                             # [B, N, vocab]
+
+The sparse blocks are spread evenly among the dense ones (N1 = N2 alternates
+dense, sparse). sMoE (``moe.smoe``) routes the gate's hidden dimensions to
+spatial experts (deterministic slices or partial prediction); tMoE
+(``moe.tmoe``) routes tokens to feed-forward experts (Base Layers by default,
+as in the paper; Switch, GShard or Hash on request).
+
+Causality: every position's logits depend on earlier tokens only, in
+inference (``deterministic=True``) with every router and in training with
+Switch, GShard (slots filled token by token here), Hash and both sMoE
+routings. Base Layers' balanced assignment in training reads the whole
+sequence, as in its paper. With partial-prediction routing the loss must skip the first
+``loss_start`` positions (``loss_weights``).
+
+With N2 = 0 the model is a dense causal gMLP language model (the benchmark's
+baseline).
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from hypermixer_jax.models import common
+from hypermixer_jax.models.gmlp import GmlpBlock
+from hypermixer_jax.models.moe.smoe import SparseGatingUnit, partial_prefix_len
+from hypermixer_jax.models.moe.tmoe import MoeFeedForward
+
+Array = common.Array
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+          "float16": jnp.float16}
+
+
+def sparse_layer_indices(num_dense: int, num_sparse: int) -> tuple[int, ...]:
+  """Depths of the sparse blocks, spread evenly, the last block sparse."""
+  total = num_dense + num_sparse
+  return tuple(round((j + 1) * total / num_sparse) - 1
+               for j in range(num_sparse)) if num_sparse else ()
+
+
+class SparseBlock(nn.Module):
+  """``h + sMoE-SGU(LN(h))`` then ``+ tMoE(LN(.))``, both pre-LN."""
+  d_ffn: int
+  expert_d_ffn: int
+  max_len: int
+  num_experts: int
+  tmoe_router: str = "base"
+  smoe_routing: str = "deterministic"
+  partial_fraction: float = 0.2
+  capacity_factor: float = 1.25
+  eval_capacity_factor: float = 2.0
+  jitter_noise: float = 0.0
+  load_balancing_weight: float = 1e-2
+  z_loss_weight: float = 1e-3
+  vocab_size: int | None = None
+  dropout_rate: float = 0.0
+  dtype: common.Dtype = jnp.float32
+  param_dtype: common.Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, mask=None, segment_ids=None, positions=None,
+               token_ids=None, deterministic=True):
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    h = common.LayerNorm(name="mixing_norm", **kw)(x)
+    h = SparseGatingUnit(
+        self.d_ffn, self.max_len, self.num_experts, routing=self.smoe_routing,
+        causal=True, partial_fraction=self.partial_fraction,
+        capacity_factor=self.capacity_factor,
+        eval_capacity_factor=self.eval_capacity_factor,
+        load_balancing_weight=self.load_balancing_weight,
+        z_loss_weight=self.z_loss_weight, dropout_rate=self.dropout_rate,
+        name="smoe", **kw)(h, mask=mask, segment_ids=segment_ids,
+                           positions=positions, deterministic=deterministic)
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    x = x + h.astype(x.dtype)
+    h = common.LayerNorm(name="ffn_norm", **kw)(x)
+    h = MoeFeedForward(
+        self.num_experts, self.expert_d_ffn, router=self.tmoe_router,
+        capacity_factor=self.capacity_factor,
+        eval_capacity_factor=self.eval_capacity_factor,
+        jitter_noise=self.jitter_noise,
+        load_balancing_weight=self.load_balancing_weight,
+        z_loss_weight=self.z_loss_weight, token_priority=True,
+        vocab_size=self.vocab_size, dropout_rate=self.dropout_rate,
+        name="tmoe", **kw)(
+            h, mask=mask, segment_ids=segment_ids, token_ids=token_ids,
+            deterministic=deterministic)
+    return x + h.astype(x.dtype)
+
+
+class SmlpLM(nn.Module):
+  """The sMLP causal LM, ``tokens [B, N] -> logits [B, N, vocab]``.
+
+  Attributes mirror ``smlp_config``'s fields (see there).
+  """
+  vocab_size: int
+  d_model: int
+  d_ffn: int
+  max_len: int
+  num_dense_layers: int
+  num_sparse_layers: int
+  num_experts: int
+  expert_d_ffn: int | None = None
+  tmoe_router: str = "base"
+  smoe_routing: str = "deterministic"
+  partial_fraction: float = 0.2
+  capacity_factor: float = 1.25
+  eval_capacity_factor: float = 2.0
+  jitter_noise: float = 0.0
+  load_balancing_weight: float = 1e-2
+  z_loss_weight: float = 1e-3
+  dropout_rate: float = 0.0
+  dtype: common.Dtype = jnp.float32
+  param_dtype: common.Dtype = jnp.float32
+
+  @property
+  def loss_start(self) -> int:
+    """First position whose prediction counts in the loss (0.2T if partial)."""
+    if self.smoe_routing == "partial" and self.num_sparse_layers:
+      return partial_prefix_len(self.max_len, self.partial_fraction)
+    return 0
+
+  @nn.compact
+  def __call__(self, inputs: Array, *, segment_ids: Array | None = None,
+               token_type_ids: Array | None = None,
+               positions: Array | None = None,
+               deterministic: bool = True) -> Array:
+    del token_type_ids  # one-sentence language model
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    embed = nn.Embed(
+        self.vocab_size, self.d_model, param_dtype=self.param_dtype,
+        dtype=self.dtype,
+        embedding_init=common.partitioned(nn.initializers.normal(1.0),
+                                          (common.VOCAB, common.EMBED)),
+        name="embed")
+    x = embed(inputs)                                               # [B, N, d]
+    x = common.constrain(x, (common.BATCH, common.LENGTH, common.EMBED))
+    mask = None if segment_ids is None else segment_ids > 0
+    sparse = sparse_layer_indices(self.num_dense_layers,
+                                  self.num_sparse_layers)
+    for i in range(self.num_dense_layers + self.num_sparse_layers):
+      if i in sparse:
+        x = SparseBlock(
+            self.d_ffn, self.expert_d_ffn or self.d_ffn, self.max_len,
+            self.num_experts, tmoe_router=self.tmoe_router,
+            smoe_routing=self.smoe_routing,
+            partial_fraction=self.partial_fraction,
+            capacity_factor=self.capacity_factor,
+            eval_capacity_factor=self.eval_capacity_factor,
+            jitter_noise=self.jitter_noise,
+            load_balancing_weight=self.load_balancing_weight,
+            z_loss_weight=self.z_loss_weight, vocab_size=self.vocab_size,
+            dropout_rate=self.dropout_rate, name=f"layer_{i}", **kw)(
+                x, mask=mask, segment_ids=segment_ids, positions=positions,
+                token_ids=inputs, deterministic=deterministic)
+      else:
+        x = GmlpBlock(self.d_ffn, self.max_len, causal=True,
+                      dropout_rate=self.dropout_rate, name=f"layer_{i}", **kw)(
+                          x, mask=mask, segment_ids=segment_ids,
+                          positions=positions, deterministic=deterministic)
+      x = common.constrain(x, (common.BATCH, common.LENGTH, common.EMBED))
+    x = common.LayerNorm(name="final_norm", **kw)(x)
+    logits = embed.attend(x) * jnp.asarray(self.d_model ** -0.5, x.dtype)
+    return common.constrain(logits.astype(jnp.float32),
+                            (common.BATCH, common.LENGTH, common.VOCAB))
+
+
+def smlp_config(size: str = "tiny") -> ml_collections.ConfigDict:
+  """Model config of the sMLP LM (CONTRIBUTING.md fields + ``mixer_kwargs``).
+
+  ``base``: the paper's main setting (Sec. 4.3, ~0.8 TFLOPs): d=1024,
+  d_ffn=4096, Base Layers tMoE, deterministic sMoE. The depths (N1=12,
+  N2=4), 16 experts, T=1024 and the GPT-2 vocabulary padded to 51,200 are our
+  choice: the paper text at hand does not give them. ``tiny``: the same
+  structure scaled down for tests (vocab 64, d=16, d_ffn=32, T=20, 4 experts,
+  one dense and one sparse block).
+  """
+  if size == "base":
+    d, f, n, vocab, n1, n2, e = 1024, 4096, 1024, 51200, 12, 4, 16
+  elif size == "tiny":
+    d, f, n, vocab, n1, n2, e = 16, 32, 20, 64, 1, 1, 4
+  else:
+    raise ValueError(f"smlp_config: size={size!r}, expected 'tiny' or 'base'.")
+  return ml_collections.ConfigDict(dict(
+      family="text", mixer="smlp", block="gmlp", head="causal_lm",
+      num_layers=n1 + n2, d_model=d, d_ffn=f, dropout_rate=0.0, max_len=n,
+      vocab_size=vocab, num_classes=0, position_embeddings="none",
+      dtype="float32", param_dtype="float32",
+      mixer_kwargs=dict(
+          num_dense_layers=n1, num_sparse_layers=n2, num_experts=e,
+          expert_d_ffn=f, tmoe_router="base", smoe_routing="deterministic",
+          partial_fraction=0.2, capacity_factor=1.25,
+          eval_capacity_factor=2.0, jitter_noise=0.0,
+          load_balancing_weight=1e-2, z_loss_weight=1e-3)))
+
+
+def build_smlp(config: ml_collections.ConfigDict) -> SmlpLM:
+  """``SmlpLM`` from an ``smlp_config``-style ConfigDict."""
+  mk = dict(config.mixer_kwargs)
+  if config.num_layers != mk["num_dense_layers"] + mk["num_sparse_layers"]:
+    raise ValueError(
+        f"smlp: num_layers={config.num_layers} must equal num_dense_layers "
+        f"+ num_sparse_layers = {mk['num_dense_layers']} + "
+        f"{mk['num_sparse_layers']}.")
+  return SmlpLM(
+      vocab_size=config.vocab_size, d_model=config.d_model,
+      d_ffn=config.d_ffn, max_len=config.max_len,
+      dropout_rate=config.dropout_rate, dtype=DTYPES[config.dtype],
+      param_dtype=DTYPES[config.param_dtype], **mk)
+
+
+def loss_weights(model: SmlpLM, weights: Array) -> Array:
+  """Zeroes ``weights [B, N]`` before ``model.loss_start`` (partial routing)."""
+  start = model.loss_start
+  if not start:
+    return weights
+  keep = jnp.arange(weights.shape[1]) >= start
+  return weights * keep[None, :].astype(weights.dtype)

@@ -1,0 +1,364 @@
+"""Model factory and the papers' named configurations.
+
+``build_model(config)`` turns a model ``ConfigDict`` (CONTRIBUTING.md) into a
+Linen ``Model``; ``get_model_config(name)`` returns the configuration of a
+named model; ``count_params(config)`` counts its parameters abstractly
+(``jax.eval_shape``: nothing is materialised).
+
+Named configurations (parameter counts measured by ``tests/zoo_test.py``):
+
+* gMLP image models (Liu et al. 2021, 224x224 images, 16x16 patches, 30
+  layers): ``gmlp_ti`` d=128/d_ffn=768 (5.9M), ``gmlp_s`` 256/1536 (19.5M),
+  ``gmlp_b`` 512/3072 (73.4M).
+* MLP-Mixer (Tolstikhin et al. 2021, Table 1): ``mixer_s16`` 8 layers
+  C=512 D_S=256 D_C=2048 (18M), ``mixer_b32`` 12/768/384/3072 on 49 patches
+  (60M), ``mixer_b16`` 12/768/384/3072 on 196 patches (59M);
+  ``mixer_cifar`` is the small from-scratch setting for 32x32 images
+  (P=4, S=64, C=256, D_C=1024, D_S=256; the depth, 8, is our choice).
+* HyperMixer paper's equal-size GLUE classifiers (Mai et al. 2023, ~11M
+  parameters, FNet 9.5M), ``glue_<mixer>`` for ``hypermixer``,
+  ``hypermixer_tied``, ``mlp_mixer``, ``gmlp``, ``attention`` (Transformer),
+  ``linear_attention`` (Linear Transformer), ``fnet``. The paper text at hand
+  gives only the totals (11M; FNet 9.5M, i.e. 1.5M of token-mixing
+  parameters); we reconstruct the shared part as 6 pre-LN layers, d=256,
+  d_ffn=512, the BERT uncased WordPiece vocabulary (30,522) and sinusoidal
+  positions, which gives exactly 9.5M for FNet and 11.1M for the Transformer,
+  and size every other token mixer to the Transformer's ~263k parameters per
+  layer (hyper_dim, token_mlp_dim, gMLP d_ffn).
+* ``synthetic_<mixer>`` (``none``, ``mlp_mixer``, ``hypermixer``,
+  ``attention``): small per-token regressors for the HyperMixer paper's
+  synthetic task (§4.7); sizes are our choice.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from hypermixer_jax.models import blocks
+from hypermixer_jax.models import encoders
+
+# name -> (module in hypermixer_jax.models, class). Imported on use, so that a
+# mixer's module is only needed by the models that use it.
+MIXERS = {
+    "hypermixer": ("hypermixer", "HyperMixing"),
+    "mlp_mixer": ("mlp_mixer", "MlpMixerTokenMixing"),
+    "gmlp": ("gmlp", "SpatialGatingUnit"),
+    "amlp": ("gmlp", "SpatialGatingUnit"),
+    "attention": ("attention", "SelfAttention"),
+    "linear_attention": ("attention", "LinearAttention"),
+    "fnet": ("fnet", "FourierMixing"),
+    "none": ("fnet", "IdentityMixing"),
+}
+BLOCKS = ("pre_ln", "post_ln", "gmlp")
+FAMILIES = ("text", "continuous")
+HEADS = ("mlm", "causal_lm", "classify", "pair_classify", "image",
+         "regression")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+          "float16": jnp.float16}
+# Mixers that never read a later position, so a causal LM may use them.
+_CAUSAL_BY_CONSTRUCTION = ("none",)
+
+
+def default_model_config() -> ml_collections.ConfigDict:
+  """Every field of the model config (CONTRIBUTING.md), with defaults.
+
+  Beyond the contract: ``type_vocab_size`` (token types of sentence pairs, 0
+  for none), ``pooling`` (``mean`` over real tokens | ``first`` token) for the
+  classification heads, ``patch_size`` (to cut raw ``[B, H, W, C]`` images),
+  ``out_dim`` (regression head width).
+  """
+  return ml_collections.ConfigDict(dict(
+      family="text",
+      mixer="hypermixer",
+      block="pre_ln",
+      head="mlm",
+      num_layers=2,
+      d_model=128,
+      d_ffn=512,
+      dropout_rate=0.1,
+      max_len=128,
+      vocab_size=30522,
+      num_classes=2,
+      input_dim=0,
+      position_embeddings="sinusoidal",
+      dtype="float32",
+      param_dtype="float32",
+      mixer_kwargs=ml_collections.ConfigDict(),
+      type_vocab_size=2,
+      pooling="mean",
+      patch_size=0,
+      out_dim=1,
+  ))
+
+
+def _choice(kind: str, value: str, valid) -> str:
+  if value not in valid:
+    raise ValueError(f"unknown {kind} {value!r}; valid {kind}s: "
+                     f"{', '.join(valid)}.")
+  return value
+
+
+def _dtype(value: Any):
+  if isinstance(value, str):
+    return DTYPES[_choice("dtype", value, tuple(DTYPES))]
+  return value
+
+
+def _fields(cls) -> tuple[str, ...]:
+  return tuple(f.name for f in dataclasses.fields(cls)
+               if f.name not in ("parent", "name"))
+
+
+def mixer_class(name: str) -> type[nn.Module]:
+  """The token-mixer class registered under ``name``."""
+  module, cls = MIXERS[_choice("mixer", name, tuple(MIXERS))]
+  return getattr(importlib.import_module(f"hypermixer_jax.models.{module}"),
+                 cls)
+
+
+def _mixer_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
+  """Defaults derived from the model config (only those a mixer accepts)."""
+  defaults = dict(max_len=cfg["max_len"], d_ffn=cfg["d_ffn"])
+  mixer = cfg["mixer"]
+  if mixer == "hypermixer":
+    defaults["hyper_dim"] = cfg["d_model"]
+  elif mixer == "mlp_mixer":
+    # MLP-Mixer's D_S is C/2 in every configuration of its Table 1.
+    defaults["token_mlp_dim"] = cfg["d_model"] // 2
+  elif mixer in ("attention", "linear_attention"):
+    defaults["num_heads"] = max(1, cfg["d_model"] // 64)
+  elif mixer == "amlp":
+    defaults["tiny_attention_dim"] = 64  # gMLP paper: one head of size 64
+  return defaults
+
+
+def _mixer_kwargs(cfg: Mapping[str, Any], cls, causal: bool,
+                  dtype, param_dtype) -> dict[str, Any]:
+  """Validated keyword arguments for the mixer (or gMLP block) class."""
+  fields = _fields(cls)
+  user = dict(cfg.get("mixer_kwargs") or {})
+  unknown = sorted(set(user) - set(fields))
+  if unknown:
+    raise ValueError(
+        f"unknown mixer_kwargs {unknown} for mixer {cfg['mixer']!r} "
+        f"({cls.__name__}); valid: {', '.join(sorted(fields))}.")
+  kwargs = {k: v for k, v in _mixer_defaults(cfg).items() if k in fields}
+  kwargs.update(user)
+  if causal:
+    if "causal" in fields:
+      if user.get("causal") is False:
+        raise ValueError("head 'causal_lm' needs a causal mixer but "
+                         "mixer_kwargs sets causal=False.")
+      kwargs["causal"] = True
+    elif cfg["mixer"] not in _CAUSAL_BY_CONSTRUCTION:
+      capable = [m for m in MIXERS if m in _CAUSAL_BY_CONSTRUCTION
+                 or "causal" in _fields(mixer_class(m))]
+      raise ValueError(
+          f"head 'causal_lm' needs a causal token mixer, but mixer "
+          f"{cfg['mixer']!r} ({cls.__name__}) has no causal mode (every output "
+          "would read later tokens); causal mixers: "
+          f"{', '.join(capable)}.")
+  heads = kwargs.get("num_heads")
+  if heads and cfg["d_model"] % heads:
+    raise ValueError(
+        f"d_model={cfg['d_model']} is not divisible by num_heads={heads} of "
+        f"mixer {cfg['mixer']!r}; choose num_heads dividing d_model.")
+  kwargs.update(dtype=dtype, param_dtype=param_dtype)
+  return kwargs
+
+
+def build_model(config: Mapping[str, Any]) -> encoders.Model:
+  """Builds the Linen ``Model`` described by a model config.
+
+  Missing fields take ``default_model_config()``'s values. Raises ValueError,
+  listing the valid choices, for an unknown family, mixer, block, head,
+  dtype or mixer kwarg, for ``d_model`` not divisible by the heads, for
+  ``block='gmlp'`` with a mixer other than gmlp/amlp, and for a
+  ``causal_lm`` head over a mixer that cannot be causal.
+  """
+  cfg = default_model_config().to_dict()
+  given = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  cfg.update(given)
+  mk = cfg.get("mixer_kwargs")
+  cfg["mixer_kwargs"] = mk.to_dict() if hasattr(mk, "to_dict") else dict(
+      mk or {})
+  family = _choice("family", cfg["family"], FAMILIES)
+  head = _choice("head", cfg["head"], HEADS)
+  block = _choice("block", cfg["block"], BLOCKS)
+  mixer = _choice("mixer", cfg["mixer"], tuple(MIXERS))
+  dtype, param_dtype = _dtype(cfg["dtype"]), _dtype(cfg["param_dtype"])
+  causal = head == "causal_lm"
+
+  if block == "gmlp":
+    if mixer not in ("gmlp", "amlp"):
+      raise ValueError(f"block 'gmlp' is gMLP's own block and needs mixer "
+                       f"'gmlp' or 'amlp', got {mixer!r}; use block 'pre_ln' "
+                       "or 'post_ln' for other mixers.")
+    gmlp = importlib.import_module("hypermixer_jax.models.gmlp")
+    kwargs = _mixer_kwargs(cfg, gmlp.GmlpBlock, causal, dtype, param_dtype)
+    kwargs.setdefault("dropout_rate", cfg["dropout_rate"])
+    layer = functools.partial(gmlp.GmlpBlock, **kwargs)
+  else:
+    cls = mixer_class(mixer)
+    kwargs = _mixer_kwargs(cfg, cls, causal, dtype, param_dtype)
+    layer = functools.partial(
+        blocks.MixerBlock, functools.partial(cls, **kwargs),
+        d_ffn=cfg["d_ffn"], layout=block, dropout_rate=cfg["dropout_rate"],
+        dtype=dtype, param_dtype=param_dtype)
+
+  return encoders.Model(
+      family=family, head=head, layer=layer,
+      num_layers=cfg["num_layers"], d_model=cfg["d_model"],
+      max_len=cfg["max_len"], vocab_size=cfg["vocab_size"],
+      num_classes=cfg["num_classes"], out_dim=cfg["out_dim"],
+      input_dim=cfg["input_dim"] or None,
+      patch_size=cfg["patch_size"] or None,
+      position_embeddings=_choice("position_embeddings",
+                                  cfg["position_embeddings"],
+                                  encoders.POSITION_EMBEDDINGS),
+      type_vocab_size=cfg["type_vocab_size"],
+      pooling=_choice("pooling", cfg["pooling"], encoders.POOLINGS),
+      final_norm=block != "post_ln", embed_norm=block == "post_ln",
+      dropout_rate=cfg["dropout_rate"], dtype=dtype, param_dtype=param_dtype)
+
+
+def dummy_inputs(config: Mapping[str, Any], batch: int = 1,
+                 length: int | None = None) -> jax.Array | jax.ShapeDtypeStruct:
+  """Abstract inputs of the right shape and dtype for ``config``."""
+  n = length or config["max_len"]
+  if config["family"] == "text":
+    return jax.ShapeDtypeStruct((batch, n), jnp.int32)
+  return jax.ShapeDtypeStruct((batch, n, config["input_dim"]), jnp.float32)
+
+
+def abstract_variables(config: Mapping[str, Any]):
+  """``jax.eval_shape`` of the model's init: shapes only, no memory."""
+  model = build_model(config)
+  x = dummy_inputs(config)
+  return jax.eval_shape(
+      lambda k, x: model.init(k, jnp.zeros(x.shape, x.dtype)),
+      jax.random.key(0), x)
+
+
+def count_params(config: Mapping[str, Any], under: str | None = None) -> int:
+  """Number of parameters of ``config``'s model, counted abstractly.
+
+  With ``under``, counts only parameters whose path contains a module named
+  ``under`` (e.g. ``'token_mixing'``).
+  """
+  params = nn.unbox(abstract_variables(config))["params"]
+  total = 0
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    keys = [getattr(p, "key", None) for p in path]
+    if under is None or under in keys:
+      total += int(np.prod(leaf.shape))
+  return total
+
+
+# ---------------------------------------------------------------------------
+# Named configurations.
+# ---------------------------------------------------------------------------
+def _config(**overrides) -> ml_collections.ConfigDict:
+  cfg = default_model_config()
+  mixer_kwargs = overrides.pop("mixer_kwargs", {})
+  cfg.update(overrides)
+  cfg.mixer_kwargs = ml_collections.ConfigDict(mixer_kwargs)
+  return cfg
+
+
+def _image(image_size: int, patch: int, num_classes: int = 1000, **kw
+           ) -> ml_collections.ConfigDict:
+  return _config(family="continuous", head="image", num_classes=num_classes,
+                 max_len=(image_size // patch) ** 2, input_dim=patch * patch * 3,
+                 patch_size=patch, position_embeddings="none",
+                 type_vocab_size=0, dropout_rate=0.0, **kw)
+
+
+def _gmlp_image(d: int, d_ffn: int) -> ml_collections.ConfigDict:
+  return _image(224, 16, mixer="gmlp", block="gmlp", num_layers=30,
+                d_model=d, d_ffn=d_ffn)
+
+
+def _mixer_image(image_size, patch, layers, c, d_s, d_c, num_classes=1000):
+  return _image(image_size, patch, mixer="mlp_mixer", block="pre_ln",
+                num_layers=layers, d_model=c, d_ffn=d_c,
+                num_classes=num_classes,
+                mixer_kwargs=dict(token_mlp_dim=d_s))
+
+
+# HyperMixer paper (§4.3): shared part of every GLUE model; token mixers are
+# sized to the Transformer's 4 d^2 + 4 d = 263,168 parameters per layer.
+_GLUE_MIXERS = {
+    "hypermixer": ("hypermixer", dict(hyper_dim=256)),
+    "hypermixer_tied": ("hypermixer", dict(hyper_dim=768, tied=True)),
+    "mlp_mixer": ("mlp_mixer", dict(token_mlp_dim=512)),
+    "gmlp": ("gmlp", dict(d_ffn=512)),
+    "attention": ("attention", dict(num_heads=4)),
+    "linear_attention": ("linear_attention", dict(num_heads=4)),
+    "fnet": ("fnet", {}),
+}
+
+
+def _glue(mixer_name: str) -> ml_collections.ConfigDict:
+  mixer, kwargs = _GLUE_MIXERS[mixer_name]
+  return _config(family="text", mixer=mixer, block="pre_ln",
+                 head="pair_classify", num_layers=6, d_model=256, d_ffn=512,
+                 dropout_rate=0.1, max_len=256, vocab_size=30522,
+                 num_classes=3, position_embeddings="sinusoidal",
+                 mixer_kwargs=kwargs)
+
+
+_SYNTHETIC_MIXERS = {
+    "none": {},
+    "mlp_mixer": dict(token_mlp_dim=64),
+    "hypermixer": dict(hyper_dim=64),
+    "attention": dict(num_heads=1),
+}
+
+
+def _synthetic(mixer: str) -> ml_collections.ConfigDict:
+  return _config(family="continuous", mixer=mixer, block="pre_ln",
+                 head="regression", num_layers=2, d_model=64, d_ffn=128,
+                 dropout_rate=0.0, max_len=100, input_dim=1, out_dim=1,
+                 position_embeddings="none", type_vocab_size=0,
+                 mixer_kwargs=_SYNTHETIC_MIXERS[mixer])
+
+
+_NAMED = {
+    "gmlp_ti": lambda: _gmlp_image(128, 768),
+    "gmlp_s": lambda: _gmlp_image(256, 1536),
+    "gmlp_b": lambda: _gmlp_image(512, 3072),
+    "mixer_s16": lambda: _mixer_image(224, 16, 8, 512, 256, 2048),
+    "mixer_b32": lambda: _mixer_image(224, 32, 12, 768, 384, 3072),
+    "mixer_b16": lambda: _mixer_image(224, 16, 12, 768, 384, 3072),
+    "mixer_cifar": lambda: _mixer_image(32, 4, 8, 256, 256, 1024, 10),
+    **{f"glue_{m}": functools.partial(_glue, m) for m in _GLUE_MIXERS},
+    **{f"synthetic_{m}": functools.partial(_synthetic, m)
+       for m in _SYNTHETIC_MIXERS},
+}
+
+# Parameter counts the papers report (for the tests and the smoke table).
+PAPER_PARAMS = {
+    "gmlp_ti": 5.9e6, "gmlp_s": 19.5e6, "gmlp_b": 73.4e6,
+    "mixer_s16": 18e6, "mixer_b32": 60e6, "mixer_b16": 59e6,
+    **{f"glue_{m}": 11e6 for m in _GLUE_MIXERS if m != "fnet"},
+    "glue_fnet": 9.5e6,
+}
+
+
+def model_names() -> tuple[str, ...]:
+  """Names accepted by ``get_model_config``."""
+  return tuple(_NAMED)
+
+
+def get_model_config(name: str) -> ml_collections.ConfigDict:
+  """The model config of a named configuration (see the module docstring)."""
+  return _NAMED[_choice("model name", name, tuple(_NAMED))]()

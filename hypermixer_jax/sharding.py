@@ -1,0 +1,445 @@
+"""Device mesh, logical-axis rules and sharded initialisation.
+
+Every parameter is created with logical axis names (``common.partitioned``)
+and the main activations are constrained with logical names
+(``common.constrain``). This module turns those names into placements:
+
+* ``build_mesh`` makes a 4-axis mesh ``("data", "fsdp", "tensor", "expert")``
+  from ``config.mesh`` (one size may be -1: it takes the devices left);
+* a rules table (``config.sharding.rules``: a preset name from
+  ``RULES_PRESETS`` or an explicit list of ``(logical_name, mesh_axes)``)
+  maps logical names to mesh axes, in Flax's priority order: for each array,
+  rules are tried top to bottom and a rule only applies if its mesh axes are
+  still unused by that array (so ``batch`` claims ``fsdp`` on activations
+  before ``embed`` can, while parameters, which have no ``batch`` axis, put
+  ``embed`` on ``fsdp``);
+* ``sharded_init`` initialises straight into the sharded layout
+  (``jax.eval_shape`` -> specs -> ``jax.jit(init, out_shardings=...)``), so
+  the full parameters never sit on one device;
+* ``make_global_batch`` assembles the global batch from each host's slice.
+
+Typical use::
+
+  mesh = build_mesh(config.mesh)
+  rules = get_rules(config.sharding)
+  state, shardings = sharded_init(init_fn, key, mesh, rules)
+  with activate(mesh, rules):
+    ...
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import flax.linen as nn
+from flax.core import meta
+import jax
+from jax.experimental import mesh_utils
+import numpy as np
+
+from hypermixer_jax.models import common
+
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+
+MeshAxes = str | tuple[str, ...] | None
+Rules = tuple[tuple[str, MeshAxes], ...]
+
+# Batch dimension of activations and inputs: split over every axis that is not
+# tensor parallel. With the expert preset the expert axis also carries data
+# outside the MoE layers (as in MaxText), so no device idles there.
+_BATCH_AXES = ("data", "fsdp", "expert")
+
+
+def _preset(*, fsdp: bool, tensor: bool, expert: bool) -> Rules:
+  """Builds a complete rules table (every logical name appears)."""
+  rules: list[tuple[str, MeshAxes]] = [(common.BATCH, _BATCH_AXES)]
+  if expert:
+    rules.append((common.EXPERT, "expert"))
+  if tensor:
+    # Megatron-style: the wide inner dimension of each pair of matmuls.
+    rules += [(common.MLP, "tensor"), (common.HEADS, "tensor"),
+              (common.HYPER, "tensor"), (common.TOKEN_MLP, "tensor"),
+              (common.VOCAB, "tensor")]
+  if fsdp:
+    # ``embed`` is on nearly every kernel; the token-mixing weights that have
+    # no ``embed`` axis (SGU's N x N, the Mixer token MLP) fall back to their
+    # widest axis. Listed in priority order: token_mlp (usually a multiple of
+    # 8) before the sequence axes (e.g. 196 patches).
+    rules += [(common.EMBED, "fsdp"), (common.TOKEN_MLP, "fsdp"),
+              (common.SEQ_IN, "fsdp"), (common.SEQ_OUT, "fsdp")]
+  named = {name for name, _ in rules}
+  rules += [(name, None) for name in common.LOGICAL_AXES if name not in named]
+  return tuple(rules)
+
+
+RULES_PRESETS: dict[str, Rules] = {
+    # Parameters and optimizer state replicated; the batch split everywhere.
+    "data_parallel": _preset(fsdp=False, tensor=False, expert=False),
+    # ZeRO-3 style: parameters and optimizer state split over "fsdp" too.
+    "fsdp": _preset(fsdp=True, tensor=False, expert=False),
+    # fsdp plus tensor parallelism of the hidden widths over "tensor".
+    "fsdp_tensor": _preset(fsdp=True, tensor=True, expert=False),
+    # fsdp + tensor plus experts split over the "expert" axis.
+    "expert": _preset(fsdp=True, tensor=True, expert=True),
+}
+
+
+# ---------------------------------------------------------------------------
+# Mesh.
+# ---------------------------------------------------------------------------
+def _field(cfg: Any, name: str) -> Any:
+  if isinstance(cfg, Mapping):
+    return cfg.get(name, 1)
+  return getattr(cfg, name, 1)
+
+
+def mesh_shape(mesh_config: Any, num_devices: int) -> tuple[int, ...]:
+  """Resolves the axis sizes (one may be -1) for ``num_devices`` devices.
+
+  Raises ValueError naming every size when they do not fit the devices.
+  """
+  sizes = [_field(mesh_config, a) for a in MESH_AXES]
+  desc = " x ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes))
+  for a, s in zip(MESH_AXES, sizes):
+    if not isinstance(s, (int, np.integer)) or (s < 1 and s != -1):
+      raise ValueError(f"mesh axis {a}={s!r} must be a positive int or -1 "
+                       f"(mesh {desc}).")
+  fill = [a for a, s in zip(MESH_AXES, sizes) if s == -1]
+  if len(fill) > 1:
+    raise ValueError(f"at most one mesh axis may be -1, got {fill} "
+                     f"(mesh {desc}).")
+  known = math.prod(s for s in sizes if s != -1)
+  if fill:
+    if num_devices % known:
+      raise ValueError(
+          f"mesh {desc}: the fixed axes multiply to {known}, which does not "
+          f"divide the {num_devices} devices, so {fill[0]}=-1 cannot be "
+          "filled.")
+    sizes = [num_devices // known if s == -1 else s for s in sizes]
+  if math.prod(sizes) != num_devices:
+    raise ValueError(
+        f"mesh {desc} has {math.prod(sizes)} devices but there are "
+        f"{num_devices}; the product of data, fsdp, tensor and expert must "
+        "equal the device count (or set one of them to -1).")
+  return tuple(int(s) for s in sizes)
+
+
+def dcn_shape(shape: Sequence[int], num_granules: int) -> tuple[int, ...]:
+  """Splits ``num_granules`` (hosts or slices) over the mesh axes.
+
+  The slow inter-host network (DCN) should carry the axes that communicate
+  least: data first, then fsdp, tensor, expert. Each granule then holds a
+  contiguous block of the remaining (fast, ICI/NVLink) axes.
+  """
+  left, out = num_granules, []
+  for size in shape:
+    g = math.gcd(left, size)
+    out.append(g)
+    left //= g
+  if left != 1:
+    raise ValueError(
+        f"cannot spread {num_granules} hosts/slices over mesh "
+        f"{dict(zip(MESH_AXES, shape))}: the axes data, fsdp, tensor, expert "
+        "must be splittable into per-host blocks (make data a multiple of "
+        "the host count).")
+  return tuple(out)
+
+
+def build_mesh(mesh_config: Any, devices: Sequence[Any] | None = None
+               ) -> jax.sharding.Mesh:
+  """Builds the ``("data", "fsdp", "tensor", "expert")`` mesh.
+
+  Args:
+    mesh_config: anything with fields (or keys) ``data``, ``fsdp``,
+      ``tensor``, ``expert``; missing ones are 1 and one may be -1.
+    devices: defaults to ``jax.devices()`` (all hosts).
+
+  Devices are ordered for the physical topology: ``jax.make_mesh`` on one
+  host or one TPU slice, and a hybrid ICI x DCN mesh
+  (``mesh_utils.create_hybrid_device_mesh``) when the devices span several
+  TPU slices or several GPU hosts, with the inter-host axes on ``data``
+  first. All axes are ``AxisType.Auto`` (what Linen's logical constraints
+  expect).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(mesh_config, len(devices))
+  axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+  slices = {getattr(d, "slice_index", 0) for d in devices}
+  processes = {d.process_index for d in devices}
+  if len(slices) > 1:
+    granules, process_is_granule = len(slices), False
+  elif len(processes) > 1 and devices[0].platform != "tpu":
+    granules, process_is_granule = len(processes), True
+  else:
+    return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types,
+                         devices=devices)
+  dcn = dcn_shape(shape, granules)
+  ici = tuple(s // d for s, d in zip(shape, dcn))
+  grid = mesh_utils.create_hybrid_device_mesh(
+      ici, dcn, devices, process_is_granule=process_is_granule)
+  return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
+
+
+# ---------------------------------------------------------------------------
+# Rules.
+# ---------------------------------------------------------------------------
+def _normalise_mesh_axes(logical: str, axes: Any) -> MeshAxes:
+  if axes is None or isinstance(axes, str):
+    names = () if axes is None else (axes,)
+  else:
+    names = tuple(axes)
+  for a in names:
+    if a not in MESH_AXES:
+      raise ValueError(f"sharding rule ({logical!r}, {axes!r}): unknown mesh "
+                       f"axis {a!r}; mesh axes are {MESH_AXES}.")
+  if len(set(names)) != len(names):
+    raise ValueError(f"sharding rule ({logical!r}, {axes!r}) repeats a mesh "
+                     "axis.")
+  if axes is None or isinstance(axes, str):
+    return axes
+  return names
+
+
+def get_rules(sharding_config: Any) -> Rules:
+  """Returns the validated rules table.
+
+  Args:
+    sharding_config: a preset name (see ``RULES_PRESETS``), an explicit
+      sequence of ``(logical_name, mesh_axes)`` pairs (``mesh_axes`` is None,
+      a mesh axis name or a sequence of them), or a config with a ``rules``
+      field holding either.
+
+  Raises ValueError for an unknown preset, logical name or mesh axis.
+  """
+  rules = sharding_config
+  if not isinstance(rules, (str, list, tuple)):
+    rules = (rules["rules"] if isinstance(rules, Mapping)
+             else getattr(rules, "rules"))
+  if isinstance(rules, str):
+    if rules not in RULES_PRESETS:
+      raise ValueError(f"unknown sharding preset {rules!r}; presets are "
+                       f"{sorted(RULES_PRESETS)}.")
+    return RULES_PRESETS[rules]
+  out = []
+  for rule in rules:
+    if len(rule) != 2:
+      raise ValueError(f"sharding rule {rule!r} must be a pair "
+                       "(logical_name, mesh_axes).")
+    logical, axes = rule
+    if logical not in common.LOGICAL_AXES:
+      raise ValueError(f"sharding rule ({logical!r}, {axes!r}): unknown "
+                       f"logical axis name {logical!r}; the names are "
+                       f"{common.LOGICAL_AXES} (hypermixer_jax.models.common)."
+                       )
+    out.append((logical, _normalise_mesh_axes(logical, axes)))
+  return tuple(out)
+
+
+@contextlib.contextmanager
+def activate(mesh: jax.sharding.Mesh, rules: Rules) -> Iterator[None]:
+  """Context in which logical constraints bind: the mesh plus the rules.
+
+  Use it around eager code and the *first call* of functions jitted without
+  ``jit_train_step``; ``jax.set_mesh`` cannot be entered inside ``jax.jit``
+  (see ``within``).
+  """
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield
+
+
+def within(fn: Callable[..., Any], mesh: jax.sharding.Mesh, rules: Rules
+           ) -> Callable[..., Any]:
+  """Wraps ``fn`` so that it traces with ``mesh`` and ``rules`` active.
+
+  Safe inside ``jax.jit`` (it sets the abstract mesh, not the concrete one),
+  so the jitted function carries its sharding context with it: a caller who
+  forgets ``activate`` still gets the activation constraints.
+  """
+
+  @functools.wraps(fn)
+  def wrapped(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), \
+        nn.logical_axis_rules(rules):
+      return fn(*args, **kwargs)
+
+  return wrapped
+
+
+# ---------------------------------------------------------------------------
+# Parameter shardings.
+# ---------------------------------------------------------------------------
+def _is_box(x: Any) -> bool:
+  return isinstance(x, meta.AxisMetadata)
+
+
+def _box_mesh_axes(path: str, box: Any, rules: Rules) -> jax.P:
+  if isinstance(box, nn.LogicallyPartitioned):
+    names = tuple(box.names)
+    for n in names:
+      if n is not None and n not in common.LOGICAL_AXES:
+        raise ValueError(
+            f"parameter {path} has unknown logical axis name {n!r} (names "
+            f"{names}); use the names in hypermixer_jax.models.common."
+            "LOGICAL_AXES.")
+    dups = sorted({n for n in names if n is not None and names.count(n) > 1})
+    if dups:
+      raise ValueError(
+          f"parameter {path} repeats logical axis names {dups} (names "
+          f"{names}); each dimension needs its own name so that the rules "
+          "can place it.")
+    return nn.logical_to_mesh_axes(names, rules)
+  if isinstance(box, meta.Partitioned):  # already in mesh axes
+    return jax.P(*box.names)
+  raise ValueError(f"parameter {path}: unsupported metadata box "
+                   f"{type(box).__name__}.")
+
+
+def logical_specs(abstract_tree: Any, rules: Rules) -> Any:
+  """Maps each logically-named box to its mesh ``PartitionSpec``.
+
+  Leaves without a box (step counters, optimizer scalars) are replicated:
+  ``P()``. Raises ValueError naming the parameter for an unknown logical
+  name.
+  """
+  def spec(path, x):
+    if _is_box(x):
+      return _box_mesh_axes(jax.tree_util.keystr(path), x, rules)
+    return jax.P()
+  return jax.tree_util.tree_map_with_path(spec, abstract_tree, is_leaf=_is_box)
+
+
+def logical_shardings(abstract_tree: Any, mesh: jax.sharding.Mesh,
+                      rules: Rules) -> Any:
+  """``NamedSharding`` tree for ``abstract_tree`` (boxes or plain leaves).
+
+  The result has the structure of ``nn.unbox(abstract_tree)``: one sharding
+  where each box (or plain leaf) was.
+  """
+  return jax.tree.map(lambda s: jax.NamedSharding(mesh, s),
+                      logical_specs(abstract_tree, rules),
+                      is_leaf=lambda x: isinstance(x, jax.P))
+
+
+def _axes_size(mesh: jax.sharding.Mesh, axes: MeshAxes) -> int:
+  if axes is None:
+    return 1
+  names = (axes,) if isinstance(axes, str) else tuple(axes)
+  return math.prod(mesh.shape[a] for a in names)
+
+
+def validate_divisibility(abstract_tree: Any, mesh: jax.sharding.Mesh,
+                          rules: Rules) -> None:
+  """Checks that every sharded dimension divides by its mesh axes.
+
+  Runs on shapes only (after ``jax.eval_shape``), so a bad mesh or rules
+  table fails before anything is compiled. Raises ValueError listing each
+  offending parameter path, dimension, logical name, mesh axes and sizes.
+  """
+  specs = logical_specs(abstract_tree, rules)
+  leaves = jax.tree_util.tree_flatten_with_path(
+      abstract_tree, is_leaf=_is_box)[0]
+  spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.P))
+  problems = []
+  for (path, x), spec in zip(leaves, spec_leaves):
+    names = tuple(x.names) if _is_box(x) else ()
+    value = x.value if _is_box(x) else x
+    shape = getattr(value, "shape", ())
+    for dim, axes in enumerate(tuple(spec)):
+      size = _axes_size(mesh, axes)
+      if size > 1 and shape[dim] % size:
+        logical = names[dim] if dim < len(names) else None
+        problems.append(
+            f"  {jax.tree_util.keystr(path)}: dim {dim} (logical "
+            f"{logical!r}, size {shape[dim]}) over mesh axes {axes} of total "
+            f"size {size}")
+  if problems:
+    raise ValueError(
+        "sharding rules do not divide these parameter dimensions (mesh "
+        f"{dict(mesh.shape)}):\n" + "\n".join(problems) +
+        "\nChange the model sizes, the mesh, or map these logical names to "
+        "other mesh axes in config.sharding.rules.")
+
+
+def sharded_init(init_fn: Callable[[jax.Array], Any], key: jax.Array,
+                 mesh: jax.sharding.Mesh, rules: Rules) -> tuple[Any, Any]:
+  """Initialises ``init_fn(key)`` directly into its sharded layout.
+
+  ``init_fn`` returns a pytree whose leaves may be logical boxes (what
+  ``model.init`` gives). Its shapes are traced with ``jax.eval_shape``,
+  checked (names, divisibility) and turned into ``NamedSharding``s, then
+  ``jax.jit(init_fn, out_shardings=...)`` builds each shard on its own
+  device: no device ever holds the full parameters.
+
+  Returns:
+    ``(state, shardings)``: the unboxed state (plain arrays) and the
+    matching tree of ``NamedSharding``.
+  """
+  # Shapes first, with no rules bound (constraints are no-ops), so that bad
+  # names and sizes get our errors, naming the parameter, before tracing
+  # with the mesh and before any compilation.
+  with nn.logical_axis_rules(()):
+    abstract = jax.eval_shape(init_fn, key)
+  validate_divisibility(abstract, mesh, rules)
+  shardings = logical_shardings(abstract, mesh, rules)
+  state = jax.jit(within(lambda k: meta.unbox(init_fn(k)), mesh, rules),
+                  out_shardings=shardings)(key)
+  return state, shardings
+
+
+# ---------------------------------------------------------------------------
+# Batches.
+# ---------------------------------------------------------------------------
+def _batch_spec(ndim: int, rules: Rules) -> jax.P:
+  names = (common.BATCH, common.LENGTH)[:ndim] + (None,) * max(ndim - 2, 0)
+  return nn.logical_to_mesh_axes(names, rules)
+
+
+def _check_batch_dims(shape: Sequence[int], spec: jax.P,
+                      mesh: jax.sharding.Mesh, what: str) -> None:
+  for dim, axes in enumerate(tuple(spec)):
+    size = _axes_size(mesh, axes)
+    if size > 1 and shape[dim] % size:
+      raise ValueError(
+          f"batch entry {what} has global shape {tuple(shape)}: dim {dim} "
+          f"({shape[dim]}) must be divisible by mesh axes {axes} of total "
+          f"size {size} (mesh {dict(mesh.shape)}).")
+
+
+def batch_shardings(batch_or_spec: Any, mesh: jax.sharding.Mesh,
+                    rules: Rules) -> Any:
+  """``NamedSharding``s for a (global) batch: dim 0 ``batch``, dim 1 ``length``.
+
+  ``batch_or_spec`` is a pytree of arrays or ``jax.ShapeDtypeStruct``s with
+  global shapes; scalars are replicated. Raises ValueError when a sharded
+  dimension does not divide.
+  """
+  def one(path, x):
+    spec = _batch_spec(len(x.shape), rules)
+    _check_batch_dims(x.shape, spec, mesh, jax.tree_util.keystr(path))
+    return jax.NamedSharding(mesh, spec)
+  return jax.tree_util.tree_map_with_path(one, batch_or_spec)
+
+
+def make_global_batch(local_batch: Any, mesh: jax.sharding.Mesh,
+                      rules: Rules) -> Any:
+  """Assembles global arrays from each host's slice of the batch.
+
+  Every process passes only its own examples (leading axis = its share of
+  the global batch, in process order); with one host this is simply the
+  whole batch placed on the mesh.
+  """
+  def one(path, x):
+    x = np.asarray(x)
+    spec = _batch_spec(x.ndim, rules)
+    sharding = jax.NamedSharding(mesh, spec)
+    if jax.process_count() == 1:
+      _check_batch_dims(x.shape, spec, mesh, jax.tree_util.keystr(path))
+      return jax.make_array_from_process_local_data(sharding, x, x.shape)
+    # Several hosts: JAX infers the global shape from how many distinct
+    # slices of the batch axes the hosts hold.
+    out = jax.make_array_from_process_local_data(sharding, x)
+    _check_batch_dims(out.shape, spec, mesh, jax.tree_util.keystr(path))
+    return out
+  return jax.tree_util.tree_map_with_path(one, local_batch)

@@ -1,0 +1,282 @@
+"""Checkpoints: one small wrapper around ``orbax.checkpoint.CheckpointManager``.
+
+A checkpoint step holds two items:
+
+* ``state``: the train state (params, optimiser state, step), written with
+  ``ocp.args.StandardSave`` and restored with ``ocp.args.StandardRestore``
+  into *abstract* targets (``jax.ShapeDtypeStruct`` carrying the shardings of
+  the current mesh), so a checkpoint written on 8 devices restores on 1 and
+  the other way round;
+* ``data``: the input pipeline's position (``pipeline.get_state()``), as JSON.
+
+Saves are asynchronous, every ``save_every`` steps, keeping the newest
+``keep`` (Orbax's ``max_to_keep``); a save is also due when Orbax's
+``reached_preemption`` says the job is being preempted.
+
+``load_pretrained`` reads the parameters of another run (fine-tuning): every
+parameter must match in path and shape except the ones under the prefixes
+named to be re-initialised (the new head); anything else is an error naming
+every offending path.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+PyTree = Any
+STATE = "state"
+DATA = "data"
+
+
+def abstract_like(tree: PyTree, shardings: PyTree | None = None) -> PyTree:
+  """``jax.ShapeDtypeStruct`` tree of ``tree`` carrying ``shardings``.
+
+  ``tree`` may hold arrays or ``ShapeDtypeStruct``s; ``shardings`` (same
+  structure, or None to keep each leaf's own sharding) are the shardings the
+  restored arrays should have on the *current* mesh.
+  """
+  if shardings is None:
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                       sharding=getattr(x, "sharding", None)),
+        tree)
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      tree, shardings)
+
+
+class Checkpointer:
+  """Saves and restores ``(state, data position)`` pairs under ``directory``.
+
+  Args:
+    directory: where the step folders go (created if absent).
+    save_every: save when ``step % save_every == 0``; 0 disables periodic
+      saves (forced saves, e.g. at the end of a run, and preemption saves
+      still happen).
+    keep: ``max_to_keep`` (None or 0 keeps all).
+    async_save: write in a background thread (training goes on meanwhile).
+  """
+
+  def __init__(self, directory: str | os.PathLike, *, save_every: int = 1000,
+               keep: int | None = 3, async_save: bool = True):
+    self.directory = os.fspath(directory)
+    self._save_every = int(save_every)
+    # The save interval is ours (``step % save_every``): Orbax's own policy
+    # also saves the first step of every run, which restarts would repeat.
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep or None,
+        enable_async_checkpointing=async_save,
+        create=True,
+        cleanup_tmp_directories=True,
+    )
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options, item_names=(STATE, DATA))
+
+  def latest_step(self) -> int | None:
+    """The newest complete checkpoint step, or None."""
+    return self.manager.latest_step()
+
+  def all_steps(self) -> Sequence[int]:
+    return self.manager.all_steps()
+
+  def reached_preemption(self, step: int) -> bool:
+    """True when the job received a preemption notice (all hosts agree)."""
+    return self.manager.reached_preemption(step)
+
+  def should_save(self, step: int) -> bool:
+    """Periodic save due at ``step``, or preemption."""
+    return ((self._save_every > 0 and step % self._save_every == 0)
+            or self.reached_preemption(step))
+
+  def save(self, step: int, state: PyTree, data_state: Any = None, *,
+           force: bool = False) -> bool:
+    """Starts an asynchronous save of ``state`` and the pipeline position.
+
+    Returns True if a save was started: steps that are not due (see
+    ``should_save``) are skipped unless ``force``, and a step is never
+    written twice.
+    """
+    if step in self.manager.all_steps():
+      return False
+    if not (force or self.should_save(step)):
+      return False
+    args = ocp.args.Composite(**{
+        STATE: ocp.args.StandardSave(state),
+        DATA: ocp.args.JsonSave(_jsonable(data_state)),
+    })
+    return self.manager.save(step, args=args, force=True)
+
+  def restore(self, step: int | None, abstract_state: PyTree
+              ) -> tuple[PyTree, Any]:
+    """Restores ``step`` (default: latest) into ``abstract_state``.
+
+    ``abstract_state`` is a tree of ``jax.ShapeDtypeStruct`` with the
+    shardings wanted on the current mesh (see ``abstract_like``); the saved
+    mesh does not matter. Returns ``(state, data_state)``.
+    """
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    restored = self.manager.restore(step, args=ocp.args.Composite(**{
+        STATE: ocp.args.StandardRestore(abstract_state),
+        DATA: ocp.args.JsonRestore(),
+    }))
+    return restored[STATE], restored[DATA]
+
+  def wait_until_finished(self) -> None:
+    """Blocks until the pending asynchronous save (if any) is on disk."""
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def _jsonable(x: Any) -> Any:
+  """Makes a pipeline state JSON-serialisable (NumPy scalars and arrays)."""
+  if isinstance(x, dict):
+    return {str(k): _jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_jsonable(v) for v in x]
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  if isinstance(x, np.generic):
+    return x.item()
+  return x
+
+
+# ---------------------------------------------------------------------------
+# Fine-tuning from another run's checkpoint.
+# ---------------------------------------------------------------------------
+
+
+def _path_str(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(
+      k, "idx", k)))) for k in path)
+
+
+def _flatten(tree: PyTree) -> dict[str, Any]:
+  return {_path_str(p): x
+          for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _reader(directory: str) -> ocp.CheckpointManager:
+  """Read-only manager that can read item metadata without a target."""
+  return ocp.CheckpointManager(
+      directory,
+      options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+      item_handlers={STATE: ocp.PyTreeCheckpointHandler(),
+                     DATA: ocp.JsonCheckpointHandler()})
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> tuple[str, int]:
+  """``(manager directory, step)`` for a workdir, checkpoints dir or step dir.
+
+  Accepts ``WORKDIR`` (uses ``WORKDIR/checkpoints``), a checkpoints folder
+  (latest step) or one step folder ``.../checkpoints/<step>``.
+  """
+  path = os.fspath(path).rstrip("/")
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    path = os.path.join(path, "checkpoints")
+  base = os.path.basename(path)
+  if base.isdigit() and os.path.isdir(os.path.join(path, STATE)):
+    return os.path.dirname(path), int(base)
+  manager = _reader(path)
+  step = manager.latest_step()
+  manager.close()
+  if step is None:
+    raise FileNotFoundError(f"init checkpoint {path!r} holds no checkpoint")
+  return path, step
+
+
+def load_pretrained(path: str | os.PathLike, params: PyTree,
+                    reinit: Sequence[str] = ("head",), *,
+                    collection: str = "params") -> PyTree:
+  """Returns ``params`` with every leaf not under ``reinit`` read from ``path``.
+
+  Args:
+    path: a run's workdir, its checkpoints folder, or one step folder.
+    params: the freshly initialised parameters of the new model (sharded
+      arrays; the loaded ones get the same shardings).
+    reinit: regular expressions matched (``re.match``) against the
+      ``/``-joined parameter paths; matching leaves keep their new
+      initialisation and the checkpoint's leaves under them are ignored (the
+      pretraining head).
+    collection: name of the parameter subtree inside the saved state.
+
+  Raises:
+    ValueError: naming every path that is missing from the checkpoint,
+      unexpected in it, or of a different shape. Nothing is loaded partially.
+  """
+  directory, step = resolve_checkpoint(path)
+  manager = _reader(directory)
+  try:
+    meta = manager.item_metadata(step)[STATE]
+    meta = getattr(meta, "tree", meta)
+    if collection not in meta:
+      raise ValueError(f"checkpoint {directory}/{step} has no "
+                       f"{collection!r} subtree (has {sorted(meta)})")
+    saved = _flatten(meta[collection])
+    new = _flatten(params)
+    patterns = [re.compile(r) for r in reinit]
+    skip = lambda k: any(p.match(k) for p in patterns)  # noqa: E731
+    errors = []
+    for k in sorted(set(new) - set(saved)):
+      if not skip(k):
+        errors.append(f"  missing from checkpoint: {k} {tuple(new[k].shape)}")
+    for k in sorted(set(saved) - set(new)):
+      if not skip(k):
+        errors.append(f"  unexpected in checkpoint: {k} "
+                      f"{tuple(saved[k].shape)}")
+    for k in sorted(set(saved) & set(new)):
+      if not skip(k) and tuple(saved[k].shape) != tuple(new[k].shape):
+        errors.append(f"  shape mismatch: {k} checkpoint "
+                      f"{tuple(saved[k].shape)} vs model "
+                      f"{tuple(new[k].shape)}")
+    if errors:
+      raise ValueError(
+          f"init checkpoint {directory}/{step} does not fit the model "
+          f"(re-initialised: {list(reinit)}):\n" + "\n".join(errors))
+    loaded_keys = [k for k in new if not skip(k)]
+    # Abstract target of the loaded leaves only, with the new shardings and
+    # dtypes; the rest of the saved tree is left on disk.
+    target = _unflatten_subset(params, set(loaded_keys))
+    restored = manager.restore(step, args=ocp.args.Composite(**{
+        STATE: ocp.args.PyTreeRestore(
+            item={collection: target},
+            restore_args={collection: jax.tree.map(
+                lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding,
+                                               dtype=s.dtype,
+                                               global_shape=s.shape), target)},
+            partial_restore=True)}))[STATE][collection]
+  finally:
+    manager.close()
+  loaded = _flatten(restored)
+  logging.info("Loaded %d parameter arrays from %s/%d; re-initialised %d "
+               "(%s).", len(loaded), directory, step, len(new) - len(loaded),
+               ", ".join(k for k in sorted(new) if skip(k)))
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  return jax.tree_util.tree_unflatten(
+      treedef, [loaded.get(_path_str(p), x) for p, x in flat])
+
+
+def _unflatten_subset(params: PyTree, keep: set[str]):
+  """Nested dict of ``ShapeDtypeStruct`` for the ``keep`` paths of params."""
+  out: dict = {}
+  for p, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+    key = _path_str(p)
+    if key not in keep:
+      continue
+    node = out
+    parts = key.split("/")
+    for part in parts[:-1]:
+      node = node.setdefault(part, {})
+    node[parts[-1]] = jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                           sharding=x.sharding)
+  return out

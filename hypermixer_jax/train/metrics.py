@@ -1,0 +1,192 @@
+"""Training metrics: TensorBoard event files, a JSON-lines log and a console bar.
+
+Only process 0 writes (``MetricWriter(enabled=jax.process_index() == 0)``).
+Throughput follows MaxText: steps/s, examples/s and tokens/s measured between
+two logging points, and model FLOPs utilisation
+
+    MFU = (FLOPs of one step on one device, from XLA's cost analysis of the
+           compiled, partitioned train step) * steps/s / peak FLOP/s per device
+
+with the peak given in the config (``peak_flops_per_device``; measure it on
+the accelerator, e.g. with a large bf16 matmul, since vendor numbers are
+rarely reached).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def step_flops(compiled) -> float | None:
+  """FLOPs of one call of ``compiled`` on one device (XLA cost analysis).
+
+  For an SPMD-partitioned executable the analysis covers one partition, so
+  this is already per device. Returns None when the backend gives no count.
+  """
+  try:
+    analysis = compiled.cost_analysis()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  if isinstance(analysis, (list, tuple)):  # older JAX: one dict per module
+    analysis = analysis[0] if analysis else None
+  if not analysis or "flops" not in analysis:
+    return None
+  flops = float(analysis["flops"])
+  return flops if flops > 0 else None
+
+
+class Throughput:
+  """Steps/s, examples/s, tokens/s and MFU between successive ``update`` calls.
+
+  Args:
+    examples_per_step: global batch size.
+    tokens_per_step: global tokens (or patches) per step.
+    flops_per_step: per-device FLOPs of one step (``step_flops``), or None.
+    peak_flops_per_device: measured peak FLOP/s of one device, or 0/None.
+  """
+
+  def __init__(self, examples_per_step: int, tokens_per_step: int,
+               flops_per_step: float | None = None,
+               peak_flops_per_device: float | None = None):
+    self.examples_per_step = examples_per_step
+    self.tokens_per_step = tokens_per_step
+    self.flops_per_step = flops_per_step
+    self.peak = peak_flops_per_device
+    self._t = None
+    self._step = None
+
+  def start(self, step: int) -> None:
+    self._t, self._step = time.perf_counter(), step
+
+  def update(self, step: int) -> dict[str, float]:
+    """Rates since the last call (call after the step's results are ready)."""
+    now = time.perf_counter()
+    if self._t is None:
+      self.start(step)
+      return {}
+    steps, dt = step - self._step, now - self._t
+    self._t, self._step = now, step
+    if steps <= 0 or dt <= 0:
+      return {}
+    rate = steps / dt
+    out = {"steps_per_sec": rate,
+           "examples_per_sec": rate * self.examples_per_step,
+           "tokens_per_sec": rate * self.tokens_per_step}
+    if self.flops_per_step:
+      out["tflops_per_device"] = rate * self.flops_per_step / 1e12
+      if self.peak:
+        out["mfu"] = rate * self.flops_per_step / self.peak
+    return out
+
+
+class MetricWriter:
+  """Writes scalars to TensorBoard and ``metrics.jsonl``, images as PNG files.
+
+  ``metrics.jsonl`` holds one record per (split, step) with full-precision
+  floats; a resumed run appends, and ``read_metrics`` keeps the last record of
+  each step, so it shows the history the final model actually went through.
+  """
+
+  def __init__(self, workdir: str, *, enabled: bool = True):
+    self.enabled = enabled
+    self.workdir = workdir
+    self._tb = None
+    self._jsonl = None
+    if enabled:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      os.makedirs(workdir, exist_ok=True)
+      self._tb = SummaryWriter(logdir=os.path.join(workdir, "tensorboard"))
+      self._jsonl = open(os.path.join(workdir, METRICS_FILE), "a",
+                         encoding="utf-8")
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any],
+                    split: str = "train") -> None:
+    if not self.enabled:
+      return
+    clean = {k: float(np.asarray(v)) for k, v in scalars.items()}
+    for k, v in clean.items():
+      self._tb.add_scalar(f"{split}/{k}", v, step)
+    self._jsonl.write(json.dumps({"split": split, "step": int(step), **clean})
+                      + "\n")
+    self._jsonl.flush()
+
+  def write_text(self, tag: str, text: str, step: int = 0) -> None:
+    if self.enabled:
+      self._tb.add_text(tag, text, step)
+
+  def write_image(self, tag: str, step: int, image: np.ndarray) -> None:
+    """``image``: [H, W, 3 or 4] uint8 or float in [0, 1]."""
+    if self.enabled:
+      self._tb.add_image(tag, np.asarray(image), step, dataformats="HWC")
+
+  def flush(self) -> None:
+    if self.enabled:
+      self._tb.flush()
+      self._jsonl.flush()
+
+  def close(self) -> None:
+    if self.enabled:
+      self._tb.close()
+      self._jsonl.close()
+      self.enabled = False
+
+
+def read_metrics(workdir: str, split: str = "train") -> dict[int, dict]:
+  """``{step: record}`` of ``split`` from ``workdir/metrics.jsonl``."""
+  out = {}
+  path = os.path.join(workdir, METRICS_FILE)
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      line = line.strip()
+      if not line:
+        continue
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError:  # a line cut short by a kill
+        continue
+      if rec.pop("split") == split:
+        out[rec.pop("step")] = rec
+  return dict(sorted(out.items()))
+
+
+class ProgressBar:
+  """Console progress (tqdm) with the latest loss and throughput figures."""
+
+  def __init__(self, total: int, initial: int = 0, *, enabled: bool = True):
+    self._bar = None
+    if enabled:
+      import tqdm  # pylint: disable=g-import-not-at-top
+      self._bar = tqdm.tqdm(total=total, initial=initial, dynamic_ncols=True,
+                            desc="train", unit="step", smoothing=0.1)
+
+  def update(self, step: int, scalars: Mapping[str, float] | None = None):
+    if self._bar is None:
+      return
+    self._bar.update(step - self._bar.n)
+    if scalars:
+      self._bar.set_postfix(_format(scalars), refresh=False)
+
+  def write(self, text: str) -> None:
+    if self._bar is None:
+      return
+    self._bar.write(text)
+
+  def close(self) -> None:
+    if self._bar is not None:
+      self._bar.close()
+
+
+_SHORT = {"loss": ("loss", "{:.4g}"), "steps_per_sec": ("steps/s", "{:.2f}"),
+          "tokens_per_sec": ("tok/s", "{:.3g}"),
+          "examples_per_sec": ("ex/s", "{:.3g}"), "mfu": ("MFU", "{:.2%}")}
+
+
+def _format(scalars: Mapping[str, float]) -> dict[str, str]:
+  return {name: fmt.format(scalars[k]) for k, (name, fmt) in _SHORT.items()
+          if k in scalars}

@@ -1,0 +1,79 @@
+"""Optimiser and learning-rate schedule built from the run's config.
+
+AdamW (decoupled weight decay on matrices only, never on biases, LayerNorm
+scales or other vectors), linear warm-up followed by linear, cosine or no
+decay, global-norm gradient clipping, and gradient accumulation with
+``optax.MultiSteps``.
+
+Steps: one training step of the loop is one call of the train step on a
+global batch of ``batch_size`` examples. With ``grad_accum_steps = k`` the
+parameters change every k steps, on the mean gradient of ``k * batch_size``
+examples; the schedule lives inside the wrapped optimiser, so it counts real
+updates and runs over ``num_train_steps // k`` of them.
+"""
+from __future__ import annotations
+
+import jax
+import ml_collections
+import optax
+
+DECAYS = ("linear", "cosine", "constant")
+
+
+def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warm-up to ``learning_rate`` then ``config.decay`` to 0.
+
+  The schedule is indexed by optimiser updates (not micro-steps) and reaches
+  ``end_learning_rate_factor * learning_rate`` after the last update,
+  ``num_train_steps // grad_accum_steps``.
+  """
+  if config.decay not in DECAYS:
+    raise ValueError(f"config.decay={config.decay!r}; expected one of "
+                     f"{DECAYS}")
+  peak = config.learning_rate
+  end = peak * config.get("end_learning_rate_factor", 0.0)
+  warmup = max(int(config.warmup_steps), 0)
+  updates = int(config.num_train_steps) // max(int(config.grad_accum_steps), 1)
+  decay_steps = max(updates - warmup, 1)
+  if config.decay == "linear":
+    decay = optax.linear_schedule(peak, end, decay_steps)
+  elif config.decay == "cosine":
+    decay = optax.cosine_decay_schedule(peak, decay_steps,
+                                        alpha=end / peak if peak else 0.0)
+  else:
+    decay = optax.constant_schedule(peak)
+  if warmup == 0:
+    return decay
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
+def weight_decay_mask(params):
+  """True for the leaves that get weight decay: matrices and higher ranks."""
+  return jax.tree.map(lambda p: p.ndim > 1, params)
+
+
+def make_optimizer(
+    config: ml_collections.ConfigDict
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """Returns ``(tx, schedule)`` for ``config`` (see the module docstring).
+
+  Fields read: ``learning_rate``, ``warmup_steps``, ``decay``,
+  ``num_train_steps``, ``weight_decay``, ``b1``, ``b2``, ``clip_norm`` (<= 0
+  disables clipping) and ``grad_accum_steps`` (1 disables accumulation).
+  """
+  schedule = make_schedule(config)
+  parts = []
+  if config.clip_norm and config.clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(config.clip_norm))
+  parts.append(optax.adamw(schedule, b1=config.b1, b2=config.b2,
+                           eps=config.get("eps", 1e-8),
+                           weight_decay=config.weight_decay,
+                           mask=weight_decay_mask))
+  tx = optax.chain(*parts)
+  accum = int(config.grad_accum_steps)
+  if accum < 1:
+    raise ValueError(f"config.grad_accum_steps={accum} must be >= 1")
+  if accum > 1:
+    tx = optax.MultiSteps(tx, every_k_schedule=accum)
+  return tx, schedule

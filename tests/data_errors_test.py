@@ -1,0 +1,94 @@
+"""Clear errors for bad data configs, and the classification metrics."""
+import numpy as np
+import pytest
+
+from hypermixer_jax import data
+from hypermixer_jax.data import testing
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+  return testing.tiny_vocab(str(tmp_path_factory.mktemp("vocab")))
+
+
+def _build(cfg, split="train"):
+  return data.build_pipeline(cfg, split, batch_size=2, seed=0, repeat=False,
+                             shuffle=False)
+
+
+def _text_config(vocab, tmp_path, task="c4_mlm"):
+  cfg = data.default_data_config()
+  cfg.task = task
+  cfg.vocab_path = vocab
+  cfg.local_files = {"train": testing.write_corpus(str(tmp_path / "c4"))}
+  return cfg
+
+
+def test_missing_data_dir(vocab, tmp_path):
+  cfg = _text_config(vocab, tmp_path)
+  cfg.local_files = {}
+  cfg.data_dir = str(tmp_path / "nowhere")
+  with pytest.raises(FileNotFoundError, match="data_dir.*does not exist"):
+    _build(cfg)
+
+
+def test_missing_local_files(vocab, tmp_path):
+  cfg = _text_config(vocab, tmp_path)
+  cfg.local_files = {"train": str(tmp_path / "none-*.jsonl")}
+  with pytest.raises(FileNotFoundError, match="matches no file"):
+    _build(cfg)
+  with pytest.raises(ValueError, match="no entry for split 'validation'"):
+    _build(_text_config(vocab, tmp_path), "validation")
+
+
+def test_unreadable_vocabulary(vocab, tmp_path):
+  cfg = _text_config(vocab, tmp_path)
+  cfg.vocab_path = str(tmp_path / "missing.model")
+  with pytest.raises(FileNotFoundError, match="missing.model.*train_vocab"):
+    _build(cfg)
+  bad = tmp_path / "bad.model"
+  bad.write_bytes(b"this is not a sentencepiece model")
+  cfg.vocab_path = str(bad)
+  with pytest.raises(ValueError, match="not a valid SentencePiece model"):
+    _build(cfg)
+
+
+@pytest.mark.parametrize("task,seq_len", [("c4_mlm", 7), ("glue_mnli", 4),
+                                          ("glue_sst2", 2)])
+def test_sequence_length_below_minimum(vocab, tmp_path, task, seq_len):
+  cfg = _text_config(vocab, tmp_path, task)
+  cfg.seq_len = seq_len
+  with pytest.raises(ValueError, match=f"seq_len={seq_len} is below"):
+    _build(cfg)
+
+
+def test_bad_task_and_image_sizes(tmp_path):
+  cfg = data.default_data_config()
+  cfg.task = "glue_cola"
+  with pytest.raises(ValueError, match="Unknown data.task"):
+    _build(cfg)
+  cfg.task = "imagenet_patches"
+  cfg.image_size, cfg.patch_size = 30, 16
+  with pytest.raises(ValueError, match="multiple of patch_size"):
+    _build(cfg)
+
+
+def test_packing_refused_for_classification(vocab, tmp_path):
+  cfg = _text_config(vocab, tmp_path, "glue_mnli")
+  path = str(tmp_path / "pairs.tsv")
+  testing.write_pairs_tsv(path, 8)
+  cfg.local_files = {"train": path}
+  cfg.packing = True
+  with pytest.raises(ValueError, match="Packing is not supported"):
+    next(iter(_build(cfg)))
+
+
+def test_metrics():
+  labels = np.array([1, 0, 1, 1, 0, -1])
+  preds = np.array([1, 1, 0, 1, 0, 1])
+  # Labels -1 (hidden test labels) are ignored: 3 of 5 right.
+  assert data.task_metrics("glue_sst2", preds, labels) == {"accuracy": 0.6}
+  out = data.task_metrics("glue_qqp", np.eye(2)[preds], labels)  # logits
+  tp, fp, fn = 2, 1, 1
+  assert out["accuracy"] == 0.6
+  np.testing.assert_allclose(out["f1"], 2 * tp / (2 * tp + fp + fn))

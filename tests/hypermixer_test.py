@@ -1,0 +1,227 @@
+"""Tests of HyperMixing against a NumPy loop reference, padding, segments, invariances."""
+import math
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hypermixer_jax.models.hypermixer import HyperMixing
+
+B, N, M, D_PRIME, MAX_LEN = 2, 7, 5, 3, 13
+
+
+def np_gelu(x):
+  return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+def np_dense(p, x):
+  return x @ np.asarray(p["dense"]["kernel"]) + np.asarray(p["dense"]["bias"])
+
+
+def np_sinusoidal(length, dim):
+  half, table = dim // 2, np.zeros((length, dim))
+  for pos in range(length):
+    for i in range(half):
+      angle = pos * math.exp(-math.log(10000.0) * i / max(half, 1))
+      table[pos, i], table[pos, half + i] = math.sin(angle), math.cos(angle)
+  return table
+
+
+def reference(params, x, ctx, *, num_heads=1, tied=False,
+              position="sinusoidal", layer_norm=True, causal=False, **_):
+  """One example: x [M, d] queries, ctx [N, d] keys/values; explicit loops."""
+  m, d = x.shape
+  n = ctx.shape[0]
+  table = np.zeros((max(m, n), d))
+  if position == "learned":
+    table = np.asarray(params["position_embedding"])
+  elif position == "sinusoidal":
+    table = np_sinusoidal(max(m, n), d)
+  net_in = params["hypernetwork" if tied else "hypernetwork_in"]
+  net_out = params["hypernetwork" if tied else "hypernetwork_out"]
+  hyper = lambda net, t: np_dense(net["out"], np_gelu(np_dense(net["hidden"], t)))
+  w1 = np.stack([hyper(net_in, ctx[j] + table[j]) for j in range(n)])
+  w2 = np.stack([hyper(net_out, x[i] + table[i]) for i in range(m)])
+  head_width = d // num_heads
+  out = np.zeros((m, d))
+  for f in range(d):
+    cols = slice(f // head_width * D_PRIME, (f // head_width + 1) * D_PRIME)
+    for i in range(m):
+      keys = range(i + 1) if causal else range(n)
+      hidden = np_gelu(sum(w1[j, cols] * ctx[j, f] for j in keys))
+      out[i, f] = w2[i, cols] @ hidden
+  if layer_norm:
+    ln = params["layer_norm"]["ln"]
+    mu, var = out.mean(-1, keepdims=True), out.var(-1, keepdims=True)
+    out = (out - mu) / np.sqrt(var + 1e-6) * ln["scale"] + ln["bias"]
+  return out
+
+
+def make(d=11, seed=0, **kw):
+  """Module, perturbed (unboxed) params and a jitted apply."""
+  module = HyperMixing(D_PRIME, max_len=MAX_LEN, **kw)
+  x = jnp.zeros((B, N, d))
+  variables = nn.unbox(jax.jit(module.init)(jax.random.key(seed), x))
+  leaves, tree = jax.tree.flatten(variables)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  variables = tree.unflatten(  # non-trivial LayerNorm, biases, positions
+      [p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
+  apply = jax.jit(lambda v, x, kw: module.apply(v, x, **kw))
+  return variables, lambda x, **kw: apply(variables, x, kw)
+
+
+def rand(*shape, seed=0):
+  return jax.random.normal(jax.random.key(seed), shape)
+
+
+CASES = {
+    "untied_sinusoidal_ln": dict(d=11),
+    "tied_none_no_ln": dict(d=11, tied=True, position="none", layer_norm=False),
+    "heads_learned_hidden": dict(d=10, num_heads=2, position="learned",
+                                 hidden_dim=13),
+    "cross_untied": dict(d=11, m=M),
+    "cross_tied_heads_learned": dict(d=10, num_heads=2, tied=True, m=M,
+                                     position="learned", layer_norm=False),
+    "causal_heads": dict(d=10, num_heads=2, causal=True),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_matches_numpy_reference(case):
+  cfg = dict(CASES[case])
+  d, m = cfg.pop("d"), cfg.pop("m", None)
+  variables, apply = make(d, **cfg)
+  ctx = rand(B, N, d, seed=3)
+  if m is None:
+    y = apply(ctx)
+    x = ctx
+  else:
+    x = rand(B, m, d, seed=4)
+    y = apply(x, context=ctx)
+  params = jax.tree.map(np.asarray, variables["params"])
+  expected = np.stack([reference(params, np.asarray(x[b], np.float64),
+                                 np.asarray(ctx[b], np.float64), **cfg)
+                       for b in range(B)])
+  np.testing.assert_allclose(y, expected, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("cfg", [dict(num_heads=2, position="learned"),
+                                 dict(causal=True, tied=True)],
+                         ids=["learned_heads", "causal_tied"])
+@pytest.mark.parametrize("left", [False, True], ids=["right_pad", "left_pad"])
+@pytest.mark.parametrize("use_segment_ids", [False, True])
+def test_padded_equals_unpadded(cfg, left, use_segment_ids):
+  _, apply = make(d=10, **cfg)
+  x, lengths = rand(B, N, 10, seed=5), np.array([N, 4])
+  index = np.arange(N)[None] - (N - lengths[:, None] if left else 0)
+  mask = jnp.asarray(index >= 0) & jnp.asarray(index < lengths[:, None])
+  kw = dict(segment_ids=mask.astype(jnp.int32)) if use_segment_ids else dict(
+      mask=mask)
+  y = apply(x, positions=jnp.asarray(np.maximum(index, 0)), **kw)
+  for b, length in enumerate(lengths):
+    real = slice(N - length, N) if left else slice(0, length)
+    chex.assert_trees_all_close(y[b, real], apply(x[b:b + 1, real])[0],
+                                rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.delete(y[b], np.arange(N)[real], 0), 0.0)
+
+
+def test_permutation_equivariance_only_without_positions():
+  x, perm = rand(B, N, 11, seed=6), np.array([3, 0, 6, 1, 5, 2, 4])
+  _, apply = make(position="none")
+  chex.assert_trees_all_close(apply(x[:, perm]), apply(x)[:, perm],
+                              rtol=1e-5, atol=1e-5)
+  _, apply = make(position="sinusoidal")
+  assert np.abs(apply(x[:, perm]) - apply(x)[:, perm]).max() > 1e-2
+
+
+SEGMENTS = jnp.array([[1, 1, 1, 1, 2, 2, 2], [1, 1, 1, 2, 2, 0, 0]])
+POSITIONS = jnp.array([[0, 1, 2, 3, 0, 1, 2], [0, 1, 2, 0, 1, 0, 0]])
+
+
+@pytest.mark.parametrize("cfg", [dict(max_segments=2, num_heads=2),
+                                 dict(causal=True, position="learned")],
+                         ids=["one_hot", "causal_scan"])
+def test_packed_segments_do_not_mix(cfg):
+  _, apply = make(d=10, **cfg)
+  x = rand(B, N, 10, seed=7)
+  y = apply(x, segment_ids=SEGMENTS, positions=POSITIONS)
+  for b, bounds in enumerate([[(0, 4), (4, 7)], [(0, 3), (3, 5)]]):
+    for lo, hi in bounds:
+      chex.assert_trees_all_close(y[b, lo:hi], apply(x[b:b + 1, lo:hi])[0],
+                                  rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(y[1, 5:], 0.0)
+  jac = jax.jacfwd(lambda r: apply(r, segment_ids=SEGMENTS[:1],
+                                   positions=POSITIONS[:1]))(x[:1])[0, :, :, 0]
+  np.testing.assert_array_equal(jac[:4, :, 4:], 0.0)  # [N, d, N, d]
+  np.testing.assert_array_equal(jac[4:, :, :4], 0.0)
+  assert np.abs(jac[:4, :, :4]).min(axis=(1, 3)).max() > 0
+
+
+def test_causal_jacobian_is_lower_triangular():
+  _, apply = make(d=10, num_heads=2, causal=True)
+  jac = jax.jacfwd(apply)(rand(1, N, 10, seed=8))[0, :, :, 0]  # [N, d, N, d]
+  dependence = np.abs(jac).max(axis=(1, 3))  # [N_out, N_in]
+  np.testing.assert_array_equal(np.triu(dependence, 1), 0.0)
+  assert (np.diag(dependence) > 0).all() and dependence[N - 1, 0] > 0
+
+
+def test_segment_overflow_is_nan():
+  _, apply = make(d=10, max_segments=1)
+  y = apply(rand(B, N, 10), segment_ids=SEGMENTS, positions=POSITIONS)
+  assert np.isfinite(y[0, :4]).all() and np.isnan(y[0, 4:]).all()
+
+
+def test_logical_axes():
+  variables = HyperMixing(D_PRIME, num_heads=2, position="learned",
+                          max_len=MAX_LEN).init(jax.random.key(0),
+                                                jnp.zeros((1, N, 10)))
+  spec = nn.get_partition_spec(variables)["params"]
+  assert spec["hypernetwork_in"]["hidden"]["dense"]["kernel"] == (
+      jax.P("embed", "embed"))
+  assert spec["hypernetwork_out"]["out"]["dense"]["kernel"] == jax.P(
+      "embed", "hyper")
+  assert spec["position_embedding"] == jax.P("seq_in", "embed")
+
+
+@pytest.mark.parametrize("kwargs, call, message", [
+    (dict(), dict(context=jnp.zeros((B, N, 10))), "context: x has feature width d=10"),
+    (dict(), dict(mask=jnp.ones((B, N + 1), bool)), "mask has shape"),
+    (dict(num_heads=3), dict(), "num_heads=3 must divide"),
+    (dict(position="learned", max_len=5), dict(), "exceeds max_len=5"),
+    (dict(causal=True), dict(context=jnp.zeros((B, M, 11))), "causal"),
+    (dict(position="rope"), dict(), "position='rope'"),
+], ids=["context_width", "mask_shape", "heads", "max_len", "causal_cross",
+        "position"])
+def test_bad_inputs_raise(kwargs, call, message):
+  module = HyperMixing(D_PRIME, **kwargs)
+  with pytest.raises(ValueError, match=message):
+    module.init(jax.random.key(0), jnp.zeros((B, N, 11)), **call)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bfloat16_forward_backward(causal):
+  x = rand(B, N, 10, seed=9)
+  mask = jnp.arange(N)[None] < jnp.array([[N], [5]])
+  variables, _ = make(d=10, num_heads=2, causal=causal)
+
+  @jax.jit(static_argnums=2)
+  def loss_and_grad(variables, x, dtype):
+    module = HyperMixing(D_PRIME, num_heads=2, causal=causal, max_len=MAX_LEN,
+                         dtype=dtype)
+    def loss(v, x):
+      y = module.apply(v, x, mask=mask)
+      return jnp.sum(y.astype(jnp.float32) ** 2), y
+    return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(variables, x)
+
+  (_, y16), g16 = loss_and_grad(variables, x, jnp.bfloat16)
+  (_, y32), g32 = loss_and_grad(variables, x, jnp.float32)
+  assert y16.dtype == jnp.bfloat16
+  assert all(np.isfinite(np.asarray(g, np.float32)).all()
+             for g in jax.tree.leaves(g16))
+  np.testing.assert_allclose(np.asarray(y16, np.float32), y32, atol=0.1,
+                             rtol=0.05)
+  np.testing.assert_allclose(np.asarray(g16[1], np.float32), g32[1], atol=0.3,
+                             rtol=0.1)

@@ -1,0 +1,225 @@
+"""tMoE / sMoE layers: expert-parallel (8 fake devices) == dense == loops."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hypermixer_jax.models.moe import (MoeFeedForward, SparseGatingUnit,
+                                       SparseSpatialMixing, routers)
+
+B, N, D, F, E = 8, 12, 5, 7, 4          # N % E == 0 for Base Layers
+RULES = [("batch", ("data", "fsdp")), ("expert", "expert"),
+         ("embed", None), ("mlp", None), ("seq_in", None), ("seq_out", None),
+         ("norm", None), ("length", None)]
+COLLECTIONS = ["aux_loss", "moe_metrics"]
+
+
+def _mesh():
+  # 4-way data x 2-way expert: two experts per device; the batch rule does not
+  # name 'expert', the layer adds it to the group axes itself.
+  return jax.make_mesh((4, 1, 1, 2), ("data", "fsdp", "tensor", "expert"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 4)
+
+
+def _inputs():
+  x = jax.random.normal(jax.random.key(0), (B, N, D))
+  ids = jax.random.randint(jax.random.key(1), (B, N), 0, 37)
+  seg = np.ones((B, N), np.int32)
+  seg[1, 9:] = 0                                          # some padding
+  seg[2, 5:] = 2                                          # a packed row
+  return x, ids, jnp.asarray(seg)
+
+
+def _gelu(x):
+  return np.asarray(jax.nn.gelu(jnp.asarray(x), approximate=False))
+
+
+def _tmoe_reference(params, x, combine):
+  """y[b,t] = sum_e g[b,t,e] FFN_e(x[b,t]) by plain per-expert matmuls."""
+  p = jax.tree.map(np.asarray, params)
+  gate = np.asarray(combine).sum(-1)                       # [B, N, E]
+  y = np.zeros(x.shape)
+  for e in range(E):
+    h = _gelu(np.asarray(x) @ p["wi"][e] + p["bi"][e])
+    y += gate[..., e:e + 1] * (h @ p["wo"][e] + p["bo"][e])
+  return y
+
+
+def _route_combine(layer, params, x, ids, seg, deterministic):
+  """The combine tensor the layer uses, recomputed from the router."""
+  mask = seg > 0
+  if layer.router == "hash":
+    logits = None
+  else:
+    logits = x @ params["router"]["dense"]["kernel"]
+  return layer._route(x, logits, mask, ids, deterministic)[1]
+
+
+@pytest.mark.parametrize("router", ["switch", "gshard", "base", "hash"])
+@pytest.mark.parametrize("cf", [0.5, 4.0], ids=["dropping", "no_drop"])
+def test_tmoe_expert_parallel_equals_dense_reference(router, cf):
+  x, ids, seg = _inputs()
+  layer = MoeFeedForward(E, F, router=router, capacity_factor=cf,
+                         vocab_size=37)
+  params = nn.unbox(layer.init(jax.random.key(2), x, token_ids=ids)["params"])
+  fwd = jax.jit(lambda p, x: layer.apply(
+      {"params": p}, x, segment_ids=seg, token_ids=ids, deterministic=False,
+      mutable=COLLECTIONS))
+  y_dense, aux_dense = fwd(params, x)
+  with jax.set_mesh(_mesh()), nn.logical_axis_rules(RULES):
+    y_ep, aux_ep = fwd(params, x)
+    if cf == 0.5 and router == "switch":
+      hlo = fwd.lower(params, x).compile().as_text()
+      assert "all-to-all" in hlo
+  combine = _route_combine(layer, params, x, ids, seg, False)
+  want = _tmoe_reference(params, x, combine)
+  np.testing.assert_allclose(y_dense, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(y_ep, y_dense, rtol=1e-6, atol=1e-6)
+  jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+      aux_dense, aux_ep)
+  dropped = float(aux_dense["moe_metrics"]["dropped_fraction"][0])
+  assert (dropped > 0) == (cf == 0.5 and router != "base")
+  # Padding tokens produce nothing, dropped tokens produce nothing.
+  np.testing.assert_allclose(y_dense[1, 9:], 0.0, atol=1e-7)
+
+
+def test_tmoe_gradients_expert_parallel_equal_dense():
+  x, ids, seg = _inputs()
+  layer = MoeFeedForward(E, F, router="switch", capacity_factor=1.0)
+  params = nn.unbox(layer.init(jax.random.key(2), x)["params"])
+
+  def loss(p, x):
+    y, aux = layer.apply({"params": p}, x, segment_ids=seg,
+                         deterministic=False, mutable=COLLECTIONS)
+    return jnp.sum(y ** 2) + sum(jax.tree.leaves(aux["aux_loss"]))
+  grad = jax.jit(jax.grad(loss))
+  g_dense = grad(params, x)
+  with jax.set_mesh(_mesh()), nn.logical_axis_rules(RULES):
+    g_ep = grad(params, x)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
+                                                       atol=1e-6), g_dense, g_ep)
+  assert float(jnp.abs(g_dense["router"]["dense"]["kernel"]).sum()) > 0
+
+
+def test_tmoe_sharded_init_puts_experts_on_expert_axis():
+  x, _, _ = _inputs()
+  layer = MoeFeedForward(E, F, router="switch")
+  with jax.set_mesh(_mesh()), nn.logical_axis_rules(RULES):
+    abstract = jax.eval_shape(lambda k: layer.init(k, x), jax.random.key(0))
+    specs = nn.get_partition_spec(abstract)
+    shardings = nn.logical_to_mesh_sharding(specs, _mesh(), RULES)
+    v = jax.jit(lambda k: layer.init(k, x), out_shardings=shardings)(
+        jax.random.key(0))
+  params = nn.unbox(v)["params"]
+  for name in ("wi", "wo", "bi", "bo"):
+    spec = tuple(params[name].sharding.spec)
+    assert spec[0] == "expert" and all(a is None for a in spec[1:]), spec
+    assert params[name].addressable_shards[0].data.shape[0] == E // 2
+  assert all(a is None for a in params["router"]["dense"]["kernel"]
+             .sharding.spec)
+
+
+def test_tmoe_metrics_and_losses_are_sown():
+  x, ids, seg = _inputs()
+  layer = MoeFeedForward(E, F, router="switch", capacity_factor=1.0,
+                         jitter_noise=0.1)
+  params = nn.unbox(layer.init(jax.random.key(2), x)["params"])
+  _, aux = layer.apply({"params": params}, x, segment_ids=seg,
+                       deterministic=False, mutable=COLLECTIONS,
+                       rngs={"dropout": jax.random.key(3)})
+  m = aux["moe_metrics"]
+  assert set(m) == {"expert_usage", "dropped_fraction", "load_balancing_loss",
+                    "z_loss", "router_confidence", "router_entropy"}
+  assert m["expert_usage"][0].shape == (E,)
+  np.testing.assert_allclose(np.sum(m["expert_usage"][0]),
+                             1 - m["dropped_fraction"][0], rtol=1e-5)
+  np.testing.assert_allclose(aux["aux_loss"]["load_balancing_loss"][0],
+                             1e-2 * m["load_balancing_loss"][0], rtol=1e-6)
+
+
+def _smoe_reference(params, v, routing, seg=None, pos=None, s=None, cap=None):
+  """f(V) by loops over rows, columns and output positions."""
+  w = np.tril(np.asarray(params["kernel"]))
+  bias = np.asarray(params["bias"])
+  v = np.asarray(v, np.float64)
+  b, n, h = v.shape
+  seg = np.ones((b, n), int) if seg is None else np.asarray(seg)
+  pos = np.tile(np.arange(n), (b, 1)) if pos is None else np.asarray(pos)
+  v = np.where(seg[..., None] > 0, v, 0.0)
+  out = np.zeros_like(v)
+  if routing == "deterministic":
+    expert = np.tile(np.repeat(np.arange(E), h // E), (b, 1))   # [B, H]
+    gate = np.ones((b, h))
+  else:
+    logits = np.einsum("btj,te->bje", v[:, :s], np.asarray(params["router"]))
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    expert = probs.argmax(-1)
+    gate = probs.max(-1)
+    for r in range(b):                                        # capacity
+      count = np.zeros(E, int)
+      for j in range(h):
+        if count[expert[r, j]] >= cap:
+          gate[r, j] = 0.0
+        count[expert[r, j]] += 1
+  for r in range(b):
+    for j in range(h):
+      e = expert[r, j]
+      for t in range(n):
+        acc = bias[e, pos[r, t]]
+        for u in range(n):
+          if seg[r, u] == seg[r, t]:
+            acc += w[e, pos[r, t], pos[r, u]] * v[r, u, j]
+        out[r, t, j] = gate[r, j] * acc
+      if routing == "partial":
+        out[r, :s, j] = 1.0
+  return out
+
+
+@pytest.mark.parametrize("routing", ["deterministic", "partial"])
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_smoe_expert_parallel_equals_dense_and_loops(routing, packed):
+  b, n, h, L = B, 11, 12, 13
+  v = jax.random.normal(jax.random.key(4), (b, n, h))
+  layer = SparseSpatialMixing(E, L, routing=routing, init_scale=3.0,
+                              capacity_factor=1.0)
+  params = nn.unbox(layer.init(jax.random.key(5), v)["params"])
+  kw = {}
+  if packed:
+    seg = np.ones((b, n), np.int32)
+    seg[:, 7:] = 2
+    seg[3, 10:] = 0
+    pos = np.where(seg == 2, np.arange(n) - 7, np.arange(n))
+    pos[3, 10:] = 0
+    kw = dict(segment_ids=jnp.asarray(seg), positions=jnp.asarray(pos))
+  fwd = jax.jit(lambda p, v: layer.apply({"params": p}, v,
+                                         deterministic=False, **kw))
+  f_dense = fwd(params, v)
+  with jax.set_mesh(_mesh()), nn.logical_axis_rules(RULES):
+    f_ep = fwd(params, v)
+    if packed:
+      assert "all-to-all" in fwd.lower(params, v).compile().as_text()
+  np.testing.assert_allclose(f_ep, f_dense, rtol=1e-5, atol=1e-6)
+  s = layer.prefix_len
+  cap = routers.expert_capacity(h, E, 1.0)
+  want = _smoe_reference(params, v, routing, kw.get("segment_ids"),
+                         kw.get("positions"), s, cap)
+  np.testing.assert_allclose(f_dense, want, rtol=1e-4, atol=1e-5)
+  if routing == "partial" and not packed:
+    # Some columns are dropped by the capacity: they produce 0 after s.
+    assert np.any(np.all(np.asarray(f_dense)[:, s:] == 0, axis=1))
+
+
+def test_sparse_gating_unit_expert_parallel_equals_dense():
+  x = jax.random.normal(jax.random.key(6), (B, 10, 6))
+  sgu = SparseGatingUnit(d_ffn=16, max_len=10, num_experts=E,
+                         routing="partial")
+  params = nn.unbox(sgu.init(jax.random.key(7), x)["params"])
+  fwd = jax.jit(lambda p, x: sgu.apply({"params": p}, x, mutable=COLLECTIONS))
+  y0, m0 = fwd(params, x)
+  with jax.set_mesh(_mesh()), nn.logical_axis_rules(RULES):
+    y1, m1 = fwd(params, x)
+  np.testing.assert_allclose(y0, y1, rtol=1e-5, atol=1e-6)
+  assert "router_confidence" in m0["moe_metrics"]["spatial"]

@@ -1,0 +1,187 @@
+"""Routers against hand-computed examples and NumPy loops."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.optimize import linear_sum_assignment
+
+from hypermixer_jax.models.moe import routers
+
+
+def _softmax(x):
+  x = x - x.max(-1, keepdims=True)
+  return np.exp(x) / np.exp(x).sum(-1, keepdims=True)
+
+
+def _np_top_k(logits, k, cap, mask, normalize, priority="choice"):
+  """Reference: a loop over choices and tokens in slot-priority order."""
+  s, e = logits.shape
+  probs = _softmax(logits.astype(np.float64))
+  order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+  gates = np.take_along_axis(probs, order, -1)
+  if normalize and k > 1:
+    gates = gates / gates.sum(-1, keepdims=True)
+  count = np.zeros(e, int)
+  dispatch = np.zeros((s, e, cap))
+  combine = np.zeros((s, e, cap))
+  pairs = [(i, t) for i in range(k) for t in range(s)]
+  if priority == "token":
+    pairs = sorted(pairs, key=lambda it: (it[1], it[0]))
+  for i, t in pairs:
+    if not mask[t]:
+      continue
+    ex = order[t, i]
+    if count[ex] < cap:
+      dispatch[t, ex, count[ex]] = 1
+      combine[t, ex, count[ex]] = gates[t, i]
+    count[ex] += 1
+  return dispatch, combine
+
+
+def test_switch_load_balancing_loss_hand_example():
+  probs = np.array([[0.7, 0.3], [0.6, 0.4], [0.2, 0.8], [0.9, 0.1]])
+  logits = jnp.asarray(np.log(probs), jnp.float32)
+  _, _, aux = routers.switch_route(logits, capacity=4)
+  # f = (3/4, 1/4), P = (0.6, 0.4): 2 * (0.75 * 0.6 + 0.25 * 0.4) = 1.1.
+  np.testing.assert_allclose(aux["load_balancing_loss"], 1.1, rtol=1e-6)
+  # The padding token 3 is not counted: f = (2/3, 1/3), P = (0.5, 0.5).
+  mask = jnp.array([True, True, True, False])
+  _, _, aux = routers.switch_route(logits, capacity=4, mask=mask)
+  np.testing.assert_allclose(aux["load_balancing_loss"], 1.0, rtol=1e-6)
+  # z-loss: logsumexp(log p) = 0 for every token.
+  np.testing.assert_allclose(aux["z_loss"], 0.0, atol=1e-6)
+  np.testing.assert_allclose(aux["router_confidence"], (0.7 + 0.6 + 0.8) / 3,
+                             rtol=1e-6)
+
+
+def test_load_balancing_loss_is_differentiable_and_z_loss_formula():
+  logits = jax.random.normal(jax.random.key(0), (7, 3)) * 2
+  real = jnp.ones((7,))
+
+  def lb(l):
+    p = jax.nn.softmax(l)
+    return routers.load_balancing_loss(p, jax.nn.one_hot(jnp.argmax(l, -1), 3),
+                                       real)
+  g = jax.grad(lb)(logits)
+  assert float(jnp.abs(g).sum()) > 0
+  z = np.log(np.exp(np.asarray(logits, np.float64)).sum(-1))
+  np.testing.assert_allclose(routers.router_z_loss(logits, real),
+                             np.mean(z ** 2), rtol=1e-5)
+
+
+def test_capacity_and_dropped_fraction_constructed_batch():
+  # First choices: 0, 0, 0, 1, 0(padding), 1; capacity 2.
+  first = np.array([0, 0, 0, 1, 0, 1])
+  logits = jnp.asarray(np.eye(2)[first] * 3.0, jnp.float32)
+  mask = jnp.array([1, 1, 1, 1, 0, 1], bool)
+  assert routers.expert_capacity(6, 2, 1.25) == 4
+  assert routers.expert_capacity(6, 2, 1.0, k=2) == 6
+  dispatch, combine, aux = routers.switch_route(logits, capacity=2, mask=mask)
+  want = np.zeros((6, 2, 2))
+  want[0, 0, 0] = want[1, 0, 1] = want[3, 1, 0] = want[5, 1, 1] = 1
+  np.testing.assert_array_equal(dispatch, want)        # token 2 dropped
+  p = 1 / (1 + np.exp(-3.0))
+  np.testing.assert_allclose(combine, want * p, rtol=1e-6)
+  np.testing.assert_allclose(aux["dropped_fraction"], 1 / 5, rtol=1e-6)
+  np.testing.assert_allclose(aux["expert_usage"], [2 / 5, 2 / 5], rtol=1e-6)
+
+
+@pytest.mark.parametrize("k,normalize,priority", [
+    (1, False, "choice"), (2, True, "choice"), (2, True, "token"),
+    (3, False, "token")])
+def test_top_k_route_matches_numpy_loop(k, normalize, priority):
+  rng = np.random.RandomState(k)
+  s, e, cap = 13, 5, 3
+  logits = rng.randn(s, e).astype(np.float32)
+  mask = rng.rand(s) > 0.2
+  dispatch, combine, aux = jax.jit(
+      lambda l, m: routers.top_k_route(
+          l, k=k, capacity=cap, mask=m, normalize_gates=normalize,
+          priority=priority))(logits, mask)
+  want_d, want_c = _np_top_k(logits, k, cap, mask, normalize, priority)
+  np.testing.assert_array_equal(dispatch, want_d)
+  np.testing.assert_allclose(combine, want_c, rtol=1e-5, atol=1e-7)
+  kept = want_d.sum()
+  np.testing.assert_allclose(aux["dropped_fraction"],
+                             1 - kept / (k * mask.sum()), rtol=1e-5)
+  # Every slot holds at most one token, a token at most one slot per expert.
+  assert want_d.sum(0).max() <= 1 and want_d.sum(2).max() <= 1
+
+
+@pytest.mark.parametrize("s,e", [(12, 3), (40, 4), (64, 8)])
+def test_balanced_assignment_exact_loads_and_optimal(s, e):
+  rng = np.random.RandomState(s)
+  scores = rng.randn(s, e).astype(np.float32)
+  scores[:, 0] += 2.0              # most tokens prefer expert 0
+  eps = 1e-4
+  got = np.asarray(jax.jit(lambda x: routers.balanced_assignment(
+      x, epsilon=eps, max_iters=100_000))(scores))
+  np.testing.assert_array_equal(np.bincount(got, minlength=e), [s // e] * e)
+  # The optimum of the same problem by the Hungarian method (SciPy): each
+  # expert replicated into S/E slots.
+  rows, cols = linear_sum_assignment(-np.repeat(scores, s // e, axis=1))
+  opt = np.repeat(scores, s // e, axis=1)[rows, cols].sum()
+  total = scores[np.arange(s), got].sum()
+  assert opt - s * eps - 1e-3 <= total <= opt + 1e-3
+
+
+def test_balanced_assignment_final_balancing_step():
+  # No auction round at all: the balancing step alone must balance exactly.
+  scores = jnp.asarray(np.random.RandomState(0).randn(12, 4), jnp.float32)
+  got = np.asarray(routers.balanced_assignment(scores, max_iters=0))
+  np.testing.assert_array_equal(got, np.repeat(np.arange(4), 3))
+  # One round: the few leftovers are balanced too.
+  got = np.asarray(routers.balanced_assignment(scores + 5 * jnp.eye(4)[0],
+                                               max_iters=1))
+  np.testing.assert_array_equal(np.bincount(got, minlength=4), [3] * 4)
+
+
+def test_base_route_train_balanced_and_inference_greedy():
+  rng = np.random.RandomState(3)
+  logits = jnp.asarray(rng.randn(16, 4) + [3, 0, 0, 0], jnp.float32)
+  dispatch, combine, aux = base_route_jit(logits, True)
+  np.testing.assert_array_equal(np.asarray(dispatch).sum((0, 2)), [4] * 4)
+  np.testing.assert_allclose(aux["expert_usage"], [0.25] * 4)
+  np.testing.assert_allclose(aux["dropped_fraction"], 0.0, atol=1e-7)
+  chosen = np.asarray(dispatch).sum(-1).argmax(-1)
+  gate = 1 / (1 + np.exp(-np.asarray(logits)[np.arange(16), chosen]))
+  np.testing.assert_allclose(np.asarray(combine).sum((1, 2)), gate, rtol=1e-6)
+  # Inference: the argmax expert, first come first served up to capacity 6.
+  dispatch, _, aux = base_route_jit(logits, False)
+  argmax = np.asarray(logits).argmax(-1)
+  want = np.zeros((16, 4, 6))
+  count = np.zeros(4, int)
+  for t, ex in enumerate(argmax):
+    if count[ex] < 6:
+      want[t, ex, count[ex]] = 1
+    count[ex] += 1
+  np.testing.assert_array_equal(dispatch, want)
+
+
+def base_route_jit(logits, train):
+  return jax.jit(lambda l: routers.base_route(l, train=train, capacity=6,
+                                              epsilon=1e-4))(logits)
+
+
+def test_hash_route_table_and_dispatch():
+  table = routers.make_hash_table(101, 4, seed=1)
+  counts = np.bincount(table, minlength=4)
+  assert counts.max() - counts.min() <= 1              # a balanced table
+  np.testing.assert_array_equal(table, routers.make_hash_table(101, 4, 1))
+  ids = np.random.RandomState(0).randint(0, 101, size=11)
+  mask = np.ones(11, bool)
+  mask[5] = False
+  dispatch, combine, aux = routers.hash_route(
+      jnp.asarray(ids), table=jnp.asarray(table), num_experts=4, capacity=2,
+      mask=jnp.asarray(mask))
+  want = np.zeros((11, 4, 2))
+  count = np.zeros(4, int)
+  for t, i in enumerate(ids):
+    if mask[t]:
+      if count[table[i]] < 2:
+        want[t, table[i], count[table[i]]] = 1
+      count[table[i]] += 1
+  np.testing.assert_array_equal(dispatch, want)
+  np.testing.assert_array_equal(combine, want)
+  np.testing.assert_allclose(aux["dropped_fraction"], 1 - want.sum() / 10,
+                             rtol=1e-6)

@@ -1,0 +1,402 @@
+"""Sharding tests on 8 fake CPU devices (tests/conftest.py).
+
+The sharded results are compared with the same model run unsharded on one
+device, and the placements of real arrays are asserted (``.sharding.spec``
+and shard shapes), since a constraint outside a mesh silently does nothing.
+"""
+import functools
+import math
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from hypermixer_jax import models
+from hypermixer_jax import sharding
+from hypermixer_jax.models import common
+from hypermixer_jax.train import steps
+
+P = jax.P
+B, N, D, F, V = 8, 8, 16, 32, 64   # batch, length, d_model, d_ffn, vocab
+PRESETS = tuple(sharding.RULES_PRESETS)
+MIXERS = tuple(models.MIXERS)
+# One mesh per preset (data, fsdp, tensor, expert): every axis the preset
+# uses has size 2, so a split shows up in every shard shape.
+PRESET_MESH = {"data_parallel": (2, 2, 2, 1), "fsdp": (2, 2, 2, 1),
+               "fsdp_tensor": (2, 2, 2, 1), "expert": (1, 2, 2, 2)}
+MIXER_KWARGS = {"hypermixer": dict(hyper_dim=8),
+                "attention": dict(num_heads=2),
+                "linear_attention": dict(num_heads=2),
+                "amlp": dict(tiny_attention_dim=8)}
+
+
+def _mesh(shape):
+  return sharding.build_mesh(dict(zip(sharding.MESH_AXES, shape)))
+
+
+def _model_config(mixer):
+  cfg = models.default_model_config()
+  cfg.update(dict(
+      mixer=mixer, block="gmlp" if mixer in ("gmlp", "amlp") else "pre_ln",
+      head="mlm", num_layers=1, d_model=D, d_ffn=F, max_len=N, vocab_size=V,
+      dropout_rate=0.1, position_embeddings="learned"))
+  cfg.mixer_kwargs = ml_collections.ConfigDict(MIXER_KWARGS.get(mixer, {}))
+  return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def _model(mixer):
+  return models.build_model(_model_config(mixer))
+
+
+def _batch():
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(N // 2, N + 1, size=B)
+  real = np.arange(N)[None, :] < lengths[:, None]
+  targets = rng.integers(1, V, size=(B, N)).astype(np.int32)
+  inputs = np.where(rng.random((B, N)) < 0.3, 3, targets) * real
+  return {
+      "inputs": inputs.astype(np.int32),
+      "targets": targets,
+      "weights": (real & (rng.random((B, N)) < 0.5)).astype(np.float32),
+      "segment_ids": real.astype(np.int32),
+      "positions": np.broadcast_to(np.arange(N, dtype=np.int32), (B, N)),
+  }
+
+
+BATCH = _batch()
+KEY = jax.random.key(42)
+TX = optax.adam(1e-2)
+
+
+def _loss_fn(model):
+  def loss(params, batch):
+    inputs, kwargs = steps.model_inputs(batch)
+    out = model.apply({"params": params}, inputs, deterministic=True,
+                      **kwargs)
+    return steps.compute_loss("mlm", out, batch)[0]
+  return loss
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(mixer):
+  """Single-device params, loss and grads, computed without any mesh."""
+  model = _model(mixer)
+  params_rng, dropout_rng = jax.random.split(KEY)
+  inputs, kwargs = steps.model_inputs(BATCH)
+  params = nn.unbox(model.init({"params": params_rng, "dropout": dropout_rng},
+                               inputs, deterministic=True, **kwargs))["params"]
+  loss, grads = jax.jit(jax.value_and_grad(_loss_fn(model)))(params, BATCH)
+  return jax.device_get((params, loss, grads))
+
+
+def _grad_fn(mixer, mesh, rules, param_shardings):
+  return jax.jit(
+      sharding.within(jax.value_and_grad(_loss_fn(_model(mixer))), mesh,
+                      rules),
+      in_shardings=(param_shardings,
+                    sharding.batch_shardings(BATCH, mesh, rules)),
+      out_shardings=(jax.NamedSharding(mesh, P()), param_shardings))
+
+
+def _sharded(mixer, preset, shape):
+  """Sharded init of the train state, the sharded grad function, the batch."""
+  mesh, rules = _mesh(shape), sharding.get_rules(preset)
+  state, shardings = steps.create_train_state(_model(mixer), TX, KEY, BATCH,
+                                              mesh, rules)
+  grad_fn = _grad_fn(mixer, mesh, rules, shardings.params)
+  batch = sharding.make_global_batch(BATCH, mesh, rules)
+  return mesh, rules, state, shardings, grad_fn, batch
+
+
+def _find(tree, suffix):
+  """The leaves whose path ends with ``suffix`` (a '/'-joined key path)."""
+  out = []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    name = "/".join(str(getattr(k, "key", getattr(k, "name", getattr(
+        k, "idx", k)))) for k in path)
+    if name.endswith(suffix):
+      out.append((name, leaf))
+  return out
+
+
+def _assert_split(x, spec, mesh):
+  """``x`` is placed as ``spec`` and each device holds the expected shard."""
+  assert x.sharding.spec == spec, (x.sharding.spec, spec)
+  shard = list(x.shape)
+  for dim, axes in enumerate(spec):
+    axes = (axes,) if isinstance(axes, str) else (axes or ())
+    shard[dim] //= math.prod(mesh.shape[a] for a in axes)
+  for s in x.addressable_shards:
+    assert s.data.shape == tuple(shard), (s.data.shape, shard)
+
+
+def _check_all_shards(tree, mesh):
+  """Every array's shard shape agrees with its spec (no silent replication)."""
+  for x in jax.tree.leaves(tree):
+    _assert_split(x, x.sharding.spec, mesh)
+
+
+# Hand-written placements of representative parameters, per preset.
+_T = {"data_parallel": None, "fsdp": None, "fsdp_tensor": "tensor",
+      "expert": "tensor"}
+_FS = {"data_parallel": None, "fsdp": "fsdp", "fsdp_tensor": "fsdp",
+       "expert": "fsdp"}
+
+
+def _expected(preset):
+  t, f = _T[preset], _FS[preset]
+  return {
+      "token_embed/embedding": P(t, f),                         # vocab, embed
+      "feature_mixing/wi/dense/kernel": P(f, t),                # embed, mlp
+      "feature_mixing/wo/dense/kernel": P(t, f),                # mlp, embed
+      "final_norm/ln/scale": P(None),                           # norm
+      "sgu/spatial/kernel": P(None, f),                         # seq_out, seq_in
+      "sgu/proj_in/dense/kernel": P(f, t),
+      # seq_in, token_mlp / token_mlp, seq_out: tensor takes token_mlp
+      # first, else fsdp does (token_mlp precedes the sequence axes).
+      "token_mixing/kernel_in": P(f, t) if t else P(None, f),
+      "token_mixing/kernel_out": P(t, f) if t else P(f, None),
+      "hypernetwork_in/out/dense/kernel": P(f, t),              # embed, hyper
+      "token_mixing/query/kernel": P(f, t, None),               # embed, heads, kv
+  }
+
+
+# ---------------------------------------------------------------------------
+# Equality with the single-device model.
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_sharded_loss_and_grads_equal_single_device(mixer, preset):
+  """Every mixer x every preset on its mesh (params placed, not initialised:
+  sharded initialisation is tested on every mesh below, compiles are slow)."""
+  ref_params, ref_loss, ref_grads = _reference(mixer)
+  mesh, rules = _mesh(PRESET_MESH[preset]), sharding.get_rules(preset)
+  inputs, kwargs = steps.model_inputs(BATCH)
+  abstract = jax.eval_shape(
+      lambda k: _model(mixer).init(k, inputs, **kwargs)["params"], KEY)
+  sharding.validate_divisibility(abstract, mesh, rules)
+  shardings = sharding.logical_shardings(abstract, mesh, rules)
+  params = jax.device_put(ref_params, shardings)
+  batch = sharding.make_global_batch(BATCH, mesh, rules)
+  loss, grads = _grad_fn(mixer, mesh, rules, shardings)(params, batch)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+  chex.assert_trees_all_close(jax.device_get(grads), ref_grads, rtol=2e-5,
+                              atol=1e-6)
+  # The placements are real: representative parameters have the specs of
+  # the preset and every array's shards have the matching shapes.
+  checked = 0
+  for suffix, spec in _expected(preset).items():
+    for _, x in _find(params, suffix):
+      _assert_split(x, spec, mesh)
+      checked += 1
+  assert checked >= 3
+  _check_all_shards((params, grads), mesh)
+
+
+@pytest.mark.parametrize("shape", [(8, 1), (2, 4), (4, 2), (1, 8)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("second", ["fsdp", "tensor"])
+def test_meshes(shape, second):
+  """gMLP (the N x N SGU) on data x fsdp (fsdp) and data x tensor meshes."""
+  sizes = dict(data=shape[0], fsdp=1, tensor=1, expert=1)
+  sizes[second] = shape[1]
+  mesh_shape = tuple(sizes[a] for a in sharding.MESH_AXES)
+  preset = "fsdp" if second == "fsdp" else "fsdp_tensor"
+  ref_params, ref_loss, ref_grads = _reference("gmlp")
+  mesh, _, state, shardings, grad_fn, batch = _sharded("gmlp", preset,
+                                                       mesh_shape)
+  assert dict(mesh.shape) == sizes
+  # Sharded initialisation gives the single-device values.
+  chex.assert_trees_all_close(jax.device_get(state.params), ref_params,
+                              rtol=1e-6, atol=1e-7)
+  loss, grads = grad_fn(state.params, batch)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+  chex.assert_trees_all_close(jax.device_get(grads), ref_grads, rtol=2e-5,
+                              atol=1e-6)
+  [(_, sgu)] = _find(state.params, "sgu/spatial/kernel")
+  [(_, wi)] = _find(state.params, "sgu/proj_in/dense/kernel")
+  # Axes of size 1 stay in the specs; the shard shapes show the real split.
+  _assert_split(sgu, P(None, "fsdp"), mesh)
+  _assert_split(wi, P("fsdp", None if second == "fsdp" else "tensor"), mesh)
+  assert wi.addressable_shards[0].data.size == wi.size // shape[1]
+  _assert_split(batch["inputs"], P(("data", "fsdp", "expert"), None), mesh)
+  _check_all_shards((state.params, state.opt_state), mesh)
+  # Adam's moments follow their parameters; its count is replicated.
+  [(_, mu)] = _find(state.opt_state, "0/mu/encoder/stack/layer_0/sgu/proj_in/"
+                    "dense/kernel")
+  assert mu.sharding.spec == wi.sharding.spec
+  [(_, count)] = _find(shardings.opt_state, "0/count")
+  assert count.spec == P()
+
+
+def test_train_step_equals_single_device_and_constraints_bind():
+  """Full step (dropout, Adam) sharded == unsharded; the state is donated."""
+  model, preset = _model("mlp_mixer"), "fsdp_tensor"
+  mesh, rules, state, shardings, _, batch = _sharded(
+      "mlp_mixer", preset, PRESET_MESH[preset])
+  step = steps.make_train_step(model, "mlm")
+  rng = jax.random.key(7)
+  ref_state = jax.device_get(state)
+  ref_new, ref_metrics = jax.jit(step)(ref_state, BATCH, rng)
+
+  jitted = steps.jit_train_step(step, shardings,
+                                sharding.batch_shardings(BATCH, mesh, rules),
+                                mesh, rules)
+  text = jitted.lower(state, batch, rng).as_text()
+  # The model's activation constraints reached the compiled program.
+  assert text.count("sdy.sharding_constraint") >= 5
+  assert '{"data", "fsdp", "expert"}' in text
+  old_leaf = jax.tree.leaves(state.params)[0]
+  new, metrics = jitted(state, batch, rng)
+  assert old_leaf.is_deleted()
+  chex.assert_trees_all_close(jax.device_get(new.params), ref_new.params,
+                              rtol=2e-5, atol=1e-6)
+  for k in ("loss", "accuracy", "grad_norm"):
+    np.testing.assert_allclose(metrics[k], ref_metrics[k], rtol=2e-5)
+  assert bool(metrics["is_finite"])
+  _check_all_shards(new.params, mesh)
+  for x, s in zip(jax.tree.leaves(new), jax.tree.leaves(shardings)):
+    assert x.sharding.spec == s.spec
+
+
+# ---------------------------------------------------------------------------
+# Mesh, rules, batches.
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("cfg,shape", [
+    (dict(data=-1), (8, 1, 1, 1)),
+    (dict(data=2, fsdp=-1), (2, 4, 1, 1)),
+    (dict(data=1, fsdp=2, tensor=2, expert=-1), (1, 2, 2, 2)),
+    (ml_collections.ConfigDict(dict(data=4, fsdp=1, tensor=2, expert=1)),
+     (4, 1, 2, 1)),
+])
+def test_build_mesh(cfg, shape):
+  mesh = sharding.build_mesh(cfg)
+  assert mesh.axis_names == sharding.MESH_AXES
+  assert tuple(mesh.shape.values()) == shape
+  assert set(mesh.axis_types) == {jax.sharding.AxisType.Auto}
+  assert sorted(d.id for d in mesh.devices.flat) == list(range(8))
+
+
+@pytest.mark.parametrize("cfg,match", [
+    (dict(data=3, fsdp=2), r"data=3 x fsdp=2 x tensor=1 x expert=1 has 6"),
+    (dict(data=4, fsdp=4), r"data=4 x fsdp=4 .* has 16 devices but there "
+                           r"are 8"),
+    (dict(data=-1, fsdp=-1), r"at most one mesh axis may be -1"),
+    (dict(data=3, fsdp=-1), r"multiply to 3, which does not divide the 8"),
+    (dict(data=0), r"data=0 must be a positive int"),
+])
+def test_bad_mesh(cfg, match):
+  with pytest.raises(ValueError, match=match):
+    sharding.build_mesh(cfg)
+
+
+def test_dcn_shape_puts_hosts_on_data_first():
+  assert sharding.dcn_shape((8, 2, 1, 1), 4) == (4, 1, 1, 1)
+  assert sharding.dcn_shape((2, 4, 1, 1), 4) == (2, 2, 1, 1)
+  with pytest.raises(ValueError, match="cannot spread 3 hosts"):
+    sharding.dcn_shape((2, 4, 1, 1), 3)
+
+
+def test_rules_presets_are_complete_and_valid():
+  for name, rules in sharding.RULES_PRESETS.items():
+    assert sharding.get_rules(name) == rules
+    assert set(n for n, _ in rules) == set(common.LOGICAL_AXES), name
+    assert dict(rules)[common.NORM] is None
+  assert dict(sharding.RULES_PRESETS["expert"])["expert"] == "expert"
+  assert all(a is None for n, a in sharding.RULES_PRESETS["data_parallel"]
+             if n != common.BATCH)
+
+
+def test_get_rules_explicit_and_from_config():
+  rules = sharding.get_rules([("batch", ["data", "fsdp"]), ("embed", "fsdp"),
+                              ("mlp", None)])
+  assert rules == (("batch", ("data", "fsdp")), ("embed", "fsdp"),
+                   ("mlp", None))
+  cfg = ml_collections.ConfigDict(dict(rules="fsdp"))
+  assert sharding.get_rules(cfg) == sharding.RULES_PRESETS["fsdp"]
+
+
+@pytest.mark.parametrize("rules,match", [
+    ("fsdb", r"unknown sharding preset 'fsdb'"),
+    ([("embedding", "fsdp")], r"unknown logical axis name 'embedding'"),
+    ([("embed", "model")], r"unknown mesh axis 'model'"),
+    ([("batch", ("data", "data"))], r"repeats a mesh axis"),
+])
+def test_bad_rules(rules, match):
+  with pytest.raises(ValueError, match=match):
+    sharding.get_rules(rules)
+
+
+def test_indivisible_parameter_fails_before_compiling(monkeypatch):
+  """d_model=12 on fsdp=8: a clear error, raised before any jax.jit."""
+  cfg = _model_config("gmlp")
+  cfg.d_model = 12
+  model = models.build_model(cfg)
+  mesh, rules = _mesh((1, 8, 1, 1)), sharding.get_rules("fsdp")
+
+  def no_jit(*args, **kwargs):
+    raise AssertionError("compiled before validating the shardings")
+  monkeypatch.setattr(jax, "jit", no_jit)
+  with pytest.raises(ValueError) as err:
+    steps.create_train_state(model, TX, KEY, BATCH, mesh, rules)
+  msg = str(err.value)
+  assert "['encoder']['token_embed']['embedding']: dim 1 (logical 'embed', " \
+         "size 12) over mesh axes fsdp of total size 8" in msg
+  assert "'fsdp': 8" in msg
+
+
+class _Named(nn.Module):
+  names: tuple
+
+  @nn.compact
+  def __call__(self, x):
+    w = self.param("w", common.partitioned(nn.initializers.ones_init(),
+                                           self.names), (x.shape[-1], 8))
+    return x @ w
+
+
+@pytest.mark.parametrize("names,match", [
+    (("embed", "embedd"), r"parameter \['params'\]\['w'\] has unknown "
+                          r"logical axis name 'embedd'"),
+    (("embed", "embed"), r"parameter \['params'\]\['w'\] repeats logical "
+                         r"axis names \['embed'\]"),
+])
+def test_bad_parameter_names(names, match):
+  mesh, rules = _mesh((2, 4, 1, 1)), sharding.get_rules("fsdp")
+  init = lambda k: _Named(names).init(k, jnp.ones((2, 8)))  # noqa: E731
+  with pytest.raises(ValueError, match=match):
+    sharding.sharded_init(init, KEY, mesh, rules)
+
+
+def test_sharded_init_never_builds_full_params():
+  """Each device only ever holds its shard: the compiled init's outputs."""
+  mesh, rules = _mesh((1, 8, 1, 1)), sharding.get_rules("fsdp")
+  init = lambda k: _Named(("embed", "mlp")).init(k, jnp.ones((2, 64)))  # noqa
+  state, shardings = sharding.sharded_init(init, KEY, mesh, rules)
+  w = state["params"]["w"]
+  assert shardings["params"]["w"].spec == P("fsdp", None)
+  _assert_split(w, P("fsdp", None), mesh)
+  assert len({s.device for s in w.addressable_shards}) == 8
+  np.testing.assert_array_equal(w, np.ones((64, 8)))
+
+
+def test_global_batch():
+  mesh, rules = _mesh((2, 2, 2, 1)), sharding.get_rules("fsdp_tensor")
+  batch = sharding.make_global_batch(BATCH, mesh, rules)
+  spec = sharding.batch_shardings(
+      jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), BATCH),
+      mesh, rules)
+  for k, x in batch.items():
+    np.testing.assert_array_equal(x, BATCH[k])
+    assert x.sharding == spec[k]
+    _assert_split(x, P(("data", "fsdp", "expert"), None), mesh)
+    # Replicated over "tensor": both tensor ranks hold the same rows.
+  with pytest.raises(ValueError, match=r"\['label'\] has global shape \(6,\):"
+                     r" dim 0 \(6\) must be divisible by mesh axes "):
+    sharding.make_global_batch({"label": np.zeros(6, np.int32)}, mesh, rules)

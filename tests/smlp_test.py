@@ -1,0 +1,137 @@
+"""sMLP language model: causality, expert parallelism, a short training run."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from hypermixer_jax.models import smlp
+
+COLLECTIONS = ["aux_loss", "moe_metrics"]
+RULES = [("batch", ("data", "fsdp")), ("expert", "expert"), ("vocab", None),
+         ("embed", None), ("mlp", None), ("seq_in", None), ("seq_out", None),
+         ("norm", None), ("length", None)]
+
+
+def _model(**kw):
+  cfg = smlp.smlp_config("tiny")
+  cfg.mixer_kwargs.update(kw)
+  return smlp.build_smlp(cfg), cfg
+
+
+def test_configs():
+  base = smlp.smlp_config("base")
+  assert (base.d_model, base.d_ffn) == (1024, 4096)
+  assert base.mixer_kwargs.tmoe_router == "base"
+  assert base.num_layers == (base.mixer_kwargs.num_dense_layers
+                             + base.mixer_kwargs.num_sparse_layers)
+  assert smlp.sparse_layer_indices(2, 2) == (1, 3)
+  assert smlp.sparse_layer_indices(12, 4) == (3, 7, 11, 15)
+  with pytest.raises(ValueError):
+    smlp.smlp_config("huge")
+
+
+@pytest.mark.parametrize("router,routing,deterministic", [
+    ("base", "deterministic", True),
+    ("switch", "partial", True),
+    ("switch", "partial", False),
+    ("hash", "deterministic", False),
+    ("gshard", "partial", True),
+])
+def test_no_position_reads_a_later_token(router, routing, deterministic):
+  model, cfg = _model(tmoe_router=router, smoe_routing=routing,
+                      capacity_factor=0.75, eval_capacity_factor=0.75)
+  n, vocab = cfg.max_len, cfg.vocab_size
+  tokens = jax.random.randint(jax.random.key(0), (n,), 0, vocab)
+  params = model.init(jax.random.key(1), tokens[None])["params"]
+  # Row k changes token k (to a different id); row n is the original.
+  rows = jnp.tile(tokens, (n + 1, 1))
+  rows = rows.at[jnp.arange(n), jnp.arange(n)].set((tokens + 17) % vocab)
+  logits, _ = jax.jit(lambda p, x: model.apply(
+      {"params": p}, x, deterministic=deterministic, mutable=COLLECTIONS,
+      rngs={"dropout": jax.random.key(2)}))(params, rows)
+  logits = np.asarray(logits)
+  for k in range(n):
+    np.testing.assert_allclose(logits[k, :k], logits[n, :k], rtol=0,
+                               atol=1e-6, err_msg=f"token {k} leaks")
+    # ... and the perturbation is seen from position k on.
+    assert np.abs(logits[k, k] - logits[n, k]).max() > 1e-4
+  if routing == "partial":
+    assert model.loss_start == 4
+    w = smlp.loss_weights(model, jnp.ones((2, n)))
+    np.testing.assert_array_equal(w[:, :4], 0)
+    np.testing.assert_array_equal(w[:, 4:], 1)
+
+
+def test_lm_expert_parallel_equals_single_device():
+  model, cfg = _model(tmoe_router="switch", smoe_routing="partial",
+                      capacity_factor=0.75)
+  x = jax.random.randint(jax.random.key(3), (8, cfg.max_len), 0,
+                         cfg.vocab_size)
+  params = model.init(jax.random.key(4), x)["params"]
+  fwd = jax.jit(lambda p, x: model.apply({"params": p}, x,
+                                         deterministic=False,
+                                         mutable=COLLECTIONS))
+  y0, m0 = fwd(params, x)
+  mesh = jax.make_mesh((2, 1, 1, 4), ("data", "fsdp", "tensor", "expert"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 4)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
+    y1, m1 = fwd(params, x)
+    hlo = fwd.lower(params, x).compile().as_text()
+  assert hlo.count("all-to-all") >= 4          # tMoE and sMoE, both ways
+  np.testing.assert_allclose(y0, y1, rtol=1e-5, atol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5,
+                                                       atol=1e-6), m0, m1)
+
+
+def _batch(rng, b, n, vocab):
+  """Arithmetic sequences mod vocab: the next token needs two earlier ones."""
+  start = rng.randint(0, vocab, size=(b, 1))
+  step = rng.randint(1, 4, size=(b, 1))
+  seq = (start + step * np.arange(n + 1)) % vocab
+  return jnp.asarray(seq[:, :-1]), jnp.asarray(seq[:, 1:])
+
+
+@pytest.mark.parametrize("router,routing", [("base", "deterministic"),
+                                            ("switch", "partial")])
+def test_short_training_lowers_loss_with_balanced_experts(router, routing):
+  # A stronger balancing loss than the default 1e-2: 100 steps are few.
+  model, cfg = _model(tmoe_router=router, smoe_routing=routing,
+                      load_balancing_weight=0.1)
+  rng = np.random.RandomState(0)
+  x, y = _batch(rng, 16, cfg.max_len, cfg.vocab_size)
+  params = nn.unbox(model.init(jax.random.key(5), x)["params"])
+  opt = optax.adam(1e-2)
+  state = (params, opt.init(params))
+  weights = smlp.loss_weights(model, jnp.ones(x.shape))
+
+  def loss_fn(p, x, y, key):
+    logits, aux = model.apply({"params": p}, x, deterministic=False,
+                              mutable=COLLECTIONS, rngs={"dropout": key})
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+    ce = jnp.sum(ce * weights) / jnp.sum(weights)
+    aux_loss = sum(jax.tree.leaves(aux.get("aux_loss", {})))
+    return ce + aux_loss, (ce, aux["moe_metrics"])
+
+  @jax.jit
+  def step(state, x, y, key):
+    p, o = state
+    (_, (ce, metrics)), g = jax.value_and_grad(loss_fn, has_aux=True)(
+        p, x, y, key)
+    upd, o = opt.update(g, o, p)
+    return (optax.apply_updates(p, upd), o), ce, metrics
+
+  losses, usage = [], []
+  for i in range(100):
+    x, y = _batch(rng, 16, cfg.max_len, cfg.vocab_size)
+    state, ce, metrics = step(state, x, y, jax.random.key(i))
+    losses.append(float(ce))
+    sparse = [k for k in metrics if k.startswith("layer_")]
+    usage.append(np.asarray(metrics[sparse[0]]["tmoe"]["expert_usage"][0]))
+  assert np.mean(losses[-5:]) < 0.6 * np.mean(losses[:5]), losses
+  last = np.mean(usage[-10:], axis=0)
+  if router == "base":
+    np.testing.assert_allclose(np.stack(usage), 0.25, atol=1e-6)
+  else:
+    assert last.min() > 0.15 and last.max() < 0.35, last

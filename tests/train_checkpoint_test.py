@@ -1,0 +1,101 @@
+"""Tests of hypermixer_jax.train.checkpoint: save/restore across meshes, fine-tune loading."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from hypermixer_jax.train import checkpoint as ckpt_lib
+
+
+def _mesh(n):
+  return jax.make_mesh((n,), ("data",), devices=jax.devices()[:n],
+                       axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def _state(mesh, seed=0):
+  rng = np.random.default_rng(seed)
+  tree = {"params": {"encoder": {"kernel": rng.normal(size=(16, 24)),
+                                 "bias": rng.normal(size=(24,))},
+                     "head": {"kernel": rng.normal(size=(24, 5))}},
+          "step": np.int32(7)}
+  specs = {"params": {"encoder": {"kernel": P("data", None),
+                                  "bias": P("data")},
+                      "head": {"kernel": P()}},
+           "step": P()}
+  shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+  state = jax.tree.map(lambda x, s: jax.device_put(np.asarray(x, np.float32)
+                                                   if x.ndim else x, s),
+                       tree, shardings)
+  return state, shardings
+
+
+@pytest.mark.parametrize("n_save,n_restore", [(8, 1), (1, 8)])
+def test_restore_onto_other_device_count(tmp_path, n_save, n_restore):
+  state, _ = _state(_mesh(n_save))
+  ck = ckpt_lib.Checkpointer(tmp_path / "ck", save_every=1, keep=2)
+  assert ck.save(3, state, {"position": np.int64(42), "epoch": [1, 2]})
+  ck.wait_until_finished()
+  assert ck.latest_step() == 3
+
+  template, shardings = _state(_mesh(n_restore), seed=1)
+  restored, data = ckpt_lib.Checkpointer(tmp_path / "ck").restore(
+      None, ckpt_lib.abstract_like(template, shardings))
+  assert data == {"position": 42, "epoch": [1, 2]}
+  for a, b, s in zip(jax.tree.leaves(restored), jax.tree.leaves(state),
+                     jax.tree.leaves(shardings)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert a.sharding == s
+    assert len(a.sharding.device_set) == n_restore
+
+
+def test_retention_and_interval(tmp_path):
+  state, _ = _state(_mesh(2))
+  ck = ckpt_lib.Checkpointer(tmp_path, save_every=2, keep=3)
+  started = [step for step in range(1, 8) if ck.save(step, state, {})]
+  assert started == [2, 4, 6]
+  assert ck.save(7, state, {}, force=True)  # the end of a run
+  assert not ck.save(7, state, {}, force=True)  # never twice
+  ck.close()
+  assert list(ckpt_lib.Checkpointer(tmp_path).all_steps()) == [4, 6, 7]
+
+
+def _save_pretrained(path):
+  state, _ = _state(_mesh(8))
+  ck = ckpt_lib.Checkpointer(path / "checkpoints", save_every=1)
+  ck.save(5, state, {})
+  ck.close()
+  return state
+
+
+def test_load_pretrained_encoder_new_head(tmp_path):
+  pre = _save_pretrained(tmp_path)
+  mesh = _mesh(4)
+  rng = np.random.default_rng(3)
+  rep = NamedSharding(mesh, P())
+  new = {"encoder": {"kernel": jnp.zeros((16, 24)), "bias": jnp.zeros((24,))},
+         "head": {"kernel": jnp.asarray(rng.normal(size=(24, 3)),
+                                        jnp.float32),
+                  "bias": jnp.ones((3,))}}
+  new = jax.device_put(new, rep)
+  out = ckpt_lib.load_pretrained(tmp_path, new, reinit=["head"])
+  np.testing.assert_array_equal(out["encoder"]["kernel"],
+                                pre["params"]["encoder"]["kernel"])
+  np.testing.assert_array_equal(out["encoder"]["bias"],
+                                pre["params"]["encoder"]["bias"])
+  np.testing.assert_array_equal(out["head"]["kernel"], new["head"]["kernel"])
+  np.testing.assert_array_equal(out["head"]["bias"], 1.0)
+  assert out["encoder"]["kernel"].sharding == rep
+
+
+def test_load_pretrained_mismatch_names_every_path(tmp_path):
+  _save_pretrained(tmp_path)
+  new = {"encoder": {"kernel": jnp.zeros((16, 32)),
+                     "extra": jnp.zeros((2,))},
+         "head": {"kernel": jnp.zeros((32, 3))}}
+  with pytest.raises(ValueError) as e:
+    ckpt_lib.load_pretrained(tmp_path / "checkpoints/5", new, reinit=["head"])
+  msg = str(e.value)
+  assert "shape mismatch: encoder/kernel checkpoint (16, 24) vs model (16, 32)" in msg
+  assert "missing from checkpoint: encoder/extra" in msg
+  assert "unexpected in checkpoint: encoder/bias" in msg
