@@ -1,4 +1,4 @@
-"""Tests of HyperMixing against a NumPy loop reference, padding, segments, invariances."""
+"""HyperMixing vs a NumPy loop reference; padding, segments, invariances."""
 import math
 
 import chex
@@ -42,7 +42,8 @@ def reference(params, x, ctx, *, num_heads=1, tied=False,
     table = np_sinusoidal(max(m, n), d)
   net_in = params["hypernetwork" if tied else "hypernetwork_in"]
   net_out = params["hypernetwork" if tied else "hypernetwork_out"]
-  hyper = lambda net, t: np_dense(net["out"], np_gelu(np_dense(net["hidden"], t)))
+  hyper = lambda net, t: np_dense(  # noqa: E731
+      net["out"], np_gelu(np_dense(net["hidden"], t)))
   w1 = np.stack([hyper(net_in, ctx[j] + table[j]) for j in range(n)])
   w2 = np.stack([hyper(net_out, x[i] + table[i]) for i in range(m)])
   head_width = d // num_heads
@@ -180,14 +181,15 @@ def test_logical_axes():
                                                 jnp.zeros((1, N, 10)))
   spec = nn.get_partition_spec(variables)["params"]
   assert spec["hypernetwork_in"]["hidden"]["dense"]["kernel"] == (
-      jax.P("embed", "embed"))
+      jax.P("embed", "mlp"))
   assert spec["hypernetwork_out"]["out"]["dense"]["kernel"] == jax.P(
       "embed", "hyper")
   assert spec["position_embedding"] == jax.P("seq_in", "embed")
 
 
 @pytest.mark.parametrize("kwargs, call, message", [
-    (dict(), dict(context=jnp.zeros((B, N, 10))), "context: x has feature width d=10"),
+    (dict(), dict(context=jnp.zeros((B, N, 10))),
+     r"context has shape \(2, 7, 10\) but x is \[B, M, d\] = \(2, 7, 11\)"),
     (dict(), dict(mask=jnp.ones((B, N + 1), bool)), "mask has shape"),
     (dict(num_heads=3), dict(), "num_heads=3 must divide"),
     (dict(position="learned", max_len=5), dict(), "exceeds max_len=5"),

@@ -62,15 +62,6 @@ def task_batch(task: str):
   return ids, kw, jax.random.randint(k2, (B,), 0, C)
 
 
-def loss_and_grads(model, params, inputs, kw, labels):
-  def loss_fn(p):
-    logits = model.apply({"params": p}, inputs, **kw, deterministic=False,
-                         rngs={"dropout": jax.random.key(2)})
-    return optax.softmax_cross_entropy_with_integer_labels(
-        logits, labels).mean(), logits
-  return jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
-
-
 def layer_norm(x, p, eps=1e-6):
   mean = x.mean(-1, keepdims=True)
   var = ((x - mean) ** 2).mean(-1, keepdims=True)
@@ -83,35 +74,47 @@ def gelu(x):
 
 class ForwardBackwardTest(parameterized.TestCase):
 
-  @parameterized.product(mixer=MIXERS, task=("mlm", "classify", "image"),
-                         dtype=("float32", "bfloat16"))
-  def test_trains(self, mixer, task, dtype):
-    cfg = tiny_config(mixer, task, dtype=dtype, param_dtype="float32")
-    model = models.build_model(cfg)
-    inputs, kw, labels = task_batch(task)
-    params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs, **kw)
-                      )["params"]
-    for leaf in jax.tree.leaves(params):
-      self.assertEqual(leaf.dtype, jnp.float32)
-    (loss, logits), grads = loss_and_grads(model, params, inputs, kw, labels)
-    self.assertEqual(logits.shape,
-                     (B, N, V) if task == "mlm" else (B, C))
-    self.assertTrue(np.isfinite(loss))
-    chex.assert_tree_all_finite(grads)
-    mixing = grads["encoder"]["stack"]["layer_0"]["token_mixing"]
-    if mixer in ("fnet", "none"):
-      self.assertEqual(mixing, {}) if isinstance(mixing, dict) else None
-    for path, g in jax.tree_util.tree_leaves_with_path(mixing):
-      self.assertGreater(float(jnp.abs(g).max()), 0.0,
-                         f"zero gradient for token_mixing{jax.tree_util.keystr(path)}")
+  @parameterized.product(mixer=MIXERS, dtype=("float32", "bfloat16"))
+  def test_trains(self, mixer, dtype):
+    # The three tasks' models share one jit (one compilation per test).
+    tasks = ("mlm", "classify", "image")
+    built, params = {}, {}
+    for task in tasks:
+      cfg = tiny_config(mixer, task, dtype=dtype, param_dtype="float32")
+      built[task] = (models.build_model(cfg),) + task_batch(task)
+      model, inputs, kw, _ = built[task]
+      params[task] = nn.unbox(model.init(jax.random.key(0), inputs, **kw)
+                              )["params"]
 
-  def test_fnet_and_none_have_no_mixer_params(self):
-    for mixer in ("fnet", "none"):
-      model = models.build_model(tiny_config(mixer))
-      inputs, kw, _ = task_batch("classify")
-      params = jax.eval_shape(model.init, jax.random.key(0), inputs, **kw)
-      self.assertNotIn("token_mixing",
-                       params["params"]["encoder"]["stack"]["layer_0"])
+    def loss_fn(params):
+      losses, logits = {}, {}
+      for task, (model, inputs, kw, labels) in built.items():
+        logits[task] = model.apply(
+            {"params": params[task]}, inputs, **kw, deterministic=False,
+            rngs={"dropout": jax.random.key(2)})
+        losses[task] = optax.softmax_cross_entropy_with_integer_labels(
+            logits[task], labels).mean()
+      return sum(losses.values()), (losses, logits)
+
+    (_, (losses, logits)), grads = jax.jit(
+        jax.value_and_grad(loss_fn, has_aux=True))(params)
+    for task in tasks:
+      for leaf in jax.tree.leaves(params[task]):
+        self.assertEqual(leaf.dtype, jnp.float32)
+      self.assertEqual(logits[task].shape,
+                       (B, N, V) if task == "mlm" else (B, C))
+      self.assertTrue(np.isfinite(losses[task]), task)
+      chex.assert_tree_all_finite(grads[task])
+      layer = grads[task]["encoder"]["stack"]["layer_0"]
+      if mixer in ("fnet", "none"):
+        self.assertNotIn("token_mixing", layer)
+        continue
+      for path, g in jax.tree_util.tree_leaves_with_path(
+          layer["token_mixing"]):
+        self.assertGreater(
+            float(jnp.abs(g).max()), 0.0,
+            f"{task}: zero gradient for token_mixing"
+            f"{jax.tree_util.keystr(path)}")
 
 
 class MlmHeadTest(parameterized.TestCase):
@@ -142,7 +145,12 @@ class MlmHeadTest(parameterized.TestCase):
     inputs = jnp.zeros((B, N), jnp.int32)
     labels = jnp.full((B, N), 5)
     params = nn.unbox(model.init(jax.random.key(0), inputs))["params"]
-    (_, _), grads = loss_and_grads(model, params, inputs, {}, labels)
+
+    def loss_fn(p):
+      logits = model.apply({"params": p}, inputs)
+      return optax.softmax_cross_entropy_with_integer_labels(
+          logits, labels).mean()
+    grads = jax.grad(loss_fn)(params)
     g = grads["encoder"]["token_embed"]["embedding"]
     self.assertGreater(float(jnp.abs(g[5]).max()), 0.0)
 
@@ -177,7 +185,7 @@ class MixerBlockTest(parameterized.TestCase):
   @parameterized.parameters("pre_ln", "post_ln")
   def test_matches_hand_composition(self, layout):
     block, p = self.params(layout)
-    got = jax.jit(block.apply)({"params": p}, self.x)
+    got = block.apply({"params": p}, self.x)
     chex.assert_trees_all_close(got, self.reference(layout, p), atol=1e-4)
 
   def test_layouts_differ(self):
@@ -204,7 +212,7 @@ class PaddingTest(parameterized.TestCase):
     seg = (jnp.arange(N)[None] < jnp.array(lengths)[:, None]).astype(jnp.int32)
     padded_ids = jnp.where(seg > 0, ids, 0)
     params = model.init(jax.random.key(0), ids)
-    apply = jax.jit(model.apply)
+    apply = model.apply  # eager: three shapes, no compilation worth caching
     padded = apply(params, padded_ids, segment_ids=seg, token_type_ids=types)
     for b, n in enumerate(lengths):
       alone = apply(params, ids[b:b + 1, :n],
@@ -222,7 +230,7 @@ class CausalTest(parameterized.TestCase):
     model = models.build_model(cfg)
     ids = jax.random.randint(jax.random.key(5), (1, N), 0, V)
     params = model.init(jax.random.key(0), ids)
-    apply = jax.jit(model.apply)
+    apply = jax.jit(model.apply)  # both calls share one compilation
     base = apply(params, ids)
     self.assertEqual(base.shape, (1, N, V))
     changed = apply(params, ids.at[0, 4].set((ids[0, 4] + 1) % V))
@@ -242,7 +250,7 @@ class ConfigErrorTest(parameterized.TestCase):
        "learned, sinusoidal, none"),
       ("heads_do_not_divide", dict(mixer_kwargs=dict(num_heads=5)),
        "not divisible by num_heads=5"),
-      ("causal_fnet", dict(mixer="fnet", head="causal_lm"),
+      ("causal_fnet", dict(mixer="fnet", head="causal_lm", mixer_kwargs={}),
        "needs a causal token mixer.*causal mixers: .*attention"),
       ("causal_mlp_mixer", dict(mixer="mlp_mixer", head="causal_lm",
                                 mixer_kwargs={}), "no causal mode"),

@@ -25,11 +25,11 @@ def sentences(n: int, seed: int = 0, min_words: int = 3, max_words: int = 40
 
 
 def write_corpus(folder: str, num_files: int = 2, docs_per_file: int = 30,
-                 seed: int = 0) -> str:
+                 seed: int = 0, max_words: int = 150) -> str:
   """C4-style JSONL shards ``corpus-0000i.jsonl``; returns their glob."""
   os.makedirs(folder, exist_ok=True)
   for i in range(num_files):
-    docs = sentences(docs_per_file, seed=seed * 1000 + i, max_words=150)
+    docs = sentences(docs_per_file, seed=seed * 1000 + i, max_words=max_words)
     with open(os.path.join(folder, f"corpus-{i:05d}.jsonl"), "w") as f:
       for j, d in enumerate(docs):
         f.write(json.dumps({"text": d, "url": f"doc{i}-{j}"}) + "\n")

@@ -59,28 +59,19 @@ def _qkv(x: Array, num_heads: int, head_dim: int, dtype, param_dtype
   """Three ``[B, N, H, Dh]`` projections named query, key, value."""
   outs = []
   for name in ("query", "key", "value"):
-    y = nn.DenseGeneral(
-        features=(num_heads, head_dim), axis=-1, dtype=dtype,
-        param_dtype=param_dtype,
-        kernel_init=common.partitioned(
-            common.default_kernel_init,
-            (common.EMBED, common.HEADS, common.KV)),
-        bias_init=common.partitioned(nn.initializers.zeros_init(),
-                                     (common.HEADS, common.KV)),
-        name=name)(x)
+    y = common.DenseGeneral(
+        features=(num_heads, head_dim), in_axes=1,
+        axes=(common.EMBED, common.HEADS, common.KV), dtype=dtype,
+        param_dtype=param_dtype, name=name)(x)
     outs.append(common.constrain(
         y, (common.BATCH, common.LENGTH, common.HEADS, common.KV)))
   return outs
 
 
 def _out_proj(y: Array, d: int, dtype, param_dtype) -> Array:
-  y = nn.DenseGeneral(
-      features=d, axis=(-2, -1), dtype=dtype, param_dtype=param_dtype,
-      kernel_init=common.partitioned(
-          common.default_kernel_init, (common.HEADS, common.KV, common.EMBED)),
-      bias_init=common.partitioned(nn.initializers.zeros_init(),
-                                   (common.EMBED,)),
-      name="out")(y)
+  y = common.DenseGeneral(
+      features=(d,), in_axes=2, axes=(common.HEADS, common.KV, common.EMBED),
+      dtype=dtype, param_dtype=param_dtype, name="out")(y)
   return common.constrain(y, (common.BATCH, common.LENGTH, common.EMBED))
 
 

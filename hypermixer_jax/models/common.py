@@ -94,6 +94,48 @@ class Dense(nn.Module):
         name="dense")(x)
 
 
+class DenseGeneral(nn.Module):
+  """Dense layer over several axes, with an unflattened, logically named kernel.
+
+  ``nn.DenseGeneral`` creates its kernel flat and reshapes it afterwards, so a
+  rank-3 logical annotation meets a rank-2 array under a mesh; this module
+  creates the kernel in its real shape instead.
+
+  Attributes:
+    features: output shape (trailing axes of the result).
+    in_axes: how many trailing input axes are contracted.
+    axes: logical names of the kernel ``[*in_shape, *features]``; the bias
+      takes the names of ``features``.
+  """
+  features: tuple[int, ...]
+  in_axes: int
+  axes: tuple[str | None, ...]
+  use_bias: bool = True
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    in_shape = x.shape[x.ndim - self.in_axes:]
+    n_in, n_out = len(in_shape), len(self.features)
+    init = nn.initializers.lecun_normal(
+        in_axis=tuple(range(n_in)),
+        out_axis=tuple(range(n_in, n_in + n_out)))
+    kernel = self.param("kernel", partitioned(init, self.axes),
+                        tuple(in_shape) + tuple(self.features),
+                        self.param_dtype)
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+    y = jax.lax.dot_general(
+        x, kernel, (((tuple(range(x.ndim - n_in, x.ndim))),
+                     tuple(range(n_in))), ((), ())))
+    if self.use_bias:
+      bias = self.param("bias", partitioned(nn.initializers.zeros_init(),
+                                            self.axes[n_in:]),
+                        tuple(self.features), self.param_dtype)
+      y = y + jnp.asarray(bias, self.dtype)
+    return y
+
+
 class LayerNorm(nn.Module):
   """``nn.LayerNorm`` over the last axis, scale and bias named ``axis``."""
   axis: str = NORM

@@ -37,7 +37,7 @@ POSITIONS = ("sinusoidal", "learned", "none")
 
 
 class HyperNetwork(nn.Module):
-  """Per-token MLP([d, hidden, features]) with GELU: one weight row per token."""
+  """Per-token MLP([d, hidden, features]), GELU: one weight row per token."""
   hidden_dim: int
   features: int
   dtype: common.Dtype = jnp.float32
@@ -46,7 +46,7 @@ class HyperNetwork(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-    h = common.Dense(self.hidden_dim, axes=(common.EMBED, common.EMBED),
+    h = common.Dense(self.hidden_dim, axes=(common.EMBED, common.MLP),
                      name="hidden", **kw)(x)
     w = common.Dense(self.features, axes=(common.EMBED, common.HYPER),
                      name="out", **kw)(common.gelu(h))
@@ -55,7 +55,10 @@ class HyperNetwork(nn.Module):
 
 def causal_token_mixing(w_in: Array, w_out: Array, values: Array,
                         segment_ids: Array | None) -> Array:
-  """out[b,m,h,f] = w_out[b,m,h] · GELU(sum_{n<=m, same run} w_in[b,n,h] v[b,n,h,f]).
+  """Causal TM-MLP: prefix sums instead of one hidden layer per segment.
+
+  out[b,m,h,f] = w_out[b,m,h] · GELU(sum_{n<=m, same run}
+                                     w_in[b,n,h] v[b,n,h,f])
 
   A run is a maximal stretch of equal segment ids, so tokens of different
   segments never mix (a non-contiguous segment is split into runs).
@@ -111,7 +114,7 @@ class HyperMixing(nn.Module):
                context_mask: Array | None = None,
                context_segment_ids: Array | None = None,
                context_positions: Array | None = None) -> Array:
-    """Mixes ``x`` (queries, [B, M, d]) with ``context`` (keys/values, default x)."""
+    """Mixes ``x`` (queries [B, M, d]) with ``context`` (keys/values, or x)."""
     del deterministic  # no dropout inside the token mixer
     common.check_width(x, None, "HyperMixing")
     b, m, d = x.shape
@@ -119,10 +122,11 @@ class HyperMixing(nn.Module):
       context, context_mask = x, mask
       context_segment_ids, context_positions = segment_ids, positions
     else:
-      common.check_width(context, d, "HyperMixing context")
-      if context.shape[0] != b:
-        raise ValueError(f"HyperMixing: context batch {context.shape[0]} != "
-                         f"x batch {b}.")
+      if context.ndim != 3 or context.shape[::2] != (b, d):
+        raise ValueError(
+            f"HyperMixing: context has shape {tuple(context.shape)} but x is "
+            f"[B, M, d] = {tuple(x.shape)}; keys/values must be [B, N, d] "
+            "with the queries' batch and feature width.")
       if self.causal:
         raise ValueError("HyperMixing: causal=True needs self-mixing; do not "
                          "pass context.")
@@ -173,7 +177,8 @@ class HyperMixing(nn.Module):
     else:
       w1 = make("hypernetwork_in")(hyp_in)    # [B, N, H * d']
       w2 = make("hypernetwork_out")(hyp_out)  # [B, M, H * d']
-    split = lambda t: t.reshape(t.shape[:2] + (self.num_heads, -1))  # noqa: E731
+    split = lambda t: t.reshape(  # noqa: E731
+        t.shape[:2] + (self.num_heads, -1))
     w1, w2, v = split(w1), split(w2), split(context)  # v: [B, N, H, d/H]
 
     overflow = None

@@ -1,10 +1,10 @@
-"""MLP-Mixer token mixing (Tolstikhin et al. 2021), for text as in HyperMixer §2.2.
+"""MLP-Mixer token mixing (Tolstikhin et al. 2021); text as in HyperMixer §2.2.
 
 The token-mixing MLP (TM-MLP) acts on every feature column x_i ∈ R^N
 separately, with weights shared across features (HyperMixer eq. 1):
 
     TM-MLP(x_i) = W1 · GELU(W2^T x_i + b_in) + b_out
-    # x_i: [N]   W2 (kernel_in): [max_len, D_S]   W1^T (kernel_out): [D_S, max_len]
+    # x_i: [N]; W2 = kernel_in [max_len, D_S]; W1^T = kernel_out [D_S, max_len]
     # hidden: [D_S] per feature; output: [N] per feature
 
 The weights are tied to absolute positions, so the mixer needs a maximum
@@ -109,7 +109,8 @@ class MlpMixerTokenMixing(nn.Module):
     init, zeros = common.default_kernel_init, nn.initializers.zeros_init()
     d_s, pdt = self.token_mlp_dim, self.param_dtype
     kernel_in = self.param(
-        "kernel_in", common.partitioned(init, (common.SEQ_IN, common.TOKEN_MLP)),
+        "kernel_in",
+        common.partitioned(init, (common.SEQ_IN, common.TOKEN_MLP)),
         (self.max_len, d_s), pdt)  # W2: [max_len, D_S]
     bias_in = self.param(
         "bias_in", common.partitioned(zeros, (common.TOKEN_MLP,)), (d_s,), pdt)

@@ -155,7 +155,7 @@ def make_train_step(model: nn.Module, head: str
       return loss + aux, metrics
 
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     metrics["grad_norm"] = grad_norm
     metrics["is_finite"] = jnp.logical_and(
         jnp.isfinite(metrics["total_loss"]), jnp.isfinite(grad_norm))

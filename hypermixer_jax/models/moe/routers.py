@@ -215,15 +215,14 @@ def balanced_assignment(scores: Array, *, epsilon: float | None = None,
                      new_bid[:, None], neg)
     cand = jnp.where(~bidding[:, None] & (jnp.arange(e) == owner[:, None]),
                      bid[:, None], cand)                           # [S, E]
-    order = jnp.argsort(-cand, axis=0, stable=True)
-    rank = jnp.argsort(order, axis=0, stable=True)
-    keep = (rank < cap) & (cand > neg)
+    top, idx = jax.lax.top_k(cand.T, cap)                          # [E, C]
+    keep = jnp.zeros((e, s), bool).at[jnp.arange(e)[:, None], idx].set(
+        top > neg).T                                               # [S, E]
     owner = jnp.where(jnp.any(keep, axis=1),
                       jnp.argmax(keep, axis=1), -1).astype(jnp.int32)
     bid = jnp.sum(jnp.where(keep, cand, 0.0), axis=1)
-    full = jnp.sum(keep, axis=0) == cap
-    price = jnp.where(full, jnp.min(jnp.where(keep, cand, jnp.inf), axis=0),
-                      price)
+    # A full expert's price is the lowest bid it keeps.
+    price = jnp.where(top[:, -1] > neg, top[:, -1], price)
     return owner, bid, price, it + 1
 
   init = (jnp.full((s,), -1, jnp.int32), jnp.zeros((s,), jnp.float32),

@@ -34,7 +34,8 @@ import jax.numpy as jnp
 
 from hypermixer_jax.models import common
 from hypermixer_jax.models.moe import routers
-from hypermixer_jax.models.moe.tmoe import apply_experts, sow_router_aux
+from hypermixer_jax.models.moe.tmoe import (apply_experts, route_groups,
+                                            sow_router_aux)
 
 Array = common.Array
 ROUTINGS = ("deterministic", "partial")
@@ -156,8 +157,8 @@ class SparseSpatialMixing(nn.Module):
                         w_r.astype(jnp.float32))                   # [B, H, E]
     cf = self.eval_capacity_factor if deterministic else self.capacity_factor
     cap = routers.expert_capacity(h, e, cf)
-    dispatch, combine, aux = jax.vmap(
-        lambda l: routers.switch_route(l, capacity=cap))(logits)   # [B,H,E,C]
+    dispatch, combine, aux = route_groups(
+        lambda l: routers.switch_route(l, capacity=cap), logits)   # [B,H,E,C]
     sow_router_aux(self, aux, {"load_balancing_loss": self.load_balancing_weight,
                                "z_loss": self.z_loss_weight})
     xe = jnp.einsum("bjec,btj->bect", dispatch.astype(dt), v)      # [B,E,C,T]

@@ -99,6 +99,24 @@ def apply_experts(expert_fn: Callable[..., Array], params: Any, xe: Array,
       out_specs=gspec)(params, xe, extras)
 
 
+def route_groups(fn: Callable[..., Any], *args: Any,
+                 axis: str = EXPERT_AXIS) -> Any:
+  """``jax.vmap(fn)(*args)`` over the leading group axis of every arg.
+
+  Under a mesh with an expert axis the map runs inside ``jax.shard_map``,
+  each device routing its own groups: XLA's partitioner would otherwise
+  gather the groups around ops such as ``top_k`` inside Base Layers' auction
+  loop. ``None`` args are passed through.
+  """
+  mapped = jax.vmap(fn)
+  if expert_mesh_size(axis) == 1:
+    return mapped(*args)
+  gspec = jax.P(_group_axes(axis))
+  return jax.shard_map(
+      mapped, in_specs=tuple(None if a is None else gspec for a in args),
+      out_specs=gspec, check_vma=False)(*args)   # no collectives inside
+
+
 def sow_router_aux(module: nn.Module, aux: dict, weights: dict) -> None:
   """Sows weighted losses into 'aux_loss' and every statistic (losses
   unweighted too) into 'moe_metrics'. ``aux`` values carry a leading group
@@ -157,12 +175,12 @@ class MoeFeedForward(nn.Module):
       fn = lambda l, m: routers.top_k_route(
           l, k=k, capacity=cap, mask=m, normalize_gates=k > 1,
           priority="token" if self.token_priority else "choice")
-      return jax.vmap(fn)(logits, mask)
+      return route_groups(fn, logits, mask)
     if self.router == "base":
       fn = lambda l, m: routers.base_route(
           l, train=not deterministic, capacity=cap, mask=m,
           epsilon=self.auction_epsilon, max_iters=self.auction_max_iters)
-      return jax.vmap(fn)(logits, mask)
+      return route_groups(fn, logits, mask)
     if token_ids is None or self.vocab_size is None:
       raise ValueError("MoeFeedForward(router='hash') needs vocab_size and "
                        "the token_ids of x.")
@@ -170,7 +188,7 @@ class MoeFeedForward(nn.Module):
                                                 self.hash_seed))
     fn = lambda t, m: routers.hash_route(t, table=table, num_experts=e,
                                          capacity=cap, mask=m)
-    return jax.vmap(fn)(token_ids, mask)
+    return route_groups(fn, token_ids, mask)
 
   @nn.compact
   def __call__(self, x: Array, *, mask: Array | None = None,

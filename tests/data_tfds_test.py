@@ -1,0 +1,64 @@
+"""The real TFDS code paths of C4, GLUE/SNLI and ImageNet, under mock_data."""
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from hypermixer_jax import data
+from hypermixer_jax.data import testing
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+  return testing.tiny_vocab(str(tmp_path_factory.mktemp("vocab")))
+
+
+def _first(cfg, split, **kw):
+  with tfds.testing.mock_data(num_examples=6,
+                              policy=tfds.testing.MockPolicy.USE_CODE):
+    p = data.build_pipeline(cfg, split, batch_size=3, seed=0, repeat=False,
+                            shuffle=split == "train", **kw)
+    return next(iter(p))
+
+
+@pytest.mark.parametrize("task,packing", [("c4_mlm", True), ("c4_lm", False)])
+def test_c4(vocab, task, packing):
+  cfg = data.default_data_config()
+  cfg.update(task=task, vocab_path=vocab, seq_len=16, packing=packing,
+             shuffle_buffer_size=8)
+  batch = _first(cfg, "train")
+  assert set(batch) == {"inputs", "targets", "weights", "segment_ids",
+                        "positions"}
+  for k in ("inputs", "targets", "segment_ids", "positions"):
+    assert batch[k].shape == (3, 16) and batch[k].dtype == np.int32
+  assert batch["weights"].dtype == np.float32
+  assert (batch["segment_ids"] > 0).any()
+
+
+@pytest.mark.parametrize("task,split,classes", [
+    ("glue_sst2", "validation", 2), ("glue_mnli", "validation_mismatched", 3),
+    ("glue_qnli", "train", 2), ("glue_qqp", "train", 2),
+    ("glue_snli", "validation", 3)])
+def test_glue(vocab, task, split, classes):
+  cfg = data.default_data_config()
+  cfg.update(task=task, vocab_path=vocab, seq_len=20)
+  batch = _first(cfg, split)
+  assert set(batch) == {"inputs", "token_type_ids", "segment_ids", "label"}
+  assert batch["inputs"].shape == (3, 20) and batch["label"].shape == (3,)
+  assert batch["label"].dtype == np.int32
+  assert ((batch["label"] >= 0) & (batch["label"] < classes)).all()
+  cls_id = 90 + 100 - 2  # <extra_id_1> of a 90-piece vocabulary
+  np.testing.assert_array_equal(batch["inputs"][:, 0], cls_id)
+  if task != "glue_sst2":
+    assert (batch["token_type_ids"] == 1).any()
+
+
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_imagenet(split):
+  cfg = data.default_data_config()
+  cfg.update(task="imagenet_patches", image_size=32, patch_size=8,
+             shuffle_buffer_size=8)
+  batch = _first(cfg, split)
+  assert batch["inputs"].shape == (3, 16, 8 * 8 * 3)
+  assert batch["inputs"].dtype == np.float32
+  assert batch["label"].dtype == np.int32
+  assert np.isfinite(batch["inputs"]).all()

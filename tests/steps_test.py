@@ -1,0 +1,226 @@
+"""Tests of the losses, train/eval steps and the sharded train state."""
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from hypermixer_jax import sharding
+from hypermixer_jax.models import common
+from hypermixer_jax.train import steps
+
+P = jax.P
+B, N, F, D, E, H = 8, 6, 5, 16, 2, 24   # batch, length, features, d, experts
+
+
+def _log_softmax(x):
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+# ---------------------------------------------------------------------------
+# Losses against NumPy.
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("head", ["mlm", "causal_lm"])
+def test_token_loss(head):
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(3, 5, 7)).astype(np.float32)
+  targets = rng.integers(0, 7, size=(3, 5))
+  weights = (rng.random((3, 5)) < 0.6).astype(np.float32)
+  loss, m = steps.compute_loss(head, jnp.asarray(logits, jnp.bfloat16)
+                               .astype(jnp.float32),
+                               dict(targets=targets, weights=weights))
+  lp = _log_softmax(np.asarray(jnp.asarray(logits, jnp.bfloat16), np.float32))
+  ce = np.array([[-lp[b, n, targets[b, n]] for n in range(5)]
+                 for b in range(3)])
+  np.testing.assert_allclose(loss, (ce * weights).sum() / weights.sum(),
+                             rtol=1e-6)
+  acc = ((lp.argmax(-1) == targets) * weights).sum() / weights.sum()
+  np.testing.assert_allclose(m["accuracy"], acc, rtol=1e-6)
+  assert m["denominator"] == weights.sum()
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("head", ["classify", "pair_classify", "image"])
+def test_classification_loss(head, weighted):
+  rng = np.random.default_rng(1)
+  logits = rng.normal(size=(7, 3)).astype(np.float32)
+  labels = rng.integers(0, 3, size=7)
+  w = np.array([1, 1, 0, 1, 1, 1, 0], np.float32) if weighted else np.ones(7)
+  batch = dict(label=labels, **({"weights": w} if weighted else {}))
+  loss, m = steps.compute_loss(head, jnp.asarray(logits), batch)
+  ce = -_log_softmax(logits)[np.arange(7), labels]
+  np.testing.assert_allclose(loss, (ce * w).sum() / w.sum(), rtol=1e-6)
+  np.testing.assert_allclose(
+      m["accuracy"], ((logits.argmax(-1) == labels) * w).sum() / w.sum())
+  assert m["denominator"] == w.sum()
+
+
+def test_regression_loss():
+  rng = np.random.default_rng(2)
+  out, tgt = rng.normal(size=(2, 2, 3, 4)).astype(np.float32)
+  w = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+  loss, m = steps.compute_loss("regression", jnp.asarray(out),
+                               dict(targets=tgt, weights=w))
+  per_token = ((out - tgt) ** 2).mean(-1)
+  np.testing.assert_allclose(loss, (per_token * w).sum() / 3, rtol=1e-6)
+  assert set(m) == {"loss", "denominator"}
+
+
+def test_unknown_head():
+  with pytest.raises(ValueError, match="unknown head 'mlmm'"):
+    steps.compute_loss("mlmm", jnp.zeros((1, 2)), {})
+  with pytest.raises(ValueError, match="unknown head 'mlmm'"):
+    steps.make_train_step(_Toy(), "mlmm")
+
+
+# ---------------------------------------------------------------------------
+# Steps on a small model with experts, dropout and sown MoE outputs.
+# ---------------------------------------------------------------------------
+class _Toy(nn.Module):
+  """Per-token regressor with a dense mixture of E experts that sows the
+  MoE collections like the real MoE layers do."""
+
+  @nn.compact
+  def __call__(self, inputs, *, segment_ids=None, positions=None,
+               deterministic=True):
+    del positions
+    x = common.Dense(D, (common.PATCH, common.EMBED), name="stem")(inputs)
+    x = common.constrain(x, (common.BATCH, common.LENGTH, common.EMBED))
+    x = nn.Dropout(0.5)(x, deterministic=deterministic)
+    w = self.param("experts", common.partitioned(
+        nn.initializers.lecun_normal(), (common.EXPERT, common.EMBED,
+                                         common.MLP)), (E, D, H))
+    gate = jax.nn.softmax(common.Dense(E, (common.EMBED, None),
+                                       name="router")(x))       # [B, N, E]
+    h = jnp.einsum("bne,bnd,edh->bnh", gate, x, w)
+    h = common.constrain(nn.gelu(h), (common.BATCH, common.LENGTH,
+                                      common.MLP))
+    self.sow("aux_loss", "balance", 0.1 * jnp.mean(jnp.square(gate)))
+    self.sow("moe_metrics", "gate_max", jnp.max(gate, -1))
+    y = common.Dense(1, (common.MLP, None), name="out")(h)
+    if segment_ids is not None:
+      y = y * (segment_ids > 0)[..., None]
+    return y
+
+
+def _batch(seed=0):
+  rng = np.random.default_rng(seed)
+  return {
+      "inputs": rng.normal(size=(B, N, F)).astype(np.float32),
+      "targets": rng.normal(size=(B, N, 1)).astype(np.float32),
+      "weights": (rng.random((B, N)) < 0.8).astype(np.float32),
+      "segment_ids": np.ones((B, N), np.int32),
+  }
+
+
+MODEL = _Toy()
+BATCH = _batch()
+RNG = jax.random.key(3)
+
+
+def _mesh(preset="expert", shape=(1, 2, 2, 2)):
+  return (sharding.build_mesh(dict(zip(sharding.MESH_AXES, shape))),
+          sharding.get_rules(preset))
+
+
+def _manual_loss(params, batch, dropout_rng):
+  """The training objective written out by hand."""
+  out, col = MODEL.apply({"params": params}, batch["inputs"],
+                         segment_ids=batch["segment_ids"],
+                         deterministic=False, rngs={"dropout": dropout_rng},
+                         mutable=["aux_loss", "moe_metrics"])
+  se = jnp.mean(jnp.square(out - batch["targets"]), -1)
+  loss = jnp.sum(se * batch["weights"]) / jnp.sum(batch["weights"])
+  aux = col["aux_loss"]["balance"][0]
+  return loss + aux, (loss, aux, jnp.mean(col["moe_metrics"]["gate_max"][0]))
+
+
+def test_train_step_objective_dropout_and_aux_loss():
+  mesh, rules = _mesh()
+  state, shardings = steps.create_train_state(MODEL, optax.sgd(1.0), RNG,
+                                              BATCH, mesh, rules)
+  step = steps.make_train_step(MODEL, "regression")
+  params = jax.device_get(state.params)
+  state = state.replace(step=state.step + 5)  # dropout key must use it
+  new, m = jax.jit(step)(state, BATCH, RNG)
+
+  (total, (loss, aux, gate_max)), grads = jax.value_and_grad(
+      _manual_loss, has_aux=True)(params, BATCH, jax.random.fold_in(RNG, 5))
+  np.testing.assert_allclose(m["total_loss"], total, rtol=1e-6)
+  np.testing.assert_allclose(m["loss"], loss, rtol=1e-6)
+  np.testing.assert_allclose(m["aux_loss"], aux, rtol=1e-6)
+  assert aux > 0
+  np.testing.assert_allclose(m["moe/gate_max"], gate_max, rtol=1e-6)
+  np.testing.assert_allclose(m["grad_norm"], optax.tree.norm(grads),
+                             rtol=1e-5)
+  assert bool(m["is_finite"]) and int(new.step) == 6
+  # SGD(lr=1): new = old - grad of (task loss + aux loss).
+  chex.assert_trees_all_close(
+      new.params, jax.tree.map(lambda p, g: p - g, params, grads), rtol=1e-5,
+      atol=1e-6)
+  # Another step number draws another dropout mask.
+  _, m2 = jax.jit(step)(state.replace(step=state.step + 1), BATCH, RNG)
+  assert abs(float(m2["loss"]) - float(m["loss"])) > 1e-4
+
+
+def test_is_finite_flag():
+  step = steps.make_train_step(MODEL, "regression")
+  mesh, rules = _mesh("data_parallel", (8, 1, 1, 1))
+  state, _ = steps.create_train_state(MODEL, optax.sgd(0.1), RNG, BATCH,
+                                      mesh, rules)
+  bad = dict(BATCH, targets=np.full_like(BATCH["targets"], np.inf))
+  _, m = jax.jit(step)(state, bad, RNG)
+  assert not bool(m["is_finite"])
+
+
+def test_sharded_steps_with_multisteps_optimizer():
+  """MultiSteps(chain(clip, masked AdamW)): every state leaf that mirrors a
+  parameter is sharded like it; the jitted steps match unsharded ones."""
+  tx = optax.MultiSteps(optax.chain(
+      optax.clip_by_global_norm(1.0),
+      optax.adamw(1e-2, weight_decay=0.1,
+                  mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p))),
+                        every_k_schedule=2)
+  mesh, rules = _mesh()
+  state, shardings = steps.create_train_state(MODEL, tx, RNG, BATCH, mesh,
+                                              rules)
+  experts = state.params["experts"]
+  assert experts.sharding.spec == P("expert", "fsdp", "tensor")
+  assert experts.addressable_shards[0].data.shape == (E // 2, D // 2, H // 2)
+  mirrored = 0
+  for path, x in jax.tree_util.tree_leaves_with_path(state.opt_state):
+    name = jax.tree_util.keystr(path)
+    if name.endswith("['experts']"):
+      assert x.sharding.spec == experts.sharding.spec, name
+      mirrored += 1
+    elif x.ndim == 0:
+      assert x.sharding.spec == P(), name
+  assert mirrored == 3  # MultiSteps' acc_grads, Adam's mu and nu
+
+  batch_sh = sharding.batch_shardings(BATCH, mesh, rules)
+  train = steps.jit_train_step(steps.make_train_step(MODEL, "regression"),
+                               shardings, batch_sh, mesh, rules)
+  evaluate = steps.jit_eval_step(steps.make_eval_step(MODEL, "regression"),
+                                 shardings, batch_sh, mesh, rules)
+  ref = jax.device_get(state)
+  ref_train = jax.jit(steps.make_train_step(MODEL, "regression"))
+  batch = sharding.make_global_batch(BATCH, mesh, rules)
+  for i in range(2):
+    ref, ref_m = ref_train(ref, BATCH, RNG)
+    state, m = train(state, batch, RNG)
+    np.testing.assert_allclose(m["total_loss"], ref_m["total_loss"],
+                               rtol=1e-5, err_msg=f"step {i}")
+  chex.assert_trees_all_close(jax.device_get(state.params), ref.params,
+                              rtol=1e-4, atol=1e-6)
+  for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(shardings)):
+    assert x.sharding == s
+
+  metrics = evaluate(state, batch)
+  out = MODEL.apply({"params": jax.device_get(state.params)},
+                    BATCH["inputs"], segment_ids=BATCH["segment_ids"])
+  _, expected = steps.compute_loss("regression", out, BATCH)
+  chex.assert_trees_all_close(jax.device_get(metrics), expected, rtol=1e-5)
+  assert metrics["loss"].sharding.spec == P()
