@@ -54,9 +54,15 @@ _BATCH_AXES = ("data", "fsdp", "expert")
 
 def _preset(*, fsdp: bool, tensor: bool, expert: bool) -> Rules:
   """Builds a complete rules table (every logical name appears)."""
-  rules: list[tuple[str, MeshAxes]] = [(common.BATCH, _BATCH_AXES)]
+  rules: list[tuple[str, MeshAxes]] = []
   if expert:
+    # Ahead of batch, so that tensors holding both (the MoE's dispatched
+    # [B, E, C, d]) put experts on "expert" (all-to-all expert parallelism)
+    # and fall back to the batch rule without "expert" below.
     rules.append((common.EXPERT, "expert"))
+  rules.append((common.BATCH, _BATCH_AXES))
+  if expert:
+    rules.append((common.BATCH, ("data", "fsdp")))
   if tensor:
     # Megatron-style: the wide inner dimension of each pair of matmuls.
     rules += [(common.MLP, "tensor"), (common.HEADS, "tensor"),

@@ -1,6 +1,4 @@
 """Tests of FNet's Fourier mixing and the identity mixer."""
-import functools
-
 from absl.testing import parameterized
 import chex
 import jax
@@ -26,9 +24,11 @@ def dft_reference(x: np.ndarray) -> np.ndarray:
   return out
 
 
+_apply = jax.jit(fnet.FourierMixing().apply)
+
+
 def apply(x, **kw):
-  module = fnet.FourierMixing()
-  return jax.jit(functools.partial(module.apply, {}))(x, **kw)
+  return _apply({}, x, **kw)
 
 
 class FourierMixingTest(parameterized.TestCase):

@@ -1,5 +1,4 @@
 """Tests of the blocks, encoders, heads and ``build_model``."""
-import functools
 
 from absl.testing import parameterized
 import chex
@@ -10,6 +9,7 @@ import numpy as np
 import optax
 
 from hypermixer_jax import models
+from hypermixer_jax import sharding
 from hypermixer_jax.models import blocks
 from hypermixer_jax.models import fnet
 
@@ -282,6 +282,30 @@ class ConfigErrorTest(parameterized.TestCase):
     params = jax.eval_shape(model.init, jax.random.key(0), inputs, **kw)
     layer = params["params"]["encoder"]["stack"]["layer_0"]
     self.assertNotIn("feature_mixing", layer)
+
+
+class ShardingTest(parameterized.TestCase):
+
+  def test_sharded_init_and_apply_on_8_devices(self):
+    mesh = sharding.build_mesh(dict(data=2, fsdp=2, tensor=2))
+    rules = sharding.get_rules("fsdp_tensor")
+    # Sizes divisible by the mesh axes they are split over.
+    cfg = tiny_config("hypermixer", "mlm", vocab_size=32, d_ffn=16,
+                      dropout_rate=0.0)
+    cfg.mixer_kwargs.hyper_dim = 6
+    model = models.build_model(cfg)
+    ids = jax.random.randint(jax.random.key(5), (B * 2, N), 0, 32)
+    variables, _ = sharding.sharded_init(
+        lambda k: model.init(k, ids), jax.random.key(0), mesh, rules)
+    emb = variables["params"]["encoder"]["token_embed"]["embedding"]
+    self.assertEqual(emb.sharding.spec, jax.P("tensor", "fsdp"))
+    wi = variables["params"]["encoder"]["stack"]["layer_0"]["feature_mixing"]
+    self.assertEqual(wi["wi"]["dense"]["kernel"].sharding.spec,
+                     jax.P("fsdp", "tensor"))
+    sharded = jax.jit(sharding.within(model.apply, mesh, rules))(
+        variables, ids)
+    chex.assert_trees_all_close(
+        sharded, model.apply(jax.device_get(variables), ids), atol=1e-4)
 
 
 class PatchifyTest(parameterized.TestCase):

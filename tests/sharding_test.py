@@ -19,6 +19,7 @@ import pytest
 from hypermixer_jax import models
 from hypermixer_jax import sharding
 from hypermixer_jax.models import common
+from hypermixer_jax.models.moe import MoeFeedForward
 from hypermixer_jax.train import steps
 
 P = jax.P
@@ -312,7 +313,14 @@ def test_rules_presets_are_complete_and_valid():
     assert sharding.get_rules(name) == rules
     assert set(n for n, _ in rules) == set(common.LOGICAL_AXES), name
     assert dict(rules)[common.NORM] is None
-  assert dict(sharding.RULES_PRESETS["expert"])["expert"] == "expert"
+  # Expert parallelism: dispatched MoE tensors put experts on "expert" and
+  # the batch on the rest; other activations use "expert" for the batch.
+  ep = sharding.RULES_PRESETS["expert"]
+  assert nn.logical_to_mesh_axes(("batch", "expert", "length", "embed"),
+                                 ep) == P(("data", "fsdp"), "expert", None,
+                                          None)
+  assert nn.logical_to_mesh_axes(("batch", "length", "mlp"), ep) == P(
+      ("data", "fsdp", "expert"), None, "tensor")
   assert all(a is None for n, a in sharding.RULES_PRESETS["data_parallel"]
              if n != common.BATCH)
 
@@ -404,3 +412,43 @@ def test_global_batch():
   with pytest.raises(ValueError, match=r"\['label'\] has global shape \(6,\):"
                      r" dim 0 \(6\) must be divisible by mesh axes "):
     sharding.make_global_batch({"label": np.zeros(6, np.int32)}, mesh, rules)
+
+
+class _MoeNet(nn.Module):
+  """A stem and the token-routed MoE feed-forward (issue 4's layer)."""
+
+  @nn.compact
+  def __call__(self, inputs, *, segment_ids=None, deterministic=True):
+    x = common.Dense(D, (common.PATCH, common.EMBED), name="stem")(inputs)
+    return MoeFeedForward(num_experts=4, d_ffn=F, capacity_factor=2.0,
+                          name="moe")(x, mask=segment_ids > 0,
+                                      deterministic=deterministic)
+
+
+def test_expert_preset_splits_moe_experts():
+  """Expert preset: MoE weights split over expert x fsdp x tensor; a train
+  step (with the router's aux losses) equals the single-device step."""
+  model, preset = _MoeNet(), "expert"
+  rng = np.random.default_rng(3)
+  batch = {"inputs": rng.normal(size=(B, N, 4)).astype(np.float32),
+           "targets": rng.normal(size=(B, N, D)).astype(np.float32),
+           "weights": BATCH["segment_ids"].astype(np.float32),
+           "segment_ids": BATCH["segment_ids"]}
+  mesh, rules = _mesh(PRESET_MESH[preset]), sharding.get_rules(preset)
+  state, shardings = steps.create_train_state(model, optax.sgd(0.1), KEY,
+                                              batch, mesh, rules)
+  _assert_split(state.params["moe"]["wi"], P("expert", "fsdp", "tensor"),
+                mesh)
+  _assert_split(state.params["moe"]["wo"], P("expert", "tensor", "fsdp"),
+                mesh)
+  step = steps.make_train_step(model, "regression")
+  ref_new, ref_m = jax.jit(step)(jax.device_get(state), batch, KEY)
+  new, m = steps.jit_train_step(
+      step, shardings, sharding.batch_shardings(batch, mesh, rules), mesh,
+      rules)(state, sharding.make_global_batch(batch, mesh, rules), KEY)
+  assert float(m["aux_loss"]) > 0
+  for k in ("loss", "aux_loss", "total_loss"):
+    np.testing.assert_allclose(m[k], ref_m[k], rtol=1e-5)
+  chex.assert_trees_all_close(jax.device_get(new.params), ref_new.params,
+                              rtol=2e-5, atol=1e-6)
+  _check_all_shards(new.params, mesh)

@@ -14,7 +14,7 @@ from hypermixer_jax.train import loop
 from hypermixer_jax.train import metrics as metrics_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT = os.path.join(ROOT, "configs", "default.py") + ":mlp_mixer"
+DEFAULT = os.path.join(ROOT, "configs", "default.py")
 
 # A tiny version of the default job: seconds on two CPU cores.
 TINY = [
@@ -48,7 +48,7 @@ def test_default_job_loss_falls(tmp_path):
   ev = metrics_lib.read_metrics(str(tmp_path), "eval")
   assert sorted(ev) == [30, 60]
   assert ev[60]["mse"] < ev[30]["mse"] * 1.05
-  res = results["mlp_mixer"]
+  res = results["hypermixer"]
   assert res.source == "scratch" and res.step == 60
   assert res.eval_metrics["mse"] == pytest.approx(ev[60]["mse"])
   assert res.pseudo_attention.shape == (40, 40)

@@ -1,8 +1,12 @@
 """Named configurations reproduce the papers' sizes (counted abstractly)."""
 from absl.testing import parameterized
+import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from hypermixer_jax import models
+from hypermixer_jax import sharding
+from hypermixer_jax.models import common
 from hypermixer_jax.models import zoo
 
 GLUE = [n for n in models.model_names() if n.startswith("glue_")]
@@ -60,6 +64,23 @@ class ZooTest(parameterized.TestCase):
       cfg = models.get_model_config(name)
       self.assertIsInstance(models.build_model(cfg), models.Model)
       self.assertEqual(set(cfg), set(models.default_model_config()))
+
+  def test_every_parameter_has_valid_logical_axes(self):
+    # Names from common.LOGICAL_AXES, one per dimension, never repeated in
+    # one tensor (a repeated name would map two dims to one mesh axis), and
+    # resolvable by every sharding preset.
+    for name in models.model_names():
+      abstract = zoo.abstract_variables(models.get_model_config(name))
+      boxes = jax.tree.leaves(
+          abstract, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+      for box in boxes:
+        self.assertIsInstance(box, nn.Partitioned, name)
+        self.assertLen(box.names, box.value.ndim, name)
+        named = [n for n in box.names if n is not None]
+        self.assertLen(set(named), len(named), f"{name}: {box.names}")
+        self.assertContainsSubset(named, common.LOGICAL_AXES, name)
+      for rules in sharding.RULES_PRESETS.values():
+        sharding.logical_specs(abstract, rules)
 
   def test_unknown_name(self):
     with self.assertRaisesRegex(ValueError, "gmlp_ti, gmlp_s"):

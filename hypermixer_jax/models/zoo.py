@@ -190,6 +190,10 @@ def build_model(config: Mapping[str, Any]) -> encoders.Model:
   mk = cfg.get("mixer_kwargs")
   cfg["mixer_kwargs"] = mk.to_dict() if hasattr(mk, "to_dict") else dict(
       mk or {})
+  if cfg["mixer"] == "smlp":
+    # The sparse all-MLP LM has its own stack (dense gMLP + sMoE/tMoE blocks).
+    smlp = importlib.import_module("hypermixer_jax.models.smlp")
+    return smlp.build_smlp(ml_collections.ConfigDict(cfg))
   family = _choice("family", cfg["family"], FAMILIES)
   head = _choice("head", cfg["head"], HEADS)
   block = _choice("block", cfg["block"], BLOCKS)
