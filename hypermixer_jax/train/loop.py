@@ -22,6 +22,7 @@ With ``config.compare_controls`` the synthetic-task controls
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -249,8 +250,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
     batches = _pipeline(config, config.eval_split, config.eval_batch_size,
                         train=False)
     if eval_step is None:
+      # The pipeline continues from where it stands: its first batch, taken
+      # here for the shapes, must go back in front.
       it = iter(batches)
       first = next(it)
+      batches = itertools.chain([first], it)
       eval_sh = sharding.batch_shardings(_global_spec(first), mesh, rules)
       eval_step = steps.jit_eval_step(
           evaluation.make_eval_step(model, head, config.model.num_classes),
