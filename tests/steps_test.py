@@ -224,3 +224,43 @@ def test_sharded_steps_with_multisteps_optimizer():
   _, expected = steps.compute_loss("regression", out, BATCH)
   chex.assert_trees_all_close(jax.device_get(metrics), expected, rtol=1e-5)
   assert metrics["loss"].sharding.spec == P()
+
+
+# ---------------------------------------------------------------------------
+# sMLP: partial-prediction routing and per-expert statistics reach the steps.
+# ---------------------------------------------------------------------------
+def test_smlp_steps_count_only_routed_positions_and_log_each_expert():
+  from hypermixer_jax.models import smlp
+  cfg = smlp.smlp_config("tiny")
+  cfg.mixer_kwargs.smoe_routing = "partial"
+  cfg.mixer_kwargs.tmoe_router = "switch"
+  model = smlp.build_smlp(cfg)
+  n, e = cfg.max_len, cfg.mixer_kwargs.num_experts
+  start = model.loss_start
+  assert 0 < start < n
+  rng = np.random.default_rng(3)
+  inputs = rng.integers(1, cfg.vocab_size, size=(2, n)).astype(np.int32)
+  batch = dict(inputs=inputs, targets=np.roll(inputs, -1, 1),
+               weights=np.ones((2, n), np.float32),
+               segment_ids=np.ones((2, n), np.int32))
+  params = model.init(jax.random.key(0), jnp.asarray(inputs))["params"]
+  state = steps.TrainState.create(apply_fn=model.apply, params=params,
+                                  tx=optax.sgd(0.0))
+  metrics = steps.make_eval_step(model, "causal_lm")(state, batch)
+  # The loss is the mean over positions >= loss_start only.
+  logits = model.apply({"params": params}, jnp.asarray(inputs))
+  ce = optax.softmax_cross_entropy_with_integer_labels(
+      logits.astype(jnp.float32), jnp.asarray(batch["targets"]))
+  np.testing.assert_allclose(metrics["loss"], np.mean(ce[:, start:]),
+                             rtol=1e-5)
+  assert metrics["denominator"] == 2 * (n - start)
+  # One scalar per expert for the usage vector, and they sum to ~1.
+  usage = sorted(k for k in metrics if "expert_usage" in k)
+  assert len(usage) % e == 0 and usage, sorted(metrics)
+  per_layer = {k.rsplit("/", 1)[0] for k in usage}
+  for layer in per_layer:
+    total = sum(float(metrics[f"{layer}/{i}"]) for i in range(e))
+    assert 0.5 < total <= 1.0 + 1e-5, (layer, total)
+  _, train_metrics = steps.make_train_step(model, "causal_lm")(
+      state, batch, jax.random.key(1))
+  assert any("expert_usage" in k for k in train_metrics)

@@ -108,7 +108,12 @@ def _sum_aux_losses(aux: Any) -> jax.Array:
 
 
 def _moe_metrics(collection: Any) -> Metrics:
-  """``moe/<module path>/<name>``: mean of each sown statistic."""
+  """``moe/<module path>/<name>``: each sown statistic, averaged over calls.
+
+  Scalars stay scalars; a per-expert vector (``expert_usage [E]``) becomes one
+  scalar per expert, ``moe/<path>/expert_usage/<e>``, so that load balance is
+  visible in the logs rather than averaged away.
+  """
   flat = jax.tree_util.tree_flatten_with_path(
       nn.unbox(collection), is_leaf=lambda x: isinstance(x, tuple))[0]
   out = {}
@@ -116,9 +121,27 @@ def _moe_metrics(collection: Any) -> Metrics:
     name = "/".join(str(getattr(k, "key", getattr(k, "idx", k)))
                     for k in path)
     values = values if isinstance(values, tuple) else (values,)
-    out[f"moe/{name}"] = jnp.mean(jnp.stack(
-        [jnp.mean(v.astype(jnp.float32)) for v in values]))
+    mean = jnp.mean(jnp.stack([v.astype(jnp.float32) for v in values]), 0)
+    if mean.ndim == 1:
+      for e in range(mean.shape[0]):
+        out[f"moe/{name}/{e}"] = mean[e]
+    else:
+      out[f"moe/{name}"] = jnp.mean(mean)
   return out
+
+
+def _loss_batch(model: nn.Module, batch: Batch) -> Batch:
+  """The batch whose ``weights`` count in the loss.
+
+  Models with a ``loss_start`` (sMLP with partial-prediction routing, whose
+  router reads the first 20% of tokens) count only the positions after it.
+  """
+  start = getattr(model, "loss_start", 0)
+  if not start or "weights" not in batch:
+    return batch
+  keep = (jnp.arange(batch["weights"].shape[1]) >= start)[None, :]
+  return {**batch, "weights": batch["weights"] * keep.astype(
+      batch["weights"].dtype)}
 
 
 # ---------------------------------------------------------------------------
@@ -147,7 +170,7 @@ def make_train_step(model: nn.Module, head: str
       outputs, mutated = model.apply(
           {"params": params}, inputs, deterministic=False,
           rngs={"dropout": dropout_rng}, mutable=MUTABLE, **kwargs)
-      loss, metrics = compute_loss(head, outputs, batch)
+      loss, metrics = compute_loss(head, outputs, _loss_batch(model, batch))
       aux = _sum_aux_losses(mutated.get("aux_loss", {}))
       metrics.update(_moe_metrics(mutated.get("moe_metrics", {})))
       metrics["aux_loss"] = aux
@@ -172,9 +195,11 @@ def make_eval_step(model: nn.Module, head: str
 
   def eval_step(state: TrainState, batch: Batch) -> Metrics:
     inputs, kwargs = model_inputs(batch)
-    outputs = model.apply({"params": state.params}, inputs,
-                          deterministic=True, **kwargs)
-    _, metrics = compute_loss(head, outputs, batch)
+    outputs, mutated = model.apply({"params": state.params}, inputs,
+                                   deterministic=True, mutable=MUTABLE,
+                                   **kwargs)
+    _, metrics = compute_loss(head, outputs, _loss_batch(model, batch))
+    metrics.update(_moe_metrics(mutated.get("moe_metrics", {})))
     return metrics
 
   return eval_step
