@@ -5,6 +5,7 @@ import sys
 
 from absl import flags
 import jax
+from jax.experimental.compilation_cache import compilation_cache as compilation_cache_lib
 import numpy as np
 import pytest
 from ml_collections import config_flags
@@ -16,15 +17,22 @@ from hypermixer_jax.train import metrics as metrics_lib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
 
-# A tiny version of the default job: seconds on two CPU cores.
+# A tiny version of the default job: seconds on two CPU cores. One
+# evaluation batch holds the whole validation split, so an evaluation that
+# lost the pipeline's first batch would find none.
 TINY = [
     "--config.model.num_layers=1", "--config.model.d_model=16",
     "--config.model.d_ffn=32", "--config.model.max_len=40",
     "--config.data.synthetic.seq_len=40",
     "--config.data.synthetic.num_eval_examples=64",
-    "--config.batch_size=16", "--config.eval_batch_size=32",
+    "--config.batch_size=16", "--config.eval_batch_size=64",
     "--config.warmup_steps=5", "--config.pseudo_attention=False",
 ]
+# The run shared by the tests: they change only fields that do not enter the
+# compiled train step, so its programs are compiled once (persistent cache).
+RUN = ["--config.num_train_steps=60", "--config.log_every=5",
+       "--config.eval_every=30", "--config.checkpoint_every=30",
+       "--config.learning_rate=1e-2", "--config.model.dropout_rate=0.1"]
 
 
 def _config(*overrides):
@@ -36,11 +44,32 @@ def _config(*overrides):
   return fv.config
 
 
-def test_default_job_loss_falls(tmp_path):
-  config = _config("--config.num_train_steps=60", "--config.log_every=5",
-                   "--config.eval_every=30", "--config.checkpoint_every=30",
-                   "--config.learning_rate=1e-2", "--config.pseudo_attention=True")
-  results = loop.train_and_evaluate(config, str(tmp_path))
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+  """A persistent compilation cache for this module and its subprocesses."""
+  path = str(tmp_path_factory.mktemp("jax_cache"))
+  keys = ("jax_compilation_cache_dir",
+          "jax_persistent_cache_min_compile_time_secs")
+  old = {k: getattr(jax.config, k) for k in keys}
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  yield path
+  for k, v in old.items():
+    jax.config.update(k, v)
+  compilation_cache_lib.reset_cache()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """An uninterrupted run of RUN, with the pseudo-attention map."""
+  workdir = tmp_path_factory.mktemp("reference")
+  results = loop.train_and_evaluate(
+      _config(*RUN, "--config.pseudo_attention=True"), str(workdir))
+  return workdir, results
+
+
+def test_default_job_loss_falls(reference):
+  tmp_path, results = reference
   train = metrics_lib.read_metrics(str(tmp_path))
   losses = [r["loss"] for r in train.values()]
   assert len(losses) == 12
@@ -69,39 +98,42 @@ def test_mesh_that_does_not_fit(tmp_path):
 
 
 def test_nan_loss_stops_and_is_never_saved(tmp_path):
-  config = _config("--config.num_train_steps=20", "--config.log_every=5",
-                   "--config.checkpoint_every=2", "--config.debug.nan_at_step=5")
+  config = _config(*RUN, "--config.checkpoint_every=2",
+                   "--config.debug.nan_at_step=5")
   with pytest.raises(FloatingPointError,
                      match="NaN/Inf between steps 5 and 5.*latest checkpoint is step 4"):
     loop.train_and_evaluate(config, str(tmp_path))
   assert max(ckpt_lib.Checkpointer(tmp_path / "checkpoints").all_steps()) == 4
 
 
-def _main(workdir, *overrides, devices=8):
+def _main(workdir, cache_dir, *overrides, devices=8):
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_COMPILATION_CACHE_DIR=cache_dir,
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   return subprocess.run(
       [sys.executable, "-m", "hypermixer_jax.main", f"--config={DEFAULT}",
        f"--workdir={workdir}", *TINY, *overrides],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path):
-  """A process killed after step 6 (checkpoint at 4) and restarted in the same
-  workdir ends with the losses of an uninterrupted run, bit for bit."""
-  run = ["--config.num_train_steps=12", "--config.log_every=1",
-         "--config.eval_every=0", "--config.checkpoint_every=4",
-         "--config.model.dropout_rate=0.1"]
-  killed = _main(tmp_path / "a", *run, "--config.debug.kill_at_step=6")
+def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path, reference,
+                                                     compilation_cache):
+  """A process killed after step 35 (checkpoint at 30) and restarted in the
+  same workdir ends with the losses of an uninterrupted run, bit for bit."""
+  killed = _main(tmp_path / "a", compilation_cache, *RUN,
+                 "--config.debug.kill_at_step=35")
   assert killed.returncode == -9, killed.stderr[-3000:]
-  assert max(metrics_lib.read_metrics(str(tmp_path / "a"))) == 6
+  assert max(metrics_lib.read_metrics(str(tmp_path / "a"))) == 35
   # Restart in the same workdir (in-process: same 8-device layout).
-  resumed = loop.train_and_evaluate(_config(*run), str(tmp_path / "a"))
+  resumed = loop.train_and_evaluate(_config(*RUN), str(tmp_path / "a"))
   assert next(iter(resumed.values())).source == "workdir"
-  loop.train_and_evaluate(_config(*run), str(tmp_path / "b"))
   a = metrics_lib.read_metrics(str(tmp_path / "a"))
-  b = metrics_lib.read_metrics(str(tmp_path / "b"))
-  assert sorted(a) == sorted(b) == list(range(1, 13))
+  b = metrics_lib.read_metrics(str(reference[0]))
+  assert sorted(a) == sorted(b) == list(range(5, 61, 5))
   for step in b:
     assert a[step]["loss"] == b[step]["loss"], step
     assert a[step]["grad_norm"] == b[step]["grad_norm"], step
+  a_ev = metrics_lib.read_metrics(str(tmp_path / "a"), "eval")
+  b_ev = metrics_lib.read_metrics(str(reference[0]), "eval")
+  assert a_ev[60]["mse"] == b_ev[60]["mse"]
