@@ -114,6 +114,16 @@ def _report_controls(results: dict[str, RunResult], config, workdir: str):
 # ---------------------------------------------------------------------------
 # One run.
 # ---------------------------------------------------------------------------
+def check_model_fits_data(model, config: ml_collections.ConfigDict) -> None:
+  """Rejects model/data combinations that would train on the wrong signal."""
+  if getattr(model, "loss_start", 0) and config.data.get("packing", False):
+    raise ValueError(
+        "model.mixer_kwargs.smoe_routing='partial' routes each row by its "
+        "first 20% of tokens, which packed rows (several examples) do not "
+        "have; set --config.data.packing=False or use "
+        "--config.model.mixer_kwargs.smoe_routing=deterministic.")
+
+
 def _pipeline(config, split: str, batch_size: int, *, train: bool):
   pcount = jax.process_count()
   if batch_size % pcount:
@@ -157,6 +167,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
                dict(mesh.shape), mesh.size, jax.process_count(),
                config.sharding.rules)
   model = models.build_model(config.model)
+  check_model_fits_data(model, config)
   head = config.model.head
   tx, schedule = optim.make_optimizer(config)
   accum = int(config.grad_accum_steps)

@@ -1,0 +1,36 @@
+"""Model/data combinations that must be refused before training starts."""
+import os
+
+from absl import flags
+from ml_collections import config_flags
+import pytest
+
+from hypermixer_jax import models
+from hypermixer_jax.train import loop
+
+SMLP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), "configs", "smlp_lm.py")
+
+
+def _config(routing: str, packing: bool):
+  argv = ["prog", f"--config={SMLP}:tiny",
+          f"--config.model.mixer_kwargs.smoe_routing={routing}",
+          f"--config.data.packing={packing}"]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
+                                  sys_argv=argv)
+  fv(argv)
+  return fv.config
+
+
+def test_partial_routing_with_packing_is_refused():
+  config = _config("partial", True)
+  with pytest.raises(ValueError, match="packing=False"):
+    loop.check_model_fits_data(models.build_model(config.model), config)
+
+
+@pytest.mark.parametrize("routing, packing", [("partial", False),
+                                              ("deterministic", True)])
+def test_compatible_combinations_pass(routing, packing):
+  config = _config(routing, packing)
+  loop.check_model_fits_data(models.build_model(config.model), config)
