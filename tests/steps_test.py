@@ -246,12 +246,22 @@ def test_smlp_steps_count_only_routed_positions_and_log_each_expert():
   batch = dict(inputs=inputs, targets=np.roll(inputs, -1, 1),
                weights=np.ones((2, n), np.float32),
                segment_ids=np.ones((2, n), np.int32))
-  params = model.init(jax.random.key(0), jnp.asarray(inputs))["params"]
-  state = steps.TrainState.create(apply_fn=model.apply, params=params,
-                                  tx=optax.sgd(0.0))
-  metrics = steps.make_eval_step(model, "causal_lm")(state, batch)
+
+  # Init, eval step, forward and train step in one jit: one compilation
+  # instead of thousands of eager MoE ops.
+  @jax.jit
+  def run(batch):
+    params = model.init(jax.random.key(0), batch["inputs"])["params"]
+    state = steps.TrainState.create(apply_fn=model.apply, params=params,
+                                    tx=optax.sgd(0.0))
+    metrics = steps.make_eval_step(model, "causal_lm")(state, batch)
+    logits = model.apply({"params": params}, batch["inputs"])
+    _, train_metrics = steps.make_train_step(model, "causal_lm")(
+        state, batch, jax.random.key(1))
+    return metrics, logits, train_metrics
+
+  metrics, logits, train_metrics = run(batch)
   # The loss is the mean over positions >= loss_start only.
-  logits = model.apply({"params": params}, jnp.asarray(inputs))
   ce = optax.softmax_cross_entropy_with_integer_labels(
       logits.astype(jnp.float32), jnp.asarray(batch["targets"]))
   np.testing.assert_allclose(metrics["loss"], np.mean(ce[:, start:]),
@@ -264,6 +274,4 @@ def test_smlp_steps_count_only_routed_positions_and_log_each_expert():
   for layer in per_layer:
     total = sum(float(metrics[f"{layer}/{i}"]) for i in range(e))
     assert 0.5 < total <= 1.0 + 1e-5, (layer, total)
-  _, train_metrics = steps.make_train_step(model, "causal_lm")(
-      state, batch, jax.random.key(1))
   assert any("expert_usage" in k for k in train_metrics)
