@@ -3,6 +3,11 @@
 Needs no download (the data are generated) and finishes in a few minutes on
 two CPU cores. Each position of a 1-d sequence of shape pairs must output the
 mean height of the two objects of its own shape (Mai et al. 2023, §4.7).
+Every model (and every control, which shares all but the mixer settings) has
+a 1-d convolutional stem (``model.conv_stem``, kernels 5, 5) that detects the
+shapes locally, as the convolutions of Fleuret's original toy model do, so
+the token mixer only has to pair the objects; ``--config.model.conv_stem=()``
+turns it off.
 
     python -m hypermixer_jax.main --config=configs/default.py --workdir=/tmp/hm
     # the MLP-Mixer, attention and None controls too, with a table of MSEs:

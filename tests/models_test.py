@@ -72,6 +72,11 @@ def gelu(x):
   return np.asarray(jax.nn.gelu(jnp.asarray(x), approximate=False))
 
 
+# (mixer, task) -> float32 parameters, initialised (eagerly, which is slow)
+# once and shared by the float32 and bfloat16 cases of ForwardBackwardTest.
+_INIT_PARAMS = {}
+
+
 class ForwardBackwardTest(parameterized.TestCase):
 
   @parameterized.product(mixer=MIXERS, dtype=("float32", "bfloat16"))
@@ -83,8 +88,18 @@ class ForwardBackwardTest(parameterized.TestCase):
       cfg = tiny_config(mixer, task, dtype=dtype, param_dtype="float32")
       built[task] = (models.build_model(cfg),) + task_batch(task)
       model, inputs, kw, _ = built[task]
-      params[task] = nn.unbox(model.init(jax.random.key(0), inputs, **kw)
-                              )["params"]
+      init = lambda m=model, i=inputs, kw=kw: nn.unbox(  # noqa: E731
+          m.init(jax.random.key(0), i, **kw))["params"]
+      # This dtype's own init, abstractly: param_dtype=float32 makes its
+      # parameters the float32 model's (same tree, shapes and dtypes), so
+      # the values initialised once per mixer and task are reused.
+      abstract = jax.eval_shape(init)
+      if (mixer, task) not in _INIT_PARAMS:
+        _INIT_PARAMS[mixer, task] = init()
+      params[task] = _INIT_PARAMS[mixer, task]
+      chex.assert_trees_all_equal_shapes_and_dtypes(params[task], abstract)
+      for leaf in jax.tree.leaves(abstract):
+        self.assertEqual(leaf.dtype, jnp.float32)
 
     def loss_fn(params):
       losses, logits = {}, {}
@@ -318,6 +333,53 @@ class PatchifyTest(parameterized.TestCase):
         dimension_numbers=("NHWC", "HWIO", "NHWC"))      # [B, 2, 3, D]
     dense = models.patchify(images, PATCH) @ kernel.reshape(-1, D)
     chex.assert_trees_all_close(dense, conv.reshape(B, -1, D), atol=1e-4)
+
+
+class ConvStemTest(parameterized.TestCase):
+
+  def test_conv_stem_equals_numpy_loop_and_ignores_padding(self):
+    n, k1, k2 = 5, 3, 2            # an even kernel pins 'SAME' (pad more after)
+    enc = models.ContinuousEncoder(
+        layer=None, num_layers=0, d_model=D, max_len=N, input_dim=1,
+        final_norm=False, conv_stem=(k1, k2))
+    x = np.asarray(jax.random.normal(jax.random.key(0), (1, n, 1)))
+    params = nn.meta.unbox(enc.init(jax.random.key(1), x)["params"])
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    params = jax.tree_util.tree_unflatten(tree, [   # non-zero biases too
+        a + 0.1 * jax.random.normal(jax.random.key(10 + i), a.shape)
+        for i, a in enumerate(leaves)])
+    p = jax.device_get(params)
+
+    def conv(h, kernel, bias):    # h [n, d], kernel [k, d, d], 'SAME'
+      k = kernel.shape[0]
+      lo = (k - 1) // 2
+      padded = np.pad(h, ((lo, k - 1 - lo), (0, 0)))
+      out = np.stack([sum(padded[i + j] @ kernel[j] for j in range(k))
+                      for i in range(h.shape[0])])
+      return np.asarray(jax.nn.gelu(out + bias, approximate=False))
+
+    h = x[0] @ p["stem"]["dense"]["kernel"] + p["stem"]["dense"]["bias"]
+    for i in range(2):
+      h = conv(h, np.asarray(p[f"conv_stem_{i}"]["kernel"]),
+               np.asarray(p[f"conv_stem_{i}"]["bias"]))
+    chex.assert_trees_all_close(enc.apply({"params": params}, x)[0], h,
+                                atol=1e-5)
+
+    # Through build_model with a mixer: padding must not leak into real tokens.
+    cfg = models.default_model_config()
+    cfg.update(family="continuous", head="regression", mixer="hypermixer",
+               num_layers=1, d_model=D, d_ffn=F, max_len=N, input_dim=1,
+               dropout_rate=0.0, position_embeddings="none", type_vocab_size=0,
+               conv_stem=(k1, k2))
+    cfg.mixer_kwargs.update(MIXER_KWARGS["hypermixer"])
+    model = models.build_model(cfg)
+    junk = 7.0 * np.ones((1, N - n, 1), np.float32)
+    padded = np.concatenate([x, junk], axis=1)
+    seg = np.array([[1] * n + [0] * (N - n)])
+    variables = model.init(jax.random.key(2), padded, segment_ids=seg)
+    chex.assert_trees_all_close(
+        model.apply(variables, padded, segment_ids=seg)[:, :n],
+        model.apply(variables, x), atol=1e-5)
 
 
 if __name__ == "__main__":

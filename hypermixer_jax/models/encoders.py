@@ -3,6 +3,9 @@
     text:        h_0 = E[ids] + P[pos] + T[type]            E: [vocab, d]
     continuous:  h_0 = X W_stem + b (+ P[pos])               X: [B, N, F] patches
                  (= a conv with kernel P and stride P on raw [B, H, W, 3] images)
+                 optional conv stem (``conv_stem`` = kernel sizes k_i):
+                 h_0 <- GELU(conv1d_{k_i}(h_0 * m)) for each i, over the
+                 sequence axis, 'SAME' padding, m zeroing padded tokens
     stack:       h_l = layer_l(h_{l-1}),  l = 1..L;  LN at the end (pre-LN layouts)
 
 Heads (``Model.head``):
@@ -200,6 +203,7 @@ class ContinuousEncoder(nn.Module):
   position_embeddings: str = "none"
   final_norm: bool = True
   dropout_rate: float = 0.0
+  conv_stem: tuple[int, ...] = ()
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
@@ -207,6 +211,9 @@ class ContinuousEncoder(nn.Module):
   def __call__(self, inputs: Array, *, segment_ids: Array | None = None,
                positions: Array | None = None,
                deterministic: bool = True) -> Array:
+    if inputs.ndim == 4 and self.conv_stem:
+      raise ValueError("ContinuousEncoder: conv_stem is a 1-d convolution "
+                       "over a sequence; it is not available for images.")
     if inputs.ndim == 4:
       inputs = patchify(inputs, self.patch_size)
     if inputs.ndim != 3:
@@ -218,6 +225,23 @@ class ContinuousEncoder(nn.Module):
     x = common.Dense(self.d_model, (common.PATCH, common.EMBED),
                      dtype=self.dtype, param_dtype=self.param_dtype,
                      name="stem")(inputs)                      # [B, N, d]
+    if self.conv_stem:
+      # Local feature extraction before token mixing (Fleuret's toy model);
+      # padded tokens are zeroed before each conv so they never leak in.
+      keep = (None if segment_ids is None
+              else (segment_ids > 0)[..., None].astype(x.dtype))
+      for i, k in enumerate(self.conv_stem):
+        if keep is not None:
+          x = x * keep
+        x = nn.Conv(self.d_model, (int(k),), padding="SAME",
+                    dtype=self.dtype, param_dtype=self.param_dtype,
+                    kernel_init=common.partitioned(
+                        common.default_kernel_init,
+                        (None, common.EMBED, common.MLP)),
+                    bias_init=common.partitioned(nn.initializers.zeros_init(),
+                                                 (common.MLP,)),
+                    name=f"conv_stem_{i}")(x)
+        x = common.gelu(x)
     positions = _default_positions(x, positions)
     learned = None
     if self.position_embeddings == "learned":
@@ -291,6 +315,7 @@ class Model(nn.Module):
   final_norm: bool = True
   embed_norm: bool = False
   dropout_rate: float = 0.0
+  conv_stem: tuple[int, ...] = ()
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
@@ -313,7 +338,8 @@ class Model(nn.Module):
       h = ContinuousEncoder(
           self.layer, self.num_layers, self.d_model, self.max_len,
           self.input_dim, self.patch_size, self.position_embeddings,
-          self.final_norm, self.dropout_rate, **kw, name="encoder")(
+          self.final_norm, self.dropout_rate, tuple(self.conv_stem), **kw,
+          name="encoder")(
               inputs, segment_ids=segment_ids, positions=positions,
               deterministic=deterministic)
     else:

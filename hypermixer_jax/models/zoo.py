@@ -73,7 +73,9 @@ def default_model_config() -> ml_collections.ConfigDict:
   Beyond the contract: ``type_vocab_size`` (token types of sentence pairs, 0
   for none), ``pooling`` (``mean`` over real tokens | ``first`` token) for the
   classification heads, ``patch_size`` (to cut raw ``[B, H, W, C]`` images),
-  ``out_dim`` (regression head width).
+  ``out_dim`` (regression head width), ``conv_stem`` (continuous family:
+  kernel sizes of 1-d convolutions + GELU over the sequence after the stem,
+  ``()`` for none).
   """
   return ml_collections.ConfigDict(dict(
       family="text",
@@ -96,6 +98,7 @@ def default_model_config() -> ml_collections.ConfigDict:
       pooling="mean",
       patch_size=0,
       out_dim=1,
+      conv_stem=(),
   ))
 
 
@@ -200,6 +203,12 @@ def build_model(config: Mapping[str, Any]) -> encoders.Model:
   mixer = _choice("mixer", cfg["mixer"], tuple(MIXERS))
   dtype, param_dtype = _dtype(cfg["dtype"]), _dtype(cfg["param_dtype"])
   causal = head == "causal_lm"
+  conv_stem = tuple(int(k) for k in (cfg.get("conv_stem") or ()))
+  if conv_stem and family != "continuous":
+    raise ValueError(f"conv_stem is only available for the continuous "
+                     f"family, got family {family!r}.")
+  if any(k < 1 for k in conv_stem):
+    raise ValueError(f"conv_stem kernel sizes must be >= 1, got {conv_stem}.")
 
   if block == "gmlp":
     if mixer not in ("gmlp", "amlp"):
@@ -231,7 +240,8 @@ def build_model(config: Mapping[str, Any]) -> encoders.Model:
       type_vocab_size=cfg["type_vocab_size"],
       pooling=_choice("pooling", cfg["pooling"], encoders.POOLINGS),
       final_norm=block != "post_ln", embed_norm=block == "post_ln",
-      dropout_rate=cfg["dropout_rate"], dtype=dtype, param_dtype=param_dtype)
+      dropout_rate=cfg["dropout_rate"], conv_stem=conv_stem, dtype=dtype,
+      param_dtype=param_dtype)
 
 
 def dummy_inputs(config: Mapping[str, Any], batch: int = 1,
@@ -333,7 +343,7 @@ def _synthetic(mixer: str) -> ml_collections.ConfigDict:
                  head="regression", num_layers=2, d_model=64, d_ffn=128,
                  dropout_rate=0.0, max_len=100, input_dim=1, out_dim=1,
                  position_embeddings="none", type_vocab_size=0,
-                 mixer_kwargs=_SYNTHETIC_MIXERS[mixer])
+                 conv_stem=(5, 5), mixer_kwargs=_SYNTHETIC_MIXERS[mixer])
 
 
 _NAMED = {
