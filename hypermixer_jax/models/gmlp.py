@@ -179,11 +179,8 @@ class SpatialGatingUnit(nn.Module):
     z1, z2 = z[..., :half], z[..., half:]                     # [B, N, d_ffn/2]
     z2 = common.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype,
                           name="norm")(z2)
-    z2 = SpatialProjection(
-        self.max_len, toeplitz=self.toeplitz, causal=self.causal,
-        use_fft=self.use_fft, dtype=self.dtype, param_dtype=self.param_dtype,
-        name="spatial")(z2, mask=mask, segment_ids=segment_ids,
-                        positions=positions)
+    z2 = self.spatial_mixing(z2, mask=mask, segment_ids=segment_ids,
+                             positions=positions, deterministic=deterministic)
     if self.tiny_attention_dim:
       z2 = z2 + TinyAttention(
           half, self.tiny_attention_dim, causal=self.causal, dtype=self.dtype,
@@ -195,6 +192,15 @@ class SpatialGatingUnit(nn.Module):
     y = common.Dense(d, (common.MLP, common.EMBED), dtype=self.dtype,
                      param_dtype=self.param_dtype, name="proj_out")(gated)
     return common.constrain(y, (common.BATCH, common.LENGTH, common.EMBED))
+
+  def spatial_mixing(self, z2, *, mask, segment_ids, positions, deterministic):
+    """f(LN(Z2)) over the sequence; sMoE overrides it with spatial experts."""
+    del deterministic  # one deterministic linear map
+    return SpatialProjection(
+        self.max_len, toeplitz=self.toeplitz, causal=self.causal,
+        use_fft=self.use_fft, dtype=self.dtype, param_dtype=self.param_dtype,
+        name="spatial")(z2, mask=mask, segment_ids=segment_ids,
+                        positions=positions)
 
 
 class GmlpBlock(nn.Module):

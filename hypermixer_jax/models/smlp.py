@@ -70,7 +70,8 @@ class SparseBlock(nn.Module):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     h = common.LayerNorm(name="mixing_norm", **kw)(x)
     h = SparseGatingUnit(
-        self.d_ffn, self.max_len, self.num_experts, routing=self.smoe_routing,
+        self.d_ffn, self.max_len, num_experts=self.num_experts,
+        routing=self.smoe_routing,
         causal=True, partial_fraction=self.partial_fraction,
         capacity_factor=self.capacity_factor,
         eval_capacity_factor=self.eval_capacity_factor,

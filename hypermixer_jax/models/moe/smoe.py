@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from hypermixer_jax.models import common
+from hypermixer_jax.models import gmlp
 from hypermixer_jax.models.moe import routers
 from hypermixer_jax.models.moe.tmoe import (apply_experts, route_groups,
                                             sow_router_aux)
@@ -167,44 +168,27 @@ class SparseSpatialMixing(nn.Module):
     return jnp.where((jnp.arange(n) < s)[None, :, None], jnp.ones((), dt), f)
 
 
-class SparseGatingUnit(nn.Module):
+class SparseGatingUnit(gmlp.SpatialGatingUnit):
   """gMLP's SGU with sMoE spatial experts, ``[B, N, d] -> [B, N, d]``.
 
-  ``(GELU(x U) -> Z1 * f(LN(Z2))) V`` with f = ``SparseSpatialMixing``;
-  follows the token-mixer contract (``causal`` is an attribute).
+  ``(GELU(x U) -> Z1 * f(LN(Z2))) V`` with f = ``SparseSpatialMixing``
+  instead of one spatial matrix; everything else is ``SpatialGatingUnit``.
+  Follows the token-mixer contract (``causal`` is an attribute).
   """
-  d_ffn: int
-  max_len: int
-  num_experts: int
-  routing: str = "deterministic"
   causal: bool = True
+  num_experts: int = 0
+  routing: str = "deterministic"
   partial_fraction: float = 0.2
   capacity_factor: float = 1.25
   eval_capacity_factor: float = 2.0
   load_balancing_weight: float = 1e-2
   z_loss_weight: float = 1e-3
-  dropout_rate: float = 0.0
-  dtype: common.Dtype = jnp.float32
-  param_dtype: common.Dtype = jnp.float32
 
-  @nn.compact
-  def __call__(self, x: Array, *, mask: Array | None = None,
-               segment_ids: Array | None = None,
-               positions: Array | None = None,
-               deterministic: bool = True) -> Array:
-    common.check_width(x, None, "SparseGatingUnit")
-    if self.d_ffn % 2:
-      raise ValueError(f"SparseGatingUnit: d_ffn={self.d_ffn} must be even.")
-    d, half = x.shape[-1], self.d_ffn // 2
-    x = common.constrain(x, (common.BATCH, common.LENGTH, common.EMBED))
-    z = common.Dense(self.d_ffn, (common.EMBED, common.MLP), dtype=self.dtype,
-                     param_dtype=self.param_dtype, name="proj_in")(x)
-    z = common.constrain(common.gelu(z),
-                         (common.BATCH, common.LENGTH, common.MLP))  # [B, N, F]
-    z1, z2 = z[..., :half], z[..., half:]                           # [B, N, F/2]
-    z2 = common.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype,
-                          name="norm")(z2)
-    z2 = SparseSpatialMixing(
+  def spatial_mixing(self, z2, *, mask, segment_ids, positions, deterministic):
+    if self.num_experts < 1:
+      raise ValueError(f"SparseGatingUnit: num_experts={self.num_experts}; "
+                       "set it to the number of spatial experts (>= 1).")
+    return SparseSpatialMixing(
         self.num_experts, self.max_len, routing=self.routing,
         causal=self.causal, partial_fraction=self.partial_fraction,
         capacity_factor=self.capacity_factor,
@@ -214,8 +198,3 @@ class SparseGatingUnit(nn.Module):
         param_dtype=self.param_dtype, name="spatial")(
             z2, mask=mask, segment_ids=segment_ids, positions=positions,
             deterministic=deterministic)
-    gated = common.constrain(z1 * z2, (common.BATCH, common.LENGTH, common.MLP))
-    gated = nn.Dropout(self.dropout_rate)(gated, deterministic=deterministic)
-    y = common.Dense(d, (common.MLP, common.EMBED), dtype=self.dtype,
-                     param_dtype=self.param_dtype, name="proj_out")(gated)
-    return common.constrain(y, (common.BATCH, common.LENGTH, common.EMBED))
