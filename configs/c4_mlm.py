@@ -15,6 +15,7 @@ import ml_collections
 from hypermixer_jax.train.config import TEXT_SEQ_LEN
 from hypermixer_jax.train.config import base_config
 from hypermixer_jax.train.config import text_model
+from hypermixer_jax.train.loop import SLOT_MIXERS
 
 
 def get_config(arg: str = "hypermixer") -> ml_collections.ConfigDict:
@@ -22,7 +23,11 @@ def get_config(arg: str = "hypermixer") -> ml_collections.ConfigDict:
   c.model = text_model(arg or "hypermixer", "mlm")
   c.data.task = "c4_mlm"
   c.data.seq_len = TEXT_SEQ_LEN
-  c.data.packing = True
+  # HyperMixing and the MLP-Mixer token MLP keep one hidden layer per packed
+  # example (``mixer_kwargs.max_segments``), so they train on unpacked rows.
+  c.data.packing = c.model.mixer not in SLOT_MIXERS
+  if c.model.mixer in SLOT_MIXERS:
+    c.model.mixer_kwargs.max_segments = 1   # raise it to pack (cost grows)
 
   c.mesh.data = -1
   c.sharding.rules = "data_parallel"

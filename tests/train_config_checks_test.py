@@ -34,3 +34,32 @@ def test_partial_routing_with_packing_is_refused():
 def test_compatible_combinations_pass(routing, packing):
   config = _config(routing, packing)
   loop.check_model_fits_data(models.build_model(config.model), config)
+
+
+def _mlm_config(mixer: str, *overrides):
+  path = os.path.join(os.path.dirname(SMLP), "c4_mlm.py")
+  argv = ["prog", f"--config={path}:{mixer}", *overrides]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
+                                  sys_argv=argv)
+  fv(argv)
+  return fv.config
+
+
+@pytest.mark.parametrize("mixer", ["hypermixer", "mlp_mixer"])
+def test_slot_mixers_refuse_packing_without_segment_slots(mixer):
+  config = _mlm_config(mixer)
+  assert not config.data.packing  # the shipped config trains unpacked
+  config = _mlm_config(mixer, "--config.data.packing=True")
+  with pytest.raises(ValueError, match="max_segments"):
+    loop.check_model_fits_data(None, config)
+  # The fix the message names is a valid override of the locked config.
+  config = _mlm_config(mixer, "--config.data.packing=True",
+                       "--config.model.mixer_kwargs.max_segments=4")
+  loop.check_model_fits_data(None, config)
+
+
+def test_other_mixers_pack():
+  config = _mlm_config("gmlp")
+  assert config.data.packing
+  loop.check_model_fits_data(None, config)

@@ -114,8 +114,25 @@ def _report_controls(results: dict[str, RunResult], config, workdir: str):
 # ---------------------------------------------------------------------------
 # One run.
 # ---------------------------------------------------------------------------
+# Mixers that give each packed example its own hidden layer (one "slot" per
+# segment, ``mixer_kwargs.max_segments`` of them) when not causal.
+SLOT_MIXERS = ("hypermixer", "mlp_mixer")
+
+
 def check_model_fits_data(model, config: ml_collections.ConfigDict) -> None:
   """Rejects model/data combinations that would train on the wrong signal."""
+  mixer_kwargs = config.model.get("mixer_kwargs") or {}
+  if (config.data.get("packing", False)
+      and config.model.get("mixer") in SLOT_MIXERS
+      and config.model.get("head") != "causal_lm"
+      and mixer_kwargs.get("max_segments", 1) < 2):
+    raise ValueError(
+        f"model.mixer={config.model.mixer!r} mixes a packed row through one "
+        "hidden layer per example, up to mixer_kwargs.max_segments (now 1), "
+        "and a row with more examples would give NaN; set "
+        "--config.data.packing=False, or "
+        "--config.model.mixer_kwargs.max_segments=K with K at least the "
+        "examples per row (compute grows with K).")
   if getattr(model, "loss_start", 0) and config.data.get("packing", False):
     raise ValueError(
         "model.mixer_kwargs.smoe_routing='partial' routes each row by its "
