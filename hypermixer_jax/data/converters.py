@@ -27,7 +27,32 @@ def _unpacked_segments(ex: Mapping[str, tf.Tensor], key: str) -> dict:
           "positions": tf.range(n, dtype=tf.int32) * segment_ids}
 
 
-class MLMFeatureConverter(seqio.FeatureConverter):
+class _TokenLMConverter(seqio.FeatureConverter):
+  """Shared output side of the two LM converters: one length for every key."""
+
+  MODEL_FEATURES = {"inputs": Spec(dtype=tf.int32),
+                    "targets": Spec(dtype=tf.int32),
+                    "weights": Spec(dtype=tf.float32),
+                    "segment_ids": Spec(dtype=tf.int32),
+                    "positions": Spec(dtype=tf.int32)}
+  PACKING_FEATURE_DTYPES = {}
+
+  def _with_segments(self, out: dict, ex: Mapping[str, tf.Tensor],
+                     prefix: str, tokens_key: str) -> dict:
+    """Adds segment_ids/positions: seqio's packed ones, or a padded row's."""
+    if self.pack:
+      out["segment_ids"] = ex[f"{prefix}_segment_ids"]
+      out["positions"] = ex[f"{prefix}_positions"]
+    else:
+      out.update(_unpacked_segments(ex, tokens_key))
+    return out
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    n = task_feature_lengths["targets"]
+    return {k: n for k in self.MODEL_FEATURES}
+
+
+class MLMFeatureConverter(_TokenLMConverter):
   """Masked LM: loss weights on *all* selected positions.
 
   seqio's ``EncoderFeatureConverter`` derives the loss weights from
@@ -40,12 +65,6 @@ class MLMFeatureConverter(seqio.FeatureConverter):
   TASK_FEATURES = {"inputs": Spec(dtype=tf.int32),
                    "targets": Spec(dtype=tf.int32),
                    "weights": Spec(dtype=tf.int32)}
-  MODEL_FEATURES = {"inputs": Spec(dtype=tf.int32),
-                    "targets": Spec(dtype=tf.int32),
-                    "weights": Spec(dtype=tf.float32),
-                    "segment_ids": Spec(dtype=tf.int32),
-                    "positions": Spec(dtype=tf.int32)}
-  PACKING_FEATURE_DTYPES = {}
 
   def _convert_features(self, ds, task_feature_lengths):
     # seqio's packer measures each feature by its count of non-zero entries,
@@ -56,23 +75,14 @@ class MLMFeatureConverter(seqio.FeatureConverter):
 
     def convert(ex):
       weights = tf.maximum(ex["weights"] - 1, 0)
-      out = {"inputs": ex["inputs"], "targets": ex["targets"],
-             "weights": tf.cast(weights, tf.float32)}
-      if self.pack:
-        out["segment_ids"] = ex["targets_segment_ids"]
-        out["positions"] = ex["targets_positions"]
-      else:
-        out.update(_unpacked_segments(ex, "targets"))
-      return out
+      return self._with_segments(
+          {"inputs": ex["inputs"], "targets": ex["targets"],
+           "weights": tf.cast(weights, tf.float32)}, ex, "targets", "targets")
 
     return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
 
-  def get_model_feature_lengths(self, task_feature_lengths):
-    n = task_feature_lengths["targets"]
-    return {k: n for k in self.MODEL_FEATURES}
 
-
-class CausalLMFeatureConverter(seqio.FeatureConverter):
+class CausalLMFeatureConverter(_TokenLMConverter):
   """Causal LM on top of seqio's ``LMFeatureConverter``, renamed to our keys.
 
   ``inputs`` are the targets shifted right (BOS = 0 at the start of every
@@ -80,32 +90,18 @@ class CausalLMFeatureConverter(seqio.FeatureConverter):
   """
 
   TASK_FEATURES = {"targets": Spec(dtype=tf.int32)}
-  MODEL_FEATURES = {"inputs": Spec(dtype=tf.int32),
-                    "targets": Spec(dtype=tf.int32),
-                    "weights": Spec(dtype=tf.float32),
-                    "segment_ids": Spec(dtype=tf.int32),
-                    "positions": Spec(dtype=tf.int32)}
-  PACKING_FEATURE_DTYPES = {}
 
   def _convert_features(self, ds, task_feature_lengths):
     ds = seqio.LMFeatureConverter(pack=self.pack)(ds, task_feature_lengths)
 
     def convert(ex):
-      out = {"inputs": ex["decoder_input_tokens"],
-             "targets": ex["decoder_target_tokens"],
-             "weights": tf.cast(ex["decoder_loss_weights"], tf.float32)}
-      if self.pack:
-        out["segment_ids"] = ex["decoder_segment_ids"]
-        out["positions"] = ex["decoder_positions"]
-      else:
-        out.update(_unpacked_segments(ex, "decoder_target_tokens"))
-      return out
+      return self._with_segments(
+          {"inputs": ex["decoder_input_tokens"],
+           "targets": ex["decoder_target_tokens"],
+           "weights": tf.cast(ex["decoder_loss_weights"], tf.float32)},
+          ex, "decoder", "decoder_target_tokens")
 
     return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
-
-  def get_model_feature_lengths(self, task_feature_lengths):
-    n = task_feature_lengths["targets"]
-    return {k: n for k in self.MODEL_FEATURES}
 
 
 class ClassificationFeatureConverter(seqio.FeatureConverter):
