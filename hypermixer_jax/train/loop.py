@@ -40,6 +40,7 @@ from hypermixer_jax import sharding
 from hypermixer_jax.train import checkpoint as ckpt_lib
 from hypermixer_jax.train import evaluation
 from hypermixer_jax.train import metrics as metrics_lib
+from hypermixer_jax.train import multihost
 from hypermixer_jax.train import optim
 from hypermixer_jax.train import pseudo_attention as pa_lib
 from hypermixer_jax.train import steps
@@ -192,8 +193,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
   rng = jax.random.key(config.seed)
   init_rng = jax.random.fold_in(rng, 0)
   # Dropout keys: the train step folds this key with the step number.
-  train_rng = jax.device_put(jax.random.fold_in(rng, 1),
-                             jax.NamedSharding(mesh, jax.P()))
+  # Made inside jit, so that every process holds the replicated key (a
+  # device_put of a host value cannot address other hosts' devices).
+  train_rng = jax.jit(lambda: jax.random.fold_in(jax.random.key(config.seed),
+                                                 1),
+                      out_shardings=jax.NamedSharding(mesh, jax.P()))()
 
   # Shapes come from a separate, unshuffled pipeline so that the training
   # pipeline's first batch is not consumed before its position is restored.
@@ -216,6 +220,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
   if latest is not None:
     state, data_state = ck.restore(latest,
                                    ckpt_lib.abstract_like(state, state_sh))
+    data_state = multihost.own_data_state(data_state)
     if data_state is not None:
       train_pipe.set_state(data_state)
     source = "workdir"
@@ -317,7 +322,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str,
       preempted = ck.reached_preemption(step)
       if preempted or ck.should_save(step) or step == total:
         check_finite(step)
-        ck.save(step, state, train_pipe.get_state(), force=True)
+        ck.save(step, state,
+                multihost.gather_data_states(train_pipe.get_state()),
+                force=True)
         if preempted:
           logging.warning("[%s] preemption at step %d: checkpoint saved, "
                           "stopping.", name, step)

@@ -1,0 +1,172 @@
+"""Process start-up: TensorFlow kept on the host, and JAX's multi-host runtime.
+
+``main.py`` calls both before anything touches a device; notebooks and other
+entry points can call them too.
+
+TensorFlow only runs the input pipelines (seqio / TFDS / tf.data), but on a
+GPU machine its first op would initialise CUDA and reserve most of the GPU
+memory that JAX needs, and its start-up prints a page of C++ log lines on
+every host. ``hide_accelerators_from_tensorflow`` hides the GPUs (and TPUs)
+from it and silences those lines.
+
+``initialize_distributed`` calls ``jax.distributed.initialize``:
+
+* explicit, when a coordinator address is given (any cluster; the test
+  starts processes on 127.0.0.1 this way);
+* automatic on Cloud TPU pod slices and under SLURM (``srun`` with more
+  than one task), where JAX reads the process layout from the environment;
+* not at all for a single process elsewhere (a workstation, Colab), where
+  JAX needs no coordinator.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import ipaddress
+import logging
+import os
+import sys
+import tempfile
+
+DISTRIBUTED_MODES = ("auto", "on", "off")
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+  """Holds back what native code writes to fd 2; replays it on an error.
+
+  TensorFlow's C++ start-up lines (oneDNN, CUDA stubs, cuInit) are written
+  through absl before its logging is initialised, where
+  ``TF_CPP_MIN_LOG_LEVEL`` does not reach them.
+  """
+  try:
+    fd = sys.stderr.fileno()
+  except (AttributeError, ValueError, io.UnsupportedOperation):
+    yield  # no real stderr (e.g. a notebook kernel's stream): nothing to hide
+    return
+  sys.stderr.flush()
+  saved = os.dup(fd)
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), fd)
+    try:
+      yield
+    except BaseException:
+      os.dup2(saved, fd)
+      held.seek(0)
+      os.write(fd, held.read())
+      raise
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, fd)
+      os.close(saved)
+
+
+def hide_accelerators_from_tensorflow() -> None:
+  """TensorFlow sees only the CPU, and its start-up noise is silenced.
+
+  Must run before TensorFlow executes its first op (afterwards its devices
+  are fixed), which is why entry points call it first.
+  """
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # C++: errors only
+  with _quiet_native_stderr():
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    tf.get_logger().setLevel(logging.ERROR)
+    for kind in ("GPU", "TPU"):
+      try:
+        tf.config.set_visible_devices([], kind)
+      except (RuntimeError, ValueError) as e:
+        # RuntimeError: TF already initialised its devices (too late to hide
+        # them); ValueError: this build knows no such device type.
+        if isinstance(e, RuntimeError):
+          logging.warning("TensorFlow's devices are already initialised; "
+                          "%s devices stay visible to it: %s", kind, e)
+
+
+def detect_cluster() -> str | None:
+  """``'slurm'``, ``'tpu'`` or None: where ``initialize()`` needs no flags.
+
+  SLURM: a job step with several tasks (``srun``; JAX reads SLURM_* for the
+  coordinator, the process count and id). TPU: a Cloud TPU VM (TPU chips at
+  ``/dev/accel*`` or ``/dev/vfio/<n>``) with libtpu installed; JAX asks the
+  VM's metadata server for the pod slice's workers.
+  """
+  slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
+           "SLURM_PROCID", "SLURM_LOCALID")
+  if all(k in os.environ for k in slurm) and int(os.environ["SLURM_NTASKS"]) > 1:
+    return "slurm"
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  chips = glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*")
+  if chips and importlib.util.find_spec("libtpu") is not None:
+    return "tpu"
+  return None
+
+
+def _is_loopback(address: str) -> bool:
+  host = address.rsplit(":", 1)[0].strip("[]")
+  if host == "localhost":
+    return True
+  try:
+    return ipaddress.ip_address(host).is_loopback
+  except ValueError:
+    return False
+
+
+def initialize_distributed(mode: str = "auto", *,
+                           coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None,
+                           initialization_timeout: int = 300) -> str | None:
+  """Starts JAX's distributed runtime when this process is one of several.
+
+  Args:
+    mode: ``auto`` (explicit flags, else a detected TPU pod / SLURM job,
+      else nothing), ``on`` (always call ``jax.distributed.initialize``,
+      letting JAX detect the cluster: e.g. Open MPI, Kubernetes), ``off``.
+    coordinator_address: ``host:port`` of process 0 (then ``num_processes``
+      and ``process_id`` are required). A loopback address also makes the
+      coordinator listen on loopback only (JAX otherwise binds every
+      interface).
+    initialization_timeout: seconds to wait for all processes.
+
+  Returns:
+    How it was initialised (``'explicit'``, ``'slurm'``, ``'tpu'``,
+    ``'auto-detected'``) or None when it was not.
+
+  Raises:
+    ValueError: naming the missing or contradictory flag.
+  """
+  if mode not in DISTRIBUTED_MODES:
+    raise ValueError(f"--distributed={mode!r}; valid: "
+                     f"{', '.join(DISTRIBUTED_MODES)}.")
+  explicit = (coordinator_address, num_processes, process_id)
+  if any(v is not None for v in explicit):
+    if mode == "off":
+      raise ValueError("--distributed=off contradicts --coordinator_address/"
+                       "--num_processes/--process_id; drop one or the other.")
+    missing = [n for n, v in zip(("--coordinator_address", "--num_processes",
+                                  "--process_id"), explicit) if v is None]
+    if missing:
+      raise ValueError(f"explicit multi-process start needs all of "
+                       f"--coordinator_address, --num_processes and "
+                       f"--process_id; missing {', '.join(missing)}.")
+    if not 0 <= process_id < num_processes:
+      raise ValueError(f"--process_id={process_id} not in [0, "
+                       f"--num_processes={num_processes}).")
+  if mode == "off":
+    return None
+  import jax  # pylint: disable=g-import-not-at-top
+  if coordinator_address is not None:
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address, num_processes=num_processes,
+        process_id=process_id,
+        coordinator_bind_address=(coordinator_address
+                                  if _is_loopback(coordinator_address)
+                                  else None),
+        initialization_timeout=initialization_timeout)
+    return "explicit"
+  cluster = detect_cluster()
+  if cluster is None and mode == "auto":
+    return None
+  jax.distributed.initialize(initialization_timeout=initialization_timeout)
+  return cluster or "auto-detected"

@@ -1,0 +1,129 @@
+"""Two JAX processes on localhost train like one: the multi-host path of main.py.
+
+Each process is a ``python -m hypermixer_jax.main`` with its own 2 fake CPU
+devices, joined by ``jax.distributed.initialize`` through a coordinator on
+127.0.0.1 (loopback only). They read their own shard of the input (per-host
+pipelines), assemble global batches on a 4-device mesh, save a checkpoint
+together, are restarted and restore it, train on and evaluate. The losses
+and the evaluation must equal those of one process with 4 devices.
+
+Dropout is off: its mask is drawn over the global batch, whose rows are
+ordered differently (host 0's examples, then host 1's) than one process's,
+while the loss, a mean over the same examples, does not depend on the order.
+"""
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hypermixer_jax.train import checkpoint as ckpt_lib
+from hypermixer_jax.train import metrics as metrics_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = os.path.join(ROOT, "configs", "default.py")
+TIMEOUT = 300  # seconds per launch, all processes together
+
+# Constant learning rate: the run is split into two launches (to 6 steps,
+# then on to 12), and a decay would depend on num_train_steps.
+TINY = [
+    "--config.model.num_layers=1", "--config.model.d_model=16",
+    "--config.model.d_ffn=32", "--config.model.max_len=40",
+    "--config.model.mixer_kwargs.hyper_dim=8",
+    "--config.model.dropout_rate=0.0", "--config.data.synthetic.seq_len=40",
+    "--config.data.synthetic.num_eval_examples=32",
+    "--config.batch_size=8", "--config.eval_batch_size=16",
+    "--config.eval_steps=-1", "--config.warmup_steps=0",
+    "--config.decay=constant", "--config.learning_rate=3e-3",
+    "--config.log_every=1", "--config.eval_every=6",
+    "--config.checkpoint_every=6", "--config.pseudo_attention=False",
+    "--config.async_checkpoints=True",
+]
+
+
+def _free_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env(devices: int, cache_dir: str) -> dict:
+  return dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+              PYTHONPATH=ROOT,
+              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+              JAX_COMPILATION_CACHE_DIR=cache_dir,
+              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+
+
+def _launch(workdir, steps: int, *, processes: int, devices: int,
+            cache_dir: str) -> list[str]:
+  """Runs ``processes`` main.py processes to completion; returns their logs.
+
+  Every process is in its own session and is killed (with its children) if
+  the launch fails or runs past TIMEOUT, so no stray process outlives it.
+  """
+  cmd = [sys.executable, "-m", "hypermixer_jax.main", f"--config={DEFAULT}",
+         f"--workdir={workdir}", *TINY, f"--config.num_train_steps={steps}"]
+  if processes > 1:
+    port = _free_port()
+    cmds = [cmd + [f"--coordinator_address=127.0.0.1:{port}",
+                   f"--num_processes={processes}", f"--process_id={i}"]
+            for i in range(processes)]
+  else:
+    cmds = [cmd]
+  logs = [str(workdir) + f".log{i}" for i in range(processes)]
+  procs = []
+  with contextlib.ExitStack() as stack:
+    try:
+      for c, log in zip(cmds, logs):
+        f = stack.enter_context(open(log, "w", encoding="utf-8"))
+        procs.append(subprocess.Popen(
+            c, cwd=ROOT, env=_env(devices, cache_dir), stdout=f,
+            stderr=subprocess.STDOUT, start_new_session=True))
+      for p in procs:
+        p.wait(timeout=TIMEOUT)
+    finally:
+      for p in procs:
+        if p.poll() is None:
+          os.killpg(p.pid, signal.SIGKILL)
+          p.wait()
+  texts = [open(log, encoding="utf-8").read() for log in logs]
+  for p, text in zip(procs, texts):
+    assert p.returncode == 0, text[-4000:]
+  return texts
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+def test_two_processes_train_like_one(tmp_path, cache_dir):
+  one, two = tmp_path / "one", tmp_path / "two"
+  _launch(one, 12, processes=1, devices=4, cache_dir=cache_dir)
+  logs = _launch(two, 6, processes=2, devices=2, cache_dir=cache_dir)
+  assert "JAX process 1/2 (distributed: explicit)" in logs[1]
+  assert "4 devices (2 processes)" in logs[0]
+  # Both processes wrote the step-6 checkpoint; a new launch restores it.
+  assert ckpt_lib.Checkpointer(two / "checkpoints").all_steps() == [6]
+  logs = _launch(two, 12, processes=2, devices=2, cache_dir=cache_dir)
+  assert "resuming from own checkpoint" in logs[0]
+  assert "resuming from own checkpoint" in logs[1]
+
+  ref = metrics_lib.read_metrics(str(one))
+  got = metrics_lib.read_metrics(str(two))
+  assert sorted(got) == sorted(ref) == list(range(1, 13))
+  np.testing.assert_allclose([got[s]["loss"] for s in got],
+                             [ref[s]["loss"] for s in ref], rtol=1e-5)
+  ref_eval = metrics_lib.read_metrics(str(one), "eval")
+  got_eval = metrics_lib.read_metrics(str(two), "eval")
+  assert sorted(got_eval) == sorted(ref_eval) == [6, 12]
+  for s in (6, 12):
+    np.testing.assert_allclose(got_eval[s]["mse"], ref_eval[s]["mse"],
+                               rtol=1e-5)
+  # The run learnt something, so equal losses are not equal constants.
+  assert got[12]["loss"] < got[1]["loss"]

@@ -1,0 +1,79 @@
+"""Start-up of a process: TensorFlow on the host only, distributed flags."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hypermixer_jax import runtime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_tensorflow_sees_no_accelerator_and_stays_quiet():
+  code = ("from hypermixer_jax import runtime\n"
+          "runtime.hide_accelerators_from_tensorflow()\n"
+          "import tensorflow as tf\n"
+          "print(sorted({d.device_type for d in tf.config.get_visible_devices()}))\n"
+          "print(float(tf.reduce_sum(tf.ones(3))))\n")
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=120,
+                       env=dict(env, PYTHONPATH=ROOT), capture_output=True,
+                       text=True)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.split() == ["['CPU']", "3.0"]
+  # TensorFlow's C++ start-up lines (oneDNN, CUDA stubs) are held back.
+  assert out.stderr.strip() == "", out.stderr
+
+
+def test_import_error_is_not_swallowed(monkeypatch):
+  import builtins  # pylint: disable=g-import-not-at-top
+  real = builtins.__import__
+
+  def broken(name, *args, **kw):
+    if name == "tensorflow":
+      raise ImportError("no tensorflow here")
+    return real(name, *args, **kw)
+
+  monkeypatch.setattr(builtins, "__import__", broken)
+  with pytest.raises(ImportError, match="no tensorflow here"):
+    runtime.hide_accelerators_from_tensorflow()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(mode="sometimes"), "--distributed='sometimes'; valid: auto, on, off"),
+    (dict(coordinator_address="127.0.0.1:1234", num_processes=2),
+     "missing --process_id"),
+    (dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=2),
+     r"--process_id=2 not in \[0, --num_processes=2\)"),
+    (dict(mode="off", coordinator_address="127.0.0.1:1", num_processes=2,
+          process_id=0), "--distributed=off contradicts"),
+])
+def test_bad_flags_are_named(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    runtime.initialize_distributed(**kwargs)
+
+
+def test_single_process_is_not_initialised(monkeypatch):
+  for k in ("SLURM_JOB_ID", "SLURM_NTASKS"):
+    monkeypatch.delenv(k, raising=False)
+  assert runtime.detect_cluster() is None
+  assert runtime.initialize_distributed("auto") is None
+  assert runtime.initialize_distributed("off") is None
+
+
+def test_slurm_is_detected_with_several_tasks(monkeypatch):
+  env = dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="node[1-2]",
+             SLURM_NTASKS="2", SLURM_PROCID="1", SLURM_LOCALID="0")
+  for k, v in env.items():
+    monkeypatch.setenv(k, v)
+  assert runtime.detect_cluster() == "slurm"
+  monkeypatch.setenv("SLURM_NTASKS", "1")   # one task: nothing to join
+  assert runtime.detect_cluster() is None
+
+
+@pytest.mark.parametrize("address, loopback", [
+    ("127.0.0.1:1234", True), ("localhost:1", True), ("[::1]:5", True),
+    ("10.0.0.1:1234", False), ("node-1:1234", False)])
+def test_loopback_coordinator_binds_loopback_only(address, loopback):
+  assert runtime._is_loopback(address) is loopback  # pylint: disable=protected-access
