@@ -6,8 +6,9 @@ the seqio tasks are registered in ``hypermixer_jax.data.tasks``.
 from hypermixer_jax.data.config import default_data_config
 from hypermixer_jax.data.metrics import task_metrics
 from hypermixer_jax.data.pipeline import Pipeline
+from hypermixer_jax.data.sources import DataError
 from hypermixer_jax.data.pipeline import build_pipeline
 from hypermixer_jax.data.tasks import TASK_NAMES
 
-__all__ = ["Pipeline", "TASK_NAMES", "build_pipeline", "default_data_config",
+__all__ = ["DataError", "Pipeline", "TASK_NAMES", "build_pipeline", "default_data_config",
            "task_metrics"]

@@ -12,6 +12,16 @@ from ml_collections import config_dict
 T5_VOCAB_GCS = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 
 
+# Every split name a task may read (MNLI has matched/mismatched ones).
+SPLITS = ("train", "validation", "test", "validation_matched",
+          "validation_mismatched", "test_matched", "test_mismatched")
+
+
+def local_files(cfg: ml_collections.ConfigDict) -> dict[str, str]:
+  """``{split: pattern}`` of the ``data.local_files`` entries that are set."""
+  return {k: v for k, v in (cfg.local_files or {}).items() if v}
+
+
 def default_data_config() -> ml_collections.ConfigDict:
   """Returns the data config with defaults for every field.
 
@@ -24,10 +34,14 @@ def default_data_config() -> ml_collections.ConfigDict:
     extra_ids: sentinel ids appended to the SentencePiece vocabulary by seqio
       (100 as in T5); the first three serve as [MASK], [CLS] and [SEP].
     data_dir: TFDS data directory (None: TFDS's default).
-    local_files: split name -> file pattern (comma-separated patterns allowed)
-      of local JSONL (.jsonl), TSV with a header (.tsv) or text (.txt, .raw)
-      files; when set for a split, TFDS is not used for it. For ImageNet: a
-      ``filename<TAB>class_index`` TSV with image paths relative to it.
+    local_files: one field per split (``train``, ``validation``, ``test``,
+      and MNLI's ``validation_matched`` ...), each a file pattern
+      (comma-separated patterns allowed) of local JSONL (.jsonl, flat
+      objects), TSV with a header (.tsv) or text (.txt, .raw) files; when any
+      is set, TFDS is not used. Set them one by one from the command line:
+      ``--config.data.local_files.train=/data/SST-2/train.tsv``. For
+      ImageNet: a ``filename<TAB>class_index`` TSV with image paths relative
+      to it (or to its ``images/`` folder).
     packing: pack several short examples per row (segment ids mark them).
     shuffle_buffer_size: examples in the seeded shuffle buffer.
     mlm: BERT masking rates (selection, [MASK], random token).
@@ -42,7 +56,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.vocab_path = os.environ.get("HYPERMIXER_VOCAB", T5_VOCAB_GCS)
   c.extra_ids = 100
   c.data_dir = config_dict.placeholder(str)
-  c.local_files = ml_collections.ConfigDict()
+  c.local_files = ml_collections.ConfigDict(
+      {split: config_dict.placeholder(str) for split in SPLITS})
   c.packing = False
   c.shuffle_buffer_size = 10_000
 

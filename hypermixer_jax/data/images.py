@@ -13,6 +13,8 @@ from __future__ import annotations
 import seqio
 import tensorflow as tf
 
+from hypermixer_jax.data import sources
+
 MEAN_RGB = (0.485, 0.456, 0.406)
 STDDEV_RGB = (0.229, 0.224, 0.225)
 
@@ -56,12 +58,37 @@ def to_patches(image: tf.Tensor, patch: int) -> tf.Tensor:
   return tf.reshape(x, [(h // patch) * (w // patch), patch * patch * c])
 
 
+def check_jpeg(image_bytes: tf.Tensor, source: tf.Tensor | str
+               ) -> tf.Operation:
+  """Refuses a file that is not a whole JPEG, naming where it came from.
+
+  A JPEG starts with the SOI marker FFD8 and ends with EOI FFD9 (allowing a
+  few bytes of trailing padding); a truncated or overwritten file fails
+  here, with the TSV file and line, instead of inside the decoder
+  (``jpeg::Uncompress failed``, which names nothing).
+  """
+  n = tf.strings.length(image_bytes)
+  soi = tf.equal(tf.strings.substr(image_bytes, 0, 2), b"\xff\xd8")
+  eoi = tf.reduce_any([tf.equal(tf.strings.substr(
+      image_bytes, tf.maximum(n - k, 0), 2), b"\xff\xd9")
+                       for k in range(2, 34)])
+  return sources.data_check(
+      soi & eoi, source, ": not a complete JPEG (", tf.strings.as_string(n),
+      " bytes, ", tf.where(soi, "ends without the EOI marker",
+                           "does not start with the SOI marker"),
+      "); the file is truncated or corrupt: replace it or drop its row.")
+
+
 def preprocess(ds: tf.data.Dataset, *, train: bool, image_size: int,
                patch_size: int, min_crop_area: float,
                crop_fraction: float) -> tf.data.Dataset:
   """{'image': JPEG bytes, 'label'} -> {'inputs': patches, 'label': int32}."""
   @seqio.map_over_dataset(num_seeds=1)
   def fn(ex, seed):
+    check = check_jpeg(ex["image"], ex.get("source", "an image of the TFDS "
+                                                     "dataset"))
+    with tf.control_dependencies([check]):
+      ex = {**ex, "image": tf.identity(ex["image"])}
     if train:
       crop_seed, flip_seed = tf.unstack(
           tf.random.experimental.stateless_split(seed, 2))

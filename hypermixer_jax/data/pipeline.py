@@ -1,19 +1,23 @@
 """``build_pipeline``: per-host, seeded, resumable iterators of NumPy batches.
 
 Every pipeline is a sequence of epochs. Epoch e is built from the seed
-``(seed, e)`` (TFDS file order, shuffle buffer, masking and augmentation all
+``(seed, e)`` (file order, shuffle buffer, masking and augmentation all
 derive from it, statelessly), so it is a pure function of (config, split,
-shard, seed, e). The state is ``(epoch, batches taken in the epoch)``: a
-restored pipeline rebuilds epoch e and skips the batches already taken, and
-then yields exactly what the uninterrupted pipeline would have yielded.
-Skipping replays the tf.data pipeline (cost ~ the batches skipped, at the
-pipeline's throughput); the synthetic task indexes its examples directly, so
-it resumes at no cost.
+shard, seed, e). The state is ``(epoch, batches taken in the epoch)`` plus,
+for the tf.data pipelines, the serialised tf.data iterator (file offsets,
+shuffle and packing buffers, as t5x checkpoints its input): a restored
+pipeline rebuilds epoch e and restores the iterator, so restarting costs the
+same at step 10 and at step 1M, and it yields exactly what the uninterrupted
+pipeline would have yielded. (A state without the iterator, e.g. written by
+an older version, is resumed by skipping the batches already taken.) The
+synthetic task indexes its examples directly.
 
 Each host reads its own shard (``seqio.ShardInfo(shard_index, num_shards)``:
 whole files when there are enough of them, else every num_shards-th example).
 With ``repeat`` the last incomplete batch of an epoch is dropped so that every
 batch has ``batch_size`` rows; without it, the last batch may be smaller.
+
+Bad data stops iteration with ``sources.DataError`` naming file and line.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from hypermixer_jax.data import config as config_lib
 from hypermixer_jax.data import converters
 from hypermixer_jax.data import sources
 from hypermixer_jax.data import synthetic
@@ -31,6 +36,7 @@ from hypermixer_jax.data import tasks
 from hypermixer_jax.data import vocab as vocab_lib
 
 Batch = dict[str, np.ndarray]
+DataError = sources.DataError
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -38,27 +44,77 @@ def epoch_seed(seed: int, epoch: int) -> int:
   return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0] >> 1)
 
 
+def _translate(error: tf.errors.OpError, identity: dict) -> Exception:
+  """A ``DataError`` for a tf.data failure caused by the data."""
+  data_error = sources.data_error_from(error)
+  if data_error is not None:
+    return data_error
+  text = str(error.message)
+  if "jpeg" in text.lower() or "decode" in text.lower():
+    return DataError(
+        f"{identity['task']}:{identity['split']}: an image failed to decode "
+        f"({text.splitlines()[0][:300]}); one of the files is corrupt.")
+  return error
+
+
 class Pipeline:
   """An iterable of batches whose position can be saved and restored.
 
-  Iterating continues from the current position; ``get_state()`` counts the
-  batches handed out so far (a consumer that prefetches must save the state
-  of the batches it has actually used).
+  Iterating continues from the current position; ``get_state()`` describes
+  the batches handed out so far (a consumer that prefetches must save the
+  state of the batches it has actually used).
+
+  Args:
+    make_epoch: for tf.data pipelines, ``epoch -> tf.data.Dataset`` of
+      batches; otherwise ``(epoch, skip) -> iterator`` of NumPy batches that
+      starts after ``skip`` batches (must be cheap).
+    identity: what a state must match to be restored here.
+    repeat: endless epochs.
+    tf_data: whether ``make_epoch`` returns a tf.data.Dataset.
   """
 
-  def __init__(self, make_epoch: Callable[[int, int], Iterator[Batch]], *,
-               identity: dict[str, Any], repeat: bool):
+  def __init__(self, make_epoch: Callable[..., Any], *,
+               identity: dict[str, Any], repeat: bool, tf_data: bool):
     self._make_epoch = make_epoch
     self._identity = identity
     self._repeat = repeat
+    self._tf_data = tf_data
     self._epoch = 0
     self._batch = 0
     self._done = False
+    self._iterator = None            # live tf.data iterator of this epoch
+    self._restore_blob = None        # iterator state to resume from
+    self.batches_replayed = 0        # batches skipped by the last restore
+
+  def _epoch_batches(self) -> Iterator[Batch]:
+    if not self._tf_data:
+      self.batches_replayed = 0
+      yield from self._make_epoch(self._epoch, self._batch)
+      return
+    ds = self._make_epoch(self._epoch)
+    blob, self._restore_blob = self._restore_blob, None
+    if self._batch and blob is None:  # a state without the iterator
+      ds = ds.skip(self._batch)
+      self.batches_replayed = self._batch
+    self._iterator = iter(ds)
+    if blob is not None:
+      self._iterator._restore(tf.constant(blob))  # pylint: disable=protected-access
+    try:
+      while True:
+        try:
+          element = next(self._iterator)
+        except StopIteration:
+          return
+        except tf.errors.OpError as e:
+          raise _translate(e, self._identity) from None
+        yield {k: v.numpy() for k, v in element.items()}
+    finally:
+      self._iterator = None
 
   def __iter__(self) -> Iterator[Batch]:
     while not self._done:
       yielded = False
-      for batch in self._make_epoch(self._epoch, self._batch):
+      for batch in self._epoch_batches():
         self._batch += 1
         yielded = True
         yield batch
@@ -74,9 +130,15 @@ class Pipeline:
       self._batch = 0
 
   def get_state(self) -> dict[str, Any]:
-    """JSON-serialisable position in the stream."""
-    return {**self._identity, "epoch": self._epoch, "batch": self._batch,
-            "done": self._done}
+    """JSON-serialisable position in the stream (with the tf.data iterator
+    state, whose size is that of the shuffle and packing buffers)."""
+    state = {**self._identity, "epoch": self._epoch, "batch": self._batch,
+             "done": self._done}
+    if self._iterator is not None:
+      state["iterator"] = self._iterator._save().numpy().decode()  # pylint: disable=protected-access
+    elif self._restore_blob is not None:  # restored, not yet iterated
+      state["iterator"] = self._restore_blob
+    return state
 
   def set_state(self, state: dict[str, Any]) -> None:
     """Continues from ``state`` (from ``get_state`` of the same pipeline)."""
@@ -87,6 +149,7 @@ class Pipeline:
     self._epoch = int(state["epoch"])
     self._batch = int(state["batch"])
     self._done = bool(state.get("done", False))
+    self._restore_blob = state.get("iterator") if self._tf_data else None
 
 
 def _check_config(cfg: ml_collections.ConfigDict, split: str) -> None:
@@ -100,11 +163,13 @@ def _check_config(cfg: ml_collections.ConfigDict, split: str) -> None:
     return
   if cfg.data_dir and not tf.io.gfile.isdir(cfg.data_dir):
     raise FileNotFoundError(f"data.data_dir={cfg.data_dir!r} does not exist.")
-  if cfg.local_files:
-    if split not in cfg.local_files:
-      raise ValueError(f"data.local_files has no entry for split {split!r} "
-                       f"(has {sorted(cfg.local_files)}).")
-    sources.check_local_files({split: cfg.local_files[split]})
+  files = config_lib.local_files(cfg)
+  if files:
+    if split not in files:
+      raise ValueError(
+          f"data.local_files has no entry for split {split!r} (has "
+          f"{sorted(files)}); set --config.data.local_files.{split}=PATTERN.")
+    sources.check_local_files({split: files[split]})
   if name == "imagenet_patches":
     if cfg.patch_size < 1 or cfg.image_size % cfg.patch_size:
       raise ValueError(f"image_size={cfg.image_size} must be a positive "
@@ -119,7 +184,7 @@ def _check_config(cfg: ml_collections.ConfigDict, split: str) -> None:
 
 def _tf_epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
                  repeat, shuffle):
-  """make_epoch for the seqio tasks: (epoch, skip) -> batches."""
+  """make_epoch for the seqio tasks: epoch -> tf.data.Dataset of batches."""
   name = cfg.task
   task_name = name
   if name == "imagenet_patches" and split == "train":
@@ -142,8 +207,13 @@ def _tf_epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
 
   options = tf.data.Options()
   options.deterministic = True
+  # The iterator state is saved with the checkpoint. The only stateful ops
+  # are our data checks (asserts) and the SentencePiece resources, neither of
+  # which holds stream state, so nothing is lost by not saving them.
+  options.experimental_external_state_policy = (
+      tf.data.experimental.ExternalStatePolicy.IGNORE)
 
-  def make_epoch(epoch: int, skip: int) -> Iterator[Batch]:
+  def make_epoch(epoch: int) -> tf.data.Dataset:
     ds = task.get_dataset(
         sequence_length=lengths and {k: v for k, v in lengths.items()
                                      if k != "label"}, split=split, shuffle=shuffle,
@@ -152,9 +222,8 @@ def _tf_epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
         try_in_mem_cache=False)
     if converter is not None:
       ds = converter(ds, lengths)
-    ds = ds.batch(batch_size, drop_remainder=repeat).skip(skip)
-    ds = ds.with_options(options).prefetch(tf.data.AUTOTUNE)
-    return ds.as_numpy_iterator()
+    ds = ds.batch(batch_size, drop_remainder=repeat)
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
   return make_epoch
 
@@ -213,4 +282,4 @@ def build_pipeline(data_config: ml_collections.ConfigDict, split: str, *,
   identity = {"task": tasks.task_name_for(data_config), "split": split,
               **kwargs}
   return Pipeline(fn(data_config, split, **kwargs), identity=identity,
-                  repeat=repeat)
+                  repeat=repeat, tf_data=fn is _tf_epoch_fn)

@@ -3,21 +3,56 @@
 Local files let a user with C4 or GLUE on disk train without any download.
 Every local reader yields the same feature names as the TFDS datasets after
 our rekeying (``text`` for corpora; ``text_a``, ``text_b``, ``label`` for
-sentence (pair) classification; ``image``, ``label`` for images).
+sentence (pair) classification; ``image``, ``label`` for images), plus
+``source`` (``file:line``) that error messages quote.
+
+The readers are tf.data graphs end to end (``TextLineDataset`` and string
+ops, no Python generator or ``py_function``): they run in tf.data's thread
+pool, so every stage scales with the host's cores, and their iterators can be
+checkpointed (``Pipeline`` saves the tf.data iterator state instead of
+replaying the stream). JSON lines are read with a small string-op parser for
+flat objects (the C4 / NLI layout): a field's string value, or an integer.
+
+Bad rows stop the pipeline with a ``DataError`` naming the file, the line,
+the value and what was expected (see ``data_check``), never a silent drop.
 """
 from __future__ import annotations
 
-import csv
-import json
-import os
-import sys
+import re
 from typing import Callable, Mapping, Sequence
 
 import seqio
 import tensorflow as tf
 
-# Some GLUE/NLI fields are long; the csv module's default limit is 128 kB.
-csv.field_size_limit(sys.maxsize)
+# Error messages travel out of tf.data inside an Assert between these markers
+# (``Pipeline`` turns them back into a ``DataError``).
+_OPEN, _CLOSE = "<<HMDATA ", " HMDATA>>"
+_MESSAGE = re.compile(re.escape(_OPEN) + "(.*?)" + re.escape(_CLOSE), re.S)
+
+
+class DataError(ValueError):
+  """Bad input data: the message names the file, line and value."""
+
+
+def data_error_from(error: Exception) -> DataError | None:
+  """The ``DataError`` carried by a tf.data error raised by ``data_check``."""
+  match = _MESSAGE.search(str(getattr(error, "message", error)))
+  if match is None:
+    return None
+  return DataError(match.group(1).replace("\\'", "'").replace('\\"', '"'))
+
+
+def data_check(ok: tf.Tensor, *parts) -> tf.Operation:
+  """An in-graph check whose failure becomes a ``DataError(''.join(parts))``.
+
+  ``parts`` are strings or scalar string/int tensors; use the result as a
+  control dependency of what must not run on bad data.
+  """
+  pieces = [p if isinstance(p, str) else
+            (p if p.dtype == tf.string else tf.strings.as_string(p))
+            for p in parts]
+  return tf.debugging.Assert(ok, [tf.strings.join([_OPEN, *pieces, _CLOSE])],
+                             summarize=1)
 
 
 def file_format(pattern: str) -> str:
@@ -38,120 +73,329 @@ def split_patterns(patterns: str | Sequence[str]) -> list[str]:
 
 
 def check_local_files(split_to_pattern: Mapping[str, str]) -> None:
-  """Raises FileNotFoundError naming the split whose pattern matches nothing."""
+  """Raises FileNotFoundError naming the split whose pattern matches nothing,
+  ValueError for a pattern whose format is unknown or mixed."""
   for split, patterns in split_to_pattern.items():
     pats = split_patterns(patterns)
     if not seqio.utils.list_files(pats):
       raise FileNotFoundError(
-          f"local_files[{split!r}] = {patterns!r} matches no file.")
+          f"data.local_files.{split} = {patterns!r} matches no file.")
+    if len({file_format(p) for p in pats}) > 1:
+      raise ValueError(f"data.local_files.{split} = {patterns!r} mixes file "
+                       "formats; use one of .jsonl, .tsv, .txt per split.")
 
 
-def _rows(path: str):
-  """Dict rows of a local file (JSONL object, TSV with header, or text line)."""
-  fmt = file_format(path)
-  with tf.io.gfile.GFile(path, "r") as f:
-    if fmt == "jsonl":
-      for line in f:
-        if line.strip():
-          yield json.loads(line)
-    elif fmt == "tsv":
-      yield from csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-    else:
-      for line in f:
-        if line.strip():
-          yield {"text": line.rstrip("\n")}
+# ---------------------------------------------------------------------------
+# Lines and fields, as string ops.
+# ---------------------------------------------------------------------------
 
 
-def _first(row: Mapping[str, object], aliases: Sequence[str], path: str):
-  for a in aliases:
-    if a in row:
-      return row[a]
-  raise KeyError(f"{path}: none of the columns {list(aliases)} in row with "
-                 f"keys {sorted(row)}")
+def _numbered_lines(path: tf.Tensor) -> tf.data.Dataset:
+  """(line number from 1, line without '\\r') of one file, UTF-8 checked."""
+  lines = tf.data.TextLineDataset(path).enumerate(start=1)
+
+  def check(number, line):
+    line = tf.strings.regex_replace(line, "\r$", "")
+    valid = tf.equal(tf.strings.unicode_transcode(
+        line, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD),
+                     line)
+    with tf.control_dependencies([data_check(
+        valid, path, ":", number, ": the line is not valid UTF-8; re-encode "
+        "the file as UTF-8 (e.g. iconv -f latin1 -t utf-8).")]):
+      return number, tf.identity(line)
+
+  return lines.map(check, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def make_reader(fields: Mapping[str, Sequence[str]],
-                label_names: Sequence[str] | None = None,
-                ) -> Callable[[tf.Tensor], tf.data.Dataset]:
-  """A seqio ``read_file_fn`` mapping local rows to string/int features.
+def _last_where(cond: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+  """``values[j]`` for the last ``j <= i`` with ``cond[j]``, else -1."""
+  k = tf.cumsum(tf.cast(cond, tf.int32))
+  return tf.gather(tf.concat([[-1], tf.boolean_mask(values, cond)], 0), k)
+
+
+def _hex_value(c: tf.Tensor) -> tf.Tensor:
+  return tf.where(c <= 57, c - 48, tf.where(c <= 70, c - 55, c - 87))
+
+
+_SIMPLE_ESCAPES = {ord("n"): 10, ord("t"): 9, ord("r"): 13, ord("b"): 8,
+                   ord("f"): 12}
+
+
+def json_unescape(raw: tf.Tensor) -> tf.Tensor:
+  """The value of a JSON string body (escapes still in place), as UTF-8.
+
+  Vectorised over code points: an escape starts at a backslash preceded by
+  an even run of backslashes; ``\\uXXXX`` (and surrogate pairs) become their
+  code point, ``\\n`` etc. their control character, ``\\x`` becomes ``x``.
+  """
+  cp = tf.strings.unicode_decode(raw, "UTF-8")
+  n = tf.size(cp)
+  idx = tf.range(n)
+  backslash = tf.equal(cp, 92)
+  run = idx - _last_where(~backslash, idx)  # backslashes ending at i
+  start = backslash & tf.equal(run % 2, 1)
+  padded = tf.concat([cp, tf.fill([12], 48)], 0)
+  shifted = lambda x, k: x[k:k + n]  # noqa: E731
+  nxt = shifted(padded, 1)
+  uval = sum(_hex_value(shifted(padded, 2 + k)) * 16 ** (3 - k)
+             for k in range(4))
+  is_u = start & tf.equal(nxt, ord("u"))
+  value = nxt
+  for char, code in _SIMPLE_ESCAPES.items():
+    value = tf.where(tf.equal(nxt, char), code, value)
+  value = tf.where(is_u, uval, value)
+  low = shifted(tf.concat([uval, tf.zeros([6], tf.int32)], 0), 6)
+  low_is_u = shifted(tf.concat([is_u, tf.zeros([6], tf.bool)], 0), 6)
+  pair = (is_u & (uval >= 0xD800) & (uval < 0xDC00) & low_is_u
+          & (low >= 0xDC00) & (low < 0xE000))
+  value = tf.where(pair, 0x10000 + (uval - 0xD800) * 1024 + (low - 0xDC00),
+                   value)
+  out = tf.where(start, value, cp)
+  length = tf.where(is_u, tf.where(pair, 12, 6), 2)
+  covered = tf.maximum(_last_where(start, idx + length), 0)
+  keep = idx >= tf.concat([[0], covered], 0)[:n]
+  return tf.strings.unicode_encode(tf.boolean_mask(out, keep), "UTF-8")
+
+
+_JSON_STRING = r'"((?:[^"\\]|\\.)*)"'
+
+
+def _json_field(line: tf.Tensor, key: str) -> tuple[tf.Tensor, tf.Tensor]:
+  """(found, value as a string) of top-level ``key`` of a flat JSON object.
+
+  A key is matched only after ``{`` or ``,`` (a quote inside a string value
+  is escaped, so it cannot start a key); the value is a string or a number.
+  """
+  pattern = (r'^\s*\{(?:.*?,)?\s*"' + re.escape(key) + r'"\s*:\s*(?:'
+             + _JSON_STRING + r'|(-?[0-9][0-9.eE+-]*)|null)\s*[,}].*$')
+  found = tf.strings.regex_full_match(line, pattern)
+  string = tf.strings.regex_replace(line, pattern, r"\1", replace_global=False)
+  number = tf.strings.regex_replace(line, pattern, r"\2", replace_global=False)
+  value = tf.where(tf.strings.length(number) > 0, number,
+                   json_unescape(string))
+  return found, tf.where(found, value, "")
+
+
+def _label_id(value: tf.Tensor, where: list, label_names: Sequence[str],
+              allow_unlabelled: bool) -> tuple[tf.Tensor, tf.Operation]:
+  """(int64 label, check) of a label column value: a name or an integer."""
+  value = tf.strings.strip(value)
+  names = tf.constant(list(label_names))
+  matches = tf.equal(names, value)
+  is_int = tf.strings.regex_full_match(value, "-?[0-9]+")
+  as_int = tf.strings.to_number(tf.where(is_int, value, "0"), tf.int64)
+  unlabelled = tf.constant(allow_unlabelled) & (
+      tf.equal(value, "-") | tf.equal(as_int, -1) & is_int)
+  in_range = is_int & (as_int >= 0) & (as_int < len(label_names))
+  ok = tf.reduce_any(matches) | in_range | unlabelled
+  label = tf.where(tf.reduce_any(matches),
+                   tf.argmax(tf.cast(matches, tf.int64), output_type=tf.int64),
+                   tf.where(in_range, as_int, tf.constant(-1, tf.int64)))
+  allowed = ", ".join(label_names)
+  check = data_check(
+      ok, *where, ": label '", value, "' is not one of the labels ",
+      f"({allowed}) nor an integer in [0, {len(label_names)})"
+      + (" (nor '-' or -1 for unlabelled)" if allow_unlabelled else "")
+      + "; fix or remove the row.")
+  return label, check
+
+
+def _rows_jsonl(path, fields):
+  def parse(number, line):
+    where = [path, ":", number]
+    out, checks = {}, []
+    for feat, aliases in fields.items():
+      found = tf.constant(False)
+      value = tf.constant("")
+      for alias in reversed(aliases):  # first alias wins
+        f, v = _json_field(line, alias)
+        value = tf.where(f, v, value)
+        found = found | f
+      checks.append(data_check(
+          found, *where, ": no field ", " or ".join(map(repr, aliases)),
+          " (a string or integer) in this JSON line; each line must be a "
+          "flat JSON object."))
+      out[feat] = value
+    return out, where, checks
+
+  blank = lambda number, line: tf.strings.length(  # noqa: E731
+      tf.strings.strip(line)) > 0
+  return _numbered_lines(path).filter(blank), parse
+
+
+def _rows_tsv(path, fields):
+  """Rows of a TSV with a header line; its columns are looked up by name."""
+  lines = _numbered_lines(path)
+  header = lines.take(1).reduce(tf.constant(""), lambda _, x: x[1])
+  has_rows = lines.skip(1).take(1).reduce(tf.constant(False),
+                                          lambda *_: tf.constant(True))
+  columns = tf.strings.split(header, "\t")
+  column_of, checks = {}, [
+      data_check(tf.strings.length(header) > 0, path,
+                 ": the file is empty; a TSV needs a header line naming its "
+                 f"columns ({', '.join(a[0] for a in fields.values())}) and "
+                 "at least one row."),
+      data_check(has_rows, path, ": the file has a header line and no rows.")]
+  for feat, aliases in fields.items():
+    hits = tf.concat([tf.where(tf.equal(columns, a))[:, 0] for a in aliases]
+                     + [tf.constant([-1], tf.int64)], 0)
+    column_of[feat] = hits[0]
+    checks.append(data_check(
+        hits[0] >= 0, path, ":1: no column ", " or ".join(map(repr, aliases)),
+        " in the header '", header, "'."))
+  with tf.control_dependencies(checks):
+    num_columns = tf.identity(tf.size(columns))
+
+  def parse(number, line):
+    where = [path, ":", number]
+    cells = tf.strings.split(line, "\t")
+    count = data_check(
+        tf.equal(tf.size(cells), num_columns), *where, ": the row has ",
+        tf.size(cells), " tab-separated fields, the header has ", num_columns,
+        ".")
+    with tf.control_dependencies([count]):
+      cells = tf.concat([cells, tf.fill([num_columns], "")], 0)
+    out = {feat: cells[c] for feat, c in column_of.items()}
+    return out, where, []
+
+  return lines.skip(1), parse
+
+
+def _rows_text(path, fields):
+  del fields
+  blank = lambda number, line: tf.strings.length(  # noqa: E731
+      tf.strings.strip(line)) > 0
+
+  def parse(number, line):
+    return {"text": line}, [path, ":", number], []
+
+  return _numbered_lines(path).filter(blank), parse
+
+
+_ROWS = {"jsonl": _rows_jsonl, "tsv": _rows_tsv, "text": _rows_text}
+
+
+def local_reader(fmt: str, fields: Mapping[str, Sequence[str]],
+                 label_names: Sequence[str] | None = None,
+                 allow_unlabelled: bool = False,
+                 ) -> Callable[[tf.Tensor], tf.data.Dataset]:
+  """A seqio ``read_file_fn`` mapping rows of ``fmt`` files to features.
 
   Args:
+    fmt: 'jsonl' (flat objects), 'tsv' (header line naming the columns) or
+      'text' (one non-empty line = one ``text``).
     fields: output feature -> accepted column names (first match wins), e.g.
       ``{"text_a": ("premise", "sentence1")}``. A feature named ``label`` is
-      converted to int64: integers are kept, strings are looked up in
-      ``label_names``; rows with an unknown label (e.g. SNLI's "-") are
-      dropped.
+      converted to int64: a name from ``label_names`` or an integer in
+      ``[0, len(label_names))``; anything else stops the pipeline with a
+      ``DataError`` naming the file, line, value and the allowed labels.
     label_names: class names in label order.
+    allow_unlabelled: '-' and -1 are read as -1 (SNLI's pairs without a gold
+      label, dropped later by the task).
+
+  Every row also carries ``source`` = ``"file:line"`` for later messages.
   """
-  names = {n: i for i, n in enumerate(label_names or ())}
-
-  def gen(path):
-    path = path.decode() if isinstance(path, bytes) else str(path)
-    for row in _rows(path):
-      out = {}
-      for feat, aliases in fields.items():
-        value = _first(row, aliases, path)
-        if feat == "label":
-          value = str(value).strip()
-          if value.lstrip("-").isdigit():
-            value = int(value)
-          elif value in names:
-            value = names[value]
-          else:
-            value = None
-        out[feat] = value
-      if out.get("label", 0) is None:
-        continue
-      yield out
-
-  signature = {f: tf.TensorSpec([], tf.int64 if f == "label" else tf.string)
-               for f in fields}
 
   @tf.autograph.experimental.do_not_convert
   def read_file_fn(path: tf.Tensor) -> tf.data.Dataset:
-    return tf.data.Dataset.from_generator(gen, args=(path,),
-                                          output_signature=signature)
+    rows, parse = _ROWS[fmt](path, fields)
+
+    def to_features(number, line):
+      out, where, checks = parse(number, line)
+      if "label" in out:
+        label, check = _label_id(out["label"], where, label_names or (),
+                                 allow_unlabelled)
+        out["label"] = label
+        checks.append(check)
+      with tf.control_dependencies(checks):
+        out["source"] = tf.strings.join(
+            [path, ":", tf.strings.as_string(number)])
+      return out
+
+    return rows.map(to_features, num_parallel_calls=tf.data.AUTOTUNE)
 
   return read_file_fn
 
 
-@tf.autograph.experimental.do_not_convert
 def image_reader(path: tf.Tensor) -> tf.data.Dataset:
   """Reads a ``filename<TAB>class_index`` TSV into {image bytes, label}.
 
   File names are relative to the TSV's folder or to its ``images/`` subfolder
-  (the layout of shared/data/imagenet_sample).
+  (the layout of shared/data/imagenet_sample). Class indices must be
+  integers (checked against the model's classes at start).
   """
-  def gen(p):
-    p = p.decode() if isinstance(p, bytes) else str(p)
-    root = os.path.dirname(p)
-    with tf.io.gfile.GFile(p, "r") as f:
-      for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
-        name = row.get("filename") or row["file_name"]
-        image = os.path.join(root, "images", name)
-        if not tf.io.gfile.exists(image):
-          image = os.path.join(root, name)
-        yield {"image": image,
-               "label": int(row.get("class_index", row.get("label")))}
+  rows, parse = _rows_tsv(path, {"image": ("filename", "file_name"),
+                                 "label": ("class_index", "label")})
+  root = tf.strings.regex_replace(path, "/?[^/]*$", "")
+  images = tf.strings.join([root, "/images"])
+  prefix = tf.where(tf.size(tf.io.matching_files(images)) > 0, images, root)
 
-  ds = tf.data.Dataset.from_generator(
-      gen, args=(path,), output_signature={
-          "image": tf.TensorSpec([], tf.string),
-          "label": tf.TensorSpec([], tf.int64)})
-  return ds.map(lambda ex: {"image": tf.io.read_file(ex["image"]),
-                            "label": ex["label"]})
+  def to_features(number, line):
+    out, where, checks = parse(number, line)
+    label = tf.strings.strip(out["label"])
+    checks.append(data_check(
+        tf.strings.regex_full_match(label, "[0-9]+"), *where,
+        ": class index '", label, "' is not a non-negative integer."))
+    with tf.control_dependencies(checks):
+      image = tf.strings.join([prefix, "/", out["image"]])
+      return {"image": tf.io.read_file(image),
+              "label": tf.strings.to_number(label, tf.int64),
+              "source": tf.strings.join([*where[:2],
+                                         tf.strings.as_string(number),
+                                         " (", image, ")"])}
+
+  return rows.map(to_features, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def local_source(split_to_pattern: Mapping[str, str],
-                 read_file_fn: Callable[[tf.Tensor], tf.data.Dataset],
-                 ) -> seqio.FileDataSource:
-  """A seqio FileDataSource over local shards (one file = one shard)."""
+                 read_file_fn: Callable[[tf.Tensor], tf.data.Dataset]
+                 | Callable[[str], Callable[[tf.Tensor], tf.data.Dataset]],
+                 *, by_format: bool = False) -> seqio.FileDataSource:
+  """A seqio FileDataSource over local shards (one file = one shard).
+
+  With ``by_format``, ``read_file_fn`` is called with the split's file format
+  ('jsonl', 'tsv', 'text') and returns the reader (one format per split;
+  the source reads the split asked for, so each split gets its own source
+  function).
+  """
+  patterns = {s: split_patterns(p) for s, p in split_to_pattern.items()}
+  if by_format:
+    formats = {file_format(p[0]) for p in patterns.values()}
+    if len(formats) > 1:
+      return _MultiFormatSource(patterns, read_file_fn)
+    read_file_fn = read_file_fn(formats.pop())
   return seqio.FileDataSource(
-      read_file_fn=read_file_fn,
-      split_to_filepattern={s: split_patterns(p)
-                            for s, p in split_to_pattern.items()},
+      read_file_fn=read_file_fn, split_to_filepattern=patterns,
       # Deterministic order inside a shard; files interleave in fixed order.
       cycle_length=4, block_length=16)
+
+
+class _MultiFormatSource(seqio.DataSource):
+  """Splits in different formats (e.g. train.tsv, dev.jsonl)."""
+
+  def __init__(self, patterns, make_reader_fn):
+    self._sources = {
+        s: seqio.FileDataSource(
+            read_file_fn=make_reader_fn(file_format(p[0])),
+            split_to_filepattern={s: p}, cycle_length=4, block_length=16)
+        for s, p in patterns.items()}
+    super().__init__(splits=list(patterns), num_input_examples=None,
+                     caching_permitted=False)
+
+  @property
+  def supports_arbitrary_sharding(self) -> bool:
+    return False
+
+  def get_dataset(self, split=None, shuffle=True, seed=None,
+                  shard_info=None, *, sequence_length=None,
+                  use_cached=False, num_epochs=1):
+    return self._sources[split].get_dataset(
+        split=split, shuffle=shuffle, seed=seed, shard_info=shard_info,
+        sequence_length=sequence_length, use_cached=use_cached,
+        num_epochs=num_epochs)
+
+  def list_shards(self, split: str) -> Sequence[str]:
+    return self._sources[split].list_shards(split)
 
 
 def tfds_source(name: str, data_dir: str | None,

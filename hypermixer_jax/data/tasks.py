@@ -34,6 +34,7 @@ from hypermixer_jax.data import sources
 from hypermixer_jax.data import synthetic
 from hypermixer_jax.data import vocab as vocab_lib
 from hypermixer_jax.data.config import default_data_config
+from hypermixer_jax.data.config import local_files
 
 C4_TFDS = "c4/en:3.*.*"
 IMAGENET_TFDS = "imagenet2012:5.*.*"
@@ -99,12 +100,12 @@ def _relevant(cfg: ml_collections.ConfigDict, name: str) -> dict:
   """The config fields that change what task ``name`` produces."""
   if name in TEXT_TASKS or name in CLASSIFICATION:
     rel = {"vocab_path": cfg.vocab_path, "extra_ids": cfg.extra_ids,
-           "data_dir": cfg.data_dir, "local_files": cfg.local_files.to_dict()}
+           "data_dir": cfg.data_dir, "local_files": local_files(cfg)}
     if name == "c4_mlm":
       rel["mlm"] = cfg.mlm.to_dict()
     return rel
   if name.startswith("imagenet_patches"):
-    return {"data_dir": cfg.data_dir, "local_files": cfg.local_files.to_dict(),
+    return {"data_dir": cfg.data_dir, "local_files": local_files(cfg),
             **{k: cfg[k] for k in ("image_size", "patch_size",
                                    "min_crop_area", "crop_fraction")}}
   if name == "synthetic_pairs":
@@ -113,9 +114,12 @@ def _relevant(cfg: ml_collections.ConfigDict, name: str) -> dict:
   raise ValueError(f"Unknown task {name!r}; choose from {TASK_NAMES}.")
 
 
-def _source(cfg, tfds_name, splits, read_file_fn, decoders=None):
-  if cfg.local_files:
-    return sources.local_source(cfg.local_files.to_dict(), read_file_fn)
+def _source(cfg, tfds_name, splits, make_reader, decoders=None):
+  """Local files when any is set (``make_reader(format)`` reads them), else
+  the TFDS dataset."""
+  if local_files(cfg):
+    return sources.local_source(local_files(cfg), make_reader,
+                                by_format=True)
   return sources.tfds_source(tfds_name, cfg.data_dir, splits, decoders)
 
 
@@ -123,7 +127,7 @@ def _text_task(name: str, task_name: str, cfg) -> seqio.Task:
   vocab = vocab_lib.get_vocabulary(cfg.vocab_path, cfg.extra_ids)
   mlm = name == "c4_mlm"
   source = _source(cfg, C4_TFDS, {"train": "train", "validation": "validation"},
-                   sources.make_reader({"text": ("text",)}))
+                   lambda fmt: sources.local_reader(fmt, {"text": ("text",)}))
   steps = [functools.partial(prep.rekey, key_map={"text": "text"}),
            functools.partial(prep.tokenize_text, append_eos=not mlm),
            prep.split_into_chunks]
@@ -151,12 +155,13 @@ def _classification_task(name: str, task_name: str, cfg) -> seqio.Task:
   spec = CLASSIFICATION[name]
   vocab = vocab_lib.get_vocabulary(cfg.vocab_path, cfg.extra_ids)
   text_keys = ("text_a", "text_b")[:len(spec.keys)]
-  reader = sources.make_reader(
-      {**dict(zip(text_keys, spec.columns)), "label": spec.label_columns},
-      spec.label_names)
-  source = _source(cfg, spec.tfds_name, spec.splits, reader)
+  fields = {**dict(zip(text_keys, spec.columns)), "label": spec.label_columns}
+  source = _source(cfg, spec.tfds_name, spec.splits,
+                   lambda fmt: sources.local_reader(
+                       fmt, fields, spec.label_names,
+                       allow_unlabelled=spec.drop_unlabelled))
   steps = [functools.partial(prep.rekey, key_map={
-      **{k: (v if not cfg.local_files else k)
+      **{k: (v if not local_files(cfg) else k)
          for k, v in zip(text_keys, spec.keys)}, "label": "label"})]
   if spec.drop_unlabelled:
     steps.append(prep.drop_negative_labels)
@@ -181,10 +186,12 @@ def _encode_with_vocab(ds, sequence_length, output_features, vocab, keys):
 def _image_task(name: str, task_name: str, cfg) -> seqio.Task:
   source = _source(cfg, IMAGENET_TFDS,
                    {"train": "train", "validation": "validation"},
-                   sources.image_reader,
+                   lambda fmt: sources.image_reader,
                    decoders={"image": tfds.decode.SkipDecoding()})
-  steps = [functools.partial(prep.rekey, key_map={"image": "image",
-                                                  "label": "label"}),
+  key_map = {"image": "image", "label": "label"}
+  if local_files(cfg):
+    key_map["source"] = "source"  # file:line (image), for error messages
+  steps = [functools.partial(prep.rekey, key_map=key_map),
            functools.partial(images.preprocess,
                              train=name.endswith("_train"),
                              image_size=cfg.image_size,

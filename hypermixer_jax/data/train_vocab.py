@@ -15,13 +15,32 @@ Inputs may be JSONL (the ``text`` field, or ``--field``), TSV with a header
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
+import json
+import sys
 from typing import Iterator, Sequence
 
 import seqio
+import tensorflow as tf
 import sentencepiece as spm
 
 from hypermixer_jax.data import sources
+
+# Some GLUE/NLI fields are long; the csv module's default limit is 128 kB.
+csv.field_size_limit(sys.maxsize)
+
+
+def _rows(path: str) -> Iterator[dict]:
+  """Dict rows of a local file (JSONL object, TSV with header, text line)."""
+  fmt = sources.file_format(path)
+  with tf.io.gfile.GFile(path, "r") as f:
+    if fmt == "jsonl":
+      yield from (json.loads(line) for line in f if line.strip())
+    elif fmt == "tsv":
+      yield from csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    else:
+      yield from ({"text": line.rstrip("\n")} for line in f if line.strip())
 
 
 def iter_text(patterns: str | Sequence[str], fields: Sequence[str] = ("text",)
@@ -31,7 +50,7 @@ def iter_text(patterns: str | Sequence[str], fields: Sequence[str] = ("text",)
   if not files:
     raise FileNotFoundError(f"No file matches {patterns!r}.")
   for path in files:
-    for row in sources._rows(path):  # pylint: disable=protected-access
+    for row in _rows(path):
       for f in fields:
         if row.get(f):
           yield str(row[f])

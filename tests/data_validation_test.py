@@ -1,0 +1,208 @@
+"""Bad input data is refused with the file, line and value; never trained on.
+
+Also: the tf.data JSON reader equals ``json.loads``, and a restored pipeline
+does not re-read the examples before its position (O(1) restart).
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hypermixer_jax import data
+from hypermixer_jax.data import sources
+from hypermixer_jax.data import testing
+
+SHARED = os.environ.get("HYPERMIXER_SHARED_DATA", os.path.join(
+    os.path.dirname(__file__), "..", "..", "shared", "data"))
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+  return testing.tiny_vocab(str(tmp_path_factory.mktemp("vocab")))
+
+
+def _sst2(vocab, path, **kw):
+  cfg = data.default_data_config()
+  cfg.update(task="glue_sst2", vocab_path=vocab, seq_len=16, **kw)
+  cfg.local_files.train = str(path)
+  return cfg
+
+
+def _read_all(cfg, batch_size=2):
+  p = data.build_pipeline(cfg, "train", batch_size=batch_size, seed=0,
+                          repeat=False, shuffle=False)
+  return list(p)
+
+
+def _write(path, text: str | bytes):
+  mode = "wb" if isinstance(text, bytes) else "w"
+  with open(path, mode) as f:
+    f.write(text)
+  return str(path)
+
+
+SST2_ROWS = "sentence\tlabel\ngood film .\tpositive\nbad film .\tnegative\n"
+
+
+def test_good_file_reads_every_row(vocab, tmp_path):
+  path = _write(tmp_path / "ok.tsv", SST2_ROWS + "fine .\t1\nmeh .\t0\n")
+  labels = np.concatenate([b["label"] for b in _read_all(_sst2(vocab, path))])
+  np.testing.assert_array_equal(labels, [1, 0, 1, 0])
+
+
+@pytest.mark.parametrize("value", ["positive_typo", "", "2", "-1"])
+def test_unknown_label_names_file_line_value(vocab, tmp_path, value):
+  path = _write(tmp_path / "train.tsv",
+                SST2_ROWS + f"a typo .\t{value}\nlast .\tpositive\n")
+  with pytest.raises(data.DataError) as e:
+    _read_all(_sst2(vocab, path))
+  msg = str(e.value)
+  assert f"{path}:4: label '{value}' is not one of" in msg
+  assert "negative, positive" in msg and "[0, 2)" in msg
+
+
+def test_unlabelled_snli_rows_are_dropped_not_refused(vocab, tmp_path):
+  rows = [{"premise": "a .", "hypothesis": "b .", "label": lab}
+          for lab in ("neutral", "-", "entailment", -1)]
+  path = _write(tmp_path / "snli.jsonl",
+                "".join(json.dumps(r) + "\n" for r in rows))
+  cfg = data.default_data_config()
+  cfg.update(task="glue_snli", vocab_path=vocab, seq_len=16)
+  cfg.local_files.train = path
+  labels = np.concatenate([b["label"] for b in _read_all(cfg)])
+  np.testing.assert_array_equal(labels, [1, 0])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "the file is empty; a TSV needs a header line"),
+    ("sentence\tlabel\n", "the file has a header line and no rows"),
+    ("text\tlabel\nx\t0\n", ":1: no column 'sentence' in the header"),
+    ("sentence\tlabel\nx\t0\ty\n", ":2: the row has 3 tab-separated fields"),
+])
+def test_empty_header_only_or_malformed_tsv(vocab, tmp_path, text, message):
+  path = _write(tmp_path / "train.tsv", text)
+  with pytest.raises(data.DataError, match=message) as e:
+    _read_all(_sst2(vocab, path))
+  assert path in str(e.value)
+
+
+def test_non_utf8_bytes_name_file_and_line(vocab, tmp_path):
+  path = _write(tmp_path / "latin1.tsv",
+                SST2_ROWS.encode() + "caf\xe9 .\t1\n".encode("latin-1"))
+  with pytest.raises(data.DataError,
+                     match=f"{path}:4: the line is not valid UTF-8"):
+    _read_all(_sst2(vocab, path))
+  corpus = _write(tmp_path / "c4.jsonl", b'{"text": "ok"}\n{"text": "\xff"}\n')
+  cfg = data.default_data_config()
+  cfg.update(task="c4_mlm", vocab_path=vocab, seq_len=16)
+  cfg.local_files.train = corpus
+  with pytest.raises(data.DataError, match=f"{corpus}:2: the line is not"):
+    _read_all(cfg)
+
+
+def test_jsonl_without_the_field(vocab, tmp_path):
+  corpus = _write(tmp_path / "c4.jsonl", '{"text": "ok"}\n{"txt": "x"}\n')
+  cfg = data.default_data_config()
+  cfg.update(task="c4_lm", vocab_path=vocab, seq_len=16)
+  cfg.local_files.train = corpus
+  with pytest.raises(data.DataError, match=f"{corpus}:2: no field 'text'"):
+    _read_all(cfg)
+
+
+def _jpeg(seed: int) -> bytes:
+  image = np.random.default_rng(seed).integers(0, 255, (40, 48, 3), np.uint8)
+  return tf.io.encode_jpeg(image).numpy()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_jpeg"])
+def test_corrupt_jpeg_names_file_and_line(tmp_path, damage):
+  os.makedirs(tmp_path / "images")
+  good = _jpeg(0)
+  bad = good[:len(good) // 2] if damage == "truncated" else b"GIF89a" + good
+  for name, blob in (("a.JPEG", good), ("b.JPEG", bad)):
+    _write(tmp_path / "images" / name, blob)
+  labels = _write(tmp_path / "labels.tsv",
+                  "filename\tclass_index\na.JPEG\t3\nb.JPEG\t5\n")
+  cfg = data.default_data_config()
+  cfg.update(task="imagenet_patches", image_size=32, patch_size=16)
+  cfg.local_files.train = labels
+  with pytest.raises(data.DataError) as e:
+    _read_all(cfg)
+  msg = str(e.value)
+  assert f"{labels}:3 (" in msg and "b.JPEG" in msg
+  assert "not a complete JPEG" in msg
+
+
+def test_local_files_field_by_field_on_a_locked_config(tmp_path):
+  cfg = data.default_data_config()
+  cfg.lock()
+  cfg.local_files.train = "/x/train.tsv"      # what --config...train=F does
+  cfg.local_files.validation = "/x/dev.tsv"
+  assert data.config.local_files(cfg) == {"train": "/x/train.tsv",
+                                          "validation": "/x/dev.tsv"}
+  with pytest.raises(AttributeError):
+    cfg.local_files.trian = "/x/train.tsv"
+
+
+JSON_CASES = ["plain", 'quote " and \\ backslash', "tab\tnew\nline\r\x08\x0c",
+              "caf\u00e9 \u4e2d \U0001F600", "\\u0041 not an escape", "", "/"]
+
+
+@pytest.mark.parametrize("ensure_ascii", [True, False])
+def test_json_reader_equals_json_loads(tmp_path, ensure_ascii):
+  lines = [json.dumps({"url": "u,\"text\": \"x\"", "text": t, "n": 3},
+                      ensure_ascii=ensure_ascii) for t in JSON_CASES]
+  lines.append('{"text":"a\\/b","x":[1,{"y":2}]}')
+  path = _write(tmp_path / "j.jsonl", "\n".join(lines) + "\n")
+  reader = sources.local_reader("jsonl", {"text": ("text",)})
+  got = [r["text"].decode() for r in reader(tf.constant(path))
+         .as_numpy_iterator()]
+  assert got == [json.loads(line)["text"] for line in lines]
+
+
+def test_json_reader_on_real_c4():
+  path = os.path.join(SHARED, "c4", "c4_en_train_00000_first1000.jsonl")
+  if not os.path.exists(path):
+    pytest.skip(f"shared data not found at {path} (set HYPERMIXER_SHARED_DATA)")
+  reader = sources.local_reader("jsonl", {"text": ("text",)})
+  got = [r["text"].decode() for r in reader(tf.constant(path))
+         .as_numpy_iterator()]
+  with open(path, encoding="utf-8") as f:
+    assert got == [json.loads(line)["text"] for line in f if line.strip()]
+
+
+def test_restore_does_not_reread_the_stream(vocab, tmp_path):
+  """A restored pipeline seeks: the rows before its position are never read.
+
+  After the state is taken, every row already consumed is overwritten (same
+  byte length) with a label that would stop any reader that parsed it; the
+  restored pipeline still yields the uninterrupted stream.
+  """
+  sentences = testing.sentences(120, seed=3, max_words=6)
+  rows = [f"{s}\t{i % 2}\n" for i, s in enumerate(sentences)]
+  path = _write(tmp_path / "train.tsv", "sentence\tlabel\n" + "".join(rows))
+  cfg = _sst2(vocab, path, shuffle_buffer_size=8)
+  kw = dict(batch_size=4, seed=5, repeat=True, shuffle=True)
+  pipeline = data.build_pipeline(cfg, "train", **kw)
+  it = iter(pipeline)
+  for _ in range(20):   # 80 of 120 rows consumed, the buffer holds 8 more
+    next(it)
+  state = json.loads(json.dumps(pipeline.get_state()))
+  expected = [next(it) for _ in range(12)]  # crosses into epoch 2
+  assert state["batch"] == 20 and "iterator" in state
+  poisoned = ["x" * (len(r) - 3) + "\t9\n" for r in rows[:60]]
+  _write(path, "sentence\tlabel\n" + "".join(poisoned + rows[60:]))
+  resumed = data.build_pipeline(cfg, "train", **kw)
+  resumed.set_state(state)
+  it = iter(resumed)
+  got = [next(it) for _ in range(7)]    # the rest of epoch 1
+  assert resumed.batches_replayed == 0
+  for a, b in zip(expected, got):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+  # Epoch 2 starts from the top of the file again, and reads the poison.
+  with pytest.raises(data.DataError, match="label '9'"):
+    for _ in range(5):
+      next(it)
