@@ -206,3 +206,50 @@ def test_restore_does_not_reread_the_stream(vocab, tmp_path):
   with pytest.raises(data.DataError, match="label '9'"):
     for _ in range(5):
       next(it)
+
+
+def _model_config(**kw):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  return ml_collections.ConfigDict({"vocab_size": 32128, "num_classes": 2,
+                                    **kw})
+
+
+def test_truncated_sentencepiece_model_is_refused(vocab, tmp_path):
+  from sentencepiece import sentencepiece_model_pb2 as pb  # pylint: disable=g-import-not-at-top
+  with open(vocab, "rb") as f:
+    model = pb.ModelProto.FromString(f.read())
+  # A file cut between two pieces: what SentencePiece accepts silently (the
+  # T5 model's first 1,000 bytes load as 76 pieces).
+  cut = _write(tmp_path / "cut.model", model.SerializeToString()[
+      :sum(len(pb.ModelProto(pieces=[p]).SerializeToString())
+           for p in model.pieces[:40])])
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  assert spm.SentencePieceProcessor(model_file=cut).GetPieceSize() == 40
+  cfg = _sst2(vocab, _write(tmp_path / "t.tsv", SST2_ROWS))
+  cfg.vocab_path = cut
+  with pytest.raises(ValueError, match="cut.model.*truncated or damaged"):
+    data.check_fits_model(cfg, _model_config())
+  with pytest.raises(ValueError, match="truncated or damaged"):
+    _read_all(cfg)
+  t5 = os.path.join(SHARED, "t5_spm", "sentencepiece.model")
+  if os.path.exists(t5):
+    with open(t5, "rb") as f:
+      cfg.vocab_path = _write(tmp_path / "t5_1000.model", f.read()[:1000])
+    with pytest.raises(ValueError, match="76 pieces.*truncated or damaged"):
+      data.check_fits_model(cfg, _model_config())
+
+
+def test_every_emitted_id_is_below_model_vocab_size(vocab, tmp_path):
+  cfg = _sst2(vocab, _write(tmp_path / "t.tsv", SST2_ROWS))
+  size = data.vocab.get_vocabulary(vocab, cfg.extra_ids).vocab_size  # 190
+  data.check_fits_model(cfg, _model_config(vocab_size=size))
+  with pytest.raises(ValueError, match=(
+      rf"model.vocab_size={size - 1} is too small.*ids up to {size - 1}.*"
+      r"\[MASK\]=.*--config.model.vocab_size=256")):
+    data.check_fits_model(cfg, _model_config(vocab_size=size - 1))
+  # What the pipeline emits is indeed below that size.
+  ids = np.concatenate([b["inputs"].ravel() for b in _read_all(cfg)])
+  assert ids.max() == size - 2  # [CLS]; [MASK] is size - 1
+  with pytest.raises(ValueError, match="num_classes=2 but glue_mnli has 3"):
+    cfg.task = "glue_mnli"
+    data.check_fits_model(cfg, _model_config(num_classes=2))

@@ -8,7 +8,8 @@ from hypermixer_jax.data.metrics import task_metrics
 from hypermixer_jax.data.pipeline import Pipeline
 from hypermixer_jax.data.sources import DataError
 from hypermixer_jax.data.pipeline import build_pipeline
+from hypermixer_jax.data.pipeline import check_fits_model
 from hypermixer_jax.data.tasks import TASK_NAMES
 
-__all__ = ["DataError", "Pipeline", "TASK_NAMES", "build_pipeline", "default_data_config",
-           "task_metrics"]
+__all__ = ["DataError", "Pipeline", "TASK_NAMES", "build_pipeline",
+           "check_fits_model", "default_data_config", "task_metrics"]

@@ -182,6 +182,30 @@ def _check_config(cfg: ml_collections.ConfigDict, split: str) -> None:
   vocab_lib.check_vocab_path(cfg.vocab_path)
 
 
+def check_fits_model(data_config: ml_collections.ConfigDict,
+                     model_config: ml_collections.ConfigDict) -> None:
+  """Checks at start that what the pipeline emits fits the model.
+
+  Text tasks: the vocabulary is complete, and every id it can emit (pieces,
+  EOS, [MASK]/[CLS]/[SEP]) is below ``model.vocab_size``. Classification:
+  ``model.num_classes`` covers the task's labels (the readers refuse labels
+  outside them). Raises ValueError naming the field and the fix.
+  """
+  name = data_config.task
+  if name in tasks.TEXT_TASKS or name in tasks.CLASSIFICATION:
+    vocab_lib.check_vocab_path(data_config.vocab_path)
+    vocab = vocab_lib.get_vocabulary(data_config.vocab_path,
+                                     data_config.extra_ids)
+    vocab_lib.check_fits_model(vocab, int(model_config.vocab_size))
+  if name in tasks.CLASSIFICATION:
+    labels = tasks.CLASSIFICATION[name].label_names
+    if int(model_config.num_classes) < len(labels):
+      raise ValueError(
+          f"model.num_classes={model_config.num_classes} but {name} has "
+          f"{len(labels)} labels ({', '.join(labels)}); set "
+          f"--config.model.num_classes={len(labels)}.")
+
+
 def _tf_epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
                  repeat, shuffle):
   """make_epoch for the seqio tasks: epoch -> tf.data.Dataset of batches."""

@@ -12,6 +12,7 @@ import functools
 
 import seqio
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as sp_pb2
 import tensorflow as tf
 
 NUM_SPECIAL = 3  # [MASK], [CLS], [SEP]
@@ -49,6 +50,14 @@ def check_vocab_path(path: str) -> None:
 
 @functools.lru_cache(maxsize=8)
 def _load_proto(path: str) -> int:
+  """Number of pieces of a complete SentencePiece model at ``path``.
+
+  SentencePiece loads a truncated file as long as it ends between two
+  pieces (the first 1,000 bytes of the T5 model load as 76 pieces, which
+  moves every extra id). The trainer writes the pieces first and then its
+  spec, which records the vocabulary size: a model without it, or whose
+  piece count differs from it, is refused as damaged.
+  """
   with tf.io.gfile.GFile(path, "rb") as f:
     proto = f.read()
   processor = spm.SentencePieceProcessor()
@@ -58,7 +67,52 @@ def _load_proto(path: str) -> int:
     raise ValueError(
         f"Vocabulary file {path!r} is not a valid SentencePiece model "
         f"({type(e).__name__}: {e}).") from e
-  return processor.GetPieceSize()
+  model = sp_pb2.ModelProto()
+  model.ParseFromString(proto)
+  pieces = processor.GetPieceSize()
+  if not model.HasField("trainer_spec") or not model.HasField(
+      "normalizer_spec"):
+    raise ValueError(
+        f"Vocabulary file {path!r} ({len(proto)} bytes, {pieces} pieces) "
+        "has no trainer/normalizer spec: it is truncated or damaged. Copy it "
+        "again, or train one with `python -m hypermixer_jax.data.train_vocab`.")
+  if model.trainer_spec.vocab_size != pieces:
+    raise ValueError(
+        f"Vocabulary file {path!r} holds {pieces} pieces but was trained "
+        f"with vocab_size={model.trainer_spec.vocab_size}: it is truncated "
+        "or damaged. Copy it again.")
+  return pieces
+
+
+def check_fits_model(vocab: seqio.SentencePieceVocabulary,
+                     model_vocab_size: int, field: str = "model.vocab_size"
+                     ) -> SpecialIds:
+  """Every id the text pipelines can emit must be a row of the embedding.
+
+  The pipelines emit SentencePiece ids, EOS/pad, the random MLM
+  replacements (below the SentencePiece size) and [MASK]/[CLS]/[SEP], the
+  three highest ids (``vocab.vocab_size - 1`` at the top). Returns the
+  special ids after checking that they are distinct and above the pieces.
+  """
+  ids = special_ids(vocab)
+  highest = vocab.vocab_size - 1
+  if highest >= model_vocab_size:
+    raise ValueError(
+        f"{field}={model_vocab_size} is too small for the vocabulary "
+        f"{vocab.sentencepiece_model_file!r}: the pipeline emits "
+        f"ids up to {highest} ({vocab.vocab_size - vocab.extra_ids} pieces + "
+        f"{vocab.extra_ids} extra ids; [MASK]={ids.mask}, [CLS]={ids.cls}, "
+        f"[SEP]={ids.sep}). Set --config.model.vocab_size="
+        f"{-(-vocab.vocab_size // 128) * 128} (the size rounded up to 128).")
+  specials = {ids.mask, ids.cls, ids.sep}
+  base = vocab.vocab_size - vocab.extra_ids
+  if len(specials) != 3 or min(specials) < base or specials & {
+      ids.pad, ids.eos}:
+    raise ValueError(
+        f"Special ids [MASK]={ids.mask}, [CLS]={ids.cls}, [SEP]={ids.sep} "
+        f"collide with the {base} SentencePiece pieces or pad/eos; "
+        f"data.extra_ids={vocab.extra_ids} must be at least {NUM_SPECIAL}.")
+  return ids
 
 
 @functools.lru_cache(maxsize=8)
