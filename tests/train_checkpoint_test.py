@@ -99,3 +99,72 @@ def test_load_pretrained_mismatch_names_every_path(tmp_path):
   assert "shape mismatch: encoder/kernel checkpoint (16, 24) vs model (16, 32)" in msg
   assert "missing from checkpoint: encoder/extra" in msg
   assert "unexpected in checkpoint: encoder/bias" in msg
+
+
+def _damage(folder, how):
+  """Damages one saved step folder the ways a crash or a disk can."""
+  import os  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  files = [os.path.join(r, f) for r, _, fs in os.walk(folder) for f in fs]
+  if how == "truncated":   # every array data file cut in half
+    for f in files:
+      if "/state/" in f and "ocdbt" in f and os.path.getsize(f) > 64:
+        with open(f, "r+b") as h:
+          h.truncate(os.path.getsize(f) // 2)
+  elif how == "garbage_metadata":
+    for f in files:
+      if os.path.basename(f) in ("_METADATA", "_sharding"):
+        with open(f, "wb") as h:
+          h.write(b"\x00garbage{")
+  elif how == "missing_manifest":
+    for f in files:
+      if "manifest" in os.path.basename(f):
+        os.remove(f)
+  elif how == "emptied":
+    for entry in os.listdir(folder):
+      path = os.path.join(folder, entry)
+      shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage_metadata",
+                                 "missing_manifest", "emptied"])
+def test_damaged_newest_step_falls_back(tmp_path, how, caplog):
+  import os  # pylint: disable=g-import-not-at-top
+  mesh = _mesh(2)
+  state, shardings = _state(mesh)
+  with ckpt_lib.Checkpointer(tmp_path, save_every=1, keep=5) as ck:
+    for step in (1, 2):
+      bumped = jax.tree.map(lambda x, s=step: x + s, state)
+      ck.save(step, bumped, {"batch": step})
+      ck.wait_until_finished()
+  _damage(os.path.join(tmp_path, "2"), how)
+  abstract = ckpt_lib.abstract_like(state, shardings)
+  with ckpt_lib.Checkpointer(tmp_path) as ck, caplog.at_level("WARNING"):
+    step, restored, data = ck.restore_latest(abstract)
+  assert step == 1 and data == {"batch": 1}
+  np.testing.assert_array_equal(restored["params"]["head"]["kernel"],
+                                np.asarray(state["params"]["head"]["kernel"])
+                                + 1)
+  assert f"{tmp_path}/2 skipped (left on disk)" in caplog.text
+  assert os.path.isdir(os.path.join(tmp_path, "2"))   # never deleted
+
+  # Every step damaged: an error naming each folder, never a fresh start.
+  _damage(os.path.join(tmp_path, "1"), how)
+  with ckpt_lib.Checkpointer(tmp_path) as ck:
+    with pytest.raises(ckpt_lib.CheckpointError) as e:
+      ck.restore_latest(abstract)
+  msg = str(e.value)
+  assert f"{tmp_path}/2: " in msg and f"{tmp_path}/1: " in msg
+  assert "Not starting from scratch" in msg
+
+
+def test_empty_directory_restores_nothing(tmp_path):
+  state, shardings = _state(_mesh(1))
+  with ckpt_lib.Checkpointer(tmp_path) as ck:
+    assert ck.restore_latest(ckpt_lib.abstract_like(state, shardings)) is None
+
+
+def test_missing_init_checkpoint_is_named(tmp_path):
+  with pytest.raises(FileNotFoundError,
+                     match="init_checkpoint=.*nowhere.*does not exist"):
+    ckpt_lib.load_pretrained(tmp_path / "nowhere", {})

@@ -7,11 +7,19 @@ A checkpoint step holds two items:
   into *abstract* targets (``jax.ShapeDtypeStruct`` carrying the shardings of
   the current mesh), so a checkpoint written on 8 devices restores on 1 and
   the other way round;
-* ``data``: the input pipeline's position (``pipeline.get_state()``), as JSON.
+* ``data``: the input pipeline's position (``pipeline.get_state()``, with
+  the tf.data iterator state), as JSON, one file per process (each host
+  reads its own shard).
 
 Saves are asynchronous, every ``save_every`` steps, keeping the newest
 ``keep`` (Orbax's ``max_to_keep``); a save is also due when Orbax's
 ``reached_preemption`` says the job is being preempted.
+
+``Checkpointer.restore_latest`` falls back to the newest step that restores
+when the newest ones are damaged (truncated files, garbage metadata, an
+emptied folder), logging each skipped step and why; it never deletes one, and
+when step folders exist but none restores it stops with an error naming
+them, rather than starting from scratch over them.
 
 ``load_pretrained`` reads the parameters of another run (fine-tuning): every
 parameter must match in path and shape except the ones under the prefixes
@@ -20,11 +28,14 @@ every offending path.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import re
 from typing import Any, Sequence
 
+from etils import epath
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -32,6 +43,41 @@ import orbax.checkpoint as ocp
 PyTree = Any
 STATE = "state"
 DATA = "data"
+
+
+class CheckpointError(RuntimeError):
+  """No usable checkpoint where one is expected; the message names it."""
+
+
+class _PipelineStateHandler(ocp.handlers.JsonCheckpointHandler):
+  """JSON of each process's pipeline state, in ``process_<i>.json``.
+
+  Orbax's JSON handler writes on the primary host only; every host has its
+  own input position. Reads the primary's single ``metadata`` file of older
+  checkpoints.
+  """
+
+  async def _save_fn(self, x, directory):
+    path = epath.Path(directory) / f"process_{jax.process_index()}.json"
+    path.write_text(json.dumps(x))
+
+  def restore(self, directory, item=None, args=None):
+    path = epath.Path(directory) / f"process_{jax.process_index()}.json"
+    if path.exists():
+      return json.loads(path.read_text())
+    return super().restore(directory, item, args)
+
+
+@ocp.args.register_with_handler(_PipelineStateHandler, for_save=True)
+@dataclasses.dataclass
+class PipelineStateSave(ocp.args.CheckpointArgs):
+  item: Any
+
+
+@ocp.args.register_with_handler(_PipelineStateHandler, for_restore=True)
+@dataclasses.dataclass
+class PipelineStateRestore(ocp.args.CheckpointArgs):
+  item: Any = None
 
 
 def abstract_like(tree: PyTree, shardings: PyTree | None = None) -> PyTree:
@@ -108,7 +154,7 @@ class Checkpointer:
       return False
     args = ocp.args.Composite(**{
         STATE: ocp.args.StandardSave(state),
-        DATA: ocp.args.JsonSave(_jsonable(data_state)),
+        DATA: PipelineStateSave(_jsonable(data_state)),
     })
     return self.manager.save(step, args=args, force=True)
 
@@ -125,17 +171,82 @@ class Checkpointer:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     restored = self.manager.restore(step, args=ocp.args.Composite(**{
         STATE: ocp.args.StandardRestore(abstract_state),
-        DATA: ocp.args.JsonRestore(),
+        DATA: PipelineStateRestore(),
     }))
     return restored[STATE], restored[DATA]
+
+  def step_folders(self) -> list[int]:
+    """Steps that have a folder on disk, complete or not, newest first."""
+    if not os.path.isdir(self.directory):
+      return []
+    return sorted((int(n) for n in os.listdir(self.directory) if n.isdigit()),
+                  reverse=True)
+
+  def restore_latest(self, abstract_state: PyTree
+                     ) -> tuple[int, PyTree, Any] | None:
+    """``(step, state, data_state)`` of the newest step that restores.
+
+    Damaged newer steps are skipped with a warning naming the folder and the
+    error, and left on disk. Returns None only when the directory holds no
+    step folder at all.
+
+    Raises:
+      CheckpointError: step folders exist but none restores (each is named
+        with its error), so that a run never starts from scratch over them.
+    """
+    complete = set(self.all_steps())
+    on_disk = self.step_folders()
+    failures = []
+    for step in sorted(complete | set(on_disk), reverse=True):
+      folder = os.path.join(self.directory, str(step))
+      if step not in complete:
+        failures.append((folder, "not a finished checkpoint (no commit "
+                                 "marker or metadata Orbax recognises)"))
+      else:
+        try:
+          state, data_state = self.restore(step, abstract_state)
+        except Exception as e:  # pylint: disable=broad-except
+          failures.append((folder, _short(e)))
+        else:
+          for f, why in failures:
+            logging.warning("Checkpoint %s skipped (left on disk): %s", f,
+                            why)
+          if failures:
+            logging.warning("Resuming from step %d, the newest step that "
+                            "restores.", step)
+          return step, state, data_state
+      logging.warning("Checkpoint %s does not restore: %s", *failures[-1])
+    if not failures:
+      return None
+    raise CheckpointError(
+        f"{self.directory} holds checkpoint steps but none restores:\n"
+        + "\n".join(f"  {f}: {why}" for f, why in failures)
+        + "\nNot starting from scratch over them. Move the damaged step "
+        "folders away (e.g. mv STEP STEP.bad) to resume from an older one, "
+        "or use a new --workdir.")
 
   def wait_until_finished(self) -> None:
     """Blocks until the pending asynchronous save (if any) is on disk."""
     self.manager.wait_until_finished()
 
   def close(self) -> None:
+    """Waits for the pending save and stops Orbax's threads (call it on
+    every exit path: a manager left open at interpreter shutdown fails with
+    'cannot schedule new futures after interpreter shutdown')."""
     self.manager.wait_until_finished()
     self.manager.close()
+
+  def __enter__(self) -> "Checkpointer":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def _short(e: Exception) -> str:
+  """One line of an exception (Orbax/tensorstore errors span pages)."""
+  text = " ".join(str(e).split())
+  return f"{type(e).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
 
 
 def _jsonable(x: Any) -> Any:
@@ -182,6 +293,10 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[str, int]:
   (latest step) or one step folder ``.../checkpoints/<step>``.
   """
   path = os.fspath(path).rstrip("/")
+  if not epath.Path(path).exists():
+    raise FileNotFoundError(
+        f"config.init_checkpoint={path!r} does not exist; give a run's "
+        "workdir, its checkpoints folder or one step folder.")
   if os.path.isdir(os.path.join(path, "checkpoints")):
     path = os.path.join(path, "checkpoints")
   base = os.path.basename(path)
