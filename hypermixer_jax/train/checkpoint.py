@@ -8,8 +8,8 @@ A checkpoint step holds two items:
   the current mesh), so a checkpoint written on 8 devices restores on 1 and
   the other way round;
 * ``data``: the input pipeline's position (``pipeline.get_state()``, with
-  the tf.data iterator state), as JSON, one file per process (each host
-  reads its own shard).
+  the tf.data iterator state), as JSON (``multihost.gather_data_states``
+  puts every host's in it).
 
 Saves are asynchronous, every ``save_every`` steps, keeping the newest
 ``keep`` (Orbax's ``max_to_keep``); a save is also due when Orbax's
@@ -28,8 +28,6 @@ every offending path.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import re
@@ -47,37 +45,6 @@ DATA = "data"
 
 class CheckpointError(RuntimeError):
   """No usable checkpoint where one is expected; the message names it."""
-
-
-class _PipelineStateHandler(ocp.handlers.JsonCheckpointHandler):
-  """JSON of each process's pipeline state, in ``process_<i>.json``.
-
-  Orbax's JSON handler writes on the primary host only; every host has its
-  own input position. Reads the primary's single ``metadata`` file of older
-  checkpoints.
-  """
-
-  async def _save_fn(self, x, directory):
-    path = epath.Path(directory) / f"process_{jax.process_index()}.json"
-    path.write_text(json.dumps(x))
-
-  def restore(self, directory, item=None, args=None):
-    path = epath.Path(directory) / f"process_{jax.process_index()}.json"
-    if path.exists():
-      return json.loads(path.read_text())
-    return super().restore(directory, item, args)
-
-
-@ocp.args.register_with_handler(_PipelineStateHandler, for_save=True)
-@dataclasses.dataclass
-class PipelineStateSave(ocp.args.CheckpointArgs):
-  item: Any
-
-
-@ocp.args.register_with_handler(_PipelineStateHandler, for_restore=True)
-@dataclasses.dataclass
-class PipelineStateRestore(ocp.args.CheckpointArgs):
-  item: Any = None
 
 
 def abstract_like(tree: PyTree, shardings: PyTree | None = None) -> PyTree:
@@ -154,7 +121,7 @@ class Checkpointer:
       return False
     args = ocp.args.Composite(**{
         STATE: ocp.args.StandardSave(state),
-        DATA: PipelineStateSave(_jsonable(data_state)),
+        DATA: ocp.args.JsonSave(_jsonable(data_state)),
     })
     return self.manager.save(step, args=args, force=True)
 
@@ -171,7 +138,7 @@ class Checkpointer:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     restored = self.manager.restore(step, args=ocp.args.Composite(**{
         STATE: ocp.args.StandardRestore(abstract_state),
-        DATA: PipelineStateRestore(),
+        DATA: ocp.args.JsonRestore(),
     }))
     return restored[STATE], restored[DATA]
 
