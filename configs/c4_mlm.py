@@ -4,7 +4,7 @@
         --workdir=/ckpt/mlm_hypermixer
 
 Argument: a GLUE model of the zoo, ``glue_<ARG>`` (``hypermixer``,
-``hypermixer_tied``, ``mlp_mixer``, ``gmlp``, ``attention``,
+``hypermixer_untied``, ``mlp_mixer``, ``gmlp``, ``attention``,
 ``linear_attention``, ``fnet``), given an MLM head. BERT-style setting of the
 gMLP paper's ablations (length 128, AdamW 0.9/0.999, linear warm-up, peak
 lr 7e-4, 125k steps), at batch 256 (the paper's 2048 by ``grad_accum_steps``

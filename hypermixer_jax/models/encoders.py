@@ -1,6 +1,10 @@
 """Encoders (text, continuous/vision) and task heads around a layer stack.
 
-    text:        h_0 = E[ids] + P[pos] + T[type]            E: [vocab, d]
+    text:        h_0 = sqrt(d) E[ids] + P[pos] + T[type]    E: [vocab, d], E ~ N(0, 1/d)
+                 (``scale_embeddings``, as in Vaswani et al.: the token term
+                 has unit variance per feature, like the sinusoids, and the
+                 tied output head h E^T starts with unit-scale logits; off:
+                 E ~ N(0, 0.02^2) unscaled, BERT's recipe for learned positions)
     continuous:  h_0 = X W_stem + b (+ P[pos])               X: [B, N, F] patches
                  (= a conv with kernel P and stride P on raw [B, H, W, 3] images)
                  optional conv stem (``conv_stem`` = kernel sizes k_i):
@@ -120,12 +124,14 @@ class TextEncoder(nn.Module):
   dropout_rate: float = 0.0
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
+  scale_embeddings: bool = True
 
   def setup(self):
+    std = self.d_model ** -0.5 if self.scale_embeddings else 0.02
     self.token_embed = nn.Embed(
         self.vocab_size, self.d_model, dtype=self.dtype,
         param_dtype=self.param_dtype,
-        embedding_init=common.partitioned(nn.initializers.normal(0.02),
+        embedding_init=common.partitioned(nn.initializers.normal(std),
                                           (common.VOCAB, common.EMBED)))
     if self.type_vocab_size:
       self.type_embed = nn.Embed(
@@ -151,6 +157,11 @@ class TextEncoder(nn.Module):
       raise ValueError(f"TextEncoder: inputs must be int token ids [B, N], "
                        f"got {ids.dtype} {ids.shape}.")
     x = self.token_embed(ids)                                  # [B, N, d]
+    if self.scale_embeddings:
+      # Without it, unit-amplitude sinusoids drown N(0, 0.02) token vectors
+      # (~97% of the input variance is position at init) and the GLUE
+      # models did not learn from scratch (issue 9).
+      x = x * jnp.asarray(self.d_model ** 0.5, x.dtype)
     positions = _default_positions(ids, positions)
     x = _add_positions(x, self.position_embeddings, positions, self.max_len,
                        self.pos_embedding
@@ -318,6 +329,7 @@ class Model(nn.Module):
   conv_stem: tuple[int, ...] = ()
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
+  scale_embeddings: bool = True
 
   @nn.compact
   def __call__(self, inputs: Array, *, segment_ids: Array | None = None,
@@ -330,7 +342,7 @@ class Model(nn.Module):
           self.layer, self.num_layers, self.d_model, self.vocab_size,
           self.max_len, self.position_embeddings, self.type_vocab_size,
           self.embed_norm, self.final_norm, self.dropout_rate, **kw,
-          name="encoder")
+          scale_embeddings=self.scale_embeddings, name="encoder")
       h = encoder(inputs, segment_ids=segment_ids,
                   token_type_ids=token_type_ids, positions=positions,
                   deterministic=deterministic)

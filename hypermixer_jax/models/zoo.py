@@ -17,7 +17,7 @@ Named configurations (parameter counts measured by ``tests/zoo_test.py``):
   (P=4, S=64, C=256, D_C=1024, D_S=256; the depth, 8, is our choice).
 * HyperMixer paper's equal-size GLUE classifiers (Mai et al. 2023, ~11M
   parameters, FNet 9.5M), ``glue_<mixer>`` for ``hypermixer``,
-  ``hypermixer_tied``, ``mlp_mixer``, ``gmlp``, ``attention`` (Transformer),
+  ``hypermixer_untied``, ``mlp_mixer``, ``gmlp``, ``attention`` (Transformer),
   ``linear_attention`` (Linear Transformer), ``fnet``. The paper text at hand
   gives only the totals (11M; FNet 9.5M, i.e. 1.5M of token-mixing
   parameters); we reconstruct the shared part as 6 pre-LN layers, d=256,
@@ -75,7 +75,9 @@ def default_model_config() -> ml_collections.ConfigDict:
   classification heads, ``patch_size`` (to cut raw ``[B, H, W, C]`` images),
   ``out_dim`` (regression head width), ``conv_stem`` (continuous family:
   kernel sizes of 1-d convolutions + GELU over the sequence after the stem,
-  ``()`` for none).
+  ``()`` for none), ``scale_embeddings`` (text family: token embeddings
+  N(0, 1/d) multiplied by sqrt(d), as in the Transformer; False gives BERT's
+  unscaled N(0, 0.02^2)).
   """
   return ml_collections.ConfigDict(dict(
       family="text",
@@ -99,6 +101,7 @@ def default_model_config() -> ml_collections.ConfigDict:
       patch_size=0,
       out_dim=1,
       conv_stem=(),
+      scale_embeddings=True,
   ))
 
 
@@ -241,7 +244,7 @@ def build_model(config: Mapping[str, Any]) -> encoders.Model:
       pooling=_choice("pooling", cfg["pooling"], encoders.POOLINGS),
       final_norm=block != "post_ln", embed_norm=block == "post_ln",
       dropout_rate=cfg["dropout_rate"], conv_stem=conv_stem, dtype=dtype,
-      param_dtype=param_dtype)
+      param_dtype=param_dtype, scale_embeddings=bool(cfg["scale_embeddings"]))
 
 
 def dummy_inputs(config: Mapping[str, Any], batch: int = 1,
@@ -311,8 +314,9 @@ def _mixer_image(image_size, patch, layers, c, d_s, d_c, num_classes=1000):
 # HyperMixer paper (§4.3): shared part of every GLUE model; token mixers are
 # sized to the Transformer's 4 d^2 + 4 d = 263,168 parameters per layer.
 _GLUE_MIXERS = {
-    "hypermixer": ("hypermixer", dict(hyper_dim=256)),
-    "hypermixer_tied": ("hypermixer", dict(hyper_dim=768, tied=True)),
+    # Tied hypernetworks are the paper's default (§2.3); untied its ablation.
+    "hypermixer": ("hypermixer", dict(hyper_dim=768, tied=True)),
+    "hypermixer_untied": ("hypermixer", dict(hyper_dim=256)),
     "mlp_mixer": ("mlp_mixer", dict(token_mlp_dim=512)),
     "gmlp": ("gmlp", dict(d_ffn=512)),
     "attention": ("attention", dict(num_heads=4)),
@@ -323,10 +327,14 @@ _GLUE_MIXERS = {
 
 def _glue(mixer_name: str) -> ml_collections.ConfigDict:
   mixer, kwargs = _GLUE_MIXERS[mixer_name]
+  # HyperMixer adds positions to its hypernetworks' inputs only (Algorithm 1;
+  # its position-invariance argument rests on the values never seeing them),
+  # so its residual stream carries none; the other models add sinusoids.
+  positions = "none" if mixer == "hypermixer" else "sinusoidal"
   return _config(family="text", mixer=mixer, block="pre_ln",
                  head="pair_classify", num_layers=6, d_model=256, d_ffn=512,
                  dropout_rate=0.1, max_len=256, vocab_size=30522,
-                 num_classes=3, position_embeddings="sinusoidal",
+                 num_classes=3, position_embeddings=positions,
                  mixer_kwargs=kwargs)
 
 

@@ -1,0 +1,158 @@
+"""The experiment harness: one command per table or figure of a paper.
+
+Every script in ``experiments/`` that reproduces a paper result is one
+command with the same flags and the same outputs:
+
+    python experiments/<name>.py --scale=small|paper --out=DIR [--shared=DIR]
+
+* ``--scale=small`` is sized for a 2-core CPU machine (or one lent GPU) and
+  ``--scale=paper`` is the paper's setting, meant for a pod;
+* ``DIR/results.json`` holds every run's measurements, written after each
+  run, so a killed experiment restarted with the same ``--out`` skips the
+  runs it already has (and each training run resumes from its checkpoint);
+* ``DIR/table.md`` is the Markdown table (with the paper's numbers beside
+  ours where the paper has them) and ``DIR/<figure>.png`` the figure.
+
+``Experiment`` is that bookkeeping; ``train`` runs one training job through
+the library's ``train_and_evaluate`` and returns its final evaluation and its
+learning curves (from ``metrics.jsonl``). Nothing here knows a model or a
+task: the scripts declare their runs as configs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+SCALES = ("small", "paper")
+_REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def default_shared_dir() -> pathlib.Path:
+  """``$HYPERMIXER_SHARED_DATA``, else ``../shared/data`` beside the repo."""
+  env = os.environ.get("HYPERMIXER_SHARED_DATA")
+  return pathlib.Path(env) if env else _REPO.parent / "shared" / "data"
+
+
+def parser(name: str, description: str) -> argparse.ArgumentParser:
+  """The flags every experiment takes (scripts may add their own)."""
+  p = argparse.ArgumentParser(
+      description=description,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--scale", choices=SCALES, default="small",
+                 help="small: this 2-core machine; paper: the paper's setting")
+  p.add_argument("--out", default=f"/tmp/hypermixer_experiments/{name}",
+                 help="output directory (results.json, table.md, PNG, runs/)")
+  p.add_argument("--shared", default=str(default_shared_dir()),
+                 help="local data samples (SST-2 TSVs, vocabulary, ...)")
+  return p
+
+
+def require(path: os.PathLike | str, what: str) -> str:
+  """``path`` as a string, or a clear error naming ``what`` and the flag."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f"{what} not found at {path}; pass --shared=DIR (or set "
+        "HYPERMIXER_SHARED_DATA) to the folder holding the data samples.")
+  return str(path)
+
+
+def markdown_table(headers: Sequence[str],
+                   rows: Iterable[Sequence[Any]]) -> str:
+  """A GitHub Markdown table; floats with 4 significant digits."""
+  def cell(v):
+    if isinstance(v, float):
+      return "nan" if v != v else f"{v:.4g}"
+    return str(v)
+  lines = ["| " + " | ".join(headers) + " |",
+           "| " + " | ".join("---" for _ in headers) + " |"]
+  lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+class Experiment:
+  """Results of one experiment directory, saved after every run."""
+
+  def __init__(self, out: os.PathLike | str, args: argparse.Namespace | None
+               = None):
+    self.out = pathlib.Path(out)
+    self.out.mkdir(parents=True, exist_ok=True)
+    self.path = self.out / "results.json"
+    self.data: dict[str, Any] = {"runs": {}}
+    if self.path.exists():
+      self.data = json.loads(self.path.read_text(encoding="utf-8"))
+    if args is not None:
+      self.data["args"] = {k: v for k, v in vars(args).items()}
+    self._t0 = time.time()
+
+  @property
+  def runs(self) -> dict[str, Any]:
+    return self.data["runs"]
+
+  def workdir(self, key: str) -> str:
+    return str(self.out / "runs" / key)
+
+  def run(self, key: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``fn()``'s result under ``key``; skipped when already recorded."""
+    if key not in self.runs:
+      t0 = time.time()
+      result = dict(fn())
+      result.setdefault("wall_s", time.time() - t0)
+      self.runs[key] = result
+      self.save()
+      print(f"[{self.out.name}] {key}: "
+            + json.dumps({k: v for k, v in result.items()
+                          if not isinstance(v, (dict, list))}), flush=True)
+    return self.runs[key]
+
+  def save(self, **extra) -> None:
+    self.data.update(extra)
+    tmp = self.path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(self.data, indent=1, default=float),
+                   encoding="utf-8")
+    tmp.replace(self.path)
+
+  def write_table(self, title: str, table: str, notes: str = "") -> str:
+    """Writes ``table.md`` (title, table, notes) and prints it."""
+    text = f"## {title}\n\n{table}\n"
+    if notes:
+      text += f"\n{notes.strip()}\n"
+    (self.out / "table.md").write_text(text, encoding="utf-8")
+    self.save(wall_s_total=self.data.get("wall_s_total", 0.0)
+              + time.time() - self._t0)
+    print(text, flush=True)
+    return text
+
+  def figure_path(self, name: str) -> str:
+    return str(self.out / f"{name}.png")
+
+
+def train(config, workdir: str) -> dict[str, Any]:
+  """Trains ``config`` in ``workdir`` and returns what an experiment records.
+
+  ``{'eval': final evaluation metrics, 'step': last step, 'eval_curve':
+  {step: metrics}, 'train_curve': {step: metrics}}``; curves come from the
+  run's ``metrics.jsonl``. A workdir that already holds checkpoints resumes.
+  """
+  from hypermixer_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import metrics  # pylint: disable=g-import-not-at-top
+  result = loop.train_and_evaluate(config, workdir)
+  if isinstance(result, dict):  # {name: RunResult}, main model first
+    result = next(iter(result.values()))
+  curves = {split: {int(s): r for s, r in
+                    metrics.read_metrics(workdir, split).items()}
+            for split in ("train", "eval")}
+  return {"eval": dict(result.eval_metrics), "step": int(result.step),
+          "eval_curve": curves["eval"], "train_curve": curves["train"]}
+
+
+def figure(ncols: int = 1, nrows: int = 1, size=(5.0, 3.6)):
+  """``(fig, axes)`` of a matplotlib ``Figure`` that needs no pyplot backend
+  (nothing global changes in a notebook); save with ``fig.savefig(path)``."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
+  axes = fig.subplots(nrows, ncols, squeeze=False)
+  return fig, axes
