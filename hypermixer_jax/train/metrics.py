@@ -101,7 +101,10 @@ class MetricWriter:
     if enabled:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       os.makedirs(workdir, exist_ok=True)
-      self._tb = SummaryWriter(logdir=os.path.join(workdir, "tensorboard"))
+      # The default file name has one-second resolution: a run restarted
+      # within the same second would overwrite the previous run's events.
+      self._tb = SummaryWriter(logdir=os.path.join(workdir, "tensorboard"),
+                               filename_suffix=f".{time.time_ns()}")
       self._jsonl = open(os.path.join(workdir, METRICS_FILE), "a",
                          encoding="utf-8")
 

@@ -1,0 +1,133 @@
+"""The run's config checked before anything is built or compiled.
+
+``validate(config)`` walks every field: each float must be finite, and the
+fields below must lie in their range. All problems are reported together,
+each naming the field, its value and what it must be, in a ``ConfigError``.
+Model-specific options (``model.mixer_kwargs``) are only checked for
+finiteness here; the models check their own.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+  """The config cannot run; the message lists every offending field."""
+
+
+def _positive_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _nonneg_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _in(lo: float, hi: float, *, hi_open: bool = False, lo_open: bool = False
+        ) -> Callable[[Any], bool]:
+  def check(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+      return False
+    return ((v > lo if lo_open else v >= lo)
+            and (v < hi if hi_open else v <= hi))
+  return check
+
+
+_POS = (_positive_int, "a positive integer")
+_NONNEG = (_nonneg_int, "an integer >= 0")
+_MESH = (lambda v: _positive_int(v) or v == -1,
+         "a positive integer, or -1 (the remaining devices)")
+
+# field -> (check, what it must be). Fields absent from a config are skipped.
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "num_train_steps": _POS,
+    "batch_size": _POS,
+    "eval_batch_size": _POS,
+    "log_every": _POS,
+    "grad_accum_steps": _POS,
+    "eval_every": (_nonneg_int, "an integer >= 0 (0: evaluate at the end)"),
+    "eval_steps": (lambda v: _positive_int(v) or v == -1,
+                   "a positive integer, or -1 (the whole split)"),
+    "checkpoint_every": (_nonneg_int, "an integer >= 0 (0: only at the end)"),
+    "keep_checkpoints": (_nonneg_int, "an integer >= 0 (0: keep all)"),
+    "warmup_steps": _NONNEG,
+    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool),
+             "an integer"),
+    "learning_rate": (_in(0, math.inf, lo_open=True, hi_open=True),
+                      "a finite number > 0"),
+    "end_learning_rate_factor": (_in(0, 1), "in [0, 1]"),
+    "weight_decay": (_in(0, math.inf, hi_open=True), "a finite number >= 0"),
+    "b1": (_in(0, 1, hi_open=True), "in [0, 1)"),
+    "b2": (_in(0, 1, hi_open=True), "in [0, 1)"),
+    "eps": (_in(0, math.inf, lo_open=True, hi_open=True),
+            "a finite number > 0"),
+    "clip_norm": (_in(-math.inf, math.inf, lo_open=True, hi_open=True),
+                  "a finite number (<= 0: no clipping)"),
+    "peak_flops_per_device": (_in(0, math.inf, hi_open=True),
+                              "a finite number >= 0 (0: MFU not shown)"),
+    "mesh.data": _MESH, "mesh.fsdp": _MESH, "mesh.tensor": _MESH,
+    "mesh.expert": _MESH,
+    "model.num_layers": _POS,
+    "model.d_model": _POS,
+    "model.d_ffn": _POS,
+    "model.max_len": _POS,
+    "model.vocab_size": _POS,
+    "model.num_classes": _POS,
+    "model.dropout_rate": (_in(0, 1, hi_open=True), "in [0, 1)"),
+    "data.seq_len": _POS,
+    "data.extra_ids": _NONNEG,
+    "data.shuffle_buffer_size": _POS,
+    "data.mlm.select_rate": (_in(0, 1, lo_open=True), "in (0, 1]"),
+    "data.mlm.mask_token_rate": (_in(0, 1), "in [0, 1]"),
+    "data.mlm.random_token_rate": (_in(0, 1), "in [0, 1]"),
+    "data.image_size": _POS,
+    "data.patch_size": _POS,
+    "data.min_crop_area": (_in(0, 1, lo_open=True), "in (0, 1]"),
+    "data.crop_fraction": (_in(0, 1, lo_open=True), "in (0, 1]"),
+}
+
+
+def _flatten(config, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in config.items():
+    if isinstance(v, (ml_collections.ConfigDict, dict)):
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def problems(config: ml_collections.ConfigDict) -> list[str]:
+  """One line per invalid field (empty when the config is valid)."""
+  flat = _flatten(config)
+  out = []
+  for name, value in flat.items():
+    if isinstance(value, float) and not math.isfinite(value):
+      if name not in RULES:
+        out.append(f"{name}={value}: must be a finite number")
+  for name, (check, what) in RULES.items():
+    if name in flat and not check(flat[name]):
+      out.append(f"{name}={flat[name]!r}: must be {what}")
+  if "data.mlm.mask_token_rate" in flat:
+    total = (flat["data.mlm.mask_token_rate"]
+             + flat.get("data.mlm.random_token_rate", 0.0))
+    if isinstance(total, float) and total > 1:
+      out.append(f"data.mlm.mask_token_rate + data.mlm.random_token_rate = "
+                 f"{total}: must be <= 1")
+  if "decay" in flat:
+    from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
+    if flat["decay"] not in optim.DECAYS:
+      out.append(f"decay={flat['decay']!r}: must be one of {optim.DECAYS}")
+  return out
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises ``ConfigError`` listing every invalid field (before compiling)."""
+  found = problems(config)
+  if found:
+    raise ConfigError(
+        "Invalid config (fix with --config.<field>=...):\n  "
+        + "\n  ".join(found))
