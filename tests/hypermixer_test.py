@@ -18,7 +18,8 @@ def np_gelu(x):
 
 
 def np_dense(p, x):
-  return x @ np.asarray(p["dense"]["kernel"]) + np.asarray(p["dense"]["bias"])
+  bias = p["dense"].get("bias", 0.0)
+  return x @ np.asarray(p["dense"]["kernel"]) + np.asarray(bias)
 
 
 def np_sinusoidal(length, dim):
@@ -30,22 +31,42 @@ def np_sinusoidal(length, dim):
   return table
 
 
+def np_head_hyper(net, t, num_heads):
+  """Head h's own MLP on its slice t[h*w:(h+1)*w]; concatenated outputs."""
+  width, out = t.shape[0] // num_heads, []
+  for h in range(num_heads):
+    piece = t[h * width:(h + 1) * width]
+    hid = piece @ net["hidden_kernel"][h] + net.get(
+        "hidden_bias", np.zeros((num_heads, 1)))[h]
+    out.append(np_gelu(hid) @ net["out_kernel"][h] + net.get(
+        "out_bias", np.zeros((num_heads, 1)))[h])
+  return np.concatenate(out)
+
+
 def reference(params, x, ctx, *, num_heads=1, tied=False,
-              position="sinusoidal", layer_norm=True, causal=False, **_):
+              position="sinusoidal", layer_norm=True, causal=False,
+              input_scale=False, position_offset=0, head_slices=False, **_):
   """One example: x [M, d] queries, ctx [N, d] keys/values; explicit loops."""
   m, d = x.shape
   n = ctx.shape[0]
-  table = np.zeros((max(m, n), d))
+  rows = max(m, n) + position_offset
+  table = np.zeros((rows, d))
   if position == "learned":
     table = np.asarray(params["position_embedding"])
   elif position == "sinusoidal":
-    table = np_sinusoidal(max(m, n), d)
+    table = np_sinusoidal(rows, d)
+  scale = math.sqrt(d) if input_scale else 1.0
   net_in = params["hypernetwork" if tied else "hypernetwork_in"]
   net_out = params["hypernetwork" if tied else "hypernetwork_out"]
-  hyper = lambda net, t: np_dense(  # noqa: E731
-      net["out"], np_gelu(np_dense(net["hidden"], t)))
-  w1 = np.stack([hyper(net_in, ctx[j] + table[j]) for j in range(n)])
-  w2 = np.stack([hyper(net_out, x[i] + table[i]) for i in range(m)])
+  if head_slices:
+    hyper = lambda net, t: np_head_hyper(net, t, num_heads)  # noqa: E731
+  else:
+    hyper = lambda net, t: np_dense(  # noqa: E731
+        net["out"], np_gelu(np_dense(net["hidden"], t)))
+  w1 = np.stack([hyper(net_in, scale * ctx[j] + table[j + position_offset])
+                 for j in range(n)])
+  w2 = np.stack([hyper(net_out, scale * x[i] + table[i + position_offset])
+                 for i in range(m)])
   head_width = d // num_heads
   out = np.zeros((m, d))
   for f in range(d):
@@ -87,6 +108,18 @@ CASES = {
     "cross_tied_heads_learned": dict(d=10, num_heads=2, tied=True, m=M,
                                      position="learned", layer_norm=False),
     "causal_heads": dict(d=10, num_heads=2, causal=True),
+    # The official implementation's choices (no biases, sqrt(d) input scale,
+    # positions from 1, per-head hypernetworks on their slice).
+    "official_single_head": dict(d=11, hyper_bias=False, input_scale=True,
+                                 position_offset=1),
+    "official_heads_tied": dict(d=10, num_heads=2, tied=True, head_slices=True,
+                                hyper_bias=False, input_scale=True,
+                                position_offset=1),
+    "head_slices_learned_cross": dict(d=10, num_heads=2, head_slices=True,
+                                      position="learned", m=M,
+                                      position_offset=2),
+    "head_slices_causal": dict(d=10, num_heads=2, head_slices=True,
+                               causal=True),
 }
 
 
@@ -227,3 +260,29 @@ def test_bfloat16_forward_backward(causal):
                              rtol=0.05)
   np.testing.assert_allclose(np.asarray(g16[1], np.float32), g32[1], atol=0.3,
                              rtol=0.1)
+
+
+def test_official_options_change_the_function_and_parameters():
+  x = rand(B, N, 10, seed=8)
+  variables, apply = make(d=10, num_heads=2, head_slices=True,
+                          hyper_bias=False)
+  net = variables["params"]["hypernetwork_in"]
+  assert set(net) == {"hidden_kernel", "out_kernel"}  # no biases
+  assert net["hidden_kernel"].shape == (2, 5, 5)      # head reads d/H = 5
+  _, plain = make(d=10, num_heads=2)
+  _, scaled = make(d=10, num_heads=2, input_scale=True)
+  assert np.abs(plain(x) - scaled(x)).max() > 1e-2
+
+
+def test_tied_self_mixing_runs_the_hypernetwork_once():
+  module = HyperMixing(D_PRIME, tied=True, max_len=MAX_LEN)
+  x = rand(B, N, 11)
+  variables = module.init(jax.random.key(0), x)
+  count = lambda **kw: jax.jit(  # noqa: E731
+      lambda v, x: module.apply(v, x, **kw)).lower(
+          variables, x).as_text().count("dot_general")
+  # Cross-mixing a sequence with itself gives the same function but must run
+  # the hypernetwork (two matmuls) on both sides.
+  assert count() + 2 == count(context=x)
+  np.testing.assert_allclose(module.apply(variables, x),
+                             module.apply(variables, x, context=x), rtol=1e-6)

@@ -10,8 +10,27 @@ position embeddings p, and costs O(N d d'):
     y = LayerNorm(out)               # [B, M, d]  (optional)
 
 p only enters the hypernetworks, never the values. Tied: W2 = W1 (one
-hypernetwork). Multi-head: d is split into H heads of width d/H, each with its
-own TM-MLP; the hypernetworks read the whole token and emit H * d' per token.
+hypernetwork; the paper's default, §2.3; with self-mixing it runs once).
+Multi-head: d is split into H heads of width d/H, each with its own TM-MLP;
+the hypernetworks read the whole token and emit H * d' per token
+(``head_slices``: head h's own hypernetwork reads only its slice).
+
+Differences from the paper and its official (PyTorch) implementation, each a
+flag so the official behaviour is one setting away:
+* hypernetwork biases: ours have them (``hyper_bias``); the official code has
+  none and the paper does not say. With ``hyper_bias=False``,
+  ``input_scale=True``, ``position_offset=1`` and LayerNorm eps 1e-5 a
+  single-head layer computes the official function.
+* input scale: the official code multiplies the hypernetworks' input by
+  sqrt(d) before adding sinusoids (``input_scale``). Ours is off: in our
+  pre-LN blocks that input is LayerNorm-ed (unit variance per feature, like
+  the sinusoids), and a factor sqrt(d) would shrink the position signal to
+  1/sqrt(d) of the token signal.
+* positions: counted from 0 here, from 1 in the official code
+  (``position_offset``); only the hypernetworks see them, as in Algorithm 1,
+  so the zoo's HyperMixer models add no positions to the residual stream.
+* LayerNorm eps: 1e-6 (the codebase's), 1e-5 in the official code.
+* causal mixing and packed segments go beyond the paper (below).
 
 Padding: rows of W1 (keys) and W2 (queries) of padded tokens are zero, so a
 padded batch gives exactly the unpadded outputs; padded output rows are zero.
@@ -40,17 +59,58 @@ class HyperNetwork(nn.Module):
   """Per-token MLP([d, hidden, features]), GELU: one weight row per token."""
   hidden_dim: int
   features: int
+  use_bias: bool = True
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype,
+              use_bias=self.use_bias)
     h = common.Dense(self.hidden_dim, axes=(common.EMBED, common.MLP),
                      name="hidden", **kw)(x)
     w = common.Dense(self.features, axes=(common.EMBED, common.HYPER),
                      name="out", **kw)(common.gelu(h))
     return common.constrain(w, (common.BATCH, common.LENGTH, common.HYPER))
+
+
+class HeadHyperNetworks(nn.Module):
+  """H per-token MLPs, head h reading only its slice ``x[..., h, :]``.
+
+  ``[B, N, H, d/H] -> [B, N, H, features]`` with per-head weights
+  (``MLP([d/H, hidden, features])`` each), the official implementation's
+  multi-head layout.
+  """
+  hidden_dim: int
+  features: int
+  use_bias: bool = True
+  dtype: common.Dtype = jnp.float32
+  param_dtype: common.Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    heads, width = x.shape[-2:]
+    # LeCun normal per head (axis 0 is a batch of kernels, not fan-in); only
+    # the head axis is named, since 'heads' and the widths share a mesh axis.
+    init = common.partitioned(nn.initializers.lecun_normal(batch_axis=(0,)),
+                              (common.HEADS, None, None))
+    k1 = self.param("hidden_kernel", init, (heads, width, self.hidden_dim),
+                    self.param_dtype)
+    k2 = self.param("out_kernel", init, (heads, self.hidden_dim,
+                                         self.features), self.param_dtype)
+    h = jnp.einsum("bnhi,hio->bnho", x, k1.astype(self.dtype))
+    if self.use_bias:
+      h = h + self.param("hidden_bias", common.partitioned(
+          nn.initializers.zeros_init(), (common.HEADS, None)),
+                         (heads, self.hidden_dim), self.param_dtype
+                         ).astype(self.dtype)
+    w = jnp.einsum("bnhi,hio->bnho", common.gelu(h), k2.astype(self.dtype))
+    if self.use_bias:
+      w = w + self.param("out_bias", common.partitioned(
+          nn.initializers.zeros_init(), (common.HEADS, None)),
+                         (heads, self.features), self.param_dtype
+                         ).astype(self.dtype)
+    return w
 
 
 def causal_token_mixing(w_in: Array, w_out: Array, values: Array,
@@ -93,6 +153,15 @@ class HyperMixing(nn.Module):
     max_segments: most packed examples per row when ``segment_ids`` is given
       (non-causal); each costs one TM-MLP hidden layer. Tokens of a segment
       id above it get NaN outputs, so an overflow cannot pass silently.
+    hyper_bias: biases in the hypernetworks' two layers (the official
+      implementation has none; the paper does not say).
+    input_scale: multiply the hypernetworks' input by sqrt(d) before adding
+      the positions (the official implementation's choice).
+    position_offset: the first position's index in the position table (the
+      official implementation counts from 1).
+    head_slices: with several heads, head h's hypernetwork reads only its
+      slice of each token (per-head weights, the official implementation's
+      layout) instead of the whole token.
   """
   hyper_dim: int
   num_heads: int = 1
@@ -103,6 +172,10 @@ class HyperMixing(nn.Module):
   hidden_dim: int | None = None
   causal: bool = False
   max_segments: int = 1
+  hyper_bias: bool = True
+  input_scale: bool = False
+  position_offset: int = 0
+  head_slices: bool = False
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
@@ -118,6 +191,7 @@ class HyperMixing(nn.Module):
     del deterministic  # no dropout inside the token mixer
     common.check_width(x, None, "HyperMixing")
     b, m, d = x.shape
+    self_mixing = context is None
     if context is None:
       context, context_mask = x, mask
       context_segment_ids, context_positions = segment_ids, positions
@@ -149,36 +223,50 @@ class HyperMixing(nn.Module):
     k_mask = common.resolve_mask(context, context_mask, context_segment_ids)
     x, context = x.astype(self.dtype), context.astype(self.dtype)
 
-    table = None  # [max_len, d]
+    table = None  # [max_len + position_offset, d]
+    rows = max(self.max_len, n, m) + self.position_offset
     if self.position == "learned":
       table = self.param(
           "position_embedding",
           common.partitioned(nn.initializers.normal(0.02),
                              (common.SEQ_IN, common.EMBED)),
-          (self.max_len, d), self.param_dtype)
+          (self.max_len + self.position_offset, d), self.param_dtype)
     elif self.position == "sinusoidal":
-      table = common.sinusoidal_positions(max(self.max_len, n, m), d)
+      table = common.sinusoidal_positions(rows, d)
 
-    def add_positions(t, pos):
+    def hyper_input(t, pos):
+      if self.input_scale:
+        t = t * jnp.asarray(d ** 0.5, self.dtype)
       if table is None:
         return t
       if pos is None:
         pos = jnp.arange(t.shape[1])[None]
-      return t + jnp.take(table, pos, axis=0).astype(self.dtype)
+      return t + jnp.take(table, pos + self.position_offset,
+                          axis=0).astype(self.dtype)
 
-    hyp_in = add_positions(context, context_positions)   # [B, N, d]
-    hyp_out = add_positions(x, positions)                # [B, M, d]
-    make = lambda name: HyperNetwork(  # noqa: E731
-        self.hidden_dim or d, self.num_heads * self.hyper_dim,
-        dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+    split = lambda t: t.reshape(  # noqa: E731
+        t.shape[:2] + (self.num_heads, -1))
+    hyp_in = hyper_input(context, context_positions)     # [B, N, d]
+    hyp_out = hyper_input(x, positions)                  # [B, M, d]
+    if self.head_slices:
+      make = lambda name: HeadHyperNetworks(  # noqa: E731
+          self.hidden_dim or d // self.num_heads, self.hyper_dim,
+          self.hyper_bias, dtype=self.dtype, param_dtype=self.param_dtype,
+          name=name)
+      hyp_in, hyp_out = split(hyp_in), split(hyp_out)    # [B, *, H, d/H]
+    else:
+      make = lambda name: HyperNetwork(  # noqa: E731
+          self.hidden_dim or d, self.num_heads * self.hyper_dim,
+          self.hyper_bias, dtype=self.dtype, param_dtype=self.param_dtype,
+          name=name)
     if self.tied:
       net = make("hypernetwork")
-      w1, w2 = net(hyp_in), net(hyp_out)
+      w1 = net(hyp_in)
+      # Self-mixing feeds the same tokens and positions to both sides.
+      w2 = w1 if self_mixing else net(hyp_out)
     else:
       w1 = make("hypernetwork_in")(hyp_in)    # [B, N, H * d']
       w2 = make("hypernetwork_out")(hyp_out)  # [B, M, H * d']
-    split = lambda t: t.reshape(  # noqa: E731
-        t.shape[:2] + (self.num_heads, -1))
     w1, w2, v = split(w1), split(w2), split(context)  # v: [B, N, H, d/H]
 
     overflow = None
