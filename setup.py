@@ -12,9 +12,9 @@ INSTALL_REQUIRES = [
     "absl-py",
     "numpy",
     # Input pipelines (CPU tf is what seqio/TFDS need on the host).
-    "tensorflow",
+    "tensorflow",       # CPU use only (hypermixer_jax.runtime hides GPUs)
     "tensorflow-datasets>=4.9",
-    "tensorflow-text",
+    "tensorflow-text",  # pins its own tensorflow release line
     "seqio>=0.0.19",
     "sentencepiece",
     # Metrics and visualisation.
@@ -25,6 +25,18 @@ INSTALL_REQUIRES = [
 
 TESTS_REQUIRE = ["pytest", "pytest-xdist"]
 
+# Accelerator builds of jax (its own extras name the matching jaxlib and the
+# TPU runtime / CUDA plugin). A plain install gets the CPU jaxlib. Pin what
+# was tested with ``-c constraints.txt``.
+EXTRAS_REQUIRE = {
+    "test": TESTS_REQUIRE,
+    "tpu": ["jax[tpu]>=0.9"],            # Cloud TPU VMs (libtpu)
+    "cuda12": ["jax[cuda12]>=0.9"],      # NVIDIA GPUs, CUDA 12 wheels from pip
+    "cuda13": ["jax[cuda13]>=0.9"],      # NVIDIA GPUs, CUDA 13 wheels from pip
+    # Viewing profiler traces (config.profile) in TensorBoard / XProf.
+    "profile": ["xprof"],
+}
+
 setuptools.setup(
     name="hypermixer_jax",
     version="0.1.0",
@@ -34,6 +46,6 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["hypermixer_jax", "hypermixer_jax.*"]),
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TESTS_REQUIRE},
+    extras_require=EXTRAS_REQUIRE,
     entry_points={"console_scripts": ["hypermixer-train=hypermixer_jax.main:run"]},
 )

@@ -1,0 +1,45 @@
+"""setup.py's accelerator extras and the constraints file of tested versions."""
+import ast
+import importlib.metadata
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _extras():
+  tree = ast.parse(open(os.path.join(ROOT, "setup.py"), encoding="utf-8").read())
+  for node in tree.body:
+    if (isinstance(node, ast.Assign)
+        and node.targets[0].id == "EXTRAS_REQUIRE"):
+      src = ast.unparse(node.value).replace("TESTS_REQUIRE", "[]")
+      return ast.literal_eval(src)
+  raise AssertionError("EXTRAS_REQUIRE not found in setup.py")
+
+
+def _constraints():
+  pins = {}
+  for line in open(os.path.join(ROOT, "constraints.txt"), encoding="utf-8"):
+    line = line.split("#")[0].strip()
+    if line:
+      name, version = line.split("==")
+      pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+  return pins
+
+
+def test_accelerator_extras_use_jax_extras():
+  extras = _extras()
+  assert extras["tpu"] == ["jax[tpu]>=0.9"]
+  assert extras["cuda12"] == ["jax[cuda12]>=0.9"]
+  assert {"test", "tpu", "cuda12", "cuda13"} <= set(extras)
+
+
+def test_constraints_pin_what_the_tests_run_with():
+  pins = _constraints()
+  for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "seqio",
+               "tensorflow", "tensorflow-text", "tensorflow-datasets"):
+    assert pins[name] == importlib.metadata.version(name), name
+  # tensorflow-text is built against one TensorFlow release line.
+  tf = pins["tensorflow"].split(".")[:2]
+  assert pins["tensorflow-text"].split(".")[:2] == tf
+  assert "hypermixer-jax" not in pins and "hypermixer_jax" not in pins
