@@ -30,6 +30,7 @@ class FeedForward(nn.Module):
   """Feature-mixing MLP ``d -> d_ffn -> d`` with GELU, applied per token."""
   d_ffn: int
   dropout_rate: float = 0.0
+  approximate_gelu: bool = False
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
@@ -38,7 +39,7 @@ class FeedForward(nn.Module):
     d = x.shape[-1]
     h = common.Dense(self.d_ffn, (common.EMBED, common.MLP), dtype=self.dtype,
                      param_dtype=self.param_dtype, name="wi")(x)  # [B, N, F]
-    h = common.gelu(h)
+    h = common.gelu(h, self.approximate_gelu)
     h = common.constrain(h, (common.BATCH, common.LENGTH, common.MLP))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return common.Dense(d, (common.MLP, common.EMBED), dtype=self.dtype,
@@ -64,6 +65,7 @@ class MixerBlock(nn.Module):
   d_ffn: int
   layout: str = "pre_ln"
   dropout_rate: float = 0.0
+  approximate_gelu: bool = False   # of the feature-mixing MLP
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
@@ -92,7 +94,8 @@ class MixerBlock(nn.Module):
     y = common.constrain(y, _ACT_AXES)
 
     h = norm("ffn_norm")(y) if pre else y
-    h = FeedForward(self.d_ffn, self.dropout_rate, dtype=self.dtype,
+    h = FeedForward(self.d_ffn, self.dropout_rate, self.approximate_gelu,
+                    dtype=self.dtype,
                     param_dtype=self.param_dtype, name="feature_mixing")(
                         h, deterministic=deterministic)
     z = y + drop(h).astype(y.dtype)

@@ -154,9 +154,10 @@ class LayerNorm(nn.Module):
         name="ln")(x)
 
 
-def gelu(x: Array) -> Array:
-  """Exact (erf) GELU, as in the papers' reference code."""
-  return nn.gelu(x, approximate=False)
+def gelu(x: Array, approximate: bool = False) -> Array:
+  """Exact (erf) GELU, as in the papers' reference code; ``approximate``:
+  the tanh form (Flax's default, used by the official MLP-Mixer release)."""
+  return nn.gelu(x, approximate=approximate)
 
 
 def sinusoidal_positions(length: int, dim: int, dtype: Dtype = jnp.float32

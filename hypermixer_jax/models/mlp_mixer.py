@@ -51,7 +51,8 @@ def segment_one_hot(x: Array, mask: Array | None, segment_ids: Array | None,
 
 def token_mixing_mlp(w_in: Array, w_out: Array, values: Array,
                      key_segments: Array, query_segments: Array,
-                     bias_in: Array | None = None) -> Array:
+                     bias_in: Array | None = None,
+                     approximate_gelu: bool = False) -> Array:
   """Per-token-weighted TM-MLP, one hidden layer per segment slot.
 
   out[b,m,h,f] = sum_s q[b,m,s] sum_k w_out[b,m,h,k]
@@ -72,7 +73,7 @@ def token_mixing_mlp(w_in: Array, w_out: Array, values: Array,
   if bias_in is not None:
     hidden = hidden + bias_in  # [B, S, H, f, d']
   return jnp.einsum("bms,bmhk,bshfk->bmhf", query_segments, w_out,
-                    common.gelu(hidden))
+                    common.gelu(hidden, approximate_gelu))
 
 
 class MlpMixerTokenMixing(nn.Module):
@@ -81,6 +82,7 @@ class MlpMixerTokenMixing(nn.Module):
   Attributes:
     max_len: longest sequence (rows of the position-indexed weights).
     token_mlp_dim: hidden width D_S.
+    approximate_gelu: tanh GELU (as the official release) instead of erf.
     max_segments: most packed examples per row when ``segment_ids`` is given;
       every segment costs one extra hidden layer (compute grows linearly).
       Tokens of a segment id above it get NaN outputs, so an overflow cannot
@@ -89,6 +91,7 @@ class MlpMixerTokenMixing(nn.Module):
   max_len: int
   token_mlp_dim: int
   max_segments: int = 1
+  approximate_gelu: bool = False
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
@@ -132,7 +135,8 @@ class MlpMixerTokenMixing(nn.Module):
     segments, overflow = segment_one_hot(x, mask, segment_ids,
                                          self.max_segments, self.dtype)
     y = token_mixing_mlp(rows_in[:, :, None], rows_out[:, :, None],
-                         x[:, :, None], segments, segments, bias_in)[:, :, 0]
+                         x[:, :, None], segments, segments, bias_in,
+                         self.approximate_gelu)[:, :, 0]
     y = y + jnp.take(bias_out, positions)[..., None]      # [B, N, d]
     if mask is not None:
       y = jnp.where(mask[..., None], y, 0)  # the biases would leak into padding

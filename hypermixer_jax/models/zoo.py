@@ -77,7 +77,9 @@ def default_model_config() -> ml_collections.ConfigDict:
   kernel sizes of 1-d convolutions + GELU over the sequence after the stem,
   ``()`` for none), ``scale_embeddings`` (text family: token embeddings
   N(0, 1/d) multiplied by sqrt(d), as in the Transformer; False gives BERT's
-  unscaled N(0, 0.02^2)).
+  unscaled N(0, 0.02^2)), ``approximate_gelu`` (tanh GELU in the blocks'
+  MLPs and mixers that take it, as the official MLP-Mixer checkpoints were
+  trained).
   """
   return ml_collections.ConfigDict(dict(
       family="text",
@@ -102,6 +104,7 @@ def default_model_config() -> ml_collections.ConfigDict:
       out_dim=1,
       conv_stem=(),
       scale_embeddings=True,
+      approximate_gelu=False,
   ))
 
 
@@ -132,7 +135,8 @@ def mixer_class(name: str) -> type[nn.Module]:
 
 def _mixer_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
   """Defaults derived from the model config (only those a mixer accepts)."""
-  defaults = dict(max_len=cfg["max_len"], d_ffn=cfg["d_ffn"])
+  defaults = dict(max_len=cfg["max_len"], d_ffn=cfg["d_ffn"],
+                  approximate_gelu=cfg["approximate_gelu"])
   mixer = cfg["mixer"]
   if mixer == "hypermixer":
     defaults["hyper_dim"] = cfg["d_model"]
@@ -228,7 +232,7 @@ def build_model(config: Mapping[str, Any]) -> encoders.Model:
     layer = functools.partial(
         blocks.MixerBlock, functools.partial(cls, **kwargs),
         d_ffn=cfg["d_ffn"], layout=block, dropout_rate=cfg["dropout_rate"],
-        dtype=dtype, param_dtype=param_dtype)
+        approximate_gelu=cfg["approximate_gelu"], dtype=dtype, param_dtype=param_dtype)
 
   return encoders.Model(
       family=family, head=head, layer=layer,

@@ -1,0 +1,257 @@
+"""Official MLP-Mixer checkpoints (vision_transformer / big_vision ``.npz``) in the zoo.
+
+The release (Tolstikhin et al. 2021; ``gs://mixer_models/...``) stores the
+Flax parameters of ``vit_jax/models_mixer.py`` flattened with ``/``:
+
+    stem/kernel                                   [P, P, 3, C]   (conv, stride P)
+    stem/bias                                     [C]
+    MixerBlock_{i}/LayerNorm_0/{scale,bias}       [C]            (before token mixing)
+    MixerBlock_{i}/token_mixing/Dense_0/kernel    [N, D_S]       (acts on [B, C, N])
+    MixerBlock_{i}/token_mixing/Dense_0/bias      [D_S]
+    MixerBlock_{i}/token_mixing/Dense_1/kernel    [D_S, N]
+    MixerBlock_{i}/token_mixing/Dense_1/bias      [N]
+    MixerBlock_{i}/LayerNorm_1/{scale,bias}       [C]            (before channel mixing)
+    MixerBlock_{i}/channel_mixing/Dense_0/kernel  [C, D_C]  (+ bias [D_C])
+    MixerBlock_{i}/channel_mixing/Dense_1/kernel  [D_C, C]  (+ bias [C])
+    pre_head_layer_norm/{scale,bias}              [C]
+    head/kernel, head/bias                        [C, K], [K]    (absent if K = 0)
+
+with y = x + TM(LN0(x)^T)^T, z = y + CM(LN1(y)), logits = head(mean_n LN(z)),
+LayerNorm epsilon 1e-6 and Flax's default (tanh) GELU. The zoo's Mixer
+(``family='continuous'``, ``head='image'``, ``block='pre_ln'``, mixer
+``mlp_mixer``) is the same network: patches flattened in (row, column,
+channel) order make the stem Dense equal to the conv, the token-mixing
+kernels are the ``MlpMixerTokenMixing`` weights (``kernel_in`` = Dense_0,
+``kernel_out`` = Dense_1), the final LayerNorm and the mean pool are the
+encoder's ``final_norm`` and the image head's pool. ``approximate_gelu=True``
+selects the release's GELU.
+
+Fine-tuning at another resolution (``adapt_resolution``), which the official
+code does not offer: the token-mixing weights are tied to the N = h x w patch
+positions. They are functions on the patch grid, so they are resized as
+images to the new grid h' x w' (bilinear by default, like ViT's position
+embeddings): ``kernel_in`` [h, w, D_S] -> [h', w', D_S], ``kernel_out``
+[D_S, h, w] -> [D_S, h', w'], ``bias_out`` [h, w] -> [h', w']. The hidden
+units sum over all positions, and each old patch's region is now covered by
+N'/N patches, so ``kernel_in`` is divided by N'/N: on an image whose new
+patches repeat the old ones (an integer upsampling, ``method='nearest'``)
+the hidden activations, and so every output, are exactly the old ones.
+
+    python -m hypermixer_jax.models.official_mixer --npz=imagenet21k_Mixer-B_16.npz \
+        --output=/ckpt/mixer_b16_in21k [--image_size=384]
+
+writes the parameters as a checkpoint that ``--config.init_checkpoint``
+loads (``configs/imagenet.py:mixer_b16`` with the printed sizes).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from hypermixer_jax.models import zoo
+
+Params = dict
+
+
+def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+  """The flat ``{'a/b/c': array}`` of an official ``.npz`` (local or gs://)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  with tf.io.gfile.GFile(os.fspath(path), "rb") as f:
+    with np.load(f, allow_pickle=False) as z:
+      return {k: np.asarray(z[k]) for k in z.files}
+
+
+def _block_indices(flat: Mapping[str, np.ndarray]) -> list[int]:
+  found = sorted({int(m.group(1)) for k in flat
+                  if (m := re.match(r"MixerBlock_(\d+)/", k))})
+  if found != list(range(len(found))) or not found:
+    raise ValueError(f"official Mixer checkpoint: blocks MixerBlock_0.. "
+                     f"expected, found indices {found}.")
+  return found
+
+
+def _get(flat, key, ndim):
+  if key not in flat:
+    raise ValueError(f"official Mixer checkpoint has no {key!r} (has e.g. "
+                     f"{sorted(flat)[:6]}); is it an MLP-Mixer .npz?")
+  x = flat[key]
+  if x.ndim != ndim:
+    raise ValueError(f"official Mixer checkpoint: {key} has shape {x.shape}, "
+                     f"expected {ndim} dimensions.")
+  return x
+
+
+def model_config(flat: Mapping[str, np.ndarray],
+                 num_classes: int | None = None) -> ml_collections.ConfigDict:
+  """The zoo Mixer config whose parameters have the checkpoint's shapes.
+
+  ``num_classes`` overrides the checkpoint's head (a new head is then
+  initialised when fine-tuning, see ``init_reinit``); without a head in the
+  checkpoint it is required.
+  """
+  stem = _get(flat, "stem/kernel", 4)
+  p, p2, c_in, c = stem.shape
+  if p != p2 or c_in != 3:
+    raise ValueError(f"stem/kernel {stem.shape}: square RGB patches expected.")
+  blocks = _block_indices(flat)
+  n, d_s = _get(flat, "MixerBlock_0/token_mixing/Dense_0/kernel", 2).shape
+  d_c = _get(flat, "MixerBlock_0/channel_mixing/Dense_0/kernel", 2).shape[1]
+  side = math.isqrt(n)
+  if side * side != n:
+    raise ValueError(f"token_mixing kernels have {n} patches, not a square "
+                     "grid.")
+  if num_classes is None:
+    if "head/kernel" not in flat:
+      raise ValueError("the checkpoint has no head (num_classes=0 release): "
+                       "pass num_classes for the new head.")
+    num_classes = int(flat["head/kernel"].shape[1])
+  cfg = zoo.get_model_config("mixer_b16")
+  cfg.update(num_layers=len(blocks), d_model=int(c), d_ffn=int(d_c),
+             max_len=int(n), input_dim=int(p * p * 3), patch_size=int(p),
+             num_classes=int(num_classes), approximate_gelu=True)
+  cfg.mixer_kwargs.token_mlp_dim = int(d_s)
+  return cfg
+
+
+def convert(flat: Mapping[str, np.ndarray]) -> Params:
+  """The zoo Mixer's ``params`` tree (head included if the file has one)."""
+  # common.LayerNorm / common.Dense hold Flax's module as "ln" / "dense".
+  def ln(prefix):
+    return {"ln": {"scale": _get(flat, f"{prefix}/scale", 1),
+                   "bias": _get(flat, f"{prefix}/bias", 1)}}
+
+  def dense(prefix):
+    return {"kernel": _get(flat, f"{prefix}/kernel", 2),
+            "bias": _get(flat, f"{prefix}/bias", 1)}
+
+  stem = _get(flat, "stem/kernel", 4)
+  p = stem.shape[0]
+  stack = {}
+  for i in _block_indices(flat):
+    b = f"MixerBlock_{i}"
+    tm0, tm1 = dense(f"{b}/token_mixing/Dense_0"), dense(
+        f"{b}/token_mixing/Dense_1")
+    stack[f"layer_{i}"] = {
+        "mixing_norm": ln(f"{b}/LayerNorm_0"),
+        "token_mixing": {"kernel_in": tm0["kernel"], "bias_in": tm0["bias"],
+                         "kernel_out": tm1["kernel"], "bias_out": tm1["bias"]},
+        "ffn_norm": ln(f"{b}/LayerNorm_1"),
+        "feature_mixing": {
+            "wi": {"dense": dense(f"{b}/channel_mixing/Dense_0")},
+            "wo": {"dense": dense(f"{b}/channel_mixing/Dense_1")}},
+    }
+  stack["final_norm"] = ln("pre_head_layer_norm")
+  params = {"encoder": {
+      # [P, P, 3, C] -> [P*P*3, C]: rows in (row, column, channel) order,
+      # the order in which ``encoders.patchify`` flattens a patch.
+      "stem": {"dense": {"kernel": stem.reshape(p * p * stem.shape[2], -1),
+                         "bias": _get(flat, "stem/bias", 1)}},
+      "stack": stack}}
+  if "head/kernel" in flat:
+    params["classifier"] = {"dense": dense("head")}
+  return jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+
+
+def _resize_grid(x: np.ndarray, axis: int, new_side: int,
+                 method: str) -> np.ndarray:
+  """Resizes axis ``axis`` (N = side^2 patch positions, row-major) of ``x``."""
+  n = x.shape[axis]
+  side = math.isqrt(n)
+  moved = np.moveaxis(x, axis, 0)
+  grid = moved.reshape((side, side) + moved.shape[1:])
+  out = jax.image.resize(jnp.asarray(grid), (new_side, new_side)
+                         + grid.shape[2:], method=method)
+  out = np.asarray(out).reshape((new_side * new_side,) + moved.shape[1:])
+  return np.moveaxis(out, 0, axis)
+
+
+def adapt_resolution(params: Params, new_num_patches: int, *,
+                     method: str = "linear") -> Params:
+  """``params`` with every token-mixing MLP resized to ``new_num_patches``.
+
+  See the module docstring for the method. ``method``: a
+  ``jax.image.resize`` method (``linear``, ``cubic``, ``nearest``...).
+  Square grids only; ``new_num_patches`` must be a square.
+  """
+  new_side = math.isqrt(new_num_patches)
+  if new_side * new_side != new_num_patches:
+    raise ValueError(f"new_num_patches={new_num_patches} is not a square "
+                     "grid (image_size / patch_size squared).")
+
+  def adapt(tree):
+    if isinstance(tree, dict) and "kernel_in" in tree and "kernel_out" in tree:
+      n = tree["kernel_in"].shape[0]
+      if math.isqrt(n) ** 2 != n:
+        raise ValueError(f"token-mixing weights for {n} patches: not a "
+                         "square grid.")
+      return {**tree,
+              "kernel_in": _resize_grid(np.asarray(tree["kernel_in"]), 0,
+                                        new_side, method) * (n / new_num_patches),
+              "kernel_out": _resize_grid(np.asarray(tree["kernel_out"]), 1,
+                                         new_side, method),
+              "bias_out": _resize_grid(np.asarray(tree["bias_out"]), 0,
+                                       new_side, method)}
+    if isinstance(tree, dict):
+      return {k: adapt(v) for k, v in tree.items()}
+    return tree
+
+  return adapt(params)
+
+
+def import_checkpoint(npz_path: str, *, image_size: int | None = None,
+                      num_classes: int | None = None,
+                      method: str = "linear"
+                      ) -> tuple[ml_collections.ConfigDict, Params]:
+  """``(model config, params)`` of an official ``.npz``, at ``image_size``.
+
+  ``image_size`` (pixels, square) other than the checkpoint's adapts the
+  token-mixing weights (``adapt_resolution``). A ``num_classes`` different
+  from the checkpoint's head drops that head (the new one is initialised).
+  """
+  flat = load_npz(npz_path)
+  cfg = model_config(flat, num_classes)
+  params = convert(flat)
+  if "classifier" in params and (
+      params["classifier"]["dense"]["kernel"].shape[1] != cfg.num_classes):
+    del params["classifier"]
+  if image_size:
+    if image_size % cfg.patch_size:
+      raise ValueError(f"image_size={image_size} is not a multiple of the "
+                       f"patch size {cfg.patch_size}.")
+    n = (image_size // cfg.patch_size) ** 2
+    if n != cfg.max_len:
+      params = adapt_resolution(params, n, method=method)
+      cfg.max_len = n
+  return cfg, params
+
+
+def main(argv=None) -> None:
+  import argparse  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  p = argparse.ArgumentParser(description="Official MLP-Mixer .npz -> a "
+                              "parameters checkpoint for init_checkpoint.")
+  p.add_argument("--npz", required=True)
+  p.add_argument("--output", required=True)
+  p.add_argument("--image_size", type=int, default=0)
+  p.add_argument("--num_classes", type=int, default=None)
+  p.add_argument("--method", default="linear")
+  a = p.parse_args(argv)
+  cfg, params = import_checkpoint(a.npz, image_size=a.image_size or None,
+                                  num_classes=a.num_classes, method=a.method)
+  artifacts.write_params(a.output, params)
+  print(f"wrote {a.output}; model: num_layers={cfg.num_layers} "
+        f"d_model={cfg.d_model} d_ffn={cfg.d_ffn} max_len={cfg.max_len} "
+        f"patch_size={cfg.patch_size} token_mlp_dim="
+        f"{cfg.mixer_kwargs.token_mlp_dim} approximate_gelu=True "
+        f"num_classes={cfg.num_classes}")
+
+
+if __name__ == "__main__":
+  main()

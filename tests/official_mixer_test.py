@@ -1,0 +1,176 @@
+"""Official MLP-Mixer .npz checkpoints in the zoo's Mixer, and resolution change.
+
+The test writes a file with the release's layout (``vit_jax/models_mixer.py``
+parameter names and shapes, random values) and checks our model against a
+NumPy forward of the official architecture on the same weights.
+"""
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from hypermixer_jax import models
+from hypermixer_jax.models import official_mixer
+from hypermixer_jax.models import zoo
+
+# Distinct sizes, so a transposed axis cannot pass: patch 4, 5x5 grid (N=25),
+# C=12, D_S=7, D_C=11, 3 classes, 2 blocks.
+P, SIDE, C, DS, DC, K, L = 4, 5, 12, 7, 11, 3, 2
+N = SIDE * SIDE
+
+
+def official_flat(seed=0, head=True):
+  rng = np.random.default_rng(seed)
+  r = lambda *s: rng.normal(size=s).astype(np.float32) * 0.3  # noqa: E731
+  flat = {"stem/kernel": r(P, P, 3, C), "stem/bias": r(C),
+          "pre_head_layer_norm/scale": 1 + r(C),
+          "pre_head_layer_norm/bias": r(C)}
+  for i in range(L):
+    b = f"MixerBlock_{i}"
+    for ln in ("LayerNorm_0", "LayerNorm_1"):
+      flat[f"{b}/{ln}/scale"] = 1 + r(C)
+      flat[f"{b}/{ln}/bias"] = r(C)
+    for mlp, (d_in, hid) in (("token_mixing", (N, DS)),
+                             ("channel_mixing", (C, DC))):
+      flat[f"{b}/{mlp}/Dense_0/kernel"] = r(d_in, hid)
+      flat[f"{b}/{mlp}/Dense_0/bias"] = r(hid)
+      flat[f"{b}/{mlp}/Dense_1/kernel"] = r(hid, d_in)
+      flat[f"{b}/{mlp}/Dense_1/bias"] = r(d_in)
+  if head:
+    flat["head/kernel"] = r(C, K)
+    flat["head/bias"] = r(K)
+  return flat
+
+
+def _ln(x, scale, bias):
+  mu = x.mean(-1, keepdims=True)
+  var = ((x - mu) ** 2).mean(-1, keepdims=True)
+  return (x - mu) / np.sqrt(var + 1e-6) * scale + bias
+
+
+def _gelu_tanh(x):  # Flax's default nn.gelu
+  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def numpy_official_forward(flat, images):
+  """vit_jax/models_mixer.py's MlpMixer, in NumPy (float64)."""
+  f = {k: v.astype(np.float64) for k, v in flat.items()}
+  b, h, w, _ = images.shape
+  p = f["stem/kernel"].shape[0]
+  # Conv with kernel P and stride P: one patch per output position.
+  x = images.astype(np.float64).reshape(b, h // p, p, w // p, p, 3)
+  x = np.einsum("bhpwqc,pqcd->bhwd", x, f["stem/kernel"]) + f["stem/bias"]
+  x = x.reshape(b, -1, x.shape[-1])                       # n (h w) c
+  i = 0
+  while f"MixerBlock_{i}/LayerNorm_0/scale" in f:
+    g = lambda k: f[f"MixerBlock_{i}/{k}"]  # noqa: E731
+    y = _ln(x, g("LayerNorm_0/scale"), g("LayerNorm_0/bias"))
+    y = np.swapaxes(y, 1, 2)                              # [B, C, N]
+    y = _gelu_tanh(y @ g("token_mixing/Dense_0/kernel")
+                   + g("token_mixing/Dense_0/bias"))
+    y = y @ g("token_mixing/Dense_1/kernel") + g("token_mixing/Dense_1/bias")
+    x = x + np.swapaxes(y, 1, 2)
+    y = _ln(x, g("LayerNorm_1/scale"), g("LayerNorm_1/bias"))
+    y = _gelu_tanh(y @ g("channel_mixing/Dense_0/kernel")
+                   + g("channel_mixing/Dense_0/bias"))
+    x = x + y @ g("channel_mixing/Dense_1/kernel") + g(
+        "channel_mixing/Dense_1/bias")
+    i += 1
+  x = _ln(x, f["pre_head_layer_norm/scale"], f["pre_head_layer_norm/bias"])
+  return x.mean(1) @ f["head/kernel"] + f["head/bias"]
+
+
+@pytest.fixture
+def npz(tmp_path):
+  path = tmp_path / "Mixer-T_4.npz"
+  np.savez(path, **official_flat())
+  return str(path)
+
+
+def _forward(cfg, params, images):
+  model = models.build_model(cfg)
+  return np.asarray(jax.jit(model.apply)({"params": params}, images))
+
+
+def test_import_matches_official_forward(npz):
+  cfg, params = official_mixer.import_checkpoint(npz)
+  assert (cfg.num_layers, cfg.d_model, cfg.d_ffn, cfg.max_len, cfg.patch_size,
+          cfg.mixer_kwargs.token_mlp_dim, cfg.num_classes) == (
+              L, C, DC, N, P, DS, K)
+  # The tree is exactly the model's: same paths, same shapes.
+  expected = nn.unbox(zoo.abstract_variables(cfg))["params"]
+  assert jax.tree.structure(expected) == jax.tree.structure(params)
+  assert jax.tree.leaves(jax.tree.map(lambda a, b: a.shape == b.shape,
+                                      expected, params)) == [True] * len(
+                                          jax.tree.leaves(params))
+  images = np.random.default_rng(1).normal(
+      size=(3, SIDE * P, SIDE * P, 3)).astype(np.float32)
+  want = numpy_official_forward(official_flat(), images)
+  # float32 against float64: measured 6e-8.
+  np.testing.assert_allclose(_forward(cfg, params, images), want, rtol=0,
+                             atol=1e-6)
+  # The exact GELU (the zoo's default) is a different network (3e-5 here):
+  # the tolerance can tell them apart.
+  cfg.approximate_gelu = False
+  assert np.abs(_forward(cfg, params, images) - want).max() > 1e-5
+
+
+def test_new_head_and_headless_release(tmp_path, npz):
+  cfg, params = official_mixer.import_checkpoint(npz, num_classes=5)
+  assert cfg.num_classes == 5 and "classifier" not in params
+  path = tmp_path / "headless.npz"
+  np.savez(path, **official_flat(head=False))
+  with pytest.raises(ValueError, match="pass num_classes for the new head"):
+    official_mixer.import_checkpoint(str(path))
+
+
+def test_resolution_change_is_exact_on_upsampled_patch_grid(npz):
+  """Nearest-resized token mixing at twice the grid: an image whose 2x2
+  blocks of patches repeat the original patches gives the original logits."""
+  cfg, params = official_mixer.import_checkpoint(npz)
+  cfg2, params2 = official_mixer.import_checkpoint(
+      npz, image_size=2 * SIDE * P, method="nearest")
+  assert cfg2.max_len == 4 * N
+  tm = params2["encoder"]["stack"]["layer_0"]["token_mixing"]
+  assert tm["kernel_in"].shape == (4 * N, DS)
+  assert tm["kernel_out"].shape == (DS, 4 * N)
+  images = np.random.default_rng(2).normal(
+      size=(2, SIDE * P, SIDE * P, 3)).astype(np.float32)
+  patches = images.reshape(2, SIDE, P, SIDE, P, 3)
+  big = np.repeat(np.repeat(patches, 2, axis=1), 2, axis=3).reshape(
+      2, 2 * SIDE * P, 2 * SIDE * P, 3)
+  np.testing.assert_allclose(_forward(cfg2, params2, big),
+                             _forward(cfg, params, images), rtol=1e-4,
+                             atol=1e-5)
+  # Without the 1/(N'/N) scaling of kernel_in it would not hold.
+  tm["kernel_in"] = tm["kernel_in"] * 4
+  assert not np.allclose(_forward(cfg2, params2, big),
+                         _forward(cfg, params, images), atol=1e-3)
+
+
+def test_linear_resize_keeps_a_smooth_kernel_smooth():
+  """A kernel that is linear in the grid coordinates stays linear (inside)."""
+  yy, xx = np.meshgrid(np.arange(SIDE), np.arange(SIDE), indexing="ij")
+  ramp = (0.5 * yy + 0.25 * xx).reshape(N, 1).astype(np.float32)
+  tm = {"kernel_in": ramp, "bias_in": np.zeros(1, np.float32),
+        "kernel_out": ramp.T.copy(), "bias_out": ramp[:, 0].copy()}
+  out = official_mixer.adapt_resolution({"t": tm}, 10 * 10)["t"]
+  grid = out["bias_out"].reshape(10, 10)
+  # Half-pixel centres: new (i, j) sits at old ((i + .5) / 2 - .5, ...).
+  c = (np.arange(10) + 0.5) / 2 - 0.5
+  want = 0.5 * c[:, None] + 0.25 * c[None, :]
+  np.testing.assert_allclose(grid[1:-1, 1:-1], want[1:-1, 1:-1], atol=1e-5)
+  np.testing.assert_allclose(out["kernel_in"].reshape(10, 10) * 4, grid,
+                             atol=1e-5)
+
+
+def test_bad_files_are_named(tmp_path):
+  flat = official_flat()
+  del flat["stem/kernel"]
+  path = tmp_path / "bad.npz"
+  np.savez(path, **flat)
+  with pytest.raises(ValueError, match="no 'stem/kernel'.*MLP-Mixer .npz"):
+    official_mixer.import_checkpoint(str(path))
+  with pytest.raises(ValueError, match="not a square grid"):
+    official_mixer.adapt_resolution(official_mixer.convert(official_flat()),
+                                    50)
