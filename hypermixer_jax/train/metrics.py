@@ -7,20 +7,69 @@ two logging points, and model FLOPs utilisation
     MFU = (FLOPs of one step on one device, from XLA's cost analysis of the
            compiled, partitioned train step) * steps/s / peak FLOP/s per device
 
-with the peak given in the config (``peak_flops_per_device``; measure it on
-the accelerator, e.g. with a large bf16 matmul, since vendor numbers are
-rarely reached).
+with the peak per device from ``PEAK_FLOPS`` (vendors' dense bf16 figures,
+matched on ``jax.Device.device_kind``), or ``config.peak_flops_per_device``
+when set (e.g. a measured peak, or another dtype's). Unknown devices (CPUs)
+show no MFU.
+
+Logs are readable without a terminal (pod workers, SLURM output files):
+``ProgressBar.update`` also writes one plain log line per log step.
 """
 from __future__ import annotations
 
 import json
 import os
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from absl import logging
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
+
+
+# Dense bf16 peak FLOP/s of one JAX device (a TPU chip; a GPU), from the
+# vendors' specifications: Cloud TPU system architecture pages (v4 275 T,
+# v5e 197 T, v5p 459 T, v6e Trillium 918 T per chip) and NVIDIA data sheets
+# (A100 312 T; H100 SXM 989 T, H100 NVL 835 T, H100 PCIe 756 T; H200 989 T),
+# without structured sparsity. First match wins: (substrings of the
+# lower-cased device_kind that must all occur, FLOP/s).
+PEAK_FLOPS: tuple[tuple[tuple[str, ...], float], ...] = (
+    (("v6 lite",), 918e12), (("v6e",), 918e12),
+    (("v5 lite",), 197e12), (("v5e",), 197e12), (("v5litepod",), 197e12),
+    (("v5p",), 459e12), (("tpu v5",), 459e12),
+    (("tpu v4",), 275e12),
+    (("h100", "pcie"), 756e12), (("h100", "nvl"), 835e12),
+    (("h100",), 989e12), (("h200",), 989e12),
+    (("a100",), 312e12),
+)
+
+
+def peak_flops(device_kind: str, override: float | None = None
+               ) -> float | None:
+  """Peak FLOP/s of a device kind: ``override`` if > 0, else ``PEAK_FLOPS``.
+
+  None for a device the table does not know (then MFU is not reported).
+  """
+  if override and override > 0:
+    return float(override)
+  kind = device_kind.lower()
+  for needles, flops in PEAK_FLOPS:
+    if all(n in kind for n in needles):
+      return flops
+  return None
+
+
+def device_peak_flops(devices: Sequence[Any], override: float | None = None
+                      ) -> float | None:
+  """``peak_flops`` of the mesh's devices (all of one kind in practice)."""
+  kinds = {d.device_kind for d in devices}
+  peaks = {peak_flops(k, override) for k in kinds}
+  if len(peaks) != 1:
+    logging.warning("devices of several kinds %s: MFU uses the smallest "
+                    "known peak.", sorted(kinds))
+  known = [p for p in peaks if p]
+  return min(known) if known and None not in peaks else None
 
 
 def step_flops(compiled) -> float | None:
@@ -159,30 +208,62 @@ def read_metrics(workdir: str, split: str = "train") -> dict[int, dict]:
 
 
 class ProgressBar:
-  """Console progress (tqdm) with the latest loss and throughput figures."""
+  """Progress of process 0: plain log lines, plus a tqdm bar on a terminal.
 
-  def __init__(self, total: int, initial: int = 0, *, enabled: bool = True):
+  Each ``update`` with scalars writes one plain line, ``[name] step
+  200/1000: loss=0.4213 steps/s=5.21 ...``: through absl logging where there
+  is no terminal (pod workers, SLURM output files: tqdm's redrawn line would
+  be unreadable there, so no bar is drawn), above the bar on a terminal.
+  """
+
+  def __init__(self, total: int, initial: int = 0, *, enabled: bool = True,
+               name: str = "train", terminal: bool | None = None):
     self._bar = None
-    if enabled:
+    self._total = total
+    self._name = name
+    self.enabled = enabled
+    if terminal is None:
+      terminal = _is_terminal()
+    if enabled and terminal:
       import tqdm  # pylint: disable=g-import-not-at-top
       self._bar = tqdm.tqdm(total=total, initial=initial, dynamic_ncols=True,
-                            desc="train", unit="step", smoothing=0.1)
+                            desc=name, unit="step", smoothing=0.1)
 
   def update(self, step: int, scalars: Mapping[str, float] | None = None):
-    if self._bar is None:
+    if not self.enabled:
       return
-    self._bar.update(step - self._bar.n)
+    if self._bar is not None:
+      # The postfix before ``update``, which redraws the bar: it must show
+      # this step's figures, not those of the previous log step.
+      if scalars:
+        self._bar.set_postfix(_format(scalars), refresh=False)
+      self._bar.update(step - self._bar.n)
     if scalars:
-      self._bar.set_postfix(_format(scalars), refresh=False)
+      self.write(log_line(self._name, step, self._total, scalars))
 
   def write(self, text: str) -> None:
-    if self._bar is None:
+    """A line above the bar on a terminal, else an absl INFO log line (or
+    stdout where INFO is not logged: a notebook, a script without app.run)."""
+    if not self.enabled:
       return
-    self._bar.write(text)
+    if self._bar is not None:
+      self._bar.write(text)
+    elif logging.level_info():
+      logging.info("%s", text)
+    else:
+      print(text, flush=True)
 
   def close(self) -> None:
     if self._bar is not None:
       self._bar.close()
+
+
+def _is_terminal() -> bool:
+  import sys  # pylint: disable=g-import-not-at-top
+  try:
+    return sys.stderr.isatty()
+  except (AttributeError, ValueError):
+    return False
 
 
 _SHORT = {"loss": ("loss", "{:.4g}"), "steps_per_sec": ("steps/s", "{:.2f}"),
@@ -193,3 +274,13 @@ _SHORT = {"loss": ("loss", "{:.4g}"), "steps_per_sec": ("steps/s", "{:.2f}"),
 def _format(scalars: Mapping[str, float]) -> dict[str, str]:
   return {name: fmt.format(scalars[k]) for k, (name, fmt) in _SHORT.items()
           if k in scalars}
+
+
+def log_line(name: str, step: int, total: int,
+             scalars: Mapping[str, float]) -> str:
+  """``[name] step S/T: k=v ...`` with every scalar (short names first)."""
+  parts = [f"{n}={v}" for n, v in _format(scalars).items()]
+  short = set(_SHORT)
+  parts += [f"{k}={float(np.asarray(v)):.5g}" for k, v in sorted(scalars.items())
+            if k not in short]
+  return f"[{name}] step {step}/{total}: " + " ".join(parts)

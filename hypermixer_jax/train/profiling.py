@@ -1,0 +1,90 @@
+"""A window of training steps traced with ``jax.profiler``.
+
+``config.profile.start_step`` (-1: off) and ``config.profile.num_steps``
+choose the window; steps after compilation and warm-up are the ones worth
+looking at. Every process traces its own devices into
+``workdir/profile/plugins/profile/<run>/<host>.xplane.pb``, which TensorBoard's
+profile plugin (``pip install -e ".[profile]"``; ``tensorboard --logdir
+WORKDIR/profile`` or ``xprof --logdir ...``) shows as a trace viewer and op
+statistics; ``perfetto_trace.json.gz`` next to it opens in
+https://ui.perfetto.dev. Each step is annotated (``jax.profiler.StepTraceAnnotation``)
+so the viewers count steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+from typing import Any
+
+from absl import logging
+import jax
+
+
+class StepProfiler:
+  """Starts a trace before ``start_step`` and stops it after the window.
+
+  Use as::
+
+      profiler = StepProfiler(workdir, start_step=10, num_steps=5)
+      for step in ...:
+        with profiler.step(step):
+          state, metrics = train_step(state, batch)
+          profiler.keep(metrics)    # waited for before the trace stops
+      profiler.close()
+  """
+
+  def __init__(self, workdir: str, start_step: int = -1, num_steps: int = 5):
+    self.directory = os.path.join(workdir, "profile")
+    self.start_step = int(start_step)
+    self.num_steps = max(int(num_steps), 1)
+    self._active = False
+    self._pending: Any = None
+
+  @property
+  def enabled(self) -> bool:
+    return self.start_step >= 0
+
+  def keep(self, outputs: Any) -> None:
+    """Outputs of the current step: the trace ends only once they exist."""
+    self._pending = outputs
+
+  @contextlib.contextmanager
+  def step(self, step: int):
+    """Context of one training step (annotated while tracing)."""
+    if self.enabled and step == self.start_step and not self._active:
+      os.makedirs(self.directory, exist_ok=True)
+      jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+      self._active = True
+      logging.info("profiler: tracing steps %d..%d into %s", step,
+                   step + self.num_steps - 1, self.directory)
+    if self._active:
+      with jax.profiler.StepTraceAnnotation("train", step_num=step):
+        yield
+    else:
+      yield
+    if self._active and step >= self.start_step + self.num_steps - 1:
+      self._stop()
+
+  def _stop(self) -> None:
+    jax.block_until_ready(self._pending)
+    self._pending = None
+    jax.profiler.stop_trace()
+    self._active = False
+    files = trace_files(self.directory)
+    logging.info("profiler: trace written (%s); view with `tensorboard "
+                 "--logdir %s` or ui.perfetto.dev", ", ".join(files),
+                 self.directory)
+
+  def close(self) -> None:
+    """Stops a trace still running (a run that ended inside the window)."""
+    if self._active:
+      self._stop()
+
+
+def trace_files(directory: str) -> list[str]:
+  """The ``.xplane.pb`` and Perfetto files under ``directory``."""
+  return sorted(glob.glob(os.path.join(directory, "plugins", "profile", "*",
+                                       "*.xplane.pb"))
+                + glob.glob(os.path.join(directory, "plugins", "profile", "*",
+                                         "perfetto_trace.json.gz")))
