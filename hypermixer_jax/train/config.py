@@ -9,6 +9,12 @@ from __future__ import annotations
 import ml_collections
 
 
+# The heads' own parameter modules (hypermixer_jax.models.encoders.Model):
+# mlm_head, classifier (classify / pair_classify / image), regression_head;
+# the causal LM's head is the tied token embedding, part of the encoder.
+HEAD_PARAMS = r"(mlm_head|classifier|regression_head)(/|$)"
+
+
 def base_config() -> ml_collections.ConfigDict:
   """Top-level config: model, data, mesh, sharding, optimiser, loop, logs."""
   # Imported here so that configs can be read without the model zoo or the
@@ -52,11 +58,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 500     # 0: only at the end (and on preemption)
   c.keep_checkpoints = 3
   c.async_checkpoints = True
-  # Initial checkpoint (fine-tuning): used only when the workdir has none.
-  # Every parameter is loaded except those whose '/'-joined path matches one
-  # of the comma-separated regular expressions in init_reinit (the new head).
+  # Initial checkpoint (fine-tuning): used only when the workdir has none
+  # (a training workdir, or parameters from `main.py --mode=export` or
+  # `hypermixer_jax.models.official_mixer`). Every parameter is loaded except
+  # those whose '/'-joined path matches one of the comma-separated regular
+  # expressions in init_reinit: by default every head's own parameters, in
+  # the checkpoint (e.g. an MLM head) and in the new model (its head), so any
+  # head fine-tunes from any checkpoint of the same encoder.
   c.init_checkpoint = ""
-  c.init_reinit = "head"
+  c.init_reinit = HEAD_PARAMS
 
   # Throughput: measured peak FLOP/s of one device, for MFU (0: not shown).
   c.peak_flops_per_device = 0.0
