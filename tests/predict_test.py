@@ -1,0 +1,138 @@
+"""``--mode=predict``: a checkpoint and an input file in, JSONL out."""
+import importlib.util
+import json
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from hypermixer_jax import data as data_lib
+from hypermixer_jax import models
+from hypermixer_jax.train import artifacts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name, arg):
+  spec = importlib.util.spec_from_file_location(
+      f"cfg_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def _tiny(config, shared_data):
+  config.model.update(num_layers=1, d_model=16, d_ffn=32, max_len=24,
+                      dropout_rate=0.0)
+  config.model.mixer_kwargs.hyper_dim = 8
+  config.data.seq_len = 24
+  config.data.vocab_path = str(shared_data / "t5_spm" / "sentencepiece.model")
+  config.eval_batch_size = 8
+  return config
+
+
+def _write_random_checkpoint(config, path, seed=0):
+  model = models.build_model(config.model)
+  x = models.zoo.dummy_inputs(config.model, batch=1)
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(seed),
+                                        np.zeros(x.shape, x.dtype))["params"])
+  artifacts.write_params(path, params, step=3)
+  return model, params
+
+
+def _read(path):
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(l) for l in f]
+
+
+def test_classifier_predictions_match_the_model_on_the_eval_pipeline(
+    tmp_path, shared_data):
+  config = _tiny(_load("glue", "sst2,hypermixer"), shared_data)
+  model, params = _write_random_checkpoint(config, tmp_path / "ckpt")
+  # 11 sentences (not a multiple of the batch): the padded last batch.
+  rows = open(shared_data / "glue" / "SST-2" / "dev.tsv",
+              encoding="utf-8").read().splitlines()[:12]
+  (tmp_path / "in.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+  sentences = [r.split("\t")[0] for r in rows[1:]]
+  (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n",
+                                   encoding="utf-8")
+  n = artifacts.predict_file(config, str(tmp_path / "ckpt"),
+                             str(tmp_path / "in.tsv"), str(tmp_path / "a.jsonl"))
+  assert n == 11
+  got = _read(tmp_path / "a.jsonl")
+  assert [g["sentence"] for g in got] == sentences
+  assert all(g["label"] in ("negative", "positive") for g in got)
+  # Reference: the task's own evaluation pipeline on the same rows, and the
+  # model applied directly.
+  data = config.data
+  data.local_files = {"validation": str(tmp_path / "in.tsv")}
+  batch = next(iter(data_lib.build_pipeline(
+      data, "validation", batch_size=16, seed=0, repeat=False, shuffle=False)))
+  logits = model.apply({"params": params}, batch["inputs"],
+                       segment_ids=batch["segment_ids"],
+                       token_type_ids=batch["token_type_ids"])
+  want = np.asarray(jax.nn.softmax(logits))
+  probs = np.array([[g["probabilities"]["negative"],
+                     g["probabilities"]["positive"]] for g in got])
+  np.testing.assert_allclose(probs, want, rtol=1e-5, atol=1e-6)
+  assert [g["label_id"] for g in got] == list(want.argmax(-1))
+  # A .txt of sentences gives the same predictions.
+  artifacts.predict_file(config, str(tmp_path / "ckpt"),
+                         str(tmp_path / "in.txt"), str(tmp_path / "b.jsonl"))
+  assert [g["probabilities"] for g in _read(tmp_path / "b.jsonl")] == [
+      g["probabilities"] for g in got]
+
+
+def test_pair_task_txt_needs_two_fields(tmp_path, shared_data):
+  config = _tiny(_load("glue", "qnli,hypermixer"), shared_data)
+  _write_random_checkpoint(config, tmp_path / "ckpt")
+  (tmp_path / "in.txt").write_text("what is it?\tit is a test.\nonly one\n",
+                                   encoding="utf-8")
+  with pytest.raises(ValueError, match=r"in.txt:2: 1 tab-separated field\(s\), "
+                     "the task needs 2 \\(question, sentence\\)"):
+    artifacts.predict_file(config, str(tmp_path / "ckpt"),
+                           str(tmp_path / "in.txt"), str(tmp_path / "o.jsonl"))
+
+
+def test_mlm_fills_masks(tmp_path, shared_data):
+  config = _tiny(_load("c4_mlm", "hypermixer"), shared_data)
+  model, params = _write_random_checkpoint(config, tmp_path / "ckpt")
+  (tmp_path / "in.txt").write_text(
+      "The capital of France is [MASK].\n[MASK] cats and [MASK] dogs\n",
+      encoding="utf-8")
+  n = artifacts.predict_file(config, str(tmp_path / "ckpt"),
+                             str(tmp_path / "in.txt"), str(tmp_path / "o.jsonl"),
+                             top_k=3)
+  assert n == 2
+  got = _read(tmp_path / "o.jsonl")
+  assert [len(g["masks"]) for g in got] == [1, 2]
+  vocab = data_lib.vocab.get_vocabulary(config.data.vocab_path)
+  mask_id = data_lib.vocab.special_ids(vocab).mask
+  # Reference: the ids built by hand, the model applied directly.
+  ids = (vocab.encode("The capital of France is") + [mask_id]
+         + vocab.encode("."))
+  x = np.zeros((1, 24), np.int32)
+  x[0, :len(ids)] = ids
+  seg = (np.arange(24) < len(ids)).astype(np.int32)[None]
+  logits = model.apply({"params": params}, x, segment_ids=seg)
+  pos = ids.index(mask_id)
+  p = np.asarray(jax.nn.softmax(logits[0, pos]))
+  [mask] = got[0]["masks"]
+  assert mask["position"] == pos
+  assert [t["id"] for t in mask["top"]] == list(np.argsort(-p)[:3])
+  np.testing.assert_allclose([t["probability"] for t in mask["top"]],
+                             np.sort(p)[::-1][:3], rtol=1e-5)
+  assert got[0]["filled"] == ("The capital of France is "
+                              f"{mask['top'][0]['token']}.")
+  assert MASK not in got[1]["filled"]
+
+
+MASK = artifacts.MASK_MARKER
+
+
+def test_unsupported_head_is_named(tmp_path):
+  config = _load("default", "")
+  with pytest.raises(ValueError, match="supports the heads .*not 'regression'"):
+    artifacts.predict_file(config, str(tmp_path), "x.txt", "y.jsonl")
