@@ -14,10 +14,12 @@
 """
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 
 from absl import logging
+import flax
 import flax.linen as nn
 import jax
 import ml_collections
@@ -332,3 +334,64 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str,
   logging.info("wrote %d predictions of %s (step %d) to %s", written, workdir,
                found, output_path)
   return written
+
+
+# ---------------------------------------------------------------------------
+# Evaluation without training.
+# ---------------------------------------------------------------------------
+@flax.struct.dataclass
+class ParamsOnly:
+  """What the evaluation step reads of a train state: its parameters."""
+  params: Any
+
+
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
+                        step: int | None = None) -> dict[str, float]:
+  """The task's evaluation of ``workdir``'s checkpoint (latest or ``step``).
+
+  The same evaluation as during training (``config.eval_split``,
+  ``eval_steps`` batches of ``eval_batch_size``), on the parameters alone,
+  so exported parameters evaluate too. The metrics are logged and written to
+  ``workdir/evaluations/<split>_step<N>.json`` (process 0).
+  """
+  import json  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import evaluation  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import steps  # pylint: disable=g-import-not-at-top
+  mesh = sharding.build_mesh(config.mesh)
+  rules = sharding.get_rules(config.sharding)
+  params, found = load_params(config, workdir, step, mesh, rules)
+  model = models.build_model(config.model)
+  state = ParamsOnly(params=params)
+  state_sh = ParamsOnly(params=jax.tree.map(lambda x: x.sharding, params))
+  pcount = jax.process_count()
+  if config.eval_batch_size % pcount:
+    raise ValueError(f"eval_batch_size={config.eval_batch_size} must be "
+                     f"divisible by the {pcount} processes.")
+  batches = iter(data_lib.build_pipeline(
+      config.data, config.eval_split,
+      batch_size=config.eval_batch_size // pcount,
+      shard_index=jax.process_index(), num_shards=pcount, seed=config.seed,
+      repeat=False, shuffle=False))
+  first = next(batches)
+  spec = {k: jax.ShapeDtypeStruct((v.shape[0] * pcount,) + v.shape[1:],
+                                  v.dtype) for k, v in first.items()}
+  eval_sh = sharding.batch_shardings(spec, mesh, rules)
+  eval_step = steps.jit_eval_step(
+      evaluation.make_eval_step(model, config.model.head,
+                                config.model.num_classes),
+      state_sh, eval_sh, mesh, rules)
+  result = evaluation.evaluate(eval_step, state,
+                               itertools.chain([first], batches), mesh, rules,
+                               config.model.head, config.eval_steps)
+  line = (f"evaluation of {workdir} step {found} on {config.eval_split}: "
+          + ", ".join(f"{k}={v:.5g}" for k, v in result.items()))
+  logging.info("%s", line)
+  if jax.process_index() == 0:
+    print(line, flush=True)
+    out_dir = os.path.join(workdir, "evaluations")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{config.eval_split}_step{found}.json"),
+              "w", encoding="utf-8") as f:
+      json.dump({"step": found, **result}, f, indent=1)
+  return result
