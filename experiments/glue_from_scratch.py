@@ -60,31 +60,35 @@ def load_config(file: str, arg: str) -> ml_collections.ConfigDict:
   return module.get_config(arg)
 
 
-def small_model(c: ml_collections.ConfigDict) -> None:
-  """The GLUE layout at width 128 (2 layers, d_ffn 256, length 64).
+def small_model(c: ml_collections.ConfigDict, width: int = 128) -> None:
+  """The GLUE layout at ``width`` (2 layers, d_ffn 2 width, length 64).
 
   Token mixers keep the zoo's sizing rule (each about the Transformer's
   4 d^2 + 4 d parameters per layer): HyperMixer's hypernetwork width d' and
   gMLP's d_ffn scale with d, attention keeps heads of width 64, MLP-Mixer's
-  token MLP keeps D_S = 512 (its parameters scale with N, which shrinks
-  fourfold with the length).
+  token MLP keeps D_S = 512 at width 128 (its parameters scale with N, which
+  shrinks fourfold with the length) and scales with d below.
   """
   m = c.model
-  m.d_model, m.d_ffn, m.num_layers, m.max_len = 128, 256, 2, 64
+  zoo_width = m.d_model
+  m.d_model, m.d_ffn, m.num_layers, m.max_len = width, 2 * width, 2, 64
   kw = m.mixer_kwargs
   for field in ("hyper_dim", "d_ffn"):
     if field in kw:
-      kw[field] = kw[field] // 2
+      kw[field] = kw[field] * width // zoo_width
+  if "token_mlp_dim" in kw:
+    kw.token_mlp_dim = kw.token_mlp_dim * min(width, 128) // 128
   if "num_heads" in kw:
-    kw.num_heads = 2
+    kw.num_heads = max(1, width // 64)
 
 
 def glue_config(task: str, mixer: str, scale: str, lr: float,
                 shared: pathlib.Path | None, data_dir: str = "",
                 scale_embeddings: bool = True, steps: int | None = None,
-                train_fraction: float = 1.0, dropout: float | None = None,
-                seed: int = 0) -> ml_collections.ConfigDict:
-  """The training config of one GLUE run."""
+                train_file: str | None = None, dropout: float | None = None,
+                width: int = 128, seed: int = 0) -> ml_collections.ConfigDict:
+  """The training config of one GLUE run (``train_file``: another SST-2
+  train TSV, e.g. a subset, at small scale)."""
   c = load_config("glue.py", f"{task},{mixer}")
   c.learning_rate = lr
   c.seed = seed
@@ -92,13 +96,13 @@ def glue_config(task: str, mixer: str, scale: str, lr: float,
   if dropout is not None:
     c.model.dropout_rate = dropout
   if scale == "small":
-    small_model(c)
+    small_model(c, width)
     c.data.seq_len = 64
     c.data.vocab_path = experiment.require(
         shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
     c.data.local_files = {
-        "train": experiment.require(shared / "glue/SST-2/train.tsv",
-                                    "SST-2 train.tsv"),
+        "train": train_file or experiment.require(
+            shared / "glue/SST-2/train.tsv", "SST-2 train.tsv"),
         "validation": experiment.require(shared / "glue/SST-2/dev.tsv",
                                          "SST-2 dev.tsv")}
     c.batch_size = 64
@@ -112,9 +116,6 @@ def glue_config(task: str, mixer: str, scale: str, lr: float,
     if steps:
       c.num_train_steps = steps
       c.eval_every = c.checkpoint_every = steps // 10
-  if train_fraction < 1.0:
-    split = c.data.get("train_split", "train")
-    c.data.train_split = f"{split}[:{train_fraction:.0%}]"
   return c
 
 

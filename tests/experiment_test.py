@@ -1,0 +1,135 @@
+"""The experiment harness and the GLUE experiments' own arithmetic."""
+import itertools
+import json
+import os
+import pathlib
+import sys
+import tempfile
+
+from absl.testing import absltest
+import numpy as np
+
+from hypermixer_jax import experiment
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
+                       / "experiments"))
+import glue_from_scratch  # noqa: E402  pylint: disable=g-import-not-at-top
+import low_resource  # noqa: E402  pylint: disable=g-import-not-at-top
+import tuning_cost  # noqa: E402  pylint: disable=g-import-not-at-top
+
+SHARED = experiment.default_shared_dir()
+HAS_SST2 = (SHARED / "glue/SST-2/train.tsv").exists()
+SKIP_SST2 = (f"needs the SST-2 sample in {SHARED} (set HYPERMIXER_SHARED_DATA "
+             "to the shared data folder)")
+
+
+class HarnessTest(absltest.TestCase):
+
+  def test_markdown_table(self):
+    table = experiment.markdown_table(["a", "b"], [[1, 0.123456], ["x", "y"]])
+    self.assertEqual(table.splitlines(),
+                     ["| a | b |", "| --- | --- |", "| 1 | 0.1235 |",
+                      "| x | y |"])
+
+  def test_runs_are_recorded_and_skipped_on_restart(self):
+    out = tempfile.mkdtemp()
+    calls = []
+    exp = experiment.Experiment(out)
+    first = exp.run("a/b", lambda: calls.append(1) or {"eval": {"acc": 0.5}})
+    self.assertEqual(first["eval"], {"acc": 0.5})
+    self.assertIn("wall_s", first)
+    # A new process on the same directory reads the result back.
+    again = experiment.Experiment(out)
+    again.run("a/b", lambda: calls.append(2) or {})
+    self.assertEqual(calls, [1])
+    exp.write_table("T", "| x |", "note")
+    text = (pathlib.Path(out) / "table.md").read_text()
+    self.assertEqual(text, "## T\n\n| x |\n\nnote\n")
+    saved = json.loads((pathlib.Path(out) / "results.json").read_text())
+    self.assertEqual(saved["runs"]["a/b"]["eval"], {"acc": 0.5})
+
+  def test_require_names_the_flag(self):
+    with self.assertRaisesRegex(FileNotFoundError,
+                                "SST-2 dev.*--shared=DIR"):
+      experiment.require("/nonexistent/dev.tsv", "SST-2 dev")
+
+  def test_figure_needs_no_pyplot_backend(self):
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    backend = matplotlib.get_backend()
+    fig, axes = experiment.figure(2, 1)
+    axes[0, 1].plot([1, 2], [3, 4])
+    path = os.path.join(tempfile.mkdtemp(), "f.png")
+    fig.savefig(path)
+    self.assertGreater(os.path.getsize(path), 1000)
+    self.assertEqual(matplotlib.get_backend(), backend)
+
+
+class TuningCostTest(absltest.TestCase):
+
+  def test_expected_max_equals_enumeration(self):
+    values = [0.5, 0.8, 0.6, 0.8, 0.1]
+    for n in (1, 2, 3):
+      # Every ordered n-tuple of draws with replacement is equally likely.
+      tuples = list(itertools.product(values, repeat=n))
+      brute = np.mean([max(t) for t in tuples])
+      self.assertAlmostEqual(tuning_cost.expected_max(values, n), brute)
+
+  def test_search_space(self):
+    space = tuning_cost.trials(200, seed=3)
+    lrs, dropouts = np.array(space).T
+    self.assertTrue(np.all((lrs >= 1e-8) & (lrs <= 1e-1)))
+    self.assertTrue(np.all((dropouts >= 0) & (dropouts <= 0.5)))
+    # log-uniform: about half the draws below 10^-4.5.
+    self.assertBetween(np.mean(lrs < 10 ** -4.5), 0.35, 0.65)
+    self.assertEqual(space, tuning_cost.trials(200, seed=3))
+
+
+class LowResourceTest(absltest.TestCase):
+
+  def test_subset_is_a_fixed_fraction_of_the_rows(self):
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    src = tmp / "train.tsv"
+    rows = [f"sentence {i}\t{i % 2}" for i in range(1000)]
+    src.write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    path = low_resource.subset_tsv(str(src), 0.1, tmp)
+    lines = pathlib.Path(path).read_text().splitlines()
+    self.assertEqual(lines[0], "sentence\tlabel")
+    self.assertLen(lines, 101)
+    self.assertContainsSubset(lines[1:], rows)
+    other = tmp / "again"
+    other.mkdir()
+    self.assertEqual(pathlib.Path(low_resource.subset_tsv(
+        str(src), 0.1, other)).read_text(), "\n".join(lines) + "\n")
+
+
+class GlueConfigTest(absltest.TestCase):
+
+  def test_small_models_keep_the_equal_size_rule(self):
+    from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+    counts = {}
+    for mixer in ("attention", "hypermixer", "mlp_mixer"):
+      c = glue_from_scratch.load_config("glue.py", f"sst2,{mixer}")
+      glue_from_scratch.small_model(c, 128)
+      counts[mixer] = models.count_params(c.model, under="token_mixing")
+    # Each token mixer is within 2% of the Transformer's parameters.
+    for mixer, count in counts.items():
+      self.assertAlmostEqual(count / counts["attention"], 1.0, delta=0.02,
+                             msg=f"{mixer}: {counts}")
+
+  @absltest.skipUnless(HAS_SST2, SKIP_SST2)
+  def test_tiny_sst2_run_records_curves(self):
+    cfg = glue_from_scratch.glue_config("sst2", "fnet", "small", 1e-3,
+                                        SHARED, steps=6, width=16)
+    cfg.eval_every = 3
+    workdir = tempfile.mkdtemp()
+    result = experiment.train(cfg, workdir)
+    self.assertEqual(result["step"], 6)
+    self.assertEqual(sorted(result["eval_curve"]), [3, 6])
+    self.assertEqual(result["eval"]["accuracy"],
+                     result["eval_curve"][6]["accuracy"])
+    acc, _ = glue_from_scratch.best_eval(result)
+    self.assertBetween(acc, 0.0, 1.0)
+
+
+if __name__ == "__main__":
+  absltest.main()
