@@ -58,3 +58,45 @@ def test_notebook_runs(path, request, tmp_path, monkeypatch):
       exec(compile(source, f"{path.name}[cell {i}]", "exec"), namespace)  # pylint: disable=exec-used
   finally:
     plt.close("all")
+
+
+def _shell_lines(path):
+  return [l.strip() for source in _code_cells(path) if _is_shell(source)
+          for l in source.splitlines() if l.strip().startswith("!")]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_install_keeps_colabs_jax_and_needs_no_restart(path):
+  """One variable holds the repository; the install pins Colab's own
+  jax/jaxlib/TensorFlow (constraints), is not editable, and nothing switches
+  matplotlib's backend."""
+  sources = list(_code_cells(path))
+  assert sum("REPO_URL = " in s for s in sources) == 1
+  shell = _shell_lines(path)
+  assert any("git clone" in l and "{REPO_URL}" in l for l in shell), shell
+  assert not any("github.com" in l for l in shell), shell
+  installs = [l for l in shell if "pip install" in l]
+  assert installs and all("-c /tmp/colab_keep.txt" in l for l in installs)
+  assert not any(" -e " in l or "jax[" in l or "--upgrade" in l
+                 for l in installs), installs
+  assert not any("matplotlib.use" in s for s in sources)
+
+
+def test_constraints_line_pins_jax_and_tensorflow():
+  """The notebooks' `pip freeze | grep` keeps exactly the packages Colab's
+  runtime provides and the library must not replace."""
+  import re  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  [line] = [l for l in _shell_lines(NOTEBOOKS[0]) if "pip freeze" in l]
+  pattern = re.search(r"grep -iE '([^']+)'", line).group(1)
+  freeze = subprocess.run([sys.executable, "-m", "pip", "freeze"],
+                          capture_output=True, text=True, check=True).stdout
+  kept = {l.split("==")[0].lower() for l in freeze.splitlines()
+          if re.search(pattern, l, re.IGNORECASE)}
+  assert {"jax", "jaxlib", "tensorflow", "numpy"} <= kept, kept
+  assert not kept & {"flax", "seqio", "optax", "tensorflow-text"}, kept
+  # Colab's accelerator builds of jax are kept too.
+  for name in ("libtpu==0.0.42", "jax-cuda12-plugin==0.10.2",
+               "jax-cuda12-pjrt==0.10.2"):
+    assert re.search(pattern, name, re.IGNORECASE), name
