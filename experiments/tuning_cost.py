@@ -11,8 +11,8 @@ The paper (20 trials) finds HyperMixer's curve above the Transformer's: it
 needs fewer trials for the same expected accuracy.
 
   --scale=paper  20 trials of the ~11M models on a GLUE task from TFDS.
-  --scale=small  12 trials per model of width-64 two-layer GLUE models on the
-                 real SST-2 files in ``--shared``, 200 steps of batch 64 each.
+  --scale=small  10 trials per model of width-32 two-layer GLUE models on the
+                 real SST-2 files in ``--shared``, 150 steps of batch 64 each.
 
   python experiments/tuning_cost.py --scale=small --out=/tmp/tuning_cost
 
@@ -63,7 +63,7 @@ def main() -> None:
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   small = args.scale == "small"
-  count = 12 if small else 20
+  count = 10 if small else 20
   space = trials(count)
   acc = {m: [] for m in MODELS}
   for mixer in MODELS:
@@ -71,8 +71,8 @@ def main() -> None:
       key = f"{args.task}/{mixer}/trial{t}"
       cfg = glue.glue_config(args.task if not small else "sst2", mixer,
                              args.scale, lr, shared, args.data_dir,
-                             steps=200 if small else None, dropout=dropout,
-                             width=64)
+                             steps=150 if small else None, dropout=dropout,
+                             width=32)
       result = exp.run(key, lambda c=cfg, k=key: run_trial(c, exp.workdir(k)))
       accuracy = result["eval"].get("accuracy", float("nan"))
       acc[mixer].append(accuracy if accuracy == accuracy else 0.0)
@@ -88,7 +88,7 @@ def main() -> None:
                                 rows),
       f"{count} random-search trials per model, log10(lr) ~ U(-8, -1), "
       "dropout ~ U(0, 0.5), the same draws for both models"
-      + (", width-64 2-layer models, 200 steps of batch 64" if small else "")
+      + (", width-32 2-layer models, 150 steps of batch 64" if small else "")
       + ". A diverged trial counts as accuracy 0.")
   fig, axes = experiment.figure()
   ax = axes[0, 0]
