@@ -107,11 +107,10 @@ def glue_config(task: str, mixer: str, scale: str, lr: float,
     c.data.seq_len = 64
     c.data.vocab_path = experiment.require(
         shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
-    c.data.local_files = {
-        "train": train_file or experiment.require(
-            shared / "glue/SST-2/train.tsv", "SST-2 train.tsv"),
-        "validation": experiment.require(shared / "glue/SST-2/dev.tsv",
-                                         "SST-2 dev.tsv")}
+    c.data.local_files.train = train_file or experiment.require(
+        shared / "glue/SST-2/train.tsv", "SST-2 train.tsv")
+    c.data.local_files.validation = experiment.require(
+        shared / "glue/SST-2/dev.tsv", "SST-2 dev.tsv")
     c.batch_size = 64
     # 51,200 of the 67,349 phrases (0.76 epoch): what this machine affords.
     c.num_train_steps = steps or 800
