@@ -234,7 +234,9 @@ def import_checkpoint(npz_path: str, *, image_size: int | None = None,
 
 def main(argv=None) -> None:
   import argparse  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import runtime  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  runtime.hide_accelerators_from_tensorflow()
   p = argparse.ArgumentParser(description="Official MLP-Mixer .npz -> a "
                               "parameters checkpoint for init_checkpoint.")
   p.add_argument("--npz", required=True)
