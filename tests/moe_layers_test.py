@@ -139,77 +139,164 @@ def test_tmoe_metrics_and_losses_are_sown():
                              1e-2 * m["load_balancing_loss"][0], rtol=1e-6)
 
 
-def _smoe_reference(params, v, routing, seg=None, pos=None, s=None, cap=None):
-  """f(V) by loops over rows, columns and output positions."""
-  w = np.tril(np.asarray(params["kernel"]))
-  bias = np.asarray(params["bias"])
+def _smoe_reference(params, v, routing, seg=None, pos=None, cap=None,
+                    fraction=0.2):
+  """f(V) by loops over rows, columns and output positions.
+
+  Deterministic: W_e [T, T] over the whole column (packed rows: W[pos, pos],
+  zero across segments). Partial prediction, the paper's definition (Yu et
+  al. 2022, Sec. 3.2) written independently of the layer: per row of actual
+  length n, X1 = the first s = max(1, floor(0.2 n)) tokens decide the expert
+  by softmax(V1^T W_r[:s]); the expert's SGU mixes X2 = the other n - s
+  tokens as a sequence of its own (W_e[:n-s, :n-s], lower triangular);
+  f = 1 on X1. Only the real positions of each row are defined.
+  """
+  w = np.tril(np.asarray(params["kernel"], np.float64))
+  bias = np.asarray(params["bias"], np.float64)
   v = np.asarray(v, np.float64)
   b, n, h = v.shape
   seg = np.ones((b, n), int) if seg is None else np.asarray(seg)
   pos = np.tile(np.arange(n), (b, 1)) if pos is None else np.asarray(pos)
   v = np.where(seg[..., None] > 0, v, 0.0)
-  out = np.zeros_like(v)
+  out = np.full((b, n, h), np.nan)
   if routing == "deterministic":
-    expert = np.tile(np.repeat(np.arange(E), h // E), (b, 1))   # [B, H]
-    gate = np.ones((b, h))
-  else:
-    logits = np.einsum("btj,te->bje", v[:, :s], np.asarray(params["router"]))
+    for r in range(b):
+      for j in range(h):
+        e = j // (h // E)
+        for t in range(n):
+          acc = bias[e, pos[r, t]]
+          for u in range(n):
+            if seg[r, u] == seg[r, t]:
+              acc += w[e, pos[r, t], pos[r, u]] * v[r, u, j]
+          out[r, t, j] = acc
+    return out
+  w_r = np.asarray(params["router"], np.float64)
+  for r in range(b):
+    length = int(np.sum(seg[r] > 0))
+    s = max(1, int(np.floor(fraction * length + 1e-9)))
+    v1, v2 = v[r, :s], v[r, s:length]                     # X1, X2
+    logits = v1.T @ w_r[:s]                               # [H, E]
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
-    expert = probs.argmax(-1)
-    gate = probs.max(-1)
-    for r in range(b):                                        # capacity
-      count = np.zeros(E, int)
-      for j in range(h):
-        if count[expert[r, j]] >= cap:
-          gate[r, j] = 0.0
-        count[expert[r, j]] += 1
-  for r in range(b):
+    expert, gate = probs.argmax(-1), probs.max(-1)
+    count = np.zeros(E, int)
+    for j in range(h):                                    # capacity
+      if count[expert[j]] >= cap:
+        gate[j] = 0.0
+      count[expert[j]] += 1
+    m = length - s
     for j in range(h):
-      e = expert[r, j]
-      for t in range(n):
-        acc = bias[e, pos[r, t]]
-        for u in range(n):
-          if seg[r, u] == seg[r, t]:
-            acc += w[e, pos[r, t], pos[r, u]] * v[r, u, j]
-        out[r, t, j] = gate[r, j] * acc
-      if routing == "partial":
-        out[r, :s, j] = 1.0
+      e = expert[j]
+      out[r, :s, j] = 1.0
+      out[r, s:length, j] = gate[j] * (w[e, :m, :m] @ v2[:, j] + bias[e, :m])
   return out
 
 
-@pytest.mark.parametrize("routing", ["deterministic", "partial"])
-@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
-def test_smoe_expert_parallel_equals_dense_and_loops(routing, packed):
+@pytest.mark.parametrize("routing, rows", [
+    ("deterministic", "plain"), ("deterministic", "packed"),
+    ("partial", "plain"), ("partial", "padded")])
+def test_smoe_expert_parallel_equals_dense_and_loops(routing, rows):
   b, n, h, L = B, 11, 12, 13
   v = jax.random.normal(jax.random.key(4), (b, n, h))
   layer = SparseSpatialMixing(E, L, routing=routing, init_scale=3.0,
                               capacity_factor=1.0)
   params = nn.unbox(layer.init(jax.random.key(5), v)["params"])
   kw = {}
-  if packed:
+  if rows == "packed":
     seg = np.ones((b, n), np.int32)
     seg[:, 7:] = 2
     seg[3, 10:] = 0
     pos = np.where(seg == 2, np.arange(n) - 7, np.arange(n))
     pos[3, 10:] = 0
     kw = dict(segment_ids=jnp.asarray(seg), positions=jnp.asarray(pos))
+  if rows == "padded":                 # actual lengths 11, 10, ..., 4
+    seg = (np.arange(n)[None, :] < (n - np.arange(b))[:, None]).astype(
+        np.int32)
+    kw = dict(segment_ids=jnp.asarray(seg))
   fwd = jax.jit(lambda p, v: layer.apply({"params": p}, v,
                                          deterministic=False, **kw))
   f_dense = fwd(params, v)
   with jax.set_mesh(_mesh()), nn.logical_axis_rules(RULES):
     f_ep = fwd(params, v)
-    if packed:
+    if rows != "plain":
       assert "all-to-all" in fwd.lower(params, v).compile().as_text()
   np.testing.assert_allclose(f_ep, f_dense, rtol=1e-5, atol=1e-6)
-  s = layer.prefix_len
   cap = routers.expert_capacity(h, E, 1.0)
   want = _smoe_reference(params, v, routing, kw.get("segment_ids"),
-                         kw.get("positions"), s, cap)
-  np.testing.assert_allclose(f_dense, want, rtol=1e-4, atol=1e-5)
-  if routing == "partial" and not packed:
+                         kw.get("positions"), cap)
+  real = ~np.isnan(want)
+  np.testing.assert_allclose(np.asarray(f_dense)[real], want[real],
+                             rtol=1e-4, atol=1e-5)
+  if routing == "partial" and rows == "plain":
     # Some columns are dropped by the capacity: they produce 0 after s.
+    s = layer.prefix_len
     assert np.any(np.all(np.asarray(f_dense)[:, s:] == 0, axis=1))
+
+
+def test_smoe_partial_experts_are_sized_for_the_predicted_part():
+  layer = SparseSpatialMixing(E, 20, routing="partial")
+  v = jnp.ones((1, 20, 8))
+  p = nn.unbox(layer.init(jax.random.key(0), v)["params"])
+  # T = 20: the router reads 0.2 T = 4 tokens, experts mix the other 16.
+  assert p["router"].shape == (4, E)
+  assert p["kernel"].shape == (E, 16, 16) and p["bias"].shape == (E, 16)
+  det = SparseSpatialMixing(E, 20, routing="deterministic")
+  assert nn.unbox(det.init(jax.random.key(0), v)["params"])[
+      "kernel"].shape == (E, 20, 20)
+
+
+def test_smoe_partial_padded_rows_equal_unpadded_rows():
+  # The prefix is 20% of the ACTUAL length: a row of 10 real tokens padded to
+  # max_len = 20 routes by its first 2 tokens, exactly as the unpadded row.
+  h, L = 8, 20
+  layer = SparseSpatialMixing(E, L, routing="partial", init_scale=3.0)
+  v = jax.random.normal(jax.random.key(1), (3, L, h))
+  params = nn.unbox(layer.init(jax.random.key(2), v)["params"])
+  fwd = lambda v, **kw: layer.apply({"params": params}, v, **kw)
+  for length in (10, 14, 19):
+    seg = (jnp.arange(L) < length).astype(jnp.int32)[None].repeat(3, 0)
+    padded = fwd(v, segment_ids=seg)[:, :length]
+    alone = fwd(v[:, :length])
+    np.testing.assert_allclose(padded, alone, rtol=1e-6, atol=1e-6,
+                               err_msg=f"length {length}")
+    # ... and the first floor(0.2 n) positions are X1 (f = 1), not 0.2 T.
+    s = length // 5
+    np.testing.assert_array_equal(np.asarray(alone)[:, :s], 1.0)
+    assert np.all(np.asarray(alone)[:, s] != 1.0)
+
+
+def test_smoe_partial_prefix_is_exact_integer_arithmetic():
+  from hypermixer_jax.models.moe import partial_prefix_len
+  lengths = np.arange(1, 400)
+  for frac in (0.2, 0.3, 0.7, 0.29):
+    dyn = np.asarray(partial_prefix_len(jnp.asarray(lengths), frac))
+    want = [max(1, int(np.floor(frac * n + 1e-9))) for n in lengths]
+    np.testing.assert_array_equal(dyn, want, err_msg=str(frac))
+    assert [partial_prefix_len(int(n), frac) for n in lengths] == want
+  with pytest.raises(ValueError, match="partial_fraction=1.5"):
+    partial_prefix_len(10, 1.5)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_smoe_partial_is_causal_by_jacobian(padded):
+  h, n = 6, 12
+  layer = SparseSpatialMixing(E, n, routing="partial", init_scale=3.0,
+                              capacity_factor=4.0)
+  v = jax.random.normal(jax.random.key(3), (1, n, h))
+  params = nn.unbox(layer.init(jax.random.key(4), v)["params"])
+  kw = {}
+  if padded:
+    kw = dict(segment_ids=(jnp.arange(n) < 9).astype(jnp.int32)[None])
+  jac = jax.jacfwd(lambda x: layer.apply({"params": params}, x, **kw))(v)
+  jac = np.abs(np.asarray(jac)[0, :, :, 0]).max(axis=(1, 3))   # [t, u]
+  length = 9 if padded else n
+  jac = jac[:length, :length]
+  assert np.all(np.triu(jac, 1) == 0), np.triu(jac, 1)
+  # X2 positions read their own past in X2 and the routing prefix X1.
+  s = length // 5
+  assert np.all(np.diag(jac)[s:] > 0)
+  assert np.all(jac[s:, :s] > 0)
+  assert np.all(jac[:s] == 0)                              # X1: f = 1
 
 
 def test_sparse_gating_unit_expert_parallel_equals_dense():

@@ -135,3 +135,27 @@ def test_short_training_lowers_loss_with_balanced_experts(router, routing):
     np.testing.assert_allclose(np.stack(usage), 0.25, atol=1e-6)
   else:
     assert last.min() > 0.15 and last.max() < 0.35, last
+
+
+def test_partial_loss_weights_start_at_each_rows_own_prefix():
+  from hypermixer_jax.train import steps
+  model, cfg = _model(smoe_routing="partial")
+  n = cfg.max_len                                    # 20: unpadded start 4
+  seg = np.zeros((3, n), np.int32)
+  for r, length in enumerate((20, 10, 14)):
+    seg[r, :length] = 1
+  weights = jnp.asarray(seg, jnp.float32)
+  got = np.asarray(smlp.loss_weights(model, weights, jnp.asarray(seg)))
+  for r, (length, start) in enumerate(((20, 4), (10, 2), (14, 2))):
+    want = np.zeros(n)
+    want[start:length] = 1
+    np.testing.assert_array_equal(got[r], want, err_msg=f"row {r}")
+  # The train/eval steps weight the loss the same way.
+  batch = steps._loss_batch(model, {"weights": weights,
+                                    "segment_ids": jnp.asarray(seg)})
+  np.testing.assert_array_equal(batch["weights"], got)
+  # Without segment ids every row is full length; deterministic: unchanged.
+  np.testing.assert_array_equal(
+      smlp.loss_weights(model, jnp.ones((1, n)))[0, :4], 0)
+  det, _ = _model(smoe_routing="deterministic")
+  np.testing.assert_array_equal(smlp.loss_weights(det, weights), weights)

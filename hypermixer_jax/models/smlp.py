@@ -15,8 +15,10 @@ Causality: every position's logits depend on earlier tokens only, in
 inference (``deterministic=True``) with every router and in training with
 Switch, GShard (slots filled token by token here), Hash and both sMoE
 routings. Base Layers' balanced assignment in training reads the whole
-sequence, as in its paper. With partial-prediction routing the loss must skip the first
-``loss_start`` positions (``loss_weights``).
+sequence, as in its paper. With partial-prediction routing each row's first
+floor(0.2 n) positions (n its unpadded length) only decide the routing and
+the loss must skip them (``loss_weights``; ``moe.smoe`` explains why the
+split point depends on the row's length, not on later token values).
 
 With N2 = 0 the model is a dense causal gMLP language model (the benchmark's
 baseline).
@@ -30,7 +32,9 @@ import ml_collections
 
 from hypermixer_jax.models import common
 from hypermixer_jax.models.gmlp import GmlpBlock
-from hypermixer_jax.models.moe.smoe import SparseGatingUnit, partial_prefix_len
+from hypermixer_jax.models.moe.smoe import (SparseGatingUnit,
+                                            partial_loss_weights,
+                                            partial_prefix_len)
 from hypermixer_jax.models.moe.tmoe import MoeFeedForward
 
 Array = common.Array
@@ -123,10 +127,19 @@ class SmlpLM(nn.Module):
 
   @property
   def loss_start(self) -> int:
-    """First position whose prediction counts in the loss (0.2T if partial)."""
+    """First counted position of an unpadded ``max_len`` row (0 unless partial
+    routing). Nonzero means: weight the loss with ``loss_position_weights``,
+    which starts each row at floor(0.2 n) of its own length n."""
     if self.smoe_routing == "partial" and self.num_sparse_layers:
       return partial_prefix_len(self.max_len, self.partial_fraction)
     return 0
+
+  def loss_position_weights(self, weights: Array,
+                            segment_ids: Array | None = None) -> Array:
+    """``weights [B, N]`` zeroed on each row's routing prefix (partial)."""
+    if not self.loss_start:
+      return weights
+    return partial_loss_weights(weights, segment_ids, self.partial_fraction)
 
   @nn.compact
   def __call__(self, inputs: Array, *, segment_ids: Array | None = None,
@@ -217,10 +230,9 @@ def build_smlp(config: ml_collections.ConfigDict) -> SmlpLM:
       param_dtype=DTYPES[config.param_dtype], **mk)
 
 
-def loss_weights(model: SmlpLM, weights: Array) -> Array:
-  """Zeroes ``weights [B, N]`` before ``model.loss_start`` (partial routing)."""
-  start = model.loss_start
-  if not start:
-    return weights
-  keep = jnp.arange(weights.shape[1]) >= start
-  return weights * keep[None, :].astype(weights.dtype)
+def loss_weights(model: SmlpLM, weights: Array,
+                 segment_ids: Array | None = None) -> Array:
+  """Zeroes ``weights [B, N]`` on each row's routing prefix (partial routing):
+  positions before floor(0.2 n_b), n_b the row's real tokens
+  (``segment_ids > 0``, all N when None)."""
+  return model.loss_position_weights(weights, segment_ids)

@@ -134,14 +134,13 @@ def _loss_batch(model: nn.Module, batch: Batch) -> Batch:
   """The batch whose ``weights`` count in the loss.
 
   Models with a ``loss_start`` (sMLP with partial-prediction routing, whose
-  router reads the first 20% of tokens) count only the positions after it.
+  router reads each row's first 20% of real tokens) count only the positions
+  after that prefix (``model.loss_position_weights``, per row).
   """
-  start = getattr(model, "loss_start", 0)
-  if not start or "weights" not in batch:
+  if not getattr(model, "loss_start", 0) or "weights" not in batch:
     return batch
-  keep = (jnp.arange(batch["weights"].shape[1]) >= start)[None, :]
-  return {**batch, "weights": batch["weights"] * keep.astype(
-      batch["weights"].dtype)}
+  return {**batch, "weights": model.loss_position_weights(
+      batch["weights"], batch.get("segment_ids"))}
 
 
 # ---------------------------------------------------------------------------

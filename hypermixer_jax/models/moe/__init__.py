@@ -11,6 +11,7 @@ from hypermixer_jax.models.moe.routers import (balanced_assignment, base_route,
                                                switch_route, top_k_route)
 from hypermixer_jax.models.moe.smoe import (SparseGatingUnit,
                                             SparseSpatialMixing,
+                                            partial_loss_weights,
                                             partial_prefix_len)
 from hypermixer_jax.models.moe.tmoe import (MoeFeedForward, apply_experts,
                                             expert_mesh_size)
@@ -19,6 +20,6 @@ __all__ = [
     "balanced_assignment", "base_route", "expert_capacity", "hash_route",
     "load_balancing_loss", "make_hash_table", "router_z_loss", "switch_route",
     "top_k_route", "SparseGatingUnit", "SparseSpatialMixing",
-    "partial_prefix_len", "MoeFeedForward", "apply_experts",
+    "partial_loss_weights", "partial_prefix_len", "MoeFeedForward", "apply_experts",
     "expert_mesh_size",
 ]
