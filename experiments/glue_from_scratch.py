@@ -136,7 +136,7 @@ def main() -> None:
   p = experiment.parser("glue_from_scratch", __doc__)
   p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
   p.add_argument("--mixers", default=",".join(MIXERS))
-  args = p.parse_args()
+  args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   mixers = args.mixers.split(",")

@@ -8,7 +8,7 @@ the Transformer: ~12-14% at 10% of SNLI/MNLI, < 2% at 100%.
                  fractions 10/20/50/100% of train (TFDS split slices).
   --scale=small  the real SST-2 files in ``--shared`` (the only GLUE train split
                  available offline), width-64 two-layer GLUE models, fractions
-                 10/30/100% of the 67,349 phrases (a fixed random subset per
+                 10% and 100% of the 67,349 phrases (a fixed random subset per
                  fraction, written as TSV into ``--out``), 300 steps of batch
                  64 each (the same compute at every fraction: 2.9 epochs of
                  the 10% subset, 0.29 epoch of the full set), 2 seeds.
@@ -46,7 +46,7 @@ def subset_tsv(source: str, fraction: float, out: pathlib.Path) -> str:
 def main() -> None:
   p = experiment.parser("low_resource", __doc__)
   p.add_argument("--data_dir", default="")
-  args = p.parse_args()
+  args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   if args.scale == "paper":
@@ -55,7 +55,7 @@ def main() -> None:
         "experiments/glue_from_scratch.py's configs with "
         "--config.data.local_files.train=<subset> per fraction on a pod. Not "
         "runnable offline here.")
-  fractions, seeds, steps, lr, width = (0.1, 0.3, 1.0), (0, 1), 300, 1e-3, 64
+  fractions, seeds, steps, lr, width = (0.1, 1.0), (0, 1), 300, 1e-3, 64
   train = experiment.require(shared / "glue/SST-2/train.tsv", "SST-2 train")
   acc = {}
   for fraction in fractions:

@@ -48,7 +48,23 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
                  help="output directory (results.json, table.md, PNG, runs/)")
   p.add_argument("--shared", default=str(default_shared_dir()),
                  help="local data samples (SST-2 TSVs, vocabulary, ...)")
+  p.add_argument("--compilation_cache", default="",
+                 help="JAX persistent compilation cache directory (default "
+                 "OUT/../.jax_cache: runs of the same model compile once)")
   return p
+
+
+def parse(p: argparse.ArgumentParser) -> argparse.Namespace:
+  """Parses the flags and turns on JAX's persistent compilation cache, so
+  that an experiment's runs of one model (seeds, data fractions, a restart)
+  reuse its compiled steps."""
+  args = p.parse_args()
+  import jax  # pylint: disable=g-import-not-at-top
+  cache = args.compilation_cache or os.path.join(
+      os.path.dirname(os.path.abspath(args.out)), ".jax_cache")
+  jax.config.update("jax_compilation_cache_dir", cache)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  return args
 
 
 def require(path: os.PathLike | str, what: str) -> str:

@@ -48,6 +48,24 @@ class HarnessTest(absltest.TestCase):
     saved = json.loads((pathlib.Path(out) / "results.json").read_text())
     self.assertEqual(saved["runs"]["a/b"]["eval"], {"acc": 0.5})
 
+  def test_parse_turns_on_the_compilation_cache(self):
+    import jax  # pylint: disable=g-import-not-at-top
+    out = os.path.join(tempfile.mkdtemp(), "exp")
+    before = jax.config.jax_compilation_cache_dir
+    try:
+      p = experiment.parser("x", "d")
+      old_argv = sys.argv
+      sys.argv = ["x", f"--out={out}", "--scale=paper"]
+      try:
+        args = experiment.parse(p)
+      finally:
+        sys.argv = old_argv
+      self.assertEqual(args.scale, "paper")
+      self.assertEqual(jax.config.jax_compilation_cache_dir,
+                       os.path.join(os.path.dirname(out), ".jax_cache"))
+    finally:
+      jax.config.update("jax_compilation_cache_dir", before)
+
   def test_require_names_the_flag(self):
     with self.assertRaisesRegex(FileNotFoundError,
                                 "SST-2 dev.*--shared=DIR"):
