@@ -38,9 +38,12 @@ Packed rows (``segment_ids``): each segment has its own TM-MLP hidden layer
 (``max_segments`` slots) and its own ``positions``.
 Causal (beyond the paper, which lists it as open): the hidden layer of query m
 is the prefix sum over keys n <= m of the same segment run,
-    out_m = W2_m · GELU(sum_{n<=m} W1_n v_n^T),
-computed with a segmented associative scan; exact, but it stores a
-[B, N, d, d'] hidden state per token (memory O(N d d') instead of O(d d')).
+    out_m = W2_m · GELU(S_m),   S_m = sum_{n<=m} W1_n v_n^T   # S_m: [d, d']
+computed by a scan over chunks of C tokens (``causal_chunk_size``): a chunk's
+states are the carried state plus a masked in-chunk prefix sum (one
+[C, C] x [C, d d'] product), so memory holds one chunk's [B, C, d, d'] states
+instead of all N of them, and training (the chunk body is rematerialised)
+keeps only the chunk-boundary states, [B, N/C, d, d'] = O(B N d d'/C).
 """
 from __future__ import annotations
 
@@ -114,27 +117,65 @@ class HeadHyperNetworks(nn.Module):
 
 
 def causal_token_mixing(w_in: Array, w_out: Array, values: Array,
-                        segment_ids: Array | None) -> Array:
+                        segment_ids: Array | None, chunk_size: int = 64
+                        ) -> Array:
   """Causal TM-MLP: prefix sums instead of one hidden layer per segment.
 
   out[b,m,h,f] = w_out[b,m,h] · GELU(sum_{n<=m, same run}
                                      w_in[b,n,h] v[b,n,h,f])
 
   A run is a maximal stretch of equal segment ids, so tokens of different
-  segments never mix (a non-contiguous segment is split into runs).
+  segments never mix (a non-contiguous segment is split into runs). The
+  prefix sums are accumulated in float32 whatever the compute dtype (a
+  bfloat16 sum over thousands of tokens would lose the early ones).
+
+  Args:
+    w_in: ``[B, N, H, d']``; w_out: ``[B, N, H, d']``; values:
+      ``[B, N, H, f]``; segment_ids: ``[B, N]`` or None.
+    chunk_size: tokens per scan step C; memory per step is
+      ``B C H f d'`` states, and training stores ``N / C`` boundary states.
+  Returns:
+    ``[B, N, H, f]`` in the dtype of ``values``.
   """
-  b, n = values.shape[:2]
-  z = jnp.einsum("bnhk,bnhf->bnhfk", w_in, values)  # [B, N, H, f, d']
-  starts = jnp.zeros((b, n), bool).at[:, 0].set(True)
+  b, n, h, f = values.shape
+  k = w_in.shape[-1]
+  c = max(1, min(chunk_size, n))
+  pad = -n % c
+  run = jnp.zeros((b, n), jnp.int32)  # run index of every token
   if segment_ids is not None:
-    starts = starts.at[:, 1:].set(segment_ids[:, 1:] != segment_ids[:, :-1])
+    run = jnp.cumsum(jnp.concatenate(
+        [jnp.zeros((b, 1), jnp.int32),
+         (segment_ids[:, 1:] != segment_ids[:, :-1]).astype(jnp.int32)],
+        axis=1), axis=1)
+  if pad:  # padded keys have zero weights rows, padded queries are dropped
+    zeros = lambda t: jnp.pad(t, ((0, 0), (0, pad), (0, 0), (0, 0)))  # noqa: E731
+    w_in, w_out, values = zeros(w_in), zeros(w_out), zeros(values)
+    run = jnp.pad(run, ((0, 0), (0, pad)), mode="edge")
+  chunks = lambda t: jnp.swapaxes(  # noqa: E731
+      t.reshape((b, -1, c) + t.shape[2:]), 0, 1)  # [N/C, B, C, ...]
+  tri = jnp.tril(jnp.ones((c, c), bool))
 
-  def combine(left, right):
-    (z_l, s_l), (z_r, s_r) = left, right
-    return jnp.where(s_r[..., None, None, None], z_r, z_l + z_r), s_l | s_r
+  def step(state, xs):
+    wi, wo, v, r = xs  # [B, C, H, d'], [B, C, H, d'], [B, C, H, f], [B, C]
+    # keys j <= t of t's run inside the chunk; the carried state (the end of
+    # the previous chunk) counts while t is still in the run it ended in.
+    inside = (tri[None] & (r[:, :, None] == r[:, None, :])).astype(wi.dtype)
+    carried = r == state[1][:, None]                                # [B, C]
+    hidden = jnp.einsum("btj,bjhk,bjhf->bthfk", inside, wi, v,
+                        preferred_element_type=jnp.float32)
+    hidden = hidden + jnp.where(carried[:, :, None, None, None],
+                                state[0][:, None], 0.0)
+    y = jnp.einsum("bthk,bthfk->bthf", wo,
+                   common.gelu(hidden).astype(wo.dtype))
+    return (hidden[:, -1], r[:, -1]), y
 
-  hidden, _ = jax.lax.associative_scan(combine, (z, starts), axis=1)
-  return jnp.einsum("bmhk,bmhfk->bmhf", w_out, common.gelu(hidden))
+  init = (jnp.zeros((b, h, f, k), jnp.float32), jnp.full((b,), -1, jnp.int32))
+  # Rematerialised: the backward pass recomputes a chunk's states from the
+  # carried one instead of storing [B, N, H, f, d'].
+  _, y = jax.lax.scan(jax.checkpoint(step), init,
+                      (chunks(w_in), chunks(w_out), chunks(values),
+                       chunks(run)))
+  return jnp.swapaxes(y, 0, 1).reshape(b, n + pad, h, f)[:, :n]
 
 
 class HyperMixing(nn.Module):
@@ -150,6 +191,8 @@ class HyperMixing(nn.Module):
     layer_norm: LayerNorm on the output.
     hidden_dim: hypernetwork hidden width (default d).
     causal: query m only reads keys n <= m (self-mixing only).
+    causal_chunk_size: tokens per step of the causal scan (memory per layer
+      grows with it, the number of sequential steps shrinks).
     max_segments: most packed examples per row when ``segment_ids`` is given
       (non-causal); each costs one TM-MLP hidden layer. Tokens of a segment
       id above it get NaN outputs, so an overflow cannot pass silently.
@@ -171,6 +214,7 @@ class HyperMixing(nn.Module):
   layer_norm: bool = True
   hidden_dim: int | None = None
   causal: bool = False
+  causal_chunk_size: int = 64
   max_segments: int = 1
   hyper_bias: bool = True
   input_scale: bool = False
@@ -273,7 +317,8 @@ class HyperMixing(nn.Module):
     if self.causal:
       if k_mask is not None:
         w1 = w1 * k_mask[..., None, None].astype(self.dtype)
-      y = causal_token_mixing(w1, w2, v, segment_ids)
+      y = causal_token_mixing(w1, w2, v, segment_ids,
+                              self.causal_chunk_size)
     else:
       k_seg, _ = segment_one_hot(context, k_mask, context_segment_ids,
                                  self.max_segments, self.dtype)  # [B, N, S]
