@@ -108,7 +108,7 @@ def test_top_k_route_matches_numpy_loop(k, normalize, priority):
   assert want_d.sum(0).max() <= 1 and want_d.sum(2).max() <= 1
 
 
-@pytest.mark.parametrize("s,e", [(12, 3), (40, 4), (64, 8)])
+@pytest.mark.parametrize("s,e", [(12, 3), (40, 4), (64, 8), (640, 8)])
 def test_balanced_assignment_exact_loads_and_optimal(s, e):
   rng = np.random.RandomState(s)
   scores = rng.randn(s, e).astype(np.float32)
@@ -123,6 +123,36 @@ def test_balanced_assignment_exact_loads_and_optimal(s, e):
   opt = np.repeat(scores, s // e, axis=1)[rows, cols].sum()
   total = scores[np.arange(s), got].sum()
   assert opt - s * eps - 1e-3 <= total <= opt + 1e-3
+
+
+@pytest.mark.parametrize("s", [50, 600])   # pairwise and sorting paths
+def test_rank_within_expert_matches_numpy(s):
+  rng = np.random.RandomState(s)
+  target = rng.randint(0, 5, s).astype(np.int32)
+  offer = rng.randint(0, 7, s).astype(np.float32)     # many exact ties
+  got = np.asarray(jax.jit(lambda t, o: routers._rank_within_expert(t, o, 5))(
+      target, offer))
+  want = [sum(1 for j in range(s) if target[j] == target[i] and (
+      offer[j] > offer[i] or (offer[j] == offer[i] and j < i)))
+          for i in range(s)]
+  np.testing.assert_array_equal(got, want)
+
+
+def test_balanced_assignment_scaling_phases_reach_the_same_optimum():
+  # Epsilon scaling must not change the answer's quality: the optimum of
+  # every phase schedule is within S * eps of the Hungarian one.
+  rng = np.random.RandomState(5)
+  scores = (rng.randn(48, 6) * 3).astype(np.float32)
+  rows, cols = linear_sum_assignment(-np.repeat(scores, 8, axis=1))
+  opt = np.repeat(scores, 8, axis=1)[rows, cols].sum()
+  for scaling in (2.0, 8.0, 1e6):
+    got = np.asarray(routers.balanced_assignment(
+        jnp.asarray(scores), epsilon=1e-4, max_iters=100_000,
+        scaling=scaling))
+    np.testing.assert_array_equal(np.bincount(got, minlength=6), [8] * 6)
+    assert scores[np.arange(48), got].sum() >= opt - 48 * 1e-4 - 1e-3
+  with pytest.raises(ValueError, match="scaling=1.0 must be > 1"):
+    routers.balanced_assignment(jnp.asarray(scores), scaling=1.0)
 
 
 def test_balanced_assignment_final_balancing_step():

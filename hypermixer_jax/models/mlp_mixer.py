@@ -69,9 +69,19 @@ def token_mixing_mlp(w_in: Array, w_out: Array, values: Array,
   Returns:
     ``[B, M, H, f]``.
   """
-  hidden = jnp.einsum("bns,bnhk,bnhf->bshfk", key_segments, w_in, values)
+  if key_segments.shape[-1] == 1:
+    # One hidden layer (no packing): two plain batched matmuls. The 0/1 slot
+    # columns scale the weight rows; a three-operand einsum would make XLA
+    # transpose the values and fuse worse (measured in bench_hypermixing).
+    hidden = jnp.einsum("bnhk,bnhf->bhfk", w_in * key_segments[..., None],
+                        values)[:, None]
+  else:
+    hidden = jnp.einsum("bns,bnhk,bnhf->bshfk", key_segments, w_in, values)
   if bias_in is not None:
     hidden = hidden + bias_in  # [B, S, H, f, d']
+  if query_segments.shape[-1] == 1:
+    return jnp.einsum("bmhk,bhfk->bmhf", w_out * query_segments[..., None],
+                      common.gelu(hidden[:, 0]))
   return jnp.einsum("bms,bmhk,bshfk->bmhf", query_segments, w_out,
                     common.gelu(hidden, approximate_gelu))
 

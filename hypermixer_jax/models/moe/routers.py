@@ -167,68 +167,125 @@ def switch_route(logits: Array, *, capacity: int, mask: Array | None = None):
 
 
 def balanced_assignment(scores: Array, *, epsilon: float | None = None,
-                        max_iters: int = 1000) -> Array:
+                        max_iters: int = 1000,
+                        scaling: float = 8.0) -> Array:
   """Expert of each token, every expert getting exactly ``S / E`` tokens.
 
   Solves max sum_s scores[s, a(s)] subject to |a^-1(e)| = S / E by
   Bertsekas' auction for similar objects (each expert is S/E identical
   slots): unassigned tokens bid for their best expert net of its price; an
   expert keeps its S/E highest bids and its price becomes the lowest bid it
-  keeps. The result is within ``S * epsilon`` of the optimum. Tokens still
-  unassigned after ``max_iters`` rounds fill the free slots in token order
-  (the exact balancing step), so the loads are always exactly equal.
+  keeps. The result is within ``S * epsilon`` of the optimum.
+
+  Epsilon scaling (Bertsekas & Castanon): the auction first runs with a bid
+  increment near the score range, which settles the prices coarsely in a few
+  rounds, then again from those prices with the increment divided by
+  ``scaling`` each time until it reaches ``epsilon``; a phase starts with
+  every token unassigned. The total number of rounds drops from about
+  range / epsilon to a few per phase. Each round ranks the bids of all
+  experts at once (all pairs of tokens compared, or one sort of the S tokens
+  by expert and bid for long groups).
+
+  Tokens still unassigned after ``max_iters`` rounds (over all phases) fill
+  the free slots in token order (the exact balancing step), so the loads are
+  always exactly equal.
 
   Args:
     scores: [S, E] (e.g. router logits); S must be a multiple of E.
-    epsilon: bid increment; default 1e-3 * (score range), at least 1e-6.
-    max_iters: auction rounds before the balancing step.
+    epsilon: final bid increment; default 1e-3 * (score range), at least
+      1e-6.
+    max_iters: auction rounds (all phases) before the balancing step.
+    scaling: the increment's divisor between phases (> 1).
   Returns:
     [S] int32 expert index.
   """
+  owner, _ = _auction(scores, epsilon, max_iters, scaling)
+  return _fill_free_slots(owner, scores.shape[1])
+
+
+def _auction(scores, epsilon, max_iters, scaling):
+  """The auction of ``balanced_assignment``: ([S] owner or -1, rounds)."""
   s, e = scores.shape
   if s % e:
     raise ValueError(
         f"balanced_assignment: {s} tokens cannot be split equally over {e} "
         "experts; use a group size that is a multiple of the expert count.")
+  if scaling <= 1:
+    raise ValueError(f"balanced_assignment: scaling={scaling} must be > 1 "
+                     "(the bid increment's divisor between phases).")
   cap = s // e
   scores = jax.lax.stop_gradient(scores).astype(jnp.float32)
   if e == 1:
-    return jnp.zeros((s,), jnp.int32)
+    return jnp.zeros((s,), jnp.int32), jnp.int32(0)
+  spread = jnp.max(scores) - jnp.min(scores)
   if epsilon is None:
-    eps = jnp.maximum(1e-3 * (jnp.max(scores) - jnp.min(scores)), 1e-6)
+    eps = jnp.maximum(1e-3 * spread, 1e-6)
   else:
     eps = jnp.float32(epsilon)
-  neg = jnp.float32(-jnp.inf)
 
   def cond(state):
-    owner, _, _, it = state
+    owner, _, _, _, it = state
     return jnp.logical_and(jnp.any(owner < 0), it < max_iters)
 
   def body(state):
-    owner, bid, price, it = state
+    owner, bid, price, step, it = state
     value = scores - price[None, :]                                # [S, E]
-    top2, idx = jax.lax.top_k(value, 2)
-    best = idx[:, 0]
-    new_bid = price[best] + top2[:, 0] - top2[:, 1] + eps
+    # Best and second-best net values by reductions (top_k lowers to a sort
+    # per token on CPU, which dominated the round).
+    best = jnp.argmax(value, axis=1).astype(jnp.int32)
+    first = jnp.max(value, axis=1)
+    second = jnp.max(jnp.where(jnp.arange(e) == best[:, None], -jnp.inf,
+                               value), axis=1)
     bidding = owner < 0
-    cand = jnp.where(bidding[:, None] & (jnp.arange(e) == best[:, None]),
-                     new_bid[:, None], neg)
-    cand = jnp.where(~bidding[:, None] & (jnp.arange(e) == owner[:, None]),
-                     bid[:, None], cand)                           # [S, E]
-    top, idx = jax.lax.top_k(cand.T, cap)                          # [E, C]
-    keep = jnp.zeros((e, s), bool).at[jnp.arange(e)[:, None], idx].set(
-        top > neg).T                                               # [S, E]
-    owner = jnp.where(jnp.any(keep, axis=1),
-                      jnp.argmax(keep, axis=1), -1).astype(jnp.int32)
-    bid = jnp.sum(jnp.where(keep, cand, 0.0), axis=1)
+    # Every token holds one candidate: a new bid for its best expert, or
+    # the bid with which it holds its current expert.
+    target = jnp.where(bidding, best, owner)
+    offer = jnp.where(bidding, price[best] + first - second + step, bid)
+    keep = _rank_within_expert(target, offer, e) < cap
+    owner = jnp.where(keep, target, -1).astype(jnp.int32)
+    bid = jnp.where(keep, offer, 0.0)
     # A full expert's price is the lowest bid it keeps.
-    price = jnp.where(top[:, -1] > neg, top[:, -1], price)
-    return owner, bid, price, it + 1
+    held = keep[:, None] & (target[:, None] == jnp.arange(e))       # [S, E]
+    count = jnp.sum(held, axis=0)
+    lowest = jnp.min(jnp.where(held, offer[:, None], jnp.inf), axis=0)
+    price = jnp.where(count == cap, lowest, price)
+    # Phase end: all assigned with a coarse increment -> refine and restart.
+    refine = jnp.logical_and(jnp.all(owner >= 0), step > eps)
+    owner = jnp.where(refine, -1, owner)
+    step = jnp.where(refine, jnp.maximum(step / scaling, eps), step)
+    return owner, bid, price, step, it + 1
 
+  start = jnp.maximum(spread / scaling, eps)
   init = (jnp.full((s,), -1, jnp.int32), jnp.zeros((s,), jnp.float32),
-          jnp.zeros((e,), jnp.float32), jnp.int32(0))
-  owner, _, _, _ = jax.lax.while_loop(cond, body, init)
+          jnp.zeros((e,), jnp.float32), start, jnp.int32(0))
+  owner, _, _, _, rounds = jax.lax.while_loop(cond, body, init)
+  return owner, rounds
 
+
+# Below this many tokens per group, bids are ranked by comparing all pairs
+# ([S, S] elementwise work); above it, by one sort (XLA's CPU sort costs a
+# comparator call per comparison, ~0.5 ms per round for 16 x 128 tokens).
+_PAIRWISE_RANK_MAX_TOKENS = 512
+
+
+def _rank_within_expert(target: Array, offer: Array, e: int) -> Array:
+  """[S] rank of each token's offer among the offers made to its expert
+  (0 = highest; ties go to the earlier token)."""
+  s = target.shape[0]
+  tokens = jnp.arange(s, dtype=jnp.int32)
+  if s <= _PAIRWISE_RANK_MAX_TOKENS:
+    ahead = (offer[None, :] > offer[:, None]) | (
+        (offer[None, :] == offer[:, None]) & (tokens[None, :] < tokens[:, None]))
+    return jnp.sum(ahead & (target[None, :] == target[:, None]), axis=1,
+                   dtype=jnp.int32)
+  sorted_target, _, order = jax.lax.sort((target, -offer, tokens), num_keys=2)
+  starts = jnp.searchsorted(sorted_target, jnp.arange(e, dtype=jnp.int32))
+  rank = tokens - starts[sorted_target]
+  return jnp.zeros((s,), jnp.int32).at[order].set(rank)
+
+
+def _fill_free_slots(owner: Array, e: int) -> Array:
+  cap = owner.shape[0] // e
   # Exact balancing of whatever the auction left: the j-th unassigned token
   # takes the j-th free slot (free slots listed expert by expert).
   free = cap - jnp.sum(jax.nn.one_hot(owner, e, dtype=jnp.int32), axis=0)

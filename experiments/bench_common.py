@@ -1,0 +1,128 @@
+"""Shared helpers of the benchmarks: matmul ceiling, timing, XLA cost, tables.
+
+Every MFU these scripts print is a ratio of two measurements taken in the same
+process on the same device: the step's XLA-counted FLOPs per second over the
+FLOP/s of a jitted square matmul (``matmul_ceiling``). On a shared host, pin
+the process (``taskset -c 1 python ...``): XLA's CPU backend then uses one
+thread, and both sides of the ratio see the same core.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def time_call(fn: Callable[..., Any], *args, repeats: int = 5,
+              min_seconds: float = 0.2, warmup: int = 1) -> float:
+  """Best-of-``repeats`` seconds per call of ``fn(*args)`` (results blocked).
+
+  Each repeat runs the call enough times to last ``min_seconds``; the best
+  repeat is reported, the least disturbed by other processes on the host.
+  """
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  t0 = time.perf_counter()
+  jax.block_until_ready(fn(*args))
+  once = max(time.perf_counter() - t0, 1e-6)
+  inner = max(1, int(min_seconds / once))
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for _ in range(inner):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    best = min(best, (time.perf_counter() - t0) / inner)
+  return best
+
+
+def matmul_ceiling(dtype=jnp.float32, n: int = 2048, repeats: int = 5
+                   ) -> float:
+  """FLOP/s of a jitted ``n x n`` matmul in ``dtype`` on the default device."""
+  keys = jax.random.split(jax.random.key(0))
+  a = jax.random.normal(keys[0], (n, n), dtype)
+  b = jax.random.normal(keys[1], (n, n), dtype)
+  mm = jax.jit(jnp.matmul)
+  return 2 * n ** 3 / time_call(mm, a, b, repeats=repeats)
+
+
+def xla_flops(compiled) -> float:
+  """FLOPs of one call of a compiled executable (XLA's cost analysis)."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0]
+  return float(cost.get("flops", 0.0)) if cost else 0.0
+
+
+def device_name() -> str:
+  d = jax.devices()[0]
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+      else os.cpu_count()
+  kind = getattr(d, "device_kind", d.platform)
+  return f"{d.platform}:{kind} ({cores} host cores visible)"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]
+                   ) -> str:
+  """GitHub Markdown table; numbers right-aligned."""
+  def cell(v):
+    return f"{v:,.4g}" if isinstance(v, float) else str(v)
+  align = ["---:" if rows and isinstance(rows[0][i], (int, float)) else "---"
+           for i in range(len(headers))]
+  lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+  lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def write_outputs(out_dir: str | None, name: str, text: str, results: Any
+                  ) -> None:
+  """Writes ``<name>.md`` and ``results.json`` under ``out_dir`` (if given)."""
+  if not out_dir:
+    return
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, f"{name}.md"), "w", encoding="utf-8") as f:
+    f.write(text + "\n")
+  with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=1, default=lambda o: np.asarray(o).tolist())
+
+
+def profile_ops(fn: Callable[..., Any], *args, calls: int = 3,
+                logdir: str = "/tmp/hypermixer_jax_profile", top: int = 12
+                ) -> list[tuple[str, float, float]]:
+  """Where ``fn``'s time goes: ``jax.profiler`` trace, summed by XLA op.
+
+  Returns ``(op or fusion name, ms per call, share of the ops' total)``, the
+  largest first. The trace (TensorBoard profile format) stays in ``logdir``.
+  Reading it needs TensorFlow's ``xplane_pb2`` (installed with TF).
+  """
+  import glob  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
+  jax.block_until_ready(fn(*args))
+  shutil.rmtree(logdir, ignore_errors=True)
+  with jax.profiler.trace(logdir):
+    for _ in range(calls):
+      jax.block_until_ready(fn(*args))
+  space = xplane_pb2.XSpace()
+  path = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"),
+                          recursive=True))[-1]
+  with open(path, "rb") as f:
+    space.ParseFromString(f.read())
+  totals: dict[str, float] = {}
+  skip = ("Thunk", "PjRt", "Execute", "jit_", "ThreadpoolListener", "$")
+  for plane in space.planes:
+    names = {k: v.name for k, v in plane.event_metadata.items()}
+    for line in plane.lines:
+      for ev in line.events:
+        name = names.get(ev.metadata_id, "?")
+        if any(name.startswith(s) for s in skip) or " " in name:
+          continue
+        totals[name] = totals.get(name, 0.0) + ev.duration_ps / 1e9
+  total = sum(totals.values()) or 1.0
+  ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:top]
+  return [(k, v / calls, v / total) for k, v in ranked]

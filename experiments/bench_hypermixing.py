@@ -1,0 +1,123 @@
+"""HyperMixing forward speed against the matmul ceiling, and causal memory.
+
+Two tables, both measured in this process on this device:
+
+1. Forward of the (non-causal) HyperMixing token mixer at B x N x d with
+   hyper_dim d' for several N: time, XLA-counted FLOPs, FLOP/s as a share
+   of a jitted 2048 x 2048 matmul's, and time(N) / time(N / 4) (linear cost
+   gives 4).
+2. ``--causal_memory``: XLA's ``memory_analysis()`` of the compiled causal
+   mixer (forward, and forward + backward) for N = 512 ... 8192: temporary
+   bytes and their ratio to one [B, N, d] activation. The chunked scan keeps
+   the forward's temporaries flat in N beyond the O(B N d) inputs/outputs;
+   the backward stores N / C chunk-boundary states.
+
+    taskset -c 1 python experiments/bench_hypermixing.py
+    taskset -c 1 python experiments/bench_hypermixing.py --causal_memory
+    python experiments/bench_hypermixing.py --quick     # small sizes
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import bench_common as bc  # noqa: E402
+from hypermixer_jax.models.hypermixer import HyperMixing  # noqa: E402
+
+
+def _module(args, n, causal=False, dtype=jnp.float32):
+  return HyperMixing(args.hyper_dim, num_heads=args.num_heads,
+                     max_len=max(n, 512), causal=causal,
+                     causal_chunk_size=args.chunk_size, dtype=dtype)
+
+
+def forward_table(args):
+  dtype = jnp.dtype(args.dtype)
+  ceiling = bc.matmul_ceiling(dtype)
+  rows, results, times = [], [], {}
+  for n in args.lengths:
+    module = _module(args, n, dtype=dtype)
+    x = jax.random.normal(jax.random.key(0), (args.batch, n, args.d), dtype)
+    params = jax.jit(module.init)(jax.random.key(1), x)
+    fwd = jax.jit(module.apply)
+    flops = bc.xla_flops(fwd.lower(params, x).compile())
+    t = bc.time_call(fwd, params, x, repeats=args.repeats)
+    times[n] = t
+    share = flops / t / ceiling
+    scale = times.get(n // 4)
+    rows.append((n, t * 1e3, flops / 1e9, flops / t / 1e9, 100 * share,
+                 f"{t / scale:.2f}" if scale else ""))
+    results.append(dict(n=n, seconds=t, flops=flops, share=share))
+  text = (f"HyperMixing forward, B={args.batch} d={args.d} d'={args.hyper_dim}"
+          f" heads={args.num_heads} {args.dtype}; {bc.device_name()}; matmul "
+          f"ceiling {ceiling / 1e9:.1f} GFLOP/s\n\n" + bc.markdown_table(
+              ("N", "ms", "GFLOP (XLA)", "GFLOP/s", "% of ceiling",
+               "t(N)/t(N/4)"), rows))
+  return text, dict(ceiling=ceiling, rows=results)
+
+
+def causal_memory_table(args):
+  rows, results = [], []
+  for n in args.lengths:
+    module = _module(args, n, causal=True)
+    x = jax.ShapeDtypeStruct((args.batch, n, args.d), jnp.float32)
+    params = jax.eval_shape(module.init, jax.random.key(0), x)
+    act = args.batch * n * args.d * 4
+    fwd = jax.jit(module.apply).lower(params, x).compile().memory_analysis()
+    grad = jax.jit(jax.grad(lambda p, x: jnp.sum(module.apply(p, x) ** 2),
+                            argnums=(0, 1))).lower(params, x).compile()
+    grad = grad.memory_analysis()
+    old = args.batch * n * args.d * args.hyper_dim * 4  # [B, N, d, d'] states
+    rows.append((n, fwd.temp_size_in_bytes / 2 ** 20,
+                 fwd.temp_size_in_bytes / act,
+                 grad.temp_size_in_bytes / 2 ** 20,
+                 grad.temp_size_in_bytes / act, old / 2 ** 20))
+    results.append(dict(n=n, forward_temp=fwd.temp_size_in_bytes,
+                        grad_temp=grad.temp_size_in_bytes, activation=act,
+                        prefix_states=old))
+  text = (f"Causal HyperMixing memory (XLA memory_analysis, temporaries), "
+          f"B={args.batch} d={args.d} d'={args.hyper_dim} chunk="
+          f"{args.chunk_size}; one [B, N, d] f32 activation = act\n\n"
+          + bc.markdown_table(
+              ("N", "forward MiB", "forward / act", "fwd+bwd MiB",
+               "fwd+bwd / act", "[B,N,d,d'] states of the prefix scan, MiB"),
+              rows))
+  return text, dict(rows=results)
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--batch", type=int, default=8)
+  ap.add_argument("--d", type=int, default=256)
+  ap.add_argument("--hyper_dim", type=int, default=512)
+  ap.add_argument("--num_heads", type=int, default=1)
+  ap.add_argument("--chunk_size", type=int, default=64)
+  ap.add_argument("--dtype", default="float32")
+  ap.add_argument("--lengths", default="")
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--causal_memory", action="store_true")
+  ap.add_argument("--quick", action="store_true",
+                  help="small sizes for a fast check")
+  ap.add_argument("--out", default="", help="folder for the table and json")
+  args = ap.parse_args()
+  if args.quick:
+    args.batch, args.d, args.hyper_dim, args.repeats = 2, 64, 128, 2
+  default = "512,1024,2048,4096,8192" if args.causal_memory else \
+      "128,512,2048,8192"
+  args.lengths = [int(v) for v in (args.lengths or default).split(",")]
+  text, results = (causal_memory_table if args.causal_memory
+                   else forward_table)(args)
+  print(text)
+  bc.write_outputs(args.out, "causal_memory" if args.causal_memory
+                   else "hypermixing_forward", text, results)
+
+
+if __name__ == "__main__":
+  main()
