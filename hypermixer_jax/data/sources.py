@@ -320,9 +320,9 @@ def local_reader(fmt: str, fields: Mapping[str, Sequence[str]],
 def image_reader(path: tf.Tensor) -> tf.data.Dataset:
   """Reads a ``filename<TAB>class_index`` TSV into {image bytes, label}.
 
-  File names are relative to the TSV's folder or to its ``images/`` subfolder
-  (the layout of shared/data/imagenet_sample). Class indices must be
-  integers (checked against the model's classes at start).
+  File names are absolute, or relative to the TSV's folder or to its
+  ``images/`` subfolder (the layout of shared/data/imagenet_sample). Class
+  indices must be non-negative integers.
   """
   rows, parse = _rows_tsv(path, {"image": ("filename", "file_name"),
                                  "label": ("class_index", "label")})
@@ -337,7 +337,9 @@ def image_reader(path: tf.Tensor) -> tf.data.Dataset:
         tf.strings.regex_full_match(label, "[0-9]+"), *where,
         ": class index '", label, "' is not a non-negative integer."))
     with tf.control_dependencies(checks):
-      image = tf.strings.join([prefix, "/", out["image"]])
+      name = out["image"]
+      absolute = tf.strings.regex_full_match(name, "/.*|[a-z0-9]+://.*")
+      image = tf.where(absolute, name, tf.strings.join([prefix, "/", name]))
       return {"image": tf.io.read_file(image),
               "label": tf.strings.to_number(label, tf.int64),
               "source": tf.strings.join([*where[:2],
