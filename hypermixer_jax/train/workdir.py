@@ -41,6 +41,11 @@ class WorkdirLock:
     self._fd = None
 
   def acquire(self) -> "WorkdirLock":
+    if "://" in self.path:
+      logging.warning("Workdir %s is not a local path: no lock is taken; "
+                      "make sure no other job uses it.",
+                      os.path.dirname(self.path))
+      return self
     os.makedirs(os.path.dirname(self.path), exist_ok=True)
     fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -86,13 +91,13 @@ def save_config(config: ml_collections.ConfigDict, workdir: str,
   text = config.to_json_best_effort(indent=1, sort_keys=True)
   stamp = datetime.datetime.now(datetime.timezone.utc).strftime(
       "%Y%m%dT%H%M%SZ")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   folder = os.path.join(workdir, "configs")
-  os.makedirs(folder, exist_ok=True)
+  tf.io.gfile.makedirs(folder)
   path = os.path.join(folder, f"{stamp}-step{start_step}.json")
   for p in (path, os.path.join(workdir, "config.json")):
-    with open(p + ".tmp", "w", encoding="utf-8") as f:
+    with tf.io.gfile.GFile(p, "w") as f:
       f.write(text + "\n")
-    os.replace(p + ".tmp", p)
   return path
 
 
