@@ -246,7 +246,8 @@ def _tf_epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
         try_in_mem_cache=False)
     if converter is not None:
       ds = converter(ds, lengths)
-    ds = ds.batch(batch_size, drop_remainder=repeat)
+    ds = ds.batch(batch_size, drop_remainder=repeat,
+                  num_parallel_calls=tf.data.AUTOTUNE)
     return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
   return make_epoch

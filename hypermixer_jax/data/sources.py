@@ -124,6 +124,30 @@ _SIMPLE_ESCAPES = {ord("n"): 10, ord("t"): 9, ord("r"): 13, ord("b"): 8,
 def json_unescape(raw: tf.Tensor) -> tf.Tensor:
   """The value of a JSON string body (escapes still in place), as UTF-8.
 
+  Bodies without ``\\u`` escapes take a few literal replacements; the others
+  the general (vectorised) path.
+  """
+  # An escaped backslash first becomes \x01 (JSON strings hold no raw
+  # control characters), so that what follows it is not read as an escape.
+  simple = tf.strings.regex_replace(raw, r"\\\\", "\x01")
+  has_u = tf.strings.regex_full_match(simple, r"(?s).*\\u.*")
+  has_escape = tf.strings.regex_full_match(raw, r"(?s).*\\.*")
+
+  def replace():
+    out = simple
+    for char, code in ((*_SIMPLE_ESCAPES.items(), (ord('"'), ord('"')),
+                        (ord("/"), ord("/")))):
+      out = tf.strings.regex_replace(out, "\\\\" + re.escape(chr(char)),
+                                     chr(code))
+    return tf.strings.regex_replace(out, "\x01", "\\\\")
+
+  return tf.cond(has_u, lambda: _json_unescape_general(raw),
+                 lambda: tf.cond(has_escape, replace, lambda: raw))
+
+
+def _json_unescape_general(raw: tf.Tensor) -> tf.Tensor:
+  """``json_unescape`` for any body, vectorised over code points.
+
   Vectorised over code points: an escape starts at a backslash preceded by
   an even run of backslashes; ``\\uXXXX`` (and surrogate pairs) become their
   code point, ``\\n`` etc. their control character, ``\\x`` becomes ``x``.
