@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hypermixer_jax.models.mlp_mixer import MlpMixerTokenMixing
+from hypermixer_jax.models.mlp_mixer import token_mixing_mlp
 
 B, N, D, D_S, MAX_LEN = 2, 7, 11, 5, 13
 
@@ -153,3 +154,21 @@ def test_bfloat16_forward_backward():
                              atol=0.05 * scale, rtol=0.05)
   np.testing.assert_allclose(np.asarray(g16[1], np.float32), g32[1],
                              atol=0.05 * np.abs(g32[1]).max(), rtol=0.1)
+
+
+@pytest.mark.parametrize("approximate", [False, True])
+def test_one_slot_fast_path_equals_the_slot_einsum(approximate):
+  # S = 1 takes two plain matmuls; the same numbers through the general
+  # S-slot einsum (a second, empty slot) must agree, for both GELUs.
+  keys = jax.random.split(jax.random.key(3), 4)
+  w_in = jax.random.normal(keys[0], (2, 7, 3, 5))
+  w_out = jax.random.normal(keys[1], (2, 7, 3, 5))
+  v = jax.random.normal(keys[2], (2, 7, 3, 11))
+  mask = (jax.random.uniform(keys[3], (2, 7, 1)) > 0.3).astype(jnp.float32)
+  two = jnp.concatenate([mask, jnp.zeros_like(mask)], axis=-1)
+  bias = jnp.linspace(-1.0, 1.0, 5)
+  fast = token_mixing_mlp(w_in, w_out, v, mask, mask, bias, approximate)
+  slow = token_mixing_mlp(w_in, w_out, v, two, two, bias, approximate)
+  np.testing.assert_allclose(fast, slow, rtol=1e-5, atol=1e-5)
+  other = token_mixing_mlp(w_in, w_out, v, mask, mask, bias, not approximate)
+  assert np.abs(np.asarray(fast - other)).max() > 1e-4

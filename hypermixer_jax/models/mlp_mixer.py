@@ -81,7 +81,7 @@ def token_mixing_mlp(w_in: Array, w_out: Array, values: Array,
     hidden = hidden + bias_in  # [B, S, H, f, d']
   if query_segments.shape[-1] == 1:
     return jnp.einsum("bmhk,bhfk->bmhf", w_out * query_segments[..., None],
-                      common.gelu(hidden[:, 0]))
+                      common.gelu(hidden[:, 0], approximate_gelu))
   return jnp.einsum("bms,bmhk,bshfk->bmhf", query_segments, w_out,
                     common.gelu(hidden, approximate_gelu))
 
