@@ -62,3 +62,16 @@ def test_imagenet(split):
   assert batch["inputs"].dtype == np.float32
   assert batch["label"].dtype == np.int32
   assert np.isfinite(batch["inputs"]).all()
+
+
+def test_tfds_train_split_slices_the_train_split(vocab):
+  # mock_data ignores split slicing, so check what TFDS is asked to read.
+  from hypermixer_jax.data import tasks  # pylint: disable=g-import-not-at-top
+  cfg = data.default_data_config()
+  cfg.update(task="glue_qnli", vocab_path=vocab, seq_len=20)
+  loader = tasks.get_task(cfg).source.tfds_dataset
+  assert loader._map_split("train") == "train"  # pylint: disable=protected-access
+  cfg.tfds_train_split = "train[:10%]"
+  sliced = tasks.get_task(cfg)
+  assert sliced.source.tfds_dataset._map_split("train") == "train[:10%]"  # pylint: disable=protected-access
+  assert sliced.source.tfds_dataset._map_split("validation") == "validation"  # pylint: disable=protected-access

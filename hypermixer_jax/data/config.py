@@ -34,6 +34,8 @@ def default_data_config() -> ml_collections.ConfigDict:
     extra_ids: sentinel ids appended to the SentencePiece vocabulary by seqio
       (100 as in T5); the first three serve as [MASK], [CLS] and [SEP].
     data_dir: TFDS data directory (None: TFDS's default).
+    tfds_train_split: the TFDS split expression read as ``train`` (e.g.
+      ``train[:10%]`` for the low-resource experiments); '' = ``train``.
     local_files: one field per split (``train``, ``validation``, ``test``,
       and MNLI's ``validation_matched`` ...), each a file pattern
       (comma-separated patterns allowed) of local JSONL (.jsonl, flat
@@ -56,6 +58,7 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.vocab_path = os.environ.get("HYPERMIXER_VOCAB", T5_VOCAB_GCS)
   c.extra_ids = 100
   c.data_dir = config_dict.placeholder(str)
+  c.tfds_train_split = ""
   c.local_files = ml_collections.ConfigDict(
       {split: config_dict.placeholder(str) for split in SPLITS})
   c.packing = False

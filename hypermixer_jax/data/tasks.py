@@ -100,7 +100,8 @@ def _relevant(cfg: ml_collections.ConfigDict, name: str) -> dict:
   """The config fields that change what task ``name`` produces."""
   if name in TEXT_TASKS or name in CLASSIFICATION:
     rel = {"vocab_path": cfg.vocab_path, "extra_ids": cfg.extra_ids,
-           "data_dir": cfg.data_dir, "local_files": local_files(cfg)}
+           "data_dir": cfg.data_dir, "local_files": local_files(cfg),
+           "tfds_train_split": cfg.get("tfds_train_split", "")}
     if name == "c4_mlm":
       rel["mlm"] = cfg.mlm.to_dict()
     return rel
@@ -120,6 +121,8 @@ def _source(cfg, tfds_name, splits, make_reader, decoders=None):
   if local_files(cfg):
     return sources.local_source(local_files(cfg), make_reader,
                                 by_format=True)
+  if cfg.get("tfds_train_split"):
+    splits = {**splits, "train": cfg.tfds_train_split}
   return sources.tfds_source(tfds_name, cfg.data_dir, splits, decoders)
 
 
