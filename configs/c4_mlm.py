@@ -12,10 +12,10 @@ or a bigger mesh). ``configs/glue.py:TASK,ARG,finetune`` starts from here.
 """
 import ml_collections
 
+from hypermixer_jax import models
 from hypermixer_jax.train.config import TEXT_SEQ_LEN
 from hypermixer_jax.train.config import base_config
 from hypermixer_jax.train.config import text_model
-from hypermixer_jax.train.loop import SLOT_MIXERS
 
 
 def get_config(arg: str = "hypermixer") -> ml_collections.ConfigDict:
@@ -23,11 +23,14 @@ def get_config(arg: str = "hypermixer") -> ml_collections.ConfigDict:
   c.model = text_model(arg or "hypermixer", "mlm")
   c.data.task = "c4_mlm"
   c.data.seq_len = TEXT_SEQ_LEN
+  # Whether the model may train on packed rows is the model's to say:
   # HyperMixing and the MLP-Mixer token MLP keep one hidden layer per packed
   # example (``mixer_kwargs.max_segments``), so they train on unpacked rows.
-  c.data.packing = c.model.mixer not in SLOT_MIXERS
-  if c.model.mixer in SLOT_MIXERS:
-    c.model.mixer_kwargs.max_segments = 1   # raise it to pack (cost grows)
+  # The options that decide it are set explicitly, so that the command line
+  # can change them (raise max_segments to pack; cost grows).
+  facts = models.model_facts(c.model)
+  c.data.packing = facts.packing_error is None
+  c.model.mixer_kwargs.update(facts.packing_options)
 
   c.mesh.data = -1
   c.sharding.rules = "data_parallel"

@@ -10,9 +10,12 @@ the token mixer only has to pair the objects; ``--config.model.conv_stem=()``
 turns it off.
 
     python -m hypermixer_jax.main --config=configs/default.py --workdir=/tmp/hm
-    # the MLP-Mixer, attention and None controls too, with a table of MSEs:
-    python -m hypermixer_jax.main --config=configs/default.py \
-        --config.compare_controls=True --workdir=/tmp/hm
+
+The run ends with the pseudo-attention map of the trained model
+(``<workdir>/pseudo_attention.png``, a declared evaluator:
+``config.evals.pseudo_attention``). The comparison with the controls
+(MLP-Mixer, attention, no token mixing) is an experiment: see
+experiments/README.md.
 
 Arguments (``--config=configs/default.py:ARG``): a mixer name (``hypermixer``,
 ``mlp_mixer``, ``attention``, ``none``) to train that model instead.
@@ -21,8 +24,6 @@ import ml_collections
 
 from hypermixer_jax import models
 from hypermixer_jax.train.config import base_config
-
-CONTROLS = ("mlp_mixer", "attention", "none")
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -53,8 +54,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.checkpoint_every = 500
   c.keep_checkpoints = 2
 
-  c.pseudo_attention = True
-  c.controls = ml_collections.ConfigDict({
-      name: models.get_model_config(f"synthetic_{name}").mixer_kwargs
-      for name in CONTROLS if name != mixer})
+  # At the end of training: the map of the first validation example.
+  c.evals.pseudo_attention = ml_collections.ConfigDict(
+      dict(type="pseudo_attention", every=0))
   return c

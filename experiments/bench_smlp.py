@@ -1,7 +1,8 @@
 """sMLP vs a dense gMLP with matched FLOPs per token: step time and tokens/s.
 
-Runs a full training step (forward, backward, Adam) of both language models
-on a mesh with an 'expert' axis (8 fake CPU devices by default), the sMLP
+Runs the library's training step (``steps.make_train_step``: forward,
+backward, Adam) of both language models on a mesh with an 'expert' axis (8
+fake CPU devices by default, the ``expert`` rules preset), the sMLP
 expert-parallel (all-to-all dispatch). FLOPs per token come from XLA's cost
 analysis of the compiled step (per-device FLOPs x devices / tokens); the
 dense gMLP's depth is chosen so that its FLOPs per token are the closest to
@@ -27,99 +28,67 @@ if __name__ == "__main__":
     os.environ["XLA_FLAGS"] = (
         flags + " --xla_force_host_platform_device_count=8").strip()
 
-import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
+from hypermixer_jax import models  # noqa: E402
+from hypermixer_jax import sharding  # noqa: E402
 from hypermixer_jax.models import smlp  # noqa: E402
-
-RULES = [("batch", ("data", "fsdp", "expert")), ("expert", "expert"),
-         ("vocab", None), ("embed", None), ("mlp", None), ("seq_in", None),
-         ("seq_out", None), ("norm", None), ("length", None)]
-COLLECTIONS = ["aux_loss", "moe_metrics"]
+from hypermixer_jax.train import metrics as metrics_lib  # noqa: E402
+from hypermixer_jax.train import steps  # noqa: E402
 
 
-def _model(args, num_dense, num_sparse):
-  return smlp.SmlpLM(
-      vocab_size=args.vocab_size, d_model=args.d_model, d_ffn=args.d_ffn,
-      max_len=args.max_len, num_dense_layers=num_dense,
-      num_sparse_layers=num_sparse, num_experts=args.num_experts,
-      tmoe_router=args.router, smoe_routing=args.smoe_routing)
+def _config(args, num_dense, num_sparse):
+  cfg = smlp.smlp_config("tiny")
+  cfg.update(dict(vocab_size=args.vocab_size, d_model=args.d_model,
+                  d_ffn=args.d_ffn, max_len=args.max_len,
+                  num_dense_layers=num_dense, num_sparse_layers=num_sparse))
+  cfg.moe.update(dict(num_experts=args.num_experts, expert_d_ffn=args.d_ffn,
+                      tmoe_router=args.router,
+                      smoe_routing=args.smoe_routing))
+  return cfg
 
 
-def _step_fn(model, opt):
-  def loss_fn(p, x, y):
-    logits, aux = model.apply({"params": p}, x, deterministic=False,
-                              mutable=COLLECTIONS)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-    w = smlp.loss_weights(model, jnp.ones(ce.shape))
-    ce = jnp.sum(ce * w) / jnp.sum(w)
-    return ce + sum(jax.tree.leaves(aux.get("aux_loss", {})))
-
-  def step(state, x, y):
-    p, o = state
-    loss, g = jax.value_and_grad(loss_fn)(p, x, y)
-    upd, o = opt.update(g, o, p)
-    return (optax.apply_updates(p, upd), o), loss
-
-  return step
-
-
-def build(args, mesh, num_dense, num_sparse):
-  """(jitted step, sharded state, batch, n_params) of one model."""
-  model = _model(args, num_dense, num_sparse)
-  opt = optax.adam(1e-3)
-  x = jnp.zeros((args.batch, args.max_len), jnp.int32)
-
-  def init(key):
-    p = nn.unbox(model.init(key, x)["params"])
-    return p, opt.init(p)
-
-  abstract = jax.eval_shape(
-      lambda k: model.init(k, x)["params"], jax.random.key(0))
-  p_shard = nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract),
-                                        mesh, RULES)
-  p_shard = nn.unbox(p_shard)
-  state_shape = jax.eval_shape(init, jax.random.key(0))
-  repl = jax.NamedSharding(mesh, jax.P())
-  # Adam moments share their parameter's sharding; the step count is replicated.
-  o_shard = jax.tree.map(lambda _: repl, state_shape[1])
-  o_shard = (o_shard[0]._replace(mu=p_shard, nu=p_shard),) + tuple(o_shard[1:])
-  state_shard = (p_shard, o_shard)
-  state = jax.jit(init, out_shardings=state_shard)(jax.random.key(0))
-  data_shard = jax.NamedSharding(mesh, jax.P(("data", "fsdp", "expert")))
+def build(args, mesh, rules, num_dense, num_sparse):
+  """(compiled train step, sharded state, batch, rng, n_params) of one model:
+  the library's train step (``steps.make_train_step``, Adam) and sharded
+  state, on the ``expert`` rules preset."""
+  cfg = _config(args, num_dense, num_sparse)
+  model, facts = models.build_model(cfg), models.model_facts(cfg)
   rng = np.random.RandomState(0)
   tokens = rng.randint(0, args.vocab_size, (args.batch, args.max_len + 1))
-  xb = jax.device_put(tokens[:, :-1].astype(np.int32), data_shard)
-  yb = jax.device_put(tokens[:, 1:].astype(np.int32), data_shard)
-  step = jax.jit(_step_fn(model, opt),
-                 in_shardings=(state_shard, data_shard, data_shard),
-                 out_shardings=(state_shard, repl), donate_argnums=0)
-  n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(abstract))
-  return step, state, (xb, yb), n_params
+  local = {"inputs": tokens[:, :-1].astype(np.int32),
+           "targets": tokens[:, 1:].astype(np.int32),
+           "weights": np.ones((args.batch, args.max_len), np.float32)}
+  key = jax.random.key(0)
+  state, state_sh = steps.create_train_state(model, optax.adam(1e-3), key,
+                                             local, mesh, rules)
+  batch_sh = sharding.batch_shardings(local, mesh, rules)
+  step = steps.jit_train_step(
+      steps.make_train_step(model, facts.head, loss_weights=facts.loss_weights),
+      state_sh, batch_sh, mesh, rules)
+  batch = sharding.make_global_batch(local, mesh, rules)
+  key = jax.device_put(key, jax.NamedSharding(mesh, jax.P()))
+  compiled = step.lower(state, batch, key).compile()
+  n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(state.params))
+  return compiled, state, batch, key, n_params
 
 
-def flops_per_token(args, mesh, step, state, batch):
-  with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
-    compiled = step.lower(state, *batch).compile()
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0]
-  return (cost["flops"] * mesh.size / (args.batch * args.max_len),
+def flops_per_token(args, mesh, compiled):
+  return (metrics_lib.step_flops(compiled) * mesh.size
+          / (args.batch * args.max_len),
           sum(" all-to-all(" in line for line in compiled.as_text().splitlines()))
 
 
-def time_steps(mesh, step, state, batch, n_steps):
-  with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
-    for _ in range(2):
-      state, loss = step(state, *batch)
-    loss.block_until_ready()
-    t0 = time.perf_counter()
-    for _ in range(n_steps):
-      state, loss = step(state, *batch)
-    loss.block_until_ready()
+def time_steps(compiled, state, batch, key, n_steps):
+  for _ in range(2):
+    state, m = compiled(state, batch, key)
+  m["loss"].block_until_ready()
+  t0 = time.perf_counter()
+  for _ in range(n_steps):
+    state, m = compiled(state, batch, key)
+  m["loss"].block_until_ready()
   return (time.perf_counter() - t0) / n_steps
 
 
@@ -141,33 +110,29 @@ def main():
   args = ap.parse_args()
 
   n_dev = jax.device_count()
-  mesh = jax.make_mesh(
-      (n_dev // args.expert_parallel, 1, 1, args.expert_parallel),
-      ("data", "fsdp", "tensor", "expert"),
-      axis_types=(jax.sharding.AxisType.Auto,) * 4)
+  mesh = sharding.build_mesh(dict(data=n_dev // args.expert_parallel, fsdp=1,
+                                  tensor=1, expert=args.expert_parallel))
+  rules = sharding.get_rules("expert")
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
-    sp = build(args, mesh, args.num_dense, args.num_sparse)
-  f_sparse, a2a = flops_per_token(args, mesh, *sp[:3])
+  sp = build(args, mesh, rules, args.num_dense, args.num_sparse)
+  f_sparse, a2a = flops_per_token(args, mesh, sp[0])
   # Dense gMLP: FLOPs/token = a + b * depth, fitted on depths 1 and 2.
   fits = []
   for depth in (1, 2):
-    with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
-      dn = build(args, mesh, depth, 0)
-    fits.append(flops_per_token(args, mesh, *dn[:3])[0])
+    dn = build(args, mesh, rules, depth, 0)
+    fits.append(flops_per_token(args, mesh, dn[0])[0])
   per_layer = fits[1] - fits[0]
   depth = max(1, int(round((f_sparse - (fits[0] - per_layer)) / per_layer)))
-  with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
-    dn = build(args, mesh, depth, 0)
-  f_dense, _ = flops_per_token(args, mesh, *dn[:3])
+  dn = build(args, mesh, rules, depth, 0)
+  f_dense, _ = flops_per_token(args, mesh, dn[0])
 
-  t_sparse = time_steps(mesh, *sp[:3], args.steps)
-  t_dense = time_steps(mesh, *dn[:3], args.steps)
+  t_sparse = time_steps(*sp[:4], args.steps)
+  t_dense = time_steps(*dn[:4], args.steps)
   tokens = args.batch * args.max_len
   rows = [
       (f"sMLP N1={args.num_dense} N2={args.num_sparse} E={args.num_experts} "
-       f"({args.router}/{args.smoe_routing})", sp[3], f_sparse, t_sparse),
-      (f"gMLP dense, {depth} layers", dn[3], f_dense, t_dense),
+       f"({args.router}/{args.smoe_routing})", sp[4], f_sparse, t_sparse),
+      (f"gMLP dense, {depth} layers", dn[4], f_dense, t_dense),
   ]
   print(f"devices={n_dev} mesh={dict(mesh.shape)} batch={args.batch} "
         f"T={args.max_len} d={args.d_model} d_ffn={args.d_ffn} "

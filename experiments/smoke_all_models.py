@@ -1,7 +1,7 @@
 r"""Forward + backward pass of every named model on random data.
 
-Prints one row per model: parameters, loss, gradient norm and ms per
-(jitted, warmed-up) training step. A first check that the whole model zoo
+Prints one row per model: parameters, loss (the head's, ``heads``), gradient
+norm and ms per (jitted, warmed-up) training step. A first check that the whole model zoo
 builds, runs and trains on the machine at hand:
 
   python experiments/smoke_all_models.py                     # paper sizes
@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hypermixer_jax import heads
 from hypermixer_jax import models
 
 _MODELS = flags.DEFINE_list("models", None, "Named models (default: all).")
@@ -43,24 +44,27 @@ def shrink(cfg):
 
 
 def random_batch(cfg, batch_size, rng):
-  """Inputs, model keyword arguments, labels and a loss for ``cfg``'s head."""
+  """A random batch in the format of ``cfg``'s task (CONTRIBUTING.md)."""
   k1, k2 = jax.random.split(rng)
   n = cfg.max_len
   if cfg.family == "text":
-    inputs = jax.random.randint(k1, (batch_size, n), 0, cfg.vocab_size)
-    kw = dict(segment_ids=jnp.ones((batch_size, n), jnp.int32))
+    batch = dict(inputs=jax.random.randint(k1, (batch_size, n), 0,
+                                           cfg.vocab_size),
+                 segment_ids=jnp.ones((batch_size, n), jnp.int32))
   else:
-    inputs = jax.random.normal(k1, (batch_size, n, cfg.input_dim))
-    kw = {}
-  if cfg.head in ("mlm", "causal_lm"):
-    labels = jax.random.randint(k2, (batch_size, n), 0, cfg.vocab_size)
-  elif cfg.head == "regression":
-    labels = jax.random.normal(k2, (batch_size, n, cfg.out_dim))
-    return inputs, kw, labels, lambda y, t: jnp.mean((y - t) ** 2)
+    batch = dict(inputs=jax.random.normal(k1, (batch_size, n, cfg.input_dim)))
+  kind = heads.get(cfg.head).kind
+  if kind == "tokens":
+    batch["targets"] = jax.random.randint(k2, (batch_size, n), 0,
+                                          cfg.vocab_size)
+    batch["weights"] = jnp.ones((batch_size, n), jnp.float32)
+  elif kind == "values":
+    batch["targets"] = jax.random.normal(k2, (batch_size, n, cfg.out_dim))
+    batch["weights"] = jnp.ones((batch_size, n), jnp.float32)
   else:
-    labels = jax.random.randint(k2, (batch_size,), 0, cfg.num_classes)
-  return inputs, kw, labels, (
-      lambda y, t: optax.softmax_cross_entropy_with_integer_labels(y, t).mean())
+    batch["label"] = jax.random.randint(k2, (batch_size,), 0,
+                                        cfg.num_classes)
+  return batch
 
 
 def smoke(name: str) -> tuple[int, float, float, float]:
@@ -69,8 +73,8 @@ def smoke(name: str) -> tuple[int, float, float, float]:
   if _TINY.value:
     cfg = shrink(cfg)
   model = models.build_model(cfg)
-  inputs, kw, labels, loss = random_batch(cfg, _BATCH.value,
-                                          jax.random.key(1))
+  batch = random_batch(cfg, _BATCH.value, jax.random.key(1))
+  inputs, kw = heads.model_inputs(batch, cfg.head)
   params = nn.unbox(jax.jit(model.init)(jax.random.key(0), inputs, **kw)
                     )["params"]
   n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
@@ -80,7 +84,7 @@ def smoke(name: str) -> tuple[int, float, float, float]:
     def loss_fn(p):
       out = model.apply({"params": p}, inputs, **kw, deterministic=False,
                         rngs={"dropout": rng})
-      return loss(out, labels)
+      return heads.compute_loss(cfg.head, out, batch)[0]
     value, grads = jax.value_and_grad(loss_fn)(params)
     return value, optax.global_norm(grads)
 

@@ -276,10 +276,6 @@ def within(fn: Callable[..., Any], mesh: jax.sharding.Mesh, rules: Rules
 # ---------------------------------------------------------------------------
 # Parameter shardings.
 # ---------------------------------------------------------------------------
-def _is_box(x: Any) -> bool:
-  return isinstance(x, meta.AxisMetadata)
-
-
 def _box_mesh_axes(path: str, box: Any, rules: Rules) -> jax.P:
   if isinstance(box, nn.LogicallyPartitioned):
     names = tuple(box.names)
@@ -310,10 +306,10 @@ def logical_specs(abstract_tree: Any, rules: Rules) -> Any:
   name.
   """
   def spec(path, x):
-    if _is_box(x):
+    if common.is_box(x):
       return _box_mesh_axes(jax.tree_util.keystr(path), x, rules)
     return jax.P()
-  return jax.tree_util.tree_map_with_path(spec, abstract_tree, is_leaf=_is_box)
+  return jax.tree_util.tree_map_with_path(spec, abstract_tree, is_leaf=common.is_box)
 
 
 def logical_shardings(abstract_tree: Any, mesh: jax.sharding.Mesh,
@@ -345,12 +341,12 @@ def validate_divisibility(abstract_tree: Any, mesh: jax.sharding.Mesh,
   """
   specs = logical_specs(abstract_tree, rules)
   leaves = jax.tree_util.tree_flatten_with_path(
-      abstract_tree, is_leaf=_is_box)[0]
+      abstract_tree, is_leaf=common.is_box)[0]
   spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.P))
   problems = []
   for (path, x), spec in zip(leaves, spec_leaves):
-    names = tuple(x.names) if _is_box(x) else ()
-    value = x.value if _is_box(x) else x
+    names = tuple(x.names) if common.is_box(x) else ()
+    value = x.value if common.is_box(x) else x
     shape = getattr(value, "shape", ())
     for dim, axes in enumerate(tuple(spec)):
       size = _axes_size(mesh, axes)
@@ -426,6 +422,15 @@ def batch_shardings(batch_or_spec: Any, mesh: jax.sharding.Mesh,
     _check_batch_dims(x.shape, spec, mesh, jax.tree_util.keystr(path))
     return jax.NamedSharding(mesh, spec)
   return jax.tree_util.tree_map_with_path(one, batch_or_spec)
+
+
+def global_batch_spec(local_batch: Any) -> Any:
+  """Global ``jax.ShapeDtypeStruct``s of a host-local batch (every process
+  holds an equal share of the leading axis)."""
+  pcount = jax.process_count()
+  return jax.tree.map(
+      lambda v: jax.ShapeDtypeStruct((v.shape[0] * pcount,) + v.shape[1:],
+                                     v.dtype), local_batch)
 
 
 def make_global_batch(local_batch: Any, mesh: jax.sharding.Mesh,

@@ -25,7 +25,7 @@ TINY = ["--config.model.num_layers=1", "--config.model.d_model=16",
         "--config.eval_steps=-1", "--config.warmup_steps=2",
         "--config.num_train_steps=8", "--config.eval_every=4",
         "--config.checkpoint_every=4", "--config.keep_checkpoints=3",
-        "--config.log_every=4", "--config.pseudo_attention=False"]
+        "--config.log_every=4", "--config.evals.pseudo_attention.every=-1"]
 
 
 def _config():

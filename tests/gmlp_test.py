@@ -1,4 +1,5 @@
 """Tests for gMLP / aMLP: NumPy loop references, FFT, causality, packing."""
+import functools
 import math
 
 import chex
@@ -200,6 +201,14 @@ def test_padding_does_not_change_real_tokens(name, kw):
   chex.assert_trees_all_close(padded[:, :5], alone, rtol=1e-5, atol=1e-5)
 
 
+def _block(dtype=jnp.float32, **sgu_kw):
+  """A gMLP block around an SGU of the test sizes (the block takes the SGU
+  as a factory, like ``MixerBlock`` its mixer)."""
+  return gmlp.GmlpBlock(
+      functools.partial(gmlp.SpatialGatingUnit, D_FFN, L, dtype=dtype,
+                        **sgu_kw), dtype=dtype)
+
+
 def _jacobian(module, v, x, **kw):
   """``J[i, j] = max |d y_i / d x_j|`` for a single row."""
   f = lambda x1: module.apply(v, x1[None], **kw)[0]
@@ -211,7 +220,7 @@ def _jacobian(module, v, x, **kw):
     _sgu(causal=True), _sgu(causal=True, toeplitz=True, use_fft=True),
     _sgu(causal=True, tiny=True),
     gmlp.TinyAttention(5, D_ATTN, causal=True),
-    gmlp.GmlpBlock(D_FFN, L, causal=True, tiny_attention_dim=D_ATTN),
+    _block(causal=True, tiny_attention_dim=D_ATTN),
 ], ids=["sgu", "sgu_fft", "amlp", "tiny_attention", "block"])
 def test_causal_jacobian(module):
   x = _x(b=1)
@@ -237,7 +246,7 @@ def test_packed_equals_separate(name, kw):
 
 
 def test_block_matches_numpy():
-  module, x = gmlp.GmlpBlock(D_FFN, L, tiny_attention_dim=D_ATTN), _x()
+  module, x = _block(tiny_attention_dim=D_ATTN), _x()
   v = _init(module, x)
   y = jax.jit(module.apply)(v, x)
   p = _np(v)["params"]
@@ -258,8 +267,8 @@ def test_bad_inputs():
 
 def test_bfloat16_forward_backward():
   kw = dict(causal=True, tiny_attention_dim=D_ATTN)
-  f32 = gmlp.GmlpBlock(D_FFN, L, **kw)
-  bf16 = gmlp.GmlpBlock(D_FFN, L, dtype=jnp.bfloat16, **kw)
+  f32 = _block(**kw)
+  bf16 = _block(dtype=jnp.bfloat16, **kw)
   x = _x()
   v = _init(f32, x, scale=0.2)
 

@@ -40,7 +40,7 @@ TINY = [
     "--config.eval_steps=-1", "--config.warmup_steps=0",
     "--config.decay=constant", "--config.learning_rate=3e-3",
     "--config.log_every=1", "--config.eval_every=6",
-    "--config.checkpoint_every=6", "--config.pseudo_attention=False",
+    "--config.checkpoint_every=6", "--config.evals.pseudo_attention.every=-1",
     "--config.async_checkpoints=True",
 ]
 

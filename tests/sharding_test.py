@@ -16,6 +16,7 @@ import numpy as np
 import optax
 import pytest
 
+from hypermixer_jax import heads
 from hypermixer_jax import models
 from hypermixer_jax import sharding
 from hypermixer_jax.models import common
@@ -77,10 +78,10 @@ TX = optax.adam(1e-2)
 
 def _loss_fn(model):
   def loss(params, batch):
-    inputs, kwargs = steps.model_inputs(batch)
+    inputs, kwargs = heads.model_inputs(batch, "mlm")
     out = model.apply({"params": params}, inputs, deterministic=True,
                       **kwargs)
-    return steps.compute_loss("mlm", out, batch)[0]
+    return heads.compute_loss("mlm", out, batch)[0]
   return loss
 
 
@@ -89,7 +90,7 @@ def _reference(mixer):
   """Single-device params, loss and grads, computed without any mesh."""
   model = _model(mixer)
   params_rng, dropout_rng = jax.random.split(KEY)
-  inputs, kwargs = steps.model_inputs(BATCH)
+  inputs, kwargs = heads.model_inputs(BATCH, "mlm")
   params = nn.unbox(model.init({"params": params_rng, "dropout": dropout_rng},
                                inputs, deterministic=True, **kwargs))["params"]
   loss, grads = jax.jit(jax.value_and_grad(_loss_fn(model)))(params, BATCH)
@@ -178,7 +179,7 @@ def test_sharded_loss_and_grads_equal_single_device(mixer, preset):
   sharded initialisation is tested on every mesh below, compiles are slow)."""
   ref_params, ref_loss, ref_grads = _reference(mixer)
   mesh, rules = _mesh(PRESET_MESH[preset]), sharding.get_rules(preset)
-  inputs, kwargs = steps.model_inputs(BATCH)
+  inputs, kwargs = heads.model_inputs(BATCH, "mlm")
   abstract = jax.eval_shape(
       lambda k: _model(mixer).init(k, inputs, **kwargs)["params"], KEY)
   sharding.validate_divisibility(abstract, mesh, rules)

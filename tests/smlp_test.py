@@ -6,6 +6,8 @@ import numpy as np
 import optax
 import pytest
 
+from hypermixer_jax import heads
+from hypermixer_jax import models
 from hypermixer_jax.models import smlp
 
 COLLECTIONS = ["aux_loss", "moe_metrics"]
@@ -16,16 +18,25 @@ RULES = [("batch", ("data", "fsdp")), ("expert", "expert"), ("vocab", None),
 
 def _model(**kw):
   cfg = smlp.smlp_config("tiny")
-  cfg.mixer_kwargs.update(kw)
-  return smlp.build_smlp(cfg), cfg
+  cfg.moe.update(kw)
+  return models.build_model(cfg), cfg
 
 
 def test_configs():
   base = smlp.smlp_config("base")
   assert (base.d_model, base.d_ffn) == (1024, 4096)
-  assert base.mixer_kwargs.tmoe_router == "base"
-  assert base.num_layers == (base.mixer_kwargs.num_dense_layers
-                             + base.mixer_kwargs.num_sparse_layers)
+  assert base.moe.tmoe_router == "base"
+  assert (base.num_dense_layers, base.num_sparse_layers) == (12, 4)
+  # The family owns its fields: nothing of the encoder families' config.
+  for field in ("mixer", "block", "head", "num_layers", "num_classes",
+                "position_embeddings", "mixer_kwargs"):
+    assert field not in base, field
+  assert models.model_facts(base) == models.ModelFacts(head="causal_lm")
+  with pytest.raises(ValueError, match=r"fields \['num_classes'\] are not "
+                     "fields of model family 'smlp'"):
+    models.build_model(dict(base.to_dict(), num_classes=2))
+  with pytest.raises(ValueError, match=r"unknown model.moe fields \['experts'\]"):
+    models.build_model(dict(base.to_dict(), moe=dict(experts=2)))
   assert smlp.sparse_layer_indices(2, 2) == (1, 3)
   assert smlp.sparse_layer_indices(12, 4) == (3, 7, 11, 15)
   with pytest.raises(ValueError):
@@ -59,7 +70,8 @@ def test_no_position_reads_a_later_token(router, routing, deterministic):
     assert np.abs(logits[k, k] - logits[n, k]).max() > 1e-4
   if routing == "partial":
     assert model.loss_start == 4
-    w = smlp.loss_weights(model, jnp.ones((2, n)))
+    assert models.model_facts(cfg).loss_start == 4
+    w = models.model_facts(cfg).loss_weights(jnp.ones((2, n)), None)
     np.testing.assert_array_equal(w[:, :4], 0)
     np.testing.assert_array_equal(w[:, 4:], 1)
 
@@ -104,7 +116,7 @@ def test_short_training_lowers_loss_with_balanced_experts(router, routing):
   params = nn.unbox(model.init(jax.random.key(5), x)["params"])
   opt = optax.adam(1e-2)
   state = (params, opt.init(params))
-  weights = smlp.loss_weights(model, jnp.ones(x.shape))
+  weights = model.loss_position_weights(jnp.ones(x.shape))
 
   def loss_fn(p, x, y, key):
     logits, aux = model.apply({"params": p}, x, deterministic=False,
@@ -138,24 +150,26 @@ def test_short_training_lowers_loss_with_balanced_experts(router, routing):
 
 
 def test_partial_loss_weights_start_at_each_rows_own_prefix():
-  from hypermixer_jax.train import steps
   model, cfg = _model(smoe_routing="partial")
+  facts = models.model_facts(cfg)
   n = cfg.max_len                                    # 20: unpadded start 4
   seg = np.zeros((3, n), np.int32)
   for r, length in enumerate((20, 10, 14)):
     seg[r, :length] = 1
   weights = jnp.asarray(seg, jnp.float32)
-  got = np.asarray(smlp.loss_weights(model, weights, jnp.asarray(seg)))
+  got = np.asarray(facts.loss_weights(weights, jnp.asarray(seg)))
   for r, (length, start) in enumerate(((20, 4), (10, 2), (14, 2))):
     want = np.zeros(n)
     want[start:length] = 1
     np.testing.assert_array_equal(got[r], want, err_msg=f"row {r}")
   # The train/eval steps weight the loss the same way.
-  batch = steps._loss_batch(model, {"weights": weights,
-                                    "segment_ids": jnp.asarray(seg)})
+  batch = heads.with_loss_weights(
+      {"weights": weights, "segment_ids": jnp.asarray(seg)},
+      facts.loss_weights)
   np.testing.assert_array_equal(batch["weights"], got)
   # Without segment ids every row is full length; deterministic: unchanged.
   np.testing.assert_array_equal(
-      smlp.loss_weights(model, jnp.ones((1, n)))[0, :4], 0)
-  det, _ = _model(smoe_routing="deterministic")
-  np.testing.assert_array_equal(smlp.loss_weights(det, weights), weights)
+      model.loss_position_weights(jnp.ones((1, n)))[0, :4], 0)
+  det, det_cfg = _model(smoe_routing="deterministic")
+  assert models.model_facts(det_cfg).loss_weights is None
+  np.testing.assert_array_equal(det.loss_position_weights(weights), weights)

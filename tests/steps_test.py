@@ -7,8 +7,11 @@ import numpy as np
 import optax
 import pytest
 
+from hypermixer_jax import heads
+from hypermixer_jax import models
 from hypermixer_jax import sharding
 from hypermixer_jax.models import common
+from hypermixer_jax.train import evaluation
 from hypermixer_jax.train import steps
 
 P = jax.P
@@ -29,7 +32,7 @@ def test_token_loss(head):
   logits = rng.normal(size=(3, 5, 7)).astype(np.float32)
   targets = rng.integers(0, 7, size=(3, 5))
   weights = (rng.random((3, 5)) < 0.6).astype(np.float32)
-  loss, m = steps.compute_loss(head, jnp.asarray(logits, jnp.bfloat16)
+  loss, m = heads.compute_loss(head, jnp.asarray(logits, jnp.bfloat16)
                                .astype(jnp.float32),
                                dict(targets=targets, weights=weights))
   lp = _log_softmax(np.asarray(jnp.asarray(logits, jnp.bfloat16), np.float32))
@@ -50,7 +53,7 @@ def test_classification_loss(head, weighted):
   labels = rng.integers(0, 3, size=7)
   w = np.array([1, 1, 0, 1, 1, 1, 0], np.float32) if weighted else np.ones(7)
   batch = dict(label=labels, **({"weights": w} if weighted else {}))
-  loss, m = steps.compute_loss(head, jnp.asarray(logits), batch)
+  loss, m = heads.compute_loss(head, jnp.asarray(logits), batch)
   ce = -_log_softmax(logits)[np.arange(7), labels]
   np.testing.assert_allclose(loss, (ce * w).sum() / w.sum(), rtol=1e-6)
   np.testing.assert_allclose(
@@ -62,7 +65,7 @@ def test_regression_loss():
   rng = np.random.default_rng(2)
   out, tgt = rng.normal(size=(2, 2, 3, 4)).astype(np.float32)
   w = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
-  loss, m = steps.compute_loss("regression", jnp.asarray(out),
+  loss, m = heads.compute_loss("regression", jnp.asarray(out),
                                dict(targets=tgt, weights=w))
   per_token = ((out - tgt) ** 2).mean(-1)
   np.testing.assert_allclose(loss, (per_token * w).sum() / 3, rtol=1e-6)
@@ -71,9 +74,17 @@ def test_regression_loss():
 
 def test_unknown_head():
   with pytest.raises(ValueError, match="unknown head 'mlmm'"):
-    steps.compute_loss("mlmm", jnp.zeros((1, 2)), {})
+    heads.compute_loss("mlmm", jnp.zeros((1, 2)), {})
   with pytest.raises(ValueError, match="unknown head 'mlmm'"):
     steps.make_train_step(_Toy(), "mlmm")
+  with pytest.raises(ValueError, match="unknown head 'mlmm'"):
+    evaluation.make_eval_step(_Toy(), "mlmm")
+
+
+def test_missing_batch_keys_are_named():
+  with pytest.raises(ValueError, match=r"needs batch keys \['weights'\]"):
+    heads.check_batch("causal_lm", dict(inputs=0, targets=0))
+  heads.check_batch("classify", dict(inputs=0, label=0))  # weights optional
 
 
 # ---------------------------------------------------------------------------
@@ -203,8 +214,9 @@ def test_sharded_steps_with_multisteps_optimizer():
   batch_sh = sharding.batch_shardings(BATCH, mesh, rules)
   train = steps.jit_train_step(steps.make_train_step(MODEL, "regression"),
                                shardings, batch_sh, mesh, rules)
-  evaluate = steps.jit_eval_step(steps.make_eval_step(MODEL, "regression"),
-                                 shardings, batch_sh, mesh, rules)
+  evaluate = steps.jit_eval_step(
+      evaluation.make_eval_step(MODEL, "regression"), shardings, batch_sh,
+      mesh, rules)
   ref = jax.device_get(state)
   ref_train = jax.jit(steps.make_train_step(MODEL, "regression"))
   batch = sharding.make_global_batch(BATCH, mesh, rules)
@@ -218,29 +230,36 @@ def test_sharded_steps_with_multisteps_optimizer():
   for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(shardings)):
     assert x.sharding == s
 
-  metrics = evaluate(state, batch)
+  sums = evaluate(state, batch)
+  assert sums["loss_sum"].sharding.spec == P()
+  metrics = evaluation.finalize(jax.device_get(sums), "regression")
   # The model's sown MoE statistics are reported by eval too.
   assert "moe/gate_max" in metrics, sorted(metrics)
-  metrics = {k: v for k, v in metrics.items() if not k.startswith("moe/")}
   out = MODEL.apply({"params": jax.device_get(state.params)},
                     BATCH["inputs"], segment_ids=BATCH["segment_ids"])
-  _, expected = steps.compute_loss("regression", out, BATCH)
-  chex.assert_trees_all_close(jax.device_get(metrics), expected, rtol=1e-5)
-  assert metrics["loss"].sharding.spec == P()
+  _, expected = heads.compute_loss("regression", out, BATCH)
+  np.testing.assert_allclose(metrics["loss"], expected["loss"], rtol=1e-5)
+  np.testing.assert_allclose(metrics["mse"], expected["loss"], rtol=1e-5)
+  np.testing.assert_allclose(sums["denominator"], expected["denominator"])
 
 
 # ---------------------------------------------------------------------------
 # sMLP: partial-prediction routing and per-expert statistics reach the steps.
 # ---------------------------------------------------------------------------
 def test_smlp_steps_count_only_routed_positions_and_log_each_expert():
+  """The evaluation step the loop runs counts the positions training counts
+  (it once counted the first 20% that partial routing excludes)."""
   from hypermixer_jax.models import smlp
   cfg = smlp.smlp_config("tiny")
-  cfg.mixer_kwargs.smoe_routing = "partial"
-  cfg.mixer_kwargs.tmoe_router = "switch"
-  model = smlp.build_smlp(cfg)
-  n, e = cfg.max_len, cfg.mixer_kwargs.num_experts
-  start = model.loss_start
-  assert 0 < start < n
+  cfg.moe.smoe_routing = "partial"
+  cfg.moe.tmoe_router = "switch"
+  # Same capacity in training and evaluation, so both see the same model.
+  cfg.moe.eval_capacity_factor = cfg.moe.capacity_factor
+  model = models.build_model(cfg)
+  facts = models.model_facts(cfg)
+  n, e = cfg.max_len, cfg.moe.num_experts
+  start = facts.loss_start
+  assert 0 < start < n and start == model.loss_start
   rng = np.random.default_rng(3)
   inputs = rng.integers(1, cfg.vocab_size, size=(2, n)).astype(np.int32)
   batch = dict(inputs=inputs, targets=np.roll(inputs, -1, 1),
@@ -254,19 +273,25 @@ def test_smlp_steps_count_only_routed_positions_and_log_each_expert():
     params = model.init(jax.random.key(0), batch["inputs"])["params"]
     state = steps.TrainState.create(apply_fn=model.apply, params=params,
                                     tx=optax.sgd(0.0))
-    metrics = steps.make_eval_step(model, "causal_lm")(state, batch)
+    sums = evaluation.make_eval_step(
+        model, facts.head, loss_weights=facts.loss_weights)(state, batch)
     logits = model.apply({"params": params}, batch["inputs"])
-    _, train_metrics = steps.make_train_step(model, "causal_lm")(
-        state, batch, jax.random.key(1))
-    return metrics, logits, train_metrics
+    _, train_metrics = steps.make_train_step(
+        model, facts.head, loss_weights=facts.loss_weights)(
+            state, batch, jax.random.key(1))
+    return sums, logits, train_metrics
 
-  metrics, logits, train_metrics = run(batch)
+  sums, logits, train_metrics = run(batch)
+  metrics = evaluation.finalize(jax.device_get(sums), facts.head)
   # The loss is the mean over positions >= loss_start only.
   ce = optax.softmax_cross_entropy_with_integer_labels(
       logits.astype(jnp.float32), jnp.asarray(batch["targets"]))
   np.testing.assert_allclose(metrics["loss"], np.mean(ce[:, start:]),
                              rtol=1e-5)
-  assert metrics["denominator"] == 2 * (n - start)
+  assert sums["denominator"] == 2 * (n - start)
+  # Training's loss on the same batch (no dropout): the same positions.
+  np.testing.assert_allclose(train_metrics["loss"], metrics["loss"],
+                             rtol=1e-5)
   # One scalar per expert for the usage vector, and they sum to ~1.
   usage = sorted(k for k in metrics if "expert_usage" in k)
   assert len(usage) % e == 0 and usage, sorted(metrics)

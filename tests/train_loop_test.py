@@ -26,7 +26,7 @@ TINY = [
     "--config.data.synthetic.seq_len=40",
     "--config.data.synthetic.num_eval_examples=64",
     "--config.batch_size=16", "--config.eval_batch_size=64",
-    "--config.warmup_steps=5", "--config.pseudo_attention=False",
+    "--config.warmup_steps=5", "--config.evals.pseudo_attention.every=-1",
 ]
 # The run shared by the tests: they change only fields that do not enter the
 # compiled train step, so its programs are compiled once (persistent cache).
@@ -63,13 +63,13 @@ def compilation_cache(tmp_path_factory):
 def reference(tmp_path_factory):
   """An uninterrupted run of RUN, with the pseudo-attention map."""
   workdir = tmp_path_factory.mktemp("reference")
-  results = loop.train_and_evaluate(
-      _config(*RUN, "--config.pseudo_attention=True"), str(workdir))
-  return workdir, results
+  result = loop.train_and_evaluate(
+      _config(*RUN, "--config.evals.pseudo_attention.every=0"), str(workdir))
+  return workdir, result
 
 
 def test_default_job_loss_falls(reference):
-  tmp_path, results = reference
+  tmp_path, res = reference
   train = metrics_lib.read_metrics(str(tmp_path))
   losses = [r["loss"] for r in train.values()]
   assert len(losses) == 12
@@ -77,10 +77,10 @@ def test_default_job_loss_falls(reference):
   ev = metrics_lib.read_metrics(str(tmp_path), "eval")
   assert sorted(ev) == [30, 60]
   assert ev[60]["mse"] < ev[30]["mse"] * 1.05
-  res = results["hypermixer"]
-  assert res.source == "scratch" and res.step == 60
+  assert res.source == "scratch" and res.step == 60 and not res.preempted
   assert res.eval_metrics["mse"] == pytest.approx(ev[60]["mse"])
-  assert res.pseudo_attention.shape == (40, 40)
+  assert int(res.state.step) == 60 and res.workdir == str(tmp_path)
+  assert res.evals["pseudo_attention"]["map"].shape == (40, 40)
   assert os.path.getsize(tmp_path / "pseudo_attention.png") > 1000
   assert list(ckpt_lib.Checkpointer(tmp_path / "checkpoints").all_steps()) == [30, 60]
   assert any(f.startswith("events.") for f in os.listdir(tmp_path / "tensorboard"))
@@ -127,7 +127,7 @@ def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path, reference,
   assert max(metrics_lib.read_metrics(str(tmp_path / "a"))) == 35
   # Restart in the same workdir (in-process: same 8-device layout).
   resumed = loop.train_and_evaluate(_config(*RUN), str(tmp_path / "a"))
-  assert next(iter(resumed.values())).source == "workdir"
+  assert resumed.source == "workdir"
   a = metrics_lib.read_metrics(str(tmp_path / "a"))
   b = metrics_lib.read_metrics(str(reference[0]))
   assert sorted(a) == sorted(b) == list(range(5, 61, 5))

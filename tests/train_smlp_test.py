@@ -5,6 +5,7 @@ from absl import flags
 import numpy as np
 from ml_collections import config_flags
 
+from hypermixer_jax import models
 from hypermixer_jax.train import loop
 from hypermixer_jax.train import metrics as metrics_lib
 
@@ -23,7 +24,8 @@ def _config(*overrides, size="tiny"):
 
 def test_base_config_loads():
   c = _config("--config.mesh.expert=8", size="base")
-  assert c.model.mixer == "smlp" and c.model.head == "causal_lm"
+  assert c.model.family == "smlp"
+  assert models.model_facts(c.model).head == "causal_lm"
   assert c.sharding.rules == "expert" and c.mesh.expert == 8
   assert c.data.seq_len == c.model.max_len == 1024
 
@@ -42,7 +44,7 @@ def test_tiny_smlp_trains_with_moe_metrics(shared_data, tmp_path):
       "--config.log_every=1", "--config.eval_every=0",
       "--config.eval_steps=1", "--config.checkpoint_every=0")
   config.data.local_files = {"train": c4, "validation": c4}
-  result = loop.train_and_evaluate(config, str(tmp_path))["smlp"]
+  result = loop.train_and_evaluate(config, str(tmp_path))
   assert result.step == 4 and result.source == "scratch"
   train = metrics_lib.read_metrics(str(tmp_path))
   assert sorted(train) == [1, 2, 3, 4]

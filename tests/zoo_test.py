@@ -98,7 +98,7 @@ class ZooTest(parameterized.TestCase):
     cfg = models.get_model_config("glue_hypermixer")
     cfg.dtype = "bfloat16"
     self.assertEqual(models.count_params(cfg), params_of("glue_hypermixer"))
-    self.assertIs(zoo.DTYPES[cfg.dtype], jnp.bfloat16)
+    self.assertIs(common.DTYPES[cfg.dtype], jnp.bfloat16)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,36 @@
-"""Classification metrics per task (accuracy; F1 of the positive class for
-QQP), usable directly or as seqio ``metric_fns`` (``targets, predictions``)."""
+"""The official metrics of each task, defined once.
+
+GLUE reports accuracy for every classification task here and adds F1 of the
+positive class only where the benchmark's official metric includes it (QQP;
+MRPC, not a task of this project, likewise): Wang et al. 2019, Table 1. The
+functions are usable directly or as seqio ``metric_fns`` (``targets,
+predictions``); the training loop's evaluation computes the same F1 from
+summed confusion counts with ``f1_from_counts``.
+"""
 from __future__ import annotations
 
 import numpy as np
+
+# Task -> its official metrics, for the tasks whose metric is more than the
+# loss of their head (the classification tasks).
+_F1_TASKS = ("glue_qqp",)
+_ACCURACY_TASKS = ("glue_sst2", "glue_mnli", "glue_qnli", "glue_snli",
+                   "imagenet_patches")
+
+
+def metric_names(task_name: str) -> tuple[str, ...]:
+  """The official metrics of ``task_name`` (fingerprint suffixes allowed).
+
+  ``("accuracy", "f1")`` for QQP, ``("accuracy",)`` for the other
+  classification tasks, ``()`` for tasks measured by their loss alone
+  (language modelling, the synthetic regression).
+  """
+  base = task_name.split("__")[0]
+  if base in _F1_TASKS:
+    return ("accuracy", "f1")
+  if base in _ACCURACY_TASKS or base.startswith("imagenet_patches"):
+    return ("accuracy",)
+  return ()
 
 
 def _as_arrays(targets, predictions):
@@ -20,26 +48,31 @@ def accuracy(targets, predictions) -> dict[str, float]:
                       if targets.size else float("nan")}
 
 
+def f1_from_counts(tp: float, fp: float, fn: float) -> float:
+  """Binary F1 ``2 tp / (2 tp + fp + fn)``; 0 when nothing is positive."""
+  denom = 2 * tp + fp + fn
+  return float(2 * tp / denom) if denom else 0.0
+
+
 def f1(targets, predictions) -> dict[str, float]:
   """Binary F1 with class 1 as positive (GLUE's QQP/MRPC convention)."""
   targets, predictions = _as_arrays(targets, predictions)
   tp = np.sum((predictions == 1) & (targets == 1))
   fp = np.sum((predictions == 1) & (targets != 1))
   fn = np.sum((predictions != 1) & (targets == 1))
-  denom = 2 * tp + fp + fn
-  return {"f1": float(2 * tp / denom) if denom else 0.0}
+  return {"f1": f1_from_counts(tp, fp, fn)}
 
 
 def task_metrics(task_name: str, predictions, labels) -> dict[str, float]:
-  """Metrics of ``task_name`` ('glue_qqp' adds F1 to accuracy).
+  """The official metrics (``metric_names``) of ``task_name``.
 
   Args:
     task_name: a name from ``TASK_NAMES`` (fingerprint suffixes allowed).
     predictions: class ids [B] or logits [B, C].
     labels: int [B]; negative labels (hidden test labels) are ignored.
   """
-  base = task_name.split("__")[0]
-  out = accuracy(labels, predictions)
-  if base == "glue_qqp":
-    out.update(f1(labels, predictions))
+  fns = {"accuracy": accuracy, "f1": f1}
+  out = {}
+  for name in metric_names(task_name) or ("accuracy",):
+    out.update(fns[name](labels, predictions))
   return out

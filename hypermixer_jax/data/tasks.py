@@ -49,7 +49,6 @@ class ClassificationSpec:
   columns: tuple[tuple[str, ...], ...]  # local column names of a (and b)
   label_names: tuple[str, ...]
   label_columns: tuple[str, ...] = ("label",)
-  metric_names: tuple[str, ...] = ("accuracy",)
   drop_unlabelled: bool = False    # SNLI: -1 marks pairs without gold label
 
 
@@ -77,8 +76,7 @@ CLASSIFICATION = {
         "glue/qqp:2.*.*", {"train": "train", "validation": "validation",
                            "test": "test"},
         ("question1", "question2"), (("question1",), ("question2",)),
-        ("not_duplicate", "duplicate"), ("label", "is_duplicate"),
-        ("accuracy", "f1")),
+        ("not_duplicate", "duplicate"), ("label", "is_duplicate")),
     "glue_snli": ClassificationSpec(
         "snli:1.*.*", {"train": "train", "validation": "validation",
                        "test": "test"},
@@ -177,7 +175,7 @@ def _classification_task(name: str, task_name: str, cfg) -> seqio.Task:
           "token_type_ids": seqio.ContinuousFeature(dtype=tf.int32, rank=1),
           "label": seqio.ContinuousFeature(dtype=tf.int32, rank=0)},
       preprocessors=steps,
-      metric_fns=[getattr(metrics, m) for m in spec.metric_names])
+      metric_fns=[getattr(metrics, m) for m in metrics.metric_names(name)])
 
 
 def _encode_with_vocab(ds, sequence_length, output_features, vocab, keys):

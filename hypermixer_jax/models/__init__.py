@@ -1,8 +1,11 @@
 """Token mixers, blocks, encoders and the model factory of hypermixer-jax.
 
-``build_model(config.model)`` is the entry point; ``get_model_config(name)``
-gives the papers' named configurations (see ``zoo.py``).
+``build_model(config.model)`` is the entry point (``config.model.family``
+picks the builder, ``FAMILIES``); ``model_facts(config.model)`` says what
+training needs to know about the model; ``get_model_config(name)`` gives the
+papers' named configurations (see ``zoo.py``).
 """
+from hypermixer_jax.models.common import ModelFacts
 from hypermixer_jax.models.attention import LinearAttention
 from hypermixer_jax.models.attention import SelfAttention
 from hypermixer_jax.models.blocks import FeedForward
@@ -20,18 +23,21 @@ from hypermixer_jax.models.gmlp import SpatialGatingUnit
 from hypermixer_jax.models.gmlp import TinyAttention
 from hypermixer_jax.models.hypermixer import HyperMixing
 from hypermixer_jax.models.mlp_mixer import MlpMixerTokenMixing
+from hypermixer_jax.models.zoo import FAMILIES
 from hypermixer_jax.models.zoo import MIXERS
 from hypermixer_jax.models.zoo import build_model
 from hypermixer_jax.models.zoo import count_params
 from hypermixer_jax.models.zoo import default_model_config
 from hypermixer_jax.models.zoo import get_model_config
+from hypermixer_jax.models.zoo import model_facts
 from hypermixer_jax.models.zoo import model_names
 
 __all__ = [
-    "ContinuousEncoder", "FeedForward", "FourierMixing", "GmlpBlock",
+    "ContinuousEncoder", "FAMILIES", "FeedForward", "FourierMixing", "GmlpBlock",
     "HyperMixing", "IdentityMixing", "LayerStack", "LinearAttention",
     "MIXERS", "MixerBlock", "MlmHead", "MlpMixerTokenMixing", "Model",
+    "ModelFacts",
     "SelfAttention", "SpatialGatingUnit", "TextEncoder", "TinyAttention",
     "build_model", "count_params", "default_model_config",
-    "get_model_config", "model_names", "patchify",
+    "get_model_config", "model_facts", "model_names", "patchify",
 ]

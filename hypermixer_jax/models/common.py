@@ -21,7 +21,8 @@ Conventions (all models follow them, so any token mixer drops into any block):
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -54,6 +55,60 @@ LOGICAL_AXES = (BATCH, LENGTH, EMBED, MLP, HEADS, KV, HYPER, SEQ_IN, SEQ_OUT,
                 TOKEN_MLP, VOCAB, PATCH, CLASSES, EXPERT, NORM)
 
 default_kernel_init = nn.initializers.lecun_normal()
+
+def is_box(x: Any) -> bool:
+  """A Flax metadata box (``nn.Partitioned``, ``LogicallyPartitioned``...)."""
+  return isinstance(x, nn.meta.AxisMetadata)
+
+
+def path_names(path: tuple[Any, ...]) -> tuple[str, ...]:
+  """A pytree key path as plain names: dict keys, attributes, indices."""
+  return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+               for k in path)
+
+
+def path_str(path: tuple[Any, ...]) -> str:
+  """A pytree key path as ``'a/b/0'`` (the form used in logs and errors)."""
+  return "/".join(path_names(path))
+
+
+# Config spellings of the compute / storage dtypes.
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
+          "float16": jnp.float16}
+
+
+def dtype(value: Any) -> Dtype:
+  """A dtype from its config spelling (``'bfloat16'``) or a dtype itself."""
+  if not isinstance(value, str):
+    return value
+  if value not in DTYPES:
+    raise ValueError(f"unknown dtype {value!r}; valid dtypes: "
+                     f"{', '.join(DTYPES)}.")
+  return DTYPES[value]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFacts:
+  """What training needs to know about a model, said by the model's family.
+
+  Attributes:
+    head: the model's head, a name of ``hypermixer_jax.heads.HEADS``.
+    loss_start: predictions before this position of a full-length row carry
+      no loss (sMLP's partial-prediction routing reads the first 20% of each
+      row to route); 0: every position counts.
+    loss_weights: when ``loss_start``: ``(weights [B, N], segment_ids) ->
+      weights`` zeroing, row by row, the positions whose prediction carries
+      no loss (the prefix depends on each row's length); else None.
+    packing_error: why rows packed with several examples would train on the
+      wrong signal, naming the fix; None when packing is fine.
+    packing_options: the model options that decide whether it can pack, with
+      their values (a config may expose them for the command line).
+  """
+  head: str
+  loss_start: int = 0
+  loss_weights: Callable[..., Array] | None = None
+  packing_error: str | None = None
+  packing_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def partitioned(init: Initializer, axes: Sequence[str | None]) -> Initializer:

@@ -30,11 +30,10 @@ from typing import Callable
 import flax.linen as nn
 import jax.numpy as jnp
 
+from hypermixer_jax import heads
 from hypermixer_jax.models import common
 
 Array = common.Array
-TEXT_HEADS = ("mlm", "causal_lm", "classify", "pair_classify")
-CONTINUOUS_HEADS = ("image", "classify", "regression")
 POSITION_EMBEDDINGS = ("learned", "sinusoidal", "none")
 POOLINGS = ("mean", "first")
 _ACT_AXES = (common.BATCH, common.LENGTH, common.EMBED)
@@ -248,9 +247,9 @@ class ContinuousEncoder(nn.Module):
                     dtype=self.dtype, param_dtype=self.param_dtype,
                     kernel_init=common.partitioned(
                         common.default_kernel_init,
-                        (None, common.EMBED, common.MLP)),
+                        (None, None, common.EMBED)),
                     bias_init=common.partitioned(nn.initializers.zeros_init(),
-                                                 (common.MLP,)),
+                                                 (common.EMBED,)),
                     name=f"conv_stem_{i}")(x)
         x = common.gelu(x)
     positions = _default_positions(x, positions)
@@ -304,10 +303,12 @@ class Model(nn.Module):
   """Encoder + head; the module ``build_model`` returns.
 
   Called as ``model.apply(variables, inputs, *, segment_ids=None,
-  token_type_ids=None, positions=None, deterministic=True, rngs=...)``;
-  outputs (float32): ``mlm``/``causal_lm`` ``[B, N, vocab]``,
-  ``classify``/``pair_classify``/``image`` ``[B, classes]``,
-  ``regression`` ``[B, N, out_dim]``.
+  token_type_ids=None, positions=None, masked_positions=None,
+  deterministic=True, rngs=...)``; outputs (float32) as in the table of
+  ``hypermixer_jax.heads``: ``mlm`` ``[B, P, vocab]`` at
+  ``masked_positions [B, P]`` (``[B, N, vocab]`` without them),
+  ``causal_lm`` ``[B, N, vocab]``, ``classify``/``pair_classify``/``image``
+  ``[B, classes]``, ``regression`` ``[B, N, out_dim]``.
   """
   family: str
   head: str
@@ -335,6 +336,7 @@ class Model(nn.Module):
   def __call__(self, inputs: Array, *, segment_ids: Array | None = None,
                token_type_ids: Array | None = None,
                positions: Array | None = None,
+               masked_positions: Array | None = None,
                deterministic: bool = True) -> Array:
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     if self.family == "text":
@@ -357,14 +359,19 @@ class Model(nn.Module):
     else:
       raise ValueError(f"unknown family {self.family!r}; valid: text, "
                        "continuous.")
-    valid = TEXT_HEADS if self.family == "text" else CONTINUOUS_HEADS
+    valid = heads.names_for(self.family)
     if self.head not in valid:
       raise ValueError(f"head {self.head!r} is not available for the "
                        f"{self.family} family; valid: {', '.join(valid)}.")
 
     if self.head == "mlm":
-      out = MlmHead(**kw, name="mlm_head")(h, encoder.attend)
-      return common.constrain(out, (common.BATCH, common.LENGTH,
+      length_axis = common.LENGTH
+      if masked_positions is not None:
+        # Only the selected positions: [B, P, d], P = max_predictions_per_seq.
+        h = jnp.take_along_axis(h, masked_positions[..., None], axis=1)
+        length_axis = None
+      out = MlmHead(**kw, name=heads.get("mlm").module)(h, encoder.attend)
+      return common.constrain(out, (common.BATCH, length_axis,
                                     common.VOCAB)).astype(jnp.float32)
     if self.head == "causal_lm":
       out = encoder.attend(h)
@@ -372,7 +379,7 @@ class Model(nn.Module):
                                     common.VOCAB)).astype(jnp.float32)
     if self.head == "regression":
       out = common.Dense(self.out_dim, (common.EMBED, None), **kw,
-                         name="regression_head")(h)
+                         name=heads.get("regression").module)(h)
       return out.astype(jnp.float32)
     # classify / pair_classify / image
     if self.pooling not in POOLINGS:
@@ -384,5 +391,5 @@ class Model(nn.Module):
       mask = None if segment_ids is None else segment_ids > 0
       pooled = masked_mean(h, mask)                            # [B, d]
     out = common.Dense(self.num_classes, (common.EMBED, common.CLASSES), **kw,
-                       name="classifier")(pooled)
+                       name=heads.get(self.head).module)(pooled)
     return out.astype(jnp.float32)

@@ -18,6 +18,8 @@ packed examples use W[pos_i, pos_j], zero across segments.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -204,13 +206,14 @@ class SpatialGatingUnit(nn.Module):
 
 
 class GmlpBlock(nn.Module):
-  """Pre-LN gMLP/aMLP block ``y = x + Dropout(SGU(LN(x)))`` (no extra FFN)."""
-  d_ffn: int
-  max_len: int
-  toeplitz: bool = False
-  causal: bool = False
-  use_fft: bool = False
-  tiny_attention_dim: int | None = None
+  """Pre-LN gMLP/aMLP block ``y = x + Dropout(SGU(LN(x)))`` (no extra FFN).
+
+  Attributes:
+    sgu: factory of the spatial gating unit, called as ``sgu(name="sgu")``
+      (e.g. ``functools.partial(SpatialGatingUnit, d_ffn, max_len)``, or
+      sMLP's ``SparseGatingUnit``), as ``MixerBlock`` takes its mixer.
+  """
+  sgu: Callable[..., nn.Module]
   dropout_rate: float = 0.0
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
@@ -220,12 +223,8 @@ class GmlpBlock(nn.Module):
                deterministic=True):
     h = common.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype,
                          name="norm")(x)
-    h = SpatialGatingUnit(
-        self.d_ffn, self.max_len, toeplitz=self.toeplitz, causal=self.causal,
-        use_fft=self.use_fft, tiny_attention_dim=self.tiny_attention_dim,
-        dropout_rate=self.dropout_rate, dtype=self.dtype,
-        param_dtype=self.param_dtype, name="sgu")(
-            h, mask=mask, segment_ids=segment_ids, positions=positions,
-            deterministic=deterministic)
+    h = self.sgu(name="sgu")(
+        h, mask=mask, segment_ids=segment_ids, positions=positions,
+        deterministic=deterministic)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return x + h.astype(x.dtype)

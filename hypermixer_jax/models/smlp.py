@@ -17,29 +17,63 @@ Switch, GShard (slots filled token by token here), Hash and both sMoE
 routings. Base Layers' balanced assignment in training reads the whole
 sequence, as in its paper. With partial-prediction routing each row's first
 floor(0.2 n) positions (n its unpadded length) only decide the routing and
-the loss must skip them (``loss_weights``; ``moe.smoe`` explains why the
-split point depends on the row's length, not on later token values).
+the loss must skip them (``SmlpLM.loss_position_weights``, given to training
+by ``facts``; ``moe.smoe`` explains why the split point depends on the row's
+length, not on later token values).
+
+The family ``smlp`` of ``models.build_model``: ``default_config`` /
+``smlp_config`` hold exactly the fields this builder reads, the MoE options
+in one group, ``moe`` (``MoeOptions``).
 
 With N2 = 0 the model is a dense causal gMLP language model (the benchmark's
 baseline).
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+from typing import Any, Mapping
+
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import ml_collections
 
 from hypermixer_jax.models import common
 from hypermixer_jax.models.gmlp import GmlpBlock
+from hypermixer_jax.models.gmlp import SpatialGatingUnit
 from hypermixer_jax.models.moe.smoe import (SparseGatingUnit,
                                             partial_loss_weights,
                                             partial_prefix_len)
 from hypermixer_jax.models.moe.tmoe import MoeFeedForward
 
 Array = common.Array
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
-          "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeOptions:
+  """The MoE settings shared by every sparse block.
+
+  Attributes:
+    num_experts: E, for both sMoE and tMoE.
+    expert_d_ffn: hidden width of each tMoE expert (default: ``d_ffn``).
+    tmoe_router: 'base' (the paper's), 'switch', 'gshard' or 'hash'.
+    smoe_routing: 'deterministic' or 'partial' (partial prediction).
+    partial_fraction: share of the tokens read by the partial router.
+    capacity_factor, eval_capacity_factor: expert slots in training / at
+      inference.
+    jitter_noise: Switch's router-input noise in training.
+    load_balancing_weight, z_loss_weight: the routers' sown losses.
+  """
+  num_experts: int = 4
+  expert_d_ffn: int | None = None
+  tmoe_router: str = "base"
+  smoe_routing: str = "deterministic"
+  partial_fraction: float = 0.2
+  capacity_factor: float = 1.25
+  eval_capacity_factor: float = 2.0
+  jitter_noise: float = 0.0
+  load_balancing_weight: float = 1e-2
+  z_loss_weight: float = 1e-3
 
 
 def sparse_layer_indices(num_dense: int, num_sparse: int) -> tuple[int, ...]:
@@ -52,17 +86,8 @@ def sparse_layer_indices(num_dense: int, num_sparse: int) -> tuple[int, ...]:
 class SparseBlock(nn.Module):
   """``h + sMoE-SGU(LN(h))`` then ``+ tMoE(LN(.))``, both pre-LN."""
   d_ffn: int
-  expert_d_ffn: int
   max_len: int
-  num_experts: int
-  tmoe_router: str = "base"
-  smoe_routing: str = "deterministic"
-  partial_fraction: float = 0.2
-  capacity_factor: float = 1.25
-  eval_capacity_factor: float = 2.0
-  jitter_noise: float = 0.0
-  load_balancing_weight: float = 1e-2
-  z_loss_weight: float = 1e-3
+  moe: MoeOptions = MoeOptions()
   vocab_size: int | None = None
   dropout_rate: float = 0.0
   dtype: common.Dtype = jnp.float32
@@ -72,27 +97,28 @@ class SparseBlock(nn.Module):
   def __call__(self, x, *, mask=None, segment_ids=None, positions=None,
                token_ids=None, deterministic=True):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    o = self.moe
     h = common.LayerNorm(name="mixing_norm", **kw)(x)
     h = SparseGatingUnit(
-        self.d_ffn, self.max_len, num_experts=self.num_experts,
-        routing=self.smoe_routing,
-        causal=True, partial_fraction=self.partial_fraction,
-        capacity_factor=self.capacity_factor,
-        eval_capacity_factor=self.eval_capacity_factor,
-        load_balancing_weight=self.load_balancing_weight,
-        z_loss_weight=self.z_loss_weight, dropout_rate=self.dropout_rate,
+        self.d_ffn, self.max_len, num_experts=o.num_experts,
+        routing=o.smoe_routing, causal=True,
+        partial_fraction=o.partial_fraction,
+        capacity_factor=o.capacity_factor,
+        eval_capacity_factor=o.eval_capacity_factor,
+        load_balancing_weight=o.load_balancing_weight,
+        z_loss_weight=o.z_loss_weight, dropout_rate=self.dropout_rate,
         name="smoe", **kw)(h, mask=mask, segment_ids=segment_ids,
                            positions=positions, deterministic=deterministic)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     x = x + h.astype(x.dtype)
     h = common.LayerNorm(name="ffn_norm", **kw)(x)
     h = MoeFeedForward(
-        self.num_experts, self.expert_d_ffn, router=self.tmoe_router,
-        capacity_factor=self.capacity_factor,
-        eval_capacity_factor=self.eval_capacity_factor,
-        jitter_noise=self.jitter_noise,
-        load_balancing_weight=self.load_balancing_weight,
-        z_loss_weight=self.z_loss_weight, token_priority=True,
+        o.num_experts, o.expert_d_ffn or self.d_ffn, router=o.tmoe_router,
+        capacity_factor=o.capacity_factor,
+        eval_capacity_factor=o.eval_capacity_factor,
+        jitter_noise=o.jitter_noise,
+        load_balancing_weight=o.load_balancing_weight,
+        z_loss_weight=o.z_loss_weight, token_priority=True,
         vocab_size=self.vocab_size, dropout_rate=self.dropout_rate,
         name="tmoe", **kw)(
             h, mask=mask, segment_ids=segment_ids, token_ids=token_ids,
@@ -111,16 +137,7 @@ class SmlpLM(nn.Module):
   max_len: int
   num_dense_layers: int
   num_sparse_layers: int
-  num_experts: int
-  expert_d_ffn: int | None = None
-  tmoe_router: str = "base"
-  smoe_routing: str = "deterministic"
-  partial_fraction: float = 0.2
-  capacity_factor: float = 1.25
-  eval_capacity_factor: float = 2.0
-  jitter_noise: float = 0.0
-  load_balancing_weight: float = 1e-2
-  z_loss_weight: float = 1e-3
+  moe: MoeOptions = MoeOptions()
   dropout_rate: float = 0.0
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
@@ -130,8 +147,8 @@ class SmlpLM(nn.Module):
     """First counted position of an unpadded ``max_len`` row (0 unless partial
     routing). Nonzero means: weight the loss with ``loss_position_weights``,
     which starts each row at floor(0.2 n) of its own length n."""
-    if self.smoe_routing == "partial" and self.num_sparse_layers:
-      return partial_prefix_len(self.max_len, self.partial_fraction)
+    if self.moe.smoe_routing == "partial" and self.num_sparse_layers:
+      return partial_prefix_len(self.max_len, self.moe.partial_fraction)
     return 0
 
   def loss_position_weights(self, weights: Array,
@@ -139,7 +156,8 @@ class SmlpLM(nn.Module):
     """``weights [B, N]`` zeroed on each row's routing prefix (partial)."""
     if not self.loss_start:
       return weights
-    return partial_loss_weights(weights, segment_ids, self.partial_fraction)
+    return partial_loss_weights(weights, segment_ids,
+                                self.moe.partial_fraction)
 
   @nn.compact
   def __call__(self, inputs: Array, *, segment_ids: Array | None = None,
@@ -159,24 +177,19 @@ class SmlpLM(nn.Module):
     mask = None if segment_ids is None else segment_ids > 0
     sparse = sparse_layer_indices(self.num_dense_layers,
                                   self.num_sparse_layers)
+    dense_sgu = functools.partial(
+        SpatialGatingUnit, self.d_ffn, self.max_len, causal=True,
+        dropout_rate=self.dropout_rate, **kw)
     for i in range(self.num_dense_layers + self.num_sparse_layers):
       if i in sparse:
         x = SparseBlock(
-            self.d_ffn, self.expert_d_ffn or self.d_ffn, self.max_len,
-            self.num_experts, tmoe_router=self.tmoe_router,
-            smoe_routing=self.smoe_routing,
-            partial_fraction=self.partial_fraction,
-            capacity_factor=self.capacity_factor,
-            eval_capacity_factor=self.eval_capacity_factor,
-            jitter_noise=self.jitter_noise,
-            load_balancing_weight=self.load_balancing_weight,
-            z_loss_weight=self.z_loss_weight, vocab_size=self.vocab_size,
+            self.d_ffn, self.max_len, self.moe, vocab_size=self.vocab_size,
             dropout_rate=self.dropout_rate, name=f"layer_{i}", **kw)(
                 x, mask=mask, segment_ids=segment_ids, positions=positions,
                 token_ids=inputs, deterministic=deterministic)
       else:
-        x = GmlpBlock(self.d_ffn, self.max_len, causal=True,
-                      dropout_rate=self.dropout_rate, name=f"layer_{i}", **kw)(
+        x = GmlpBlock(dense_sgu, dropout_rate=self.dropout_rate,
+                      name=f"layer_{i}", **kw)(
                           x, mask=mask, segment_ids=segment_ids,
                           positions=positions, deterministic=deterministic)
       x = common.constrain(x, (common.BATCH, common.LENGTH, common.EMBED))
@@ -187,7 +200,7 @@ class SmlpLM(nn.Module):
 
 
 def smlp_config(size: str = "tiny") -> ml_collections.ConfigDict:
-  """Model config of the sMLP LM (CONTRIBUTING.md fields + ``mixer_kwargs``).
+  """Model config of the sMLP LM: ``family='smlp'``, the sizes, ``moe``.
 
   ``base``: the paper's main setting (Sec. 4.3, ~0.8 TFLOPs): d=1024,
   d_ffn=4096, Base Layers tMoE, deterministic sMoE. The depths (N1=12,
@@ -202,37 +215,51 @@ def smlp_config(size: str = "tiny") -> ml_collections.ConfigDict:
     d, f, n, vocab, n1, n2, e = 16, 32, 20, 64, 1, 1, 4
   else:
     raise ValueError(f"smlp_config: size={size!r}, expected 'tiny' or 'base'.")
+  moe = dataclasses.asdict(MoeOptions(num_experts=e, expert_d_ffn=f))
   return ml_collections.ConfigDict(dict(
-      family="text", mixer="smlp", block="gmlp", head="causal_lm",
-      num_layers=n1 + n2, d_model=d, d_ffn=f, dropout_rate=0.0, max_len=n,
-      vocab_size=vocab, num_classes=0, position_embeddings="none",
-      dtype="float32", param_dtype="float32",
-      mixer_kwargs=dict(
-          num_dense_layers=n1, num_sparse_layers=n2, num_experts=e,
-          expert_d_ffn=f, tmoe_router="base", smoe_routing="deterministic",
-          partial_fraction=0.2, capacity_factor=1.25,
-          eval_capacity_factor=2.0, jitter_noise=0.0,
-          load_balancing_weight=1e-2, z_loss_weight=1e-3)))
+      family="smlp", vocab_size=vocab, d_model=d, d_ffn=f, max_len=n,
+      num_dense_layers=n1, num_sparse_layers=n2, dropout_rate=0.0,
+      dtype="float32", param_dtype="float32", moe=moe))
 
 
-def build_smlp(config: ml_collections.ConfigDict) -> SmlpLM:
-  """``SmlpLM`` from an ``smlp_config``-style ConfigDict."""
-  mk = dict(config.mixer_kwargs)
-  if config.num_layers != mk["num_dense_layers"] + mk["num_sparse_layers"]:
-    raise ValueError(
-        f"smlp: num_layers={config.num_layers} must equal num_dense_layers "
-        f"+ num_sparse_layers = {mk['num_dense_layers']} + "
-        f"{mk['num_sparse_layers']}.")
+def default_config() -> ml_collections.ConfigDict:
+  """The family's fields, with the ``base`` sizes."""
+  return smlp_config("base")
+
+
+def _options(cfg: Mapping[str, Any]) -> MoeOptions:
+  given = dict(cfg.get("moe") or {})
+  fields = {f.name for f in dataclasses.fields(MoeOptions)}
+  unknown = sorted(set(given) - fields)
+  if unknown:
+    raise ValueError(f"smlp: unknown model.moe fields {unknown}; valid: "
+                     f"{', '.join(sorted(fields))}.")
+  return MoeOptions(**given)
+
+
+def build(cfg: Mapping[str, Any]) -> SmlpLM:
+  """``SmlpLM`` from the family's fields (``smlp_config``)."""
   return SmlpLM(
-      vocab_size=config.vocab_size, d_model=config.d_model,
-      d_ffn=config.d_ffn, max_len=config.max_len,
-      dropout_rate=config.dropout_rate, dtype=DTYPES[config.dtype],
-      param_dtype=DTYPES[config.param_dtype], **mk)
+      vocab_size=cfg["vocab_size"], d_model=cfg["d_model"],
+      d_ffn=cfg["d_ffn"], max_len=cfg["max_len"],
+      num_dense_layers=cfg["num_dense_layers"],
+      num_sparse_layers=cfg["num_sparse_layers"], moe=_options(cfg),
+      dropout_rate=cfg["dropout_rate"], dtype=common.dtype(cfg["dtype"]),
+      param_dtype=common.dtype(cfg["param_dtype"]))
 
 
-def loss_weights(model: SmlpLM, weights: Array,
-                 segment_ids: Array | None = None) -> Array:
-  """Zeroes ``weights [B, N]`` on each row's routing prefix (partial routing):
-  positions before floor(0.2 n_b), n_b the row's real tokens
-  (``segment_ids > 0``, all N when None)."""
-  return model.loss_position_weights(weights, segment_ids)
+def facts(cfg: Mapping[str, Any]) -> common.ModelFacts:
+  """A causal LM; with partial routing each row's loss starts after its
+  routing prefix (``loss_position_weights``) and it cannot pack (the router
+  reads the first tokens of the row)."""
+  model = build(cfg)
+  if not model.loss_start:
+    return common.ModelFacts(head="causal_lm")
+  return common.ModelFacts(
+      head="causal_lm", loss_start=model.loss_start,
+      loss_weights=model.loss_position_weights,
+      packing_error=(
+          "model.moe.smoe_routing='partial' routes each row by its first "
+          "20% of tokens, which packed rows (several examples) do not have; "
+          "set --config.data.packing=False or use "
+          "--config.model.moe.smoe_routing=deterministic."))

@@ -42,7 +42,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from hypermixer_jax import heads
 from hypermixer_jax.models import blocks
+from hypermixer_jax.models import common
 from hypermixer_jax.models import encoders
 
 # name -> (module in hypermixer_jax.models, class). Imported on use, so that a
@@ -58,17 +60,13 @@ MIXERS = {
     "none": ("fnet", "IdentityMixing"),
 }
 BLOCKS = ("pre_ln", "post_ln", "gmlp")
-FAMILIES = ("text", "continuous")
-HEADS = ("mlm", "causal_lm", "classify", "pair_classify", "image",
-         "regression")
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
-          "float16": jnp.float16}
 # Mixers that never read a later position, so a causal LM may use them.
 _CAUSAL_BY_CONSTRUCTION = ("none",)
 
 
 def default_model_config() -> ml_collections.ConfigDict:
-  """Every field of the model config (CONTRIBUTING.md), with defaults.
+  """Every field of the encoder families' config (CONTRIBUTING.md), with
+  defaults (``family='text'`` or ``'continuous'``).
 
   Beyond the contract: ``type_vocab_size`` (token types of sentence pairs, 0
   for none), ``pooling`` (``mean`` over real tokens | ``first`` token) for the
@@ -115,15 +113,13 @@ def _choice(kind: str, value: str, valid) -> str:
   return value
 
 
-def _dtype(value: Any):
-  if isinstance(value, str):
-    return DTYPES[_choice("dtype", value, tuple(DTYPES))]
-  return value
-
-
 def _fields(cls) -> tuple[str, ...]:
   return tuple(f.name for f in dataclasses.fields(cls)
                if f.name not in ("parent", "name"))
+
+
+def _as_dict(config: Mapping[str, Any]) -> dict[str, Any]:
+  return config.to_dict() if hasattr(config, "to_dict") else dict(config)
 
 
 def mixer_class(name: str) -> type[nn.Module]:
@@ -131,6 +127,90 @@ def mixer_class(name: str) -> type[nn.Module]:
   module, cls = MIXERS[_choice("mixer", name, tuple(MIXERS))]
   return getattr(importlib.import_module(f"hypermixer_jax.models.{module}"),
                  cls)
+
+
+# ---------------------------------------------------------------------------
+# Model families: name -> the builder that owns the family's fields.
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """A model family: its config fields, its builder and its facts.
+
+  ``module`` (in ``hypermixer_jax.models``) defines ``default_config()``
+  (every field the family reads, with defaults), ``build(cfg)`` (the Linen
+  module) and ``facts(cfg)`` (``common.ModelFacts``), ``cfg`` a plain dict
+  of the defaults updated with the given config.
+  """
+  module: str
+
+  def _get(self, name: str):
+    return getattr(importlib.import_module(
+        f"hypermixer_jax.models.{self.module}"), name)
+
+  def default_config(self) -> ml_collections.ConfigDict:
+    return self._get("default_config")()
+
+  def build(self, cfg: dict[str, Any]) -> nn.Module:
+    return self._get("build")(cfg)
+
+  def facts(self, cfg: dict[str, Any]) -> common.ModelFacts:
+    return self._get("facts")(cfg)
+
+
+# ``text`` and ``continuous`` share the encoder stack of ``encoders.py`` (this
+# module builds it: token mixer + block + head); ``smlp`` is the sparse
+# all-MLP language model with its own stack.
+FAMILIES = {
+    "text": Family("zoo"),
+    "continuous": Family("zoo"),
+    "smlp": Family("smlp"),
+}
+
+
+def _resolve(config: Mapping[str, Any]) -> tuple[Family, dict[str, Any]]:
+  """The config's family and its fields (defaults filled in, unknown ones
+  refused)."""
+  given = _as_dict(config)
+  name = _choice("model family", given.get("family", "text"), tuple(FAMILIES))
+  family = FAMILIES[name]
+  cfg = _as_dict(family.default_config())
+  unknown = sorted(set(given) - set(cfg))
+  if unknown:
+    raise ValueError(
+        f"model config fields {unknown} are not fields of model family "
+        f"{name!r}; its fields: {', '.join(sorted(cfg))}.")
+  cfg.update(given)
+  return family, cfg
+
+
+def build_model(config: Mapping[str, Any]) -> nn.Module:
+  """Builds the Linen module described by a model config.
+
+  ``config.family`` names the family (``FAMILIES``) whose builder reads the
+  other fields; missing fields take the family's defaults, and a field the
+  family does not have is an error. Encoder families raise ValueError,
+  listing the valid choices, for an unknown mixer, block, head, dtype or
+  mixer kwarg, for ``d_model`` not divisible by the heads, for
+  ``block='gmlp'`` with a mixer other than gmlp/amlp, and for a
+  ``causal_lm`` head over a mixer that cannot be causal.
+  """
+  family, cfg = _resolve(config)
+  return family.build(cfg)
+
+
+def model_facts(config: Mapping[str, Any]) -> common.ModelFacts:
+  """What training needs to know about ``config``'s model (its head, where
+  its loss starts, whether it can train on packed rows)."""
+  family, cfg = _resolve(config)
+  return family.facts(cfg)
+
+
+# ---------------------------------------------------------------------------
+# The encoder families (``text``, ``continuous``).
+# ---------------------------------------------------------------------------
+def default_config() -> ml_collections.ConfigDict:
+  """The encoder families' fields (``default_model_config``)."""
+  return default_model_config()
 
 
 def _mixer_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -152,7 +232,7 @@ def _mixer_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def _mixer_kwargs(cfg: Mapping[str, Any], cls, causal: bool,
                   dtype, param_dtype) -> dict[str, Any]:
-  """Validated keyword arguments for the mixer (or gMLP block) class."""
+  """Validated keyword arguments for the mixer class."""
   fields = _fields(cls)
   user = dict(cfg.get("mixer_kwargs") or {})
   unknown = sorted(set(user) - set(fields))
@@ -176,39 +256,23 @@ def _mixer_kwargs(cfg: Mapping[str, Any], cls, causal: bool,
           f"{cfg['mixer']!r} ({cls.__name__}) has no causal mode (every output "
           "would read later tokens); causal mixers: "
           f"{', '.join(capable)}.")
-  heads = kwargs.get("num_heads")
-  if heads and cfg["d_model"] % heads:
+  heads_ = kwargs.get("num_heads")
+  if heads_ and cfg["d_model"] % heads_:
     raise ValueError(
-        f"d_model={cfg['d_model']} is not divisible by num_heads={heads} of "
+        f"d_model={cfg['d_model']} is not divisible by num_heads={heads_} of "
         f"mixer {cfg['mixer']!r}; choose num_heads dividing d_model.")
   kwargs.update(dtype=dtype, param_dtype=param_dtype)
   return kwargs
 
 
-def build_model(config: Mapping[str, Any]) -> encoders.Model:
-  """Builds the Linen ``Model`` described by a model config.
-
-  Missing fields take ``default_model_config()``'s values. Raises ValueError,
-  listing the valid choices, for an unknown family, mixer, block, head,
-  dtype or mixer kwarg, for ``d_model`` not divisible by the heads, for
-  ``block='gmlp'`` with a mixer other than gmlp/amlp, and for a
-  ``causal_lm`` head over a mixer that cannot be causal.
-  """
-  cfg = default_model_config().to_dict()
-  given = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  cfg.update(given)
-  mk = cfg.get("mixer_kwargs")
-  cfg["mixer_kwargs"] = mk.to_dict() if hasattr(mk, "to_dict") else dict(
-      mk or {})
-  if cfg["mixer"] == "smlp":
-    # The sparse all-MLP LM has its own stack (dense gMLP + sMoE/tMoE blocks).
-    smlp = importlib.import_module("hypermixer_jax.models.smlp")
-    return smlp.build_smlp(ml_collections.ConfigDict(cfg))
-  family = _choice("family", cfg["family"], FAMILIES)
-  head = _choice("head", cfg["head"], HEADS)
+def build(cfg: dict[str, Any]) -> encoders.Model:
+  """The encoder families' builder (see ``build_model``)."""
+  family = cfg["family"]
+  head = _choice("head", cfg["head"], heads.names_for(family))
   block = _choice("block", cfg["block"], BLOCKS)
   mixer = _choice("mixer", cfg["mixer"], tuple(MIXERS))
-  dtype, param_dtype = _dtype(cfg["dtype"]), _dtype(cfg["param_dtype"])
+  dtype = common.dtype(cfg["dtype"])
+  param_dtype = common.dtype(cfg["param_dtype"])
   causal = head == "causal_lm"
   conv_stem = tuple(int(k) for k in (cfg.get("conv_stem") or ()))
   if conv_stem and family != "continuous":
@@ -217,18 +281,20 @@ def build_model(config: Mapping[str, Any]) -> encoders.Model:
   if any(k < 1 for k in conv_stem):
     raise ValueError(f"conv_stem kernel sizes must be >= 1, got {conv_stem}.")
 
+  cls = mixer_class(mixer)
+  kwargs = _mixer_kwargs(cfg, cls, causal, dtype, param_dtype)
   if block == "gmlp":
     if mixer not in ("gmlp", "amlp"):
       raise ValueError(f"block 'gmlp' is gMLP's own block and needs mixer "
                        f"'gmlp' or 'amlp', got {mixer!r}; use block 'pre_ln' "
                        "or 'post_ln' for other mixers.")
     gmlp = importlib.import_module("hypermixer_jax.models.gmlp")
-    kwargs = _mixer_kwargs(cfg, gmlp.GmlpBlock, causal, dtype, param_dtype)
     kwargs.setdefault("dropout_rate", cfg["dropout_rate"])
-    layer = functools.partial(gmlp.GmlpBlock, **kwargs)
+    layer = functools.partial(
+        gmlp.GmlpBlock, functools.partial(cls, **kwargs),
+        dropout_rate=kwargs["dropout_rate"], dtype=dtype,
+        param_dtype=param_dtype)
   else:
-    cls = mixer_class(mixer)
-    kwargs = _mixer_kwargs(cfg, cls, causal, dtype, param_dtype)
     layer = functools.partial(
         blocks.MixerBlock, functools.partial(cls, **kwargs),
         d_ffn=cfg["d_ffn"], layout=block, dropout_rate=cfg["dropout_rate"],
@@ -251,11 +317,40 @@ def build_model(config: Mapping[str, Any]) -> encoders.Model:
       param_dtype=param_dtype, scale_embeddings=bool(cfg["scale_embeddings"]))
 
 
+def facts(cfg: dict[str, Any]) -> common.ModelFacts:
+  """The encoder families' facts.
+
+  HyperMixing and the MLP-Mixer token MLP, when not causal, give each packed
+  example its own hidden layer (one of ``mixer_kwargs.max_segments`` slots);
+  with one slot a packed row would mix its examples through one layer.
+  """
+  head = _choice("head", cfg["head"], heads.names_for(cfg["family"]))
+  mixer = _choice("mixer", cfg["mixer"], tuple(MIXERS))
+  fields = _fields(mixer_class(mixer))
+  if "max_segments" not in fields or head == "causal_lm":
+    return common.ModelFacts(head=head)
+  slots = dict(cfg.get("mixer_kwargs") or {}).get(
+      "max_segments", dict(zip(fields, (
+          f.default for f in dataclasses.fields(mixer_class(mixer))
+          if f.name not in ("parent", "name"))))["max_segments"])
+  error = None
+  if slots < 2:
+    error = (
+        f"model.mixer={mixer!r} mixes a packed row through one hidden layer "
+        f"per example, up to mixer_kwargs.max_segments (now {slots}), and a "
+        "row with more examples would give NaN; set "
+        "--config.data.packing=False, or "
+        "--config.model.mixer_kwargs.max_segments=K with K at least the "
+        "examples per row (compute grows with K).")
+  return common.ModelFacts(head=head, packing_error=error,
+                           packing_options={"max_segments": slots})
+
+
 def dummy_inputs(config: Mapping[str, Any], batch: int = 1,
                  length: int | None = None) -> jax.Array | jax.ShapeDtypeStruct:
   """Abstract inputs of the right shape and dtype for ``config``."""
   n = length or config["max_len"]
-  if config["family"] == "text":
+  if config["family"] != "continuous":
     return jax.ShapeDtypeStruct((batch, n), jnp.int32)
   return jax.ShapeDtypeStruct((batch, n, config["input_dim"]), jnp.float32)
 
@@ -278,8 +373,7 @@ def count_params(config: Mapping[str, Any], under: str | None = None) -> int:
   params = nn.unbox(abstract_variables(config))["params"]
   total = 0
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    keys = [getattr(p, "key", None) for p in path]
-    if under is None or under in keys:
+    if under is None or under in common.path_names(path):
       total += int(np.prod(leaf.shape))
   return total
 

@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import itertools
 import os
 from typing import Any
 
@@ -24,6 +23,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 
+from hypermixer_jax import heads
 from hypermixer_jax import models
 from hypermixer_jax import sharding
 from hypermixer_jax.models import zoo
@@ -110,8 +110,9 @@ def export_params(config: ml_collections.ConfigDict, workdir: str,
 # Prediction.
 # ---------------------------------------------------------------------------
 MASK_MARKER = "[MASK]"
-CLASSIFIER_HEADS = ("classify", "pair_classify", "image")
-MODEL_KWARGS = ("segment_ids", "token_type_ids", "positions")
+CLASSIFIER_HEADS = tuple(n for n, h in heads.HEADS.items()
+                         if h.kind == "classes")
+MODEL_KWARGS = heads.MODEL_KWARGS
 
 
 def _input_rows(path: str, columns: list[tuple[str, ...]]) -> list[list[str]]:
@@ -259,7 +260,7 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str,
   import tempfile  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import data as data_lib  # pylint: disable=g-import-not-at-top
-  head = config.model.head
+  head = models.model_facts(config.model).head
   if head not in CLASSIFIER_HEADS + ("mlm",):
     raise ValueError(f"--mode=predict supports the heads "
                      f"{CLASSIFIER_HEADS + ('mlm',)}, not {head!r}.")
@@ -357,33 +358,29 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   import json  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import evaluation  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import data as data_lib  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax.train import steps  # pylint: disable=g-import-not-at-top
   mesh = sharding.build_mesh(config.mesh)
   rules = sharding.get_rules(config.sharding)
   params, found = load_params(config, workdir, step, mesh, rules)
-  model = models.build_model(config.model)
   state = ParamsOnly(params=params)
-  state_sh = ParamsOnly(params=jax.tree.map(lambda x: x.sharding, params))
   pcount = jax.process_count()
   if config.eval_batch_size % pcount:
     raise ValueError(f"eval_batch_size={config.eval_batch_size} must be "
                      f"divisible by the {pcount} processes.")
-  batches = iter(data_lib.build_pipeline(
-      config.data, config.eval_split,
-      batch_size=config.eval_batch_size // pcount,
-      shard_index=jax.process_index(), num_shards=pcount, seed=config.seed,
-      repeat=False, shuffle=False))
-  first = next(batches)
-  spec = {k: jax.ShapeDtypeStruct((v.shape[0] * pcount,) + v.shape[1:],
-                                  v.dtype) for k, v in first.items()}
-  eval_sh = sharding.batch_shardings(spec, mesh, rules)
-  eval_step = steps.jit_eval_step(
-      evaluation.make_eval_step(model, config.model.head,
-                                config.model.num_classes),
-      state_sh, eval_sh, mesh, rules)
-  result = evaluation.evaluate(eval_step, state,
-                               itertools.chain([first], batches), mesh, rules,
-                               config.model.head, config.eval_steps)
+
+  def pipeline(split, batch_size):
+    return data_lib.build_pipeline(
+        config.data, split, batch_size=batch_size // pcount,
+        shard_index=jax.process_index(), num_shards=pcount, seed=config.seed,
+        repeat=False, shuffle=False)
+
+  # The training loop's own evaluator, on the parameters alone.
+  result = evaluation.TaskEvaluator(evaluation.Context(
+      config=config, workdir=workdir, model=models.build_model(config.model),
+      facts=models.model_facts(config.model), mesh=mesh, rules=rules,
+      state_shardings=ParamsOnly(
+          params=jax.tree.map(lambda x: x.sharding, params)),
+      pipeline=pipeline, write_image=lambda *a: None,
+      is_main=jax.process_index() == 0)).run(state, found)
   line = (f"evaluation of {workdir} step {found} on {config.eval_split}: "
           + ", ".join(f"{k}={v:.5g}" for k, v in result.items()))
   logging.info("%s", line)

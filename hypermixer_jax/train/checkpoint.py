@@ -38,6 +38,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from hypermixer_jax.models import common
+
 PyTree = Any
 STATE = "state"
 DATA = "data"
@@ -102,10 +104,15 @@ class Checkpointer:
     """True when the job received a preemption notice (all hosts agree)."""
     return self.manager.reached_preemption(step)
 
-  def should_save(self, step: int) -> bool:
-    """Periodic save due at ``step``, or preemption."""
-    return ((self._save_every > 0 and step % self._save_every == 0)
-            or self.reached_preemption(step))
+  def should_save(self, step: int, *, preempted: bool | None = None) -> bool:
+    """Periodic save due at ``step``, or preemption.
+
+    ``preempted``: the caller's ``reached_preemption(step)`` of this step,
+    so that the (multi-host, synchronising) question is asked once per step.
+    """
+    if preempted is None:
+      preempted = self.reached_preemption(step)
+    return (self._save_every > 0 and step % self._save_every == 0) or preempted
 
   def save(self, step: int, state: PyTree, data_state: Any = None, *,
            force: bool = False) -> bool:
@@ -234,13 +241,8 @@ def _jsonable(x: Any) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def _path_str(path) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(
-      k, "idx", k)))) for k in path)
-
-
 def _flatten(tree: PyTree) -> dict[str, Any]:
-  return {_path_str(p): x
+  return {common.path_str(p): x
           for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
@@ -345,14 +347,14 @@ def load_pretrained(path: str | os.PathLike, params: PyTree,
                ", ".join(k for k in sorted(new) if skip(k)))
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
   return jax.tree_util.tree_unflatten(
-      treedef, [loaded.get(_path_str(p), x) for p, x in flat])
+      treedef, [loaded.get(common.path_str(p), x) for p, x in flat])
 
 
 def _unflatten_subset(params: PyTree, keep: set[str]):
   """Nested dict of ``ShapeDtypeStruct`` for the ``keep`` paths of params."""
   out: dict = {}
   for p, x in jax.tree_util.tree_flatten_with_path(params)[0]:
-    key = _path_str(p)
+    key = common.path_str(p)
     if key not in keep:
       continue
     node = out

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import ml_collections
 
+from hypermixer_jax import heads
 
-# The heads' own parameter modules (hypermixer_jax.models.encoders.Model):
+
+# The heads' own parameter modules (the table of hypermixer_jax.heads):
 # mlm_head, classifier (classify / pair_classify / image), regression_head;
 # the causal LM's head is the tied token embedding, part of the encoder.
-HEAD_PARAMS = r"(mlm_head|classifier|regression_head)(/|$)"
+HEAD_PARAMS = heads.param_modules_regex()
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -48,7 +50,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_train_steps = 1000
   c.batch_size = 64            # global, per train step
   c.eval_batch_size = 64
-  c.eval_every = 500           # 0: only at the end
+  c.eval_every = 500           # 0: only at the end; -1: never
   c.eval_steps = 10            # batches per evaluation; -1: the whole split
   c.eval_split = "validation"
   c.log_every = 50
@@ -71,11 +73,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Throughput: measured peak FLOP/s of one device, for MFU (0: not shown).
   c.peak_flops_per_device = 0.0
 
-  # Synthetic-task extras: also train the controls and print a table of
-  # evaluation MSEs; write the pseudo-attention map of the trained model(s).
-  c.compare_controls = False
-  c.controls = ml_collections.ConfigDict()
-  c.pseudo_attention = False
+  # Evaluators beyond the task's metrics (big_vision style), name ->
+  # dict(type=..., every=..., **options); see hypermixer_jax.train.evaluation.
+  c.evals = ml_collections.ConfigDict()
 
   # Test hooks: SIGKILL this process right after the given step has been
   # logged; replace the loss of the given step by NaN (by poisoning the

@@ -1,75 +1,83 @@
-"""Evaluation: the task's metrics summed exactly over an eval split.
+"""Evaluation: the one evaluation step, and the evaluators the loop runs.
 
-The eval step returns *sums* (loss x denominator, accuracy x denominator,
-binary confusion counts, MoE statistics) so that batches of any size, and the
-padding examples of a last batch, average exactly. ``finalize`` turns them
-into ``loss``, ``accuracy``, ``perplexity`` (token heads), ``f1`` (binary
-classification, positive class 1) and ``moe/...``.
+``make_eval_step`` is the only evaluation step: it returns *sums* (loss x
+denominator, accuracy x denominator, binary confusion counts when the task's
+metrics include F1, MoE statistics; ``heads.eval_sums``) so that batches of
+any size, and the padding examples of a last batch, average exactly; it
+counts exactly the positions training counts (``loss_weights``). ``finalize``
+turns the sums into the head's metrics (``heads.finalize``) and the task's
+F1 (``hypermixer_jax.data.metrics``).
+
+Evaluators (big_vision's ``config.evals``): the loop always runs
+``TaskEvaluator`` (the task's metrics on ``config.eval_split`` every
+``config.eval_every`` steps and at the end), and every evaluator declared in
+``config.evals``::
+
+    config.evals.<name> = dict(type=<a key of EVALUATORS>, every=<steps>,
+                               **options of that evaluator)
+
+``every`` > 0: every that many steps and at the end; 0: at the end only;
+-1: never. An evaluator is ``Evaluator(context, **options)`` with
+``run(state, step) -> dict``: float outputs are logged under ``<name>/``, and
+all outputs of its last run are kept in ``TrainResult.evals[name]``.
 """
 from __future__ import annotations
 
-import math
+import dataclasses
+import importlib
+import itertools
 from typing import Any, Callable, Iterable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
+from hypermixer_jax import heads
 from hypermixer_jax import sharding
+from hypermixer_jax.data import metrics as task_metrics
 from hypermixer_jax.train import steps
 
-_TOKEN_HEADS = ("mlm", "causal_lm")
-_CLASS_HEADS = ("classify", "pair_classify", "image")
+# Evaluator type -> module defining ``Evaluator``.
+EVALUATORS = {
+    "pseudo_attention": "hypermixer_jax.train.pseudo_attention",
+}
 
 
-def make_eval_step(model: nn.Module, head: str, num_classes: int
+def make_eval_step(model: nn.Module, head: str, *,
+                   loss_weights: heads.LossWeights | None = None,
+                   task_metric_names: tuple[str, ...] = ()
                    ) -> Callable[[Any, dict], dict]:
-  """Pure ``(state, batch) -> sums`` for ``model`` / ``head``."""
+  """Pure ``(state, batch) -> sums`` for ``model`` / ``head``.
+
+  ``loss_weights``: the model's (``ModelFacts.loss_weights``), as in
+  training.
+  ``task_metric_names``: the task's official metrics
+  (``data.metrics.metric_names``); ``'f1'`` adds the confusion counts.
+  """
+  heads.get(head)
 
   def eval_step(state, batch):
-    inputs, kwargs = steps.model_inputs(batch)
+    inputs, kwargs = heads.model_inputs(batch, head)
     outputs, mutated = model.apply(
         {"params": state.params}, inputs, deterministic=True,
         mutable=steps.MUTABLE, **kwargs)
-    _, metrics = steps.compute_loss(head, outputs, batch)
-    denom = metrics.pop("denominator")
-    sums = {f"{k}_sum": v * denom for k, v in metrics.items()}
-    sums["denominator"] = denom
-    moe = steps._moe_metrics(mutated.get("moe_metrics", {}))  # pylint: disable=protected-access
-    sums.update({k: v for k, v in moe.items()})
+    sums = heads.eval_sums(head, outputs, batch, loss_weights=loss_weights,
+                           task_metric_names=task_metric_names)
+    sums.update(steps.moe_metrics(mutated.get("moe_metrics", {})))
     sums["num_batches"] = jnp.ones((), jnp.float32)
-    if head in _CLASS_HEADS and num_classes == 2:
-      pred = jnp.argmax(outputs, -1)
-      label = batch["label"]
-      w = batch.get("weights")
-      w = jnp.ones(label.shape, jnp.float32) if w is None else w
-      sums["tp"] = jnp.sum(w * ((pred == 1) & (label == 1)))
-      sums["fp"] = jnp.sum(w * ((pred == 1) & (label == 0)))
-      sums["fn"] = jnp.sum(w * ((pred == 0) & (label == 1)))
     return sums
 
   return eval_step
 
 
 def finalize(sums: dict[str, float], head: str) -> dict[str, float]:
-  """Averages of the summed metrics (see the module docstring)."""
-  sums = {k: float(v) for k, v in sums.items()}
-  denom = max(sums.pop("denominator", 0.0), 1e-12)
-  batches = max(sums.pop("num_batches", 0.0), 1.0)
-  out = {}
-  for k, v in sums.items():
-    if k.endswith("_sum"):
-      out[k[:-4]] = v / denom
-    elif k.startswith("moe/"):
-      out[k] = v / batches
-  if head in _TOKEN_HEADS and "loss" in out:
-    out["perplexity"] = math.exp(min(out["loss"], 50.0))
+  """The metrics of summed statistics (see the module docstring)."""
+  out = heads.finalize(head, sums)
   if "tp" in sums:
-    tp, fp, fn = sums["tp"], sums["fp"], sums["fn"]
-    out["f1"] = 2 * tp / max(2 * tp + fp + fn, 1e-12)
-  if head == "regression" and "loss" in out:
-    out["mse"] = out["loss"]
+    out["f1"] = task_metrics.f1_from_counts(
+        float(sums["tp"]), float(sums["fp"]), float(sums["fn"]))
   return out
 
 
@@ -91,3 +99,88 @@ def evaluate(eval_step: Callable[[Any, dict], dict], state: Any,
   if total is None:
     raise ValueError("the evaluation split gave no batch")
   return finalize(jax.tree.map(np.asarray, jax.device_get(total)), head)
+
+
+# ---------------------------------------------------------------------------
+# Evaluators.
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class Context:
+  """What an evaluator may use: the run's config, model and placement.
+
+  ``pipeline(split, batch_size)`` gives the host's unshuffled, one-epoch
+  batches of a split; ``write_image(tag, step, image)`` logs an image.
+  """
+  config: ml_collections.ConfigDict
+  workdir: str
+  model: nn.Module
+  facts: Any                       # models.ModelFacts
+  mesh: jax.sharding.Mesh
+  rules: sharding.Rules
+  state_shardings: Any
+  pipeline: Callable[[str, int], Iterable[dict]]
+  write_image: Callable[[str, int, np.ndarray], None]
+  is_main: bool
+
+
+class TaskEvaluator:
+  """The task's metrics (``finalize``) on ``config.eval_split``.
+
+  ``eval_steps`` batches of ``eval_batch_size`` (-1: the whole split).
+  """
+
+  def __init__(self, context: Context):
+    self.ctx = context
+    self._step_fn = None
+
+  def _compiled(self, first: dict):
+    if self._step_fn is None:
+      c = self.ctx
+      spec = sharding.global_batch_spec(first)
+      self._step_fn = steps.jit_eval_step(
+          make_eval_step(c.model, c.facts.head,
+                         loss_weights=c.facts.loss_weights,
+                         task_metric_names=task_metrics.metric_names(
+                             c.config.data.task)),
+          c.state_shardings, sharding.batch_shardings(spec, c.mesh, c.rules),
+          c.mesh, c.rules)
+    return self._step_fn
+
+  def run(self, state, step: int) -> dict[str, float]:
+    del step
+    c = self.ctx
+    it = iter(c.pipeline(c.config.eval_split, c.config.eval_batch_size))
+    # The first batch gives the shapes; it goes back in front.
+    first = next(it)
+    batches = itertools.chain([first], it)
+    return evaluate(self._compiled(first), state, batches, c.mesh, c.rules,
+                    c.facts.head, c.config.eval_steps)
+
+
+@dataclasses.dataclass
+class Scheduled:
+  """An evaluator and when it runs (see the module docstring)."""
+  name: str
+  evaluator: Any
+  every: int
+
+  def due(self, step: int, last: bool) -> bool:
+    if self.every < 0:
+      return False
+    return last or (self.every > 0 and step % self.every == 0)
+
+
+def declared(context: Context) -> list[Scheduled]:
+  """The task evaluator (as ``eval``) and the evaluators of ``config.evals``."""
+  config = context.config
+  out = [Scheduled("eval", TaskEvaluator(context), int(config.eval_every))]
+  for name, spec in (config.get("evals") or {}).items():
+    options = dict(spec)
+    kind = options.pop("type", None)
+    if kind not in EVALUATORS:
+      raise ValueError(f"config.evals.{name}.type={kind!r}; evaluator types: "
+                       f"{', '.join(EVALUATORS)}.")
+    every = int(options.pop("every", 0))
+    module = importlib.import_module(EVALUATORS[kind])
+    out.append(Scheduled(name, module.Evaluator(context, **options), every))
+  return out

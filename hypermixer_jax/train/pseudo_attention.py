@@ -7,8 +7,10 @@ should look, at each position, at the other object of the same shape.
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, Mapping
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,3 +66,40 @@ def save_png(maps: Mapping[str, np.ndarray], path: str, *,
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
+
+
+class Evaluator:
+  """Declared evaluator (``config.evals``, type ``pseudo_attention``): the
+  map of the first example of ``split`` (default ``config.eval_split``),
+  saved as ``<workdir>/<filename>`` and to TensorBoard.
+
+  For models of continuous per-token inputs ``[B, N, 1]`` with per-token
+  ``targets`` (the synthetic task). ``run`` returns ``map [N, N]`` and the
+  example's ``inputs``/``targets`` ``[N]``.
+  """
+
+  def __init__(self, context, *, split: str = "",
+               filename: str = "pseudo_attention.png"):
+    self.ctx = context
+    self.split = split
+    self.filename = filename
+
+  def run(self, state, step: int) -> dict[str, np.ndarray]:
+    c = self.ctx
+    example = next(iter(c.pipeline(self.split or c.config.eval_split, 1)))
+    params = jax.device_get(state.params)
+    x = jnp.asarray(example["inputs"][0])
+    apply = jax.jit(lambda x: c.model.apply({"params": params}, x[None])[0])
+    out = {"map": np.asarray(pseudo_attention(apply, x)),
+           "inputs": np.asarray(example["inputs"][0, :, 0]),
+           "targets": np.asarray(example["targets"][0, :, 0])}
+    if c.is_main:
+      path = os.path.join(c.workdir, self.filename)
+      title = c.config.model.get("mixer", "model")
+      save_png({title: out["map"]}, path, inputs=out["inputs"],
+               targets=out["targets"])
+      import matplotlib.image  # pylint: disable=g-import-not-at-top
+      c.write_image("pseudo_attention", step,
+                    matplotlib.image.imread(path)[..., :3])
+      logging.info("pseudo-attention map written to %s", path)
+    return out
