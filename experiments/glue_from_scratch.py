@@ -139,6 +139,10 @@ def main() -> None:
   p = experiment.parser("glue_from_scratch", __doc__)
   p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
   p.add_argument("--mixers", default=",".join(MIXERS))
+  p.add_argument("--order", choices=("forward", "reverse"), default="forward",
+                 help="reverse: start from the last run, so that a second "
+                 "process on the same --out (another core) meets the first "
+                 "in the middle")
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
@@ -151,38 +155,40 @@ def main() -> None:
     tasks, lrs = TASKS, (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
     small, prefix = {}, ""
 
-  runs = {}
+  # Every run of the experiment: (dict it goes to, name there, key, config).
+  plan = []
   for task in tasks:
     for mixer in sorted(mixers, key=lambda m: m != "hypermixer"):
       for lr in lrs:
         key = f"{prefix}{task}/{mixer}/lr{lr:g}"
-        cfg = glue_config(task, mixer, args.scale, lr, shared, args.data_dir,
-                          **small)
-        runs[key] = exp.run(key, lambda c=cfg, k=key: dict(
-            experiment.train(c, exp.workdir(k)),
-            params=_params(c)))
-  ablation = {}
+        plan.append(("runs", key, key, glue_config(
+            task, mixer, args.scale, lr, shared, args.data_dir, **small)))
   if args.scale == "small":
     for mixer in ("hypermixer", "attention"):
-      key = f"{prefix}sst2/{mixer}/unscaled_embeddings"
-      cfg = glue_config("sst2", mixer, "small", lrs[0], shared,
-                        scale_embeddings=False, **small)
-      ablation[mixer] = exp.run(key, lambda c=cfg, k=key: experiment.train(
-          c, exp.workdir(k)))
-
-  variants = {}
-  if args.scale == "small":
+      plan.append(("ablation", mixer,
+                   f"{prefix}sst2/{mixer}/unscaled_embeddings",
+                   glue_config("sst2", mixer, "small", lrs[0], shared,
+                               scale_embeddings=False, **small)))
     # HyperMixer as this project builds it against the official code's
     # choices and the untied ablation; the same budget for each.
     for name, (mixer, kwargs) in VARIANTS.items():
-      key = f"{prefix}sst2/variants/{name}"
       if not kwargs and mixer in MIXERS:  # the main table's run
-        variants[name] = runs[f"{prefix}sst2/{mixer}/lr{lrs[0]:g}"]
         continue
       cfg = glue_config("sst2", mixer, "small", lrs[0], shared, **small)
       cfg.model.mixer_kwargs.update(kwargs)
-      variants[name] = exp.run(key, lambda c=cfg, k=key: dict(
-          experiment.train(c, exp.workdir(k)), params=_params(c)))
+      plan.append(("variants", name, f"{prefix}sst2/variants/{name}", cfg))
+
+  results = {"runs": {}, "ablation": {}, "variants": {}}
+  for group, name, key, cfg in (plan if args.order == "forward"
+                                else plan[::-1]):
+    results[group][name] = exp.run(key, lambda c=cfg, k=key: dict(
+        experiment.train(c, exp.workdir(k)), params=_params(c)))
+  runs, ablation, variants = (results[g] for g in ("runs", "ablation",
+                                                   "variants"))
+  for name, (mixer, kwargs) in VARIANTS.items():
+    if not kwargs and mixer in MIXERS and args.scale == "small":
+      variants = {name: runs[f"{prefix}sst2/{mixer}/lr{lrs[0]:g}"],
+                  **variants}
 
   rows = []
   for mixer in mixers:

@@ -111,9 +111,44 @@ class Experiment:
   def workdir(self, key: str) -> str:
     return str(self.out / "runs" / key)
 
+  def _merge_from_disk(self) -> None:
+    # Several processes may work on one experiment (e.g. one per core, with
+    # --order=reverse): runs recorded by the others are kept, never dropped.
+    if self.path.exists():
+      on_disk = json.loads(self.path.read_text(encoding="utf-8"))
+      self.data["runs"] = {**on_disk.get("runs", {}), **self.data["runs"]}
+
+  def _claim(self, key: str) -> bool:
+    """True when this process may run ``key``; False after waiting for
+    another live process that claimed it (its result is then merged in)."""
+    claims = self.out / "claims"
+    claims.mkdir(exist_ok=True)
+    path = claims / (key.replace("/", "__") + ".pid")
+    while True:
+      try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+      except FileExistsError:
+        try:
+          pid = int(path.read_text() or 0)
+        except (OSError, ValueError):
+          pid = 0
+        if pid and pid != os.getpid() and _alive(pid):
+          time.sleep(10)
+          self._merge_from_disk()
+          if key in self.runs:
+            return False
+          continue
+        path.unlink(missing_ok=True)  # its process died: take it over
+        continue
+      with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+      return True
+
   def run(self, key: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``fn()``'s result under ``key``; skipped when already recorded."""
-    if key not in self.runs:
+    """``fn()``'s result under ``key``; skipped when already recorded (by
+    this or another process working on the same directory)."""
+    self._merge_from_disk()
+    if key not in self.runs and self._claim(key):
       t0 = time.time()
       result = dict(fn())
       result.setdefault("wall_s", time.time() - t0)
@@ -126,7 +161,8 @@ class Experiment:
 
   def save(self, **extra) -> None:
     self.data.update(extra)
-    tmp = self.path.with_suffix(".json.tmp")
+    self._merge_from_disk()
+    tmp = self.path.with_suffix(f".json.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(self.data, indent=1, default=float),
                    encoding="utf-8")
     tmp.replace(self.path)
@@ -144,6 +180,16 @@ class Experiment:
 
   def figure_path(self, name: str) -> str:
     return str(self.out / f"{name}.png")
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
 
 
 def train(config, workdir: str) -> dict[str, Any]:

@@ -48,6 +48,26 @@ class HarnessTest(absltest.TestCase):
     saved = json.loads((pathlib.Path(out) / "results.json").read_text())
     self.assertEqual(saved["runs"]["a/b"]["eval"], {"acc": 0.5})
 
+  def test_processes_sharing_a_directory_keep_each_others_runs(self):
+    out = tempfile.mkdtemp()
+    a, b = experiment.Experiment(out), experiment.Experiment(out)
+    a.run("x", lambda: {"v": 1})
+    b.run("y", lambda: {"v": 2})           # b's copy predates "x"
+    self.assertEqual(b.run("x", lambda: {"v": 99}), {"v": 1, "wall_s":
+                                                     a.runs["x"]["wall_s"]})
+    a.save()
+    on_disk = json.loads((pathlib.Path(out) / "results.json").read_text())
+    self.assertEqual(sorted(on_disk["runs"]), ["x", "y"])
+
+  def test_a_dead_processes_claim_is_taken_over(self):
+    out = tempfile.mkdtemp()
+    exp = experiment.Experiment(out)
+    claims = pathlib.Path(out) / "claims"
+    claims.mkdir()
+    # A PID that cannot be alive (above the kernel's maximum).
+    (claims / "a__b.pid").write_text("4194400")
+    self.assertEqual(exp.run("a/b", lambda: {"v": 3})["v"], 3)
+
   def test_parse_turns_on_the_compilation_cache(self):
     import jax  # pylint: disable=g-import-not-at-top
     out = os.path.join(tempfile.mkdtemp(), "exp")
