@@ -58,9 +58,9 @@ def _smlp(router):
   def make(quick):
     c = smlp.smlp_config("tiny")
     d, f, n, e = (64, 256, 64, 4) if quick else (256, 1024, 256, 8)
-    c.update(d_model=d, d_ffn=f, max_len=n, vocab_size=32128, num_layers=4)
-    c.mixer_kwargs.update(num_dense_layers=2, num_sparse_layers=2,
-                          num_experts=e, expert_d_ffn=f, tmoe_router=router)
+    c.update(dict(d_model=d, d_ffn=f, max_len=n, vocab_size=32128,
+                  num_dense_layers=2, num_sparse_layers=2))
+    c.moe.update(dict(num_experts=e, expert_d_ffn=f, tmoe_router=router))
     return c
   return make, 8, None
 
@@ -93,7 +93,7 @@ DEFAULT = ("glue_hypermixer/mlm", "glue_hypermixer/classify",
 def make_batch(cfg, batch: int, length: int, rng: np.random.RandomState
                ) -> dict[str, np.ndarray]:
   """A batch in the data contract's format (CONTRIBUTING.md) for the head."""
-  head, n = cfg.head, length
+  head, n = models.model_facts(cfg).head, length
   if cfg.family == "continuous":
     return {"inputs": rng.randn(batch, n, cfg.input_dim).astype(np.float32),
             "label": rng.randint(0, cfg.num_classes, batch).astype(np.int32)}
@@ -128,8 +128,11 @@ def build_step(model_cfg, batch_size: int, length: int | None):
   batch_sh = sharding.batch_shardings(batch, mesh, rules)
   state, state_sh = steps.create_train_state(model, tx, jax.random.key(0),
                                              batch, mesh, rules)
-  step = steps.jit_train_step(steps.make_train_step(model, model_cfg.head),
-                              state_sh, batch_sh, mesh, rules)
+  facts = models.model_facts(model_cfg)
+  step = steps.jit_train_step(
+      steps.make_train_step(model, facts.head,
+                            loss_weights=facts.loss_weights),
+      state_sh, batch_sh, mesh, rules)
   batch = sharding.make_global_batch(batch, mesh, rules)
   rng = jax.device_put(jax.random.key(1), jax.NamedSharding(mesh, jax.P()))
   compiled = step.lower(state, batch, rng).compile()

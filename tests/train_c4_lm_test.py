@@ -46,7 +46,7 @@ def test_hypermixer_lm_trains_at_length_1024(shared_data, tmp_path):
       "--config.log_every=1", "--config.eval_every=0",
       "--config.eval_steps=1", "--config.checkpoint_every=0")
   config.data.local_files = {"train": c4, "validation": c4}
-  result = loop.train_and_evaluate(config, str(tmp_path))["hypermixer"]
+  result = loop.train_and_evaluate(config, str(tmp_path))
   assert result.step == 3
   train = metrics_lib.read_metrics(str(tmp_path))
   assert sorted(train) == [1, 2, 3]
