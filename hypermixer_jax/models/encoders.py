@@ -161,8 +161,11 @@ class TextEncoder(nn.Module):
       # (~97% of the input variance is position at init) and the GLUE
       # models did not learn from scratch (issue 9).
       x = x * jnp.asarray(self.d_model ** 0.5, x.dtype)
-    positions = _default_positions(ids, positions)
-    x = _add_positions(x, self.position_embeddings, positions, self.max_len,
+    # The embeddings need positions; the layers get the caller's (None when
+    # none were given: mixers default to 0..N-1 themselves, and some take a
+    # faster path then, e.g. gMLP's FFT Toeplitz product).
+    x = _add_positions(x, self.position_embeddings,
+                       _default_positions(ids, positions), self.max_len,
                        self.pos_embedding
                        if self.position_embeddings == "learned" else None)
     if self.type_vocab_size:
@@ -252,13 +255,13 @@ class ContinuousEncoder(nn.Module):
                                                  (common.EMBED,)),
                     name=f"conv_stem_{i}")(x)
         x = common.gelu(x)
-    positions = _default_positions(x, positions)
     learned = None
     if self.position_embeddings == "learned":
       learned = _learned_positions(self, self.max_len, self.d_model,
                                    self.param_dtype)
-    x = _add_positions(x, self.position_embeddings, positions, self.max_len,
-                       learned)
+    # As in TextEncoder: the layers get the caller's positions (or None).
+    x = _add_positions(x, self.position_embeddings,
+                       _default_positions(x, positions), self.max_len, learned)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     x = common.constrain(x, _ACT_AXES)
     mask = None if segment_ids is None else segment_ids > 0
