@@ -5,6 +5,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from hypermixer_jax.train import profiling
 
@@ -47,3 +48,41 @@ def test_run_ending_inside_the_window_still_writes_the_trace(tmp_path):
     prof.keep(jnp.ones(3) * 2)
   prof.close()
   assert profiling.trace_files(str(tmp_path / "profile"))
+
+
+def test_training_run_profiles_logs_lines_and_reports_mfu(tmp_path, capsys):
+  """Through the loop: the profiled window, one plain line per log step, MFU
+  from the configured peak (CPUs are not in the peak table)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  argv = ["prog", f"--config={os.path.join(root, 'configs', 'default.py')}",
+          "--config.model.num_layers=1", "--config.model.d_model=16",
+          "--config.model.d_ffn=32", "--config.model.max_len=40",
+          "--config.model.mixer_kwargs.hyper_dim=8",
+          "--config.data.synthetic.seq_len=40",
+          "--config.data.synthetic.num_eval_examples=16",
+          "--config.batch_size=8", "--config.eval_batch_size=16",
+          "--config.num_train_steps=6", "--config.warmup_steps=1",
+          "--config.log_every=2", "--config.eval_every=0",
+          "--config.checkpoint_every=0", "--config.profile.start_step=3",
+          "--config.profile.num_steps=2",
+          "--config.peak_flops_per_device=1e12"]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
+                                  sys_argv=argv)
+  fv(argv)
+  config = fv.config
+  config.evals = {}
+  loop.train_and_evaluate(config, str(tmp_path))
+  assert profiling.trace_files(str(tmp_path / "profile"))
+  out = capsys.readouterr().out
+  lines = [l for l in out.splitlines() if l.startswith("[train] step ")]
+  assert [l.split(":")[0] for l in lines] == [
+      "[train] step 2/6", "[train] step 4/6", "[train] step 6/6"], out
+  assert all("loss=" in l for l in lines)
+  train = metrics_lib.read_metrics(str(tmp_path))
+  assert train[6]["mfu"] == pytest.approx(
+      train[6]["tflops_per_device"] * 1e12 / 1e12)

@@ -70,8 +70,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.init_checkpoint = ""
   c.init_reinit = HEAD_PARAMS
 
-  # Throughput: measured peak FLOP/s of one device, for MFU (0: not shown).
+  # MFU: peak FLOP/s of one device; 0 takes the vendor's dense bf16 figure of
+  # the device kind (train.metrics.PEAK_FLOPS: TPU v4/v5e/v5p/v6e, A100,
+  # H100, H200), so MFU is not shown on unknown devices (CPUs).
   c.peak_flops_per_device = 0.0
+
+  # Profiler: trace steps start_step .. start_step + num_steps - 1 into
+  # workdir/profile (TensorBoard / Perfetto); -1: off.
+  c.profile = ml_collections.ConfigDict(dict(start_step=-1, num_steps=5))
 
   # Evaluators beyond the task's metrics (big_vision style), name ->
   # dict(type=..., every=..., **options); see hypermixer_jax.train.evaluation.

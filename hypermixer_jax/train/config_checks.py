@@ -67,7 +67,12 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "clip_norm": (_in(-math.inf, math.inf, lo_open=True, hi_open=True),
                   "a finite number (<= 0: no clipping)"),
     "peak_flops_per_device": (_in(0, math.inf, hi_open=True),
-                              "a finite number >= 0 (0: MFU not shown)"),
+                              "a finite number >= 0 (0: the device kind's "
+                              "peak from train.metrics.PEAK_FLOPS)"),
+    "profile.start_step": (lambda v: isinstance(v, int)
+                           and not isinstance(v, bool) and v >= -1,
+                           "an integer >= -1 (-1: no profile)"),
+    "profile.num_steps": _POS,
     "mesh.data": _MESH, "mesh.fsdp": _MESH, "mesh.tensor": _MESH,
     "mesh.expert": _MESH,
     "model.num_layers": _POS,

@@ -46,6 +46,7 @@ from hypermixer_jax.train import evaluation
 from hypermixer_jax.train import metrics as metrics_lib
 from hypermixer_jax.train import multihost
 from hypermixer_jax.train import optim
+from hypermixer_jax.train import profiling
 from hypermixer_jax.train import steps
 
 
@@ -199,7 +200,8 @@ def _compile(run: _Run):
   tokens = batch_size * run.sample["inputs"].shape[1]
   throughput = metrics_lib.Throughput(
       batch_size, tokens, metrics_lib.step_flops(compiled),
-      run.config.peak_flops_per_device)
+      metrics_lib.device_peak_flops(run.mesh.devices.flat,
+                                    run.config.peak_flops_per_device))
   return compiled, throughput
 
 
@@ -270,7 +272,7 @@ def _evaluate(run: _Run, progress: _Progress, evaluators, step: int,
 
 
 def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
-           throughput, evaluators, writer, bar) -> None:
+           throughput, evaluators, writer, bar, profiler) -> None:
   """Steps ``progress.step + 1 .. num_train_steps`` (or until preempted)."""
   config = run.config
   total = int(config.num_train_steps)
@@ -281,7 +283,9 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
     if step == config.debug.nan_at_step:
       local = _poison(local)
     batch = sharding.make_global_batch(local, run.mesh, run.rules)
-    run.state, m = compiled(run.state, batch, run.train_rng)
+    with profiler.step(step):
+      run.state, m = compiled(run.state, batch, run.train_rng)
+      profiler.keep(m)
     progress.step = step
     progress.all_finite = jnp.logical_and(progress.all_finite, m["is_finite"])
     if step % config.log_every == 0 or step == total:
@@ -310,6 +314,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       keep=config.keep_checkpoints, async_save=config.async_checkpoints)
   train_pipe = _pipeline(config, "train", config.batch_size, train=True)
   writer = metrics_lib.MetricWriter(workdir, enabled=run.is_main)
+  profiler = profiling.StepProfiler(workdir, config.profile.start_step,
+                                    config.profile.num_steps)
   bar = None
   try:
     source = _restore(run, ck, train_pipe)
@@ -326,12 +332,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     bar = metrics_lib.ProgressBar(total, start, enabled=run.is_main)
     progress = _Progress(step=start, checked_until=start)
     _train(run, progress, ck, train_pipe, compiled, throughput, evaluators,
-           writer, bar)
+           writer, bar, profiler)
     if start >= total:  # nothing left to train: evaluate what is there
       _evaluate(run, progress, evaluators, total, True, writer, bar)
   finally:
     if bar is not None:
       bar.close()
+    profiler.close()
     ck.close()
     writer.close()
   return TrainResult(workdir=workdir, step=progress.step,
