@@ -69,19 +69,25 @@ def token_mixing_mlp(w_in: Array, w_out: Array, values: Array,
   Returns:
     ``[B, M, H, f]``.
   """
-  if key_segments.shape[-1] == 1:
-    # One hidden layer (no packing): two plain batched matmuls. The 0/1 slot
-    # columns scale the weight rows; a three-operand einsum would make XLA
-    # transpose the values and fuse worse (measured in bench_hypermixing).
-    hidden = jnp.einsum("bnhk,bnhf->bhfk", w_in * key_segments[..., None],
-                        values)[:, None]
-  else:
-    hidden = jnp.einsum("bns,bnhk,bnhf->bshfk", key_segments, w_in, values)
+  if key_segments.shape[-1] == 1 and query_segments.shape[-1] == 1:
+    # One hidden layer (no packing): two batched matmuls in the layouts
+    # XLA's CPU dots take without copies (hidden [B, H, d', f], output
+    # [B, H, M, f]); the three-operand einsum below made XLA transpose the
+    # values, the output and the [B, M, d'] weight rows (a profile of
+    # bench_hypermixing showed those copies growing faster than N). The 0/1
+    # slot columns scale the weight rows.
+    hidden = jnp.einsum("bnhk,bnhf->bhkf", w_in * key_segments[..., None],
+                        values)
+    if bias_in is not None:
+      hidden = hidden + bias_in[:, None]  # [B, H, d', f]
+    y = jax.lax.dot_general(
+        w_out * query_segments[..., None],
+        common.gelu(hidden, approximate_gelu),
+        (((3,), (2,)), ((0, 2), (0, 1))))  # [B, H, M, f]
+    return jnp.swapaxes(y, 1, 2)
+  hidden = jnp.einsum("bns,bnhk,bnhf->bshfk", key_segments, w_in, values)
   if bias_in is not None:
     hidden = hidden + bias_in  # [B, S, H, f, d']
-  if query_segments.shape[-1] == 1:
-    return jnp.einsum("bmhk,bhfk->bmhf", w_out * query_segments[..., None],
-                      common.gelu(hidden[:, 0], approximate_gelu))
   return jnp.einsum("bms,bmhk,bshfk->bmhf", query_segments, w_out,
                     common.gelu(hidden, approximate_gelu))
 
