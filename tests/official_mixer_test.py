@@ -174,3 +174,39 @@ def test_bad_files_are_named(tmp_path):
   with pytest.raises(ValueError, match="not a square grid"):
     official_mixer.adapt_resolution(official_mixer.convert(official_flat()),
                                     50)
+
+
+def test_zoo_checkpoint_adapted_for_fine_tuning_at_another_resolution(
+    npz, tmp_path):
+  """Our own Mixer checkpoint (here: the imported one, saved by us) adapted
+  to twice the grid loads into the larger model through init_checkpoint's
+  loader and gives the exact upsampled-grid logits (nearest resize)."""
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import config as config_lib  # pylint: disable=g-import-not-at-top
+  cfg, params = official_mixer.import_checkpoint(npz)
+  artifacts.write_params(tmp_path / "run", params, step=11)
+  official_mixer.main(["--checkpoint", str(tmp_path / "run"),
+                       "--image_size", str(2 * SIDE * P), "--patch_size",
+                       str(P), "--method", "nearest",
+                       "--output", str(tmp_path / "big")])
+  big_cfg = cfg.copy_and_resolve_references()
+  big_cfg.max_len = 4 * N
+  fresh = nn.unbox(jax.jit(models.build_model(big_cfg).init)(
+      jax.random.key(5), np.zeros((1, 2 * SIDE * P, 2 * SIDE * P, 3),
+                                  np.float32))["params"])
+  loaded = ckpt_lib.load_pretrained(
+      tmp_path / "big", fresh, config_lib.base_config().init_reinit.split(","))
+  # The head is re-initialised by default; put the old one back to compare.
+  loaded["classifier"] = params["classifier"]
+  images = np.random.default_rng(3).normal(
+      size=(2, SIDE * P, SIDE * P, 3)).astype(np.float32)
+  patches = images.reshape(2, SIDE, P, SIDE, P, 3)
+  big = np.repeat(np.repeat(patches, 2, axis=1), 2, axis=3).reshape(
+      2, 2 * SIDE * P, 2 * SIDE * P, 3)
+  np.testing.assert_allclose(_forward(big_cfg, loaded, big),
+                             _forward(cfg, params, images), rtol=1e-4,
+                             atol=1e-5)
+  with pytest.raises(SystemExit):   # argparse: both sizes are needed
+    official_mixer.main(["--checkpoint", str(tmp_path / "run"),
+                         "--output", str(tmp_path / "x")])

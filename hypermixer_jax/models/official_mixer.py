@@ -39,8 +39,11 @@ the hidden activations, and so every output, are exactly the old ones.
 
     python -m hypermixer_jax.models.official_mixer --npz=imagenet21k_Mixer-B_16.npz \
         --output=/ckpt/mixer_b16_in21k [--image_size=384]
+    # a zoo Mixer's own checkpoint, for fine-tuning at 384 pixels:
+    python -m hypermixer_jax.models.official_mixer --checkpoint=/ckpt/run \
+        --image_size=384 --patch_size=16 --output=/ckpt/run_384
 
-writes the parameters as a checkpoint that ``--config.init_checkpoint``
+write the parameters as a checkpoint that ``--config.init_checkpoint``
 loads (``configs/imagenet.py:mixer_b16`` with the printed sizes).
 """
 from __future__ import annotations
@@ -232,6 +235,35 @@ def import_checkpoint(npz_path: str, *, image_size: int | None = None,
   return cfg, params
 
 
+def adapt_checkpoint(path: str, output: str, image_size: int,
+                     patch_size: int, *, method: str = "linear") -> int:
+  """Writes ``path``'s parameters with token mixing adapted to ``image_size``.
+
+  For the zoo's own Mixer checkpoints (a training workdir, its checkpoints
+  folder, a step folder or exported parameters): fine-tuning at another
+  resolution then loads the output with ``init_checkpoint`` into the model
+  whose ``max_len`` is ``(image_size / patch_size)^2``. Returns the number
+  of patches.
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  if image_size % patch_size:
+    raise ValueError(f"image_size={image_size} is not a multiple of "
+                     f"patch_size={patch_size}.")
+  directory, step = ckpt_lib.resolve_checkpoint(path)
+  state = ocp.PyTreeCheckpointer().restore(
+      os.path.join(directory, str(step), ckpt_lib.STATE))
+  if "params" not in state:
+    raise ValueError(f"{directory}/{step} holds no params (has "
+                     f"{sorted(state)}).")
+  n = (image_size // patch_size) ** 2
+  params = adapt_resolution(jax.tree.map(np.asarray, state["params"]), n,
+                            method=method)
+  artifacts.write_params(output, params, step)
+  return n
+
+
 def main(argv=None) -> None:
   import argparse  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import runtime  # pylint: disable=g-import-not-at-top
@@ -239,12 +271,24 @@ def main(argv=None) -> None:
   runtime.hide_accelerators_from_tensorflow()
   p = argparse.ArgumentParser(description="Official MLP-Mixer .npz -> a "
                               "parameters checkpoint for init_checkpoint.")
-  p.add_argument("--npz", required=True)
+  src = p.add_mutually_exclusive_group(required=True)
+  src.add_argument("--npz", help="an official MLP-Mixer .npz")
+  src.add_argument("--checkpoint", help="a zoo Mixer checkpoint to adapt to "
+                   "--image_size (needs --patch_size)")
   p.add_argument("--output", required=True)
   p.add_argument("--image_size", type=int, default=0)
+  p.add_argument("--patch_size", type=int, default=0)
   p.add_argument("--num_classes", type=int, default=None)
   p.add_argument("--method", default="linear")
   a = p.parse_args(argv)
+  if a.checkpoint:
+    if not (a.image_size and a.patch_size):
+      p.error("--checkpoint needs --image_size and --patch_size.")
+    n = adapt_checkpoint(a.checkpoint, a.output, a.image_size, a.patch_size,
+                         method=a.method)
+    print(f"wrote {a.output}: token mixing for {n} patches; fine-tune with "
+          f"--config.model.max_len={n} --config.init_checkpoint={a.output}")
+    return
   cfg, params = import_checkpoint(a.npz, image_size=a.image_size or None,
                                   num_classes=a.num_classes, method=a.method)
   artifacts.write_params(a.output, params)
