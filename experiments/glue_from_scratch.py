@@ -143,6 +143,8 @@ def main() -> None:
                  help="reverse: start from the last run, so that a second "
                  "process on the same --out (another core) meets the first "
                  "in the middle")
+  p.add_argument("--report_only", action="store_true",
+                 help="write the table and figure from the recorded runs")
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
@@ -181,26 +183,32 @@ def main() -> None:
   results = {"runs": {}, "ablation": {}, "variants": {}}
   for group, name, key, cfg in (plan if args.order == "forward"
                                 else plan[::-1]):
+    if args.report_only:
+      exp.reload()
+      if key in exp.runs:
+        results[group][name] = exp.runs[key]
+      continue
     results[group][name] = exp.run(key, lambda c=cfg, k=key: dict(
         experiment.train(c, exp.workdir(k)), params=_params(c)))
   runs, ablation, variants = (results[g] for g in ("runs", "ablation",
                                                    "variants"))
   for name, (mixer, kwargs) in VARIANTS.items():
-    if not kwargs and mixer in MIXERS and args.scale == "small":
-      variants = {name: runs[f"{prefix}sst2/{mixer}/lr{lrs[0]:g}"],
-                  **variants}
+    key = f"{prefix}sst2/{mixer}/lr{lrs[0]:g}"
+    if not kwargs and mixer in MIXERS and key in runs:
+      variants = {name: runs[key], **variants}
 
   rows = []
   for mixer in mixers:
     row = [LABELS[mixer]]
     for task in tasks:
-      best = max((best_eval(runs[f"{task}/{mixer}/lr{lr:g}"]) + (lr,)
-                  for lr in lrs), key=lambda t: t[0])
-      row += [f"{100 * best[0]:.1f} (lr {best[2]:g})",
+      done = [best_eval(runs[f"{prefix}{task}/{mixer}/lr{lr:g}"]) + (lr,)
+              for lr in lrs if f"{prefix}{task}/{mixer}/lr{lr:g}" in runs]
+      best = max(done, key=lambda t: t[0]) if done else None
+      row += [f"{100 * best[0]:.1f} (lr {best[2]:g})" if best else "not run",
               PAPER[mixer].get(task, "")]
     if args.scale == "small":
-      row.append(
-          f"{runs[f'{prefix}sst2/{mixer}/lr{lrs[0]:g}']['params'] / 1e6:.2f}M")
+      main_run = runs.get(f"{prefix}sst2/{mixer}/lr{lrs[0]:g}")
+      row.append(f"{main_run['params'] / 1e6:.2f}M" if main_run else "")
       if mixer in ablation:
         row.append(f"{100 * best_eval(ablation[mixer])[0]:.1f}")
       else:
@@ -235,7 +243,7 @@ def main() -> None:
         [[name, f"{100 * best_eval(r)[0]:.1f}", f"{r['params'] / 1e6:.2f}M"]
          for name, r in variants.items()])
   exp.write_table(f"GLUE from scratch ({args.scale} scale)", table, notes)
-  _plot(exp, runs, ablation, mixers, tasks[0], lrs)
+  _plot(exp, runs, ablation, mixers, tasks[0], lrs, prefix)
 
 
 def _params(config) -> int:
@@ -243,13 +251,16 @@ def _params(config) -> int:
   return models.count_params(config.model)
 
 
-def _plot(exp, runs, ablation, mixers, task, lrs) -> None:
+def _plot(exp, runs, ablation, mixers, task, lrs, prefix) -> None:
   fig, axes = experiment.figure()
   ax = axes[0, 0]
   for mixer in mixers:
-    best = max(lrs, key=lambda lr: best_eval(
-        runs[f"{task}/{mixer}/lr{lr:g}"])[0])
-    curve = runs[f"{task}/{mixer}/lr{best:g}"]["eval_curve"]
+    done = [lr for lr in lrs if f"{prefix}{task}/{mixer}/lr{lr:g}" in runs]
+    if not done:
+      continue
+    best = max(done, key=lambda lr: best_eval(
+        runs[f"{prefix}{task}/{mixer}/lr{lr:g}"])[0])
+    curve = runs[f"{prefix}{task}/{mixer}/lr{best:g}"]["eval_curve"]
     steps = sorted(curve, key=int)
     ax.plot([int(s) for s in steps], [100 * curve[s]["accuracy"] for s in steps],
             marker="o", label=LABELS[mixer])

@@ -111,7 +111,8 @@ class Experiment:
   def workdir(self, key: str) -> str:
     return str(self.out / "runs" / key)
 
-  def _merge_from_disk(self) -> None:
+  def reload(self) -> None:
+    """Merges in the runs other processes recorded in ``results.json``."""
     # Several processes may work on one experiment (e.g. one per core, with
     # --order=reverse): runs recorded by the others are kept, never dropped.
     if self.path.exists():
@@ -134,7 +135,7 @@ class Experiment:
           pid = 0
         if pid and pid != os.getpid() and _alive(pid):
           time.sleep(10)
-          self._merge_from_disk()
+          self.reload()
           if key in self.runs:
             return False
           continue
@@ -147,7 +148,7 @@ class Experiment:
   def run(self, key: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``fn()``'s result under ``key``; skipped when already recorded (by
     this or another process working on the same directory)."""
-    self._merge_from_disk()
+    self.reload()
     if key not in self.runs and self._claim(key):
       t0 = time.time()
       result = dict(fn())
@@ -161,7 +162,7 @@ class Experiment:
 
   def save(self, **extra) -> None:
     self.data.update(extra)
-    self._merge_from_disk()
+    self.reload()
     tmp = self.path.with_suffix(f".json.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(self.data, indent=1, default=float),
                    encoding="utf-8")
