@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 import bench_common as bc  # noqa: E402
 from hypermixer_jax import models  # noqa: E402
 from hypermixer_jax import sharding  # noqa: E402
+from hypermixer_jax.data import preprocessors  # noqa: E402
 from hypermixer_jax.models import smlp  # noqa: E402
 from hypermixer_jax.train import optim  # noqa: E402
 from hypermixer_jax.train import steps  # noqa: E402
@@ -101,11 +102,20 @@ def make_batch(cfg, batch: int, length: int, rng: np.random.RandomState
          "segment_ids": np.ones((batch, n), np.int32),
          "positions": np.broadcast_to(np.arange(n, dtype=np.int32),
                                       (batch, n)).copy()}
-  if head in ("mlm", "causal_lm"):
+  if head == "mlm":
+    # As the pipeline gives it: max_predictions(n) selected positions per row
+    # and BERT's masked_lm_positions, so the head runs at those only.
     out["targets"] = rng.randint(5, cfg.vocab_size, (batch, n)).astype(
         np.int32)
-    rate = 0.15 if head == "mlm" else 1.0
-    out["weights"] = (rng.rand(batch, n) < rate).astype(np.float32)
+    slots = preprocessors.max_predictions(n)
+    pos = np.sort(np.argsort(rng.rand(batch, n), axis=1)[:, :slots], axis=1)
+    out["masked_positions"] = pos.astype(np.int32)
+    out["weights"] = np.zeros((batch, n), np.float32)
+    np.put_along_axis(out["weights"], pos, 1.0, axis=1)
+  elif head == "causal_lm":
+    out["targets"] = rng.randint(5, cfg.vocab_size, (batch, n)).astype(
+        np.int32)
+    out["weights"] = np.ones((batch, n), np.float32)
   else:
     out["label"] = rng.randint(0, cfg.num_classes, batch).astype(np.int32)
     if cfg.get("type_vocab_size", 0):

@@ -26,8 +26,12 @@ def test_c4(vocab, task, packing):
   cfg.update(task=task, vocab_path=vocab, seq_len=16, packing=packing,
              shuffle_buffer_size=8)
   batch = _first(cfg, "train")
+  # MLM also gives BERT's masked_lm_positions: 3 = ceil(0.15 * 16) slots.
   assert set(batch) == {"inputs", "targets", "weights", "segment_ids",
-                        "positions"}
+                        "positions"} | ({"masked_positions"}
+                                        if task == "c4_mlm" else set())
+  if task == "c4_mlm":
+    assert batch["masked_positions"].shape == (3, 3)
   for k in ("inputs", "targets", "segment_ids", "positions"):
     assert batch[k].shape == (3, 16) and batch[k].dtype == np.int32
   assert batch["weights"].dtype == np.float32

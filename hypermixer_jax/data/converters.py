@@ -13,6 +13,8 @@ from typing import Mapping
 import seqio
 import tensorflow as tf
 
+from hypermixer_jax.data import preprocessors
+
 Spec = seqio.FeatureConverter.FeatureSpec
 
 
@@ -53,18 +55,32 @@ class _TokenLMConverter(seqio.FeatureConverter):
 
 
 class MLMFeatureConverter(_TokenLMConverter):
-  """Masked LM: loss weights on *all* selected positions.
+  """Masked LM: loss weights on *all* selected positions, and the positions.
 
   seqio's ``EncoderFeatureConverter`` derives the loss weights from
   ``inputs == mask_id``, which forgets the 10% of selected tokens replaced by a
   random token and the 10% kept unchanged. Here the task provides ``weights``
   (1 on every selected position, see ``preprocessors.bert_mask``) and the
   converter packs or pads them together with the tokens.
+
+  ``masked_positions [P]`` (BERT's ``masked_lm_positions``, P =
+  ``preprocessors.max_predictions(length, select_rate)``): the selected
+  positions of the row in order, then unselected ones (weight 0), so that the
+  model computes MLM logits at P positions instead of all of them. A packed
+  row whose examples selected more than P tokens keeps its first P: the others
+  get their original token back and weight 0, so every perturbed token still
+  carries loss.
   """
 
   TASK_FEATURES = {"inputs": Spec(dtype=tf.int32),
                    "targets": Spec(dtype=tf.int32),
                    "weights": Spec(dtype=tf.int32)}
+  MODEL_FEATURES = {**_TokenLMConverter.MODEL_FEATURES,
+                    "masked_positions": Spec(dtype=tf.int32)}
+
+  def __init__(self, pack: bool = True, select_rate: float = 0.15, **kwargs):
+    super().__init__(pack=pack, **kwargs)
+    self._select_rate = select_rate
 
   def _convert_features(self, ds, task_feature_lengths):
     # seqio's packer measures each feature by its count of non-zero entries,
@@ -72,14 +88,29 @@ class MLMFeatureConverter(_TokenLMConverter):
     ds = ds.map(lambda ex: {**ex, "weights": ex["weights"] + 1},
                 num_parallel_calls=tf.data.AUTOTUNE)
     ds = self._pack_or_pad(ds, task_feature_lengths)
+    slots = self.get_model_feature_lengths(
+        task_feature_lengths)["masked_positions"]
 
     def convert(ex):
-      weights = tf.maximum(ex["weights"] - 1, 0)
-      return self._with_segments(
-          {"inputs": ex["inputs"], "targets": ex["targets"],
-           "weights": tf.cast(weights, tf.float32)}, ex, "targets", "targets")
+      selected = tf.maximum(ex["weights"] - 1, 0)
+      keep = selected * tf.cast(tf.cumsum(selected) <= slots, tf.int32)
+      inputs = tf.where(selected > keep, ex["targets"], ex["inputs"])
+      n = tf.size(keep)
+      # Kept positions score n - i > 0, the others -i <= 0: top_k orders the
+      # kept ones first, each group by position.
+      positions = tf.math.top_k(keep * n - tf.range(n), k=slots).indices
+      out = {"inputs": inputs, "targets": ex["targets"],
+             "weights": tf.cast(keep, tf.float32),
+             "masked_positions": tf.cast(positions, tf.int32)}
+      return self._with_segments(out, ex, "targets", "targets")
 
     return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    lengths = super().get_model_feature_lengths(task_feature_lengths)
+    lengths["masked_positions"] = preprocessors.max_predictions(
+        task_feature_lengths["targets"], self._select_rate)
+    return lengths
 
 
 class CausalLMFeatureConverter(_TokenLMConverter):

@@ -218,8 +218,10 @@ def _tf_epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
                 if num_shards > 1 else None)
 
   if name in ("c4_mlm", "c4_lm"):
-    converter = (converters.MLMFeatureConverter if name == "c4_mlm"
-                 else converters.CausalLMFeatureConverter)(pack=cfg.packing)
+    converter = (converters.MLMFeatureConverter(
+        pack=cfg.packing, select_rate=cfg.mlm.select_rate)
+                 if name == "c4_mlm"
+                 else converters.CausalLMFeatureConverter(pack=cfg.packing))
     keys = converter.TASK_FEATURES
     lengths = {k: cfg.seq_len for k in keys}
   elif name in tasks.CLASSIFICATION:
