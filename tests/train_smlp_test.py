@@ -4,6 +4,7 @@ import os
 from absl import flags
 import numpy as np
 from ml_collections import config_flags
+import pytest
 
 from hypermixer_jax import models
 from hypermixer_jax.train import loop
@@ -22,6 +23,24 @@ def _config(*overrides, size="tiny"):
   return fv.config
 
 
+def test_configs_use_the_pipelines_vocabulary(shared_data):
+  from hypermixer_jax.data import pipeline
+  from hypermixer_jax.models import smlp
+  from hypermixer_jax.train.config import TEXT_VOCAB_SIZE
+  assert smlp.PIPELINE_VOCAB_SIZE == TEXT_VOCAB_SIZE
+  assert smlp.smlp_config("base").vocab_size == TEXT_VOCAB_SIZE
+  spm = f"--config.data.vocab_path={shared_data / 't5_spm/sentencepiece.model'}"
+  for size in ("tiny", "base"):
+    c = _config(spm, size=size)
+    assert c.model.vocab_size == TEXT_VOCAB_SIZE, size
+    # The pipeline's start-up check: every id it can emit fits the model.
+    pipeline.check_fits_model(c.data, c.model)
+  # The old tiny vocabulary is refused with the size to set.
+  c = _config(spm, "--config.model.vocab_size=64")
+  with pytest.raises(ValueError, match="model.vocab_size=64.*32128"):
+    pipeline.check_fits_model(c.data, c.model)
+
+
 def test_base_config_loads():
   c = _config("--config.mesh.expert=8", size="base")
   assert c.model.family == "smlp"
@@ -33,23 +52,24 @@ def test_base_config_loads():
 def test_tiny_smlp_trains_with_moe_metrics(shared_data, tmp_path):
   c4 = str(shared_data / "c4/c4_en_train_00000_first1000.jsonl")
   config = _config(
-      # The T5 SentencePiece vocabulary (32,000 + 100 extra ids, padded).
-      "--config.model.vocab_size=32128",
+      # The config's own vocabulary (the pipeline's) and learning rate.
       f"--config.data.vocab_path={shared_data / 't5_spm/sentencepiece.model'}",
       "--config.data.shuffle_buffer_size=64",
       "--config.mesh.expert=4",             # 4 experts, one per device
-      "--config.model.dtype=float32",       # bf16 compiles slowly on CPU
       "--config.batch_size=8", "--config.eval_batch_size=8",
-      "--config.num_train_steps=4", "--config.warmup_steps=1",
+      "--config.num_train_steps=12", "--config.warmup_steps=1",
       "--config.log_every=1", "--config.eval_every=0",
       "--config.eval_steps=1", "--config.checkpoint_every=0")
   config.data.local_files = {"train": c4, "validation": c4}
   result = loop.train_and_evaluate(config, str(tmp_path))
-  assert result.step == 4 and result.source == "scratch"
+  assert result.step == 12 and result.source == "scratch"
   train = metrics_lib.read_metrics(str(tmp_path))
-  assert sorted(train) == [1, 2, 3, 4]
+  assert sorted(train) == list(range(1, 13))
   for record in train.values():
     assert np.isfinite(record["loss"])
     assert any(k.startswith("moe/") for k in record), sorted(record)
+  # Real text, real vocabulary: the loss falls (from ~ln 32128 = 10.4).
+  losses = [train[s]["loss"] for s in sorted(train)]
+  assert np.mean(losses[-3:]) < np.mean(losses[:3]) - 0.2, losses
   assert any(k.startswith("moe/") for k in result.eval_metrics)
   assert result.eval_metrics["perplexity"] > 1.0

@@ -199,18 +199,28 @@ class SmlpLM(nn.Module):
                             (common.BATCH, common.LENGTH, common.VOCAB))
 
 
+# The data pipeline's vocabulary (T5 SentencePiece + 100 extra ids, padded to
+# a multiple of 128); ``train.config.TEXT_VOCAB_SIZE`` is the same number
+# (the models do not import the training package; a test checks they agree).
+PIPELINE_VOCAB_SIZE = 32_128
+
+
 def smlp_config(size: str = "tiny") -> ml_collections.ConfigDict:
   """Model config of the sMLP LM: ``family='smlp'``, the sizes, ``moe``.
 
   ``base``: the paper's main setting (Sec. 4.3, ~0.8 TFLOPs): d=1024,
   d_ffn=4096, Base Layers tMoE, deterministic sMoE. The depths (N1=12,
-  N2=4), 16 experts, T=1024 and the GPT-2 vocabulary padded to 51,200 are our
-  choice: the paper text at hand does not give them. ``tiny``: the same
-  structure scaled down for tests (vocab 64, d=16, d_ffn=32, T=20, 4 experts,
-  one dense and one sparse block).
+  N2=4), 16 experts and T=1024 are our choice: the paper text at hand does
+  not give them. Its vocabulary is the one the data pipeline emits, the T5
+  SentencePiece model's 32,000 pieces + 100 extra ids padded to 32,128
+  (``train.config.TEXT_VOCAB_SIZE``; the paper's GPT-2 BPE is not available
+  to the pipeline). ``tiny``: the same structure scaled down for model tests
+  on synthetic ids (vocab 64, d=16, d_ffn=32, T=20, 4 experts, one dense and
+  one sparse block); ``configs/smlp_lm.py:tiny`` gives it the pipeline's
+  vocabulary for runs on real text.
   """
   if size == "base":
-    d, f, n, vocab, n1, n2, e = 1024, 4096, 1024, 51200, 12, 4, 16
+    d, f, n, vocab, n1, n2, e = 1024, 4096, 1024, PIPELINE_VOCAB_SIZE, 12, 4, 16
   elif size == "tiny":
     d, f, n, vocab, n1, n2, e = 16, 32, 20, 64, 1, 1, 4
   else:
