@@ -193,12 +193,16 @@ def _alive(pid: int) -> bool:
   return True
 
 
-def train(config, workdir: str) -> dict[str, Any]:
+def train(config, workdir: str, *, with_params: bool = False
+          ) -> dict[str, Any]:
   """Trains ``config`` in ``workdir`` and returns what an experiment records.
 
   ``{'eval': final evaluation metrics, 'step': last step, 'eval_curve':
   {step: metrics}, 'train_curve': {step: metrics}}``; curves come from the
   run's ``metrics.jsonl``. A workdir that already holds checkpoints resumes.
+  With ``with_params`` the result also holds ``'params'``, the trained
+  parameters (``trained_params``): use them, then drop them before the result
+  is recorded (they are not JSON).
   """
   from hypermixer_jax.train import loop  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import metrics  # pylint: disable=g-import-not-at-top
@@ -208,8 +212,32 @@ def train(config, workdir: str) -> dict[str, Any]:
   curves = {split: {int(s): r for s, r in
                     metrics.read_metrics(workdir, split).items()}
             for split in ("train", "eval")}
-  return {"eval": dict(result.eval_metrics), "step": int(result.step),
-          "eval_curve": curves["eval"], "train_curve": curves["train"]}
+  out = {"eval": dict(result.eval_metrics), "step": int(result.step),
+         "eval_curve": curves["eval"], "train_curve": curves["train"]}
+  if with_params:
+    out["params"] = trained_params(config, workdir, result)
+  return out
+
+
+def trained_params(config, workdir: str, result: Any = None):
+  """The parameters a run in ``workdir`` ended with.
+
+  ``result.state.params`` when the training loop's result carries its final
+  state; otherwise they are read from the newest checkpoint in ``workdir``
+  into the freshly initialised model of ``config.model``.
+  """
+  state = getattr(result, "state", None)
+  if state is not None:
+    return state.params
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.models import zoo  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+  x = zoo.dummy_inputs(config.model)
+  params = zoo.build_model(config.model).init(
+      jax.random.key(0), jnp.zeros(x.shape, x.dtype))["params"]
+  return checkpoint.load_pretrained(workdir, nn.unbox(params), reinit=())
 
 
 def figure(ncols: int = 1, nrows: int = 1, size=(5.0, 3.6)):

@@ -1,0 +1,217 @@
+r"""Token-mixing cost against sequence length (Mai et al. 2023, §4.4, Fig. 2).
+
+The paper times one input through the token-mixing stage of HyperMixer and
+of the Transformer (repeated 1,000 times) and counts its floating-point
+operations, as functions of the length N. Here: the token-mixing module of
+each of the six ~11M GLUE models (zoo ``glue_<mixer>``, d=256: HyperMixer
+with tied hypernetworks d'=768, self-attention and linear attention with 4
+heads, MLP-Mixer's token MLP D_S=512, gMLP's spatial gating unit d_ffn=512,
+FNet's Fourier transform), alone, on one example ``[1, N, d]``:
+
+* wall time: the module's forward pass under ``jax.jit``, compiled once, then
+  called ``repeats`` times (each call waited for); the median is reported;
+* FLOPs: XLA's count for the compiled forward (``compiled.cost_analysis()``),
+  not a formula, so it is what the backend was asked to compute;
+* the growth exponent of each: the slope of log(cost) against log(N) fitted
+  over the upper half of the lengths (2 for quadratic, 1 for linear).
+
+MLP-Mixer's and gMLP's token mixers have weights per position, so each N
+gets a module built for that N (``max_len=N``). A length whose compiled
+forward needs more than ``--max_gib`` (XLA's memory analysis) is skipped and
+recorded as such.
+
+  --scale=small  N = 32 ... 8192 (powers of 2) on this machine's CPU, the
+                 median of up to 50 calls or ~3 s per point (at least 5).
+  --scale=paper  the same modules, N = 32 ... 16384, 1,000 calls per point
+                 (meant for an accelerator).
+
+  taskset -c 1 python experiments/token_mixing_cost.py --scale=small --out=/tmp/tmc
+
+Writes ``results.json``, ``table.md`` and ``token_mixing_cost.png`` (time
+and FLOPs against N, log-log) into ``--out``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hypermixer_jax import experiment
+from hypermixer_jax import models
+from hypermixer_jax.models import zoo
+
+MIXERS = ("hypermixer", "attention", "linear_attention", "mlp_mixer", "gmlp",
+          "fnet")
+LABELS = {"hypermixer": "HyperMixer", "attention": "Attention",
+          "linear_attention": "Linear attention", "mlp_mixer": "MLP-Mixer",
+          "gmlp": "gMLP (SGU)", "fnet": "FNet"}
+SCALES = {
+    "small": dict(lengths=tuple(2 ** k for k in range(5, 14)), repeats=50,
+                  budget_s=3.0, min_repeats=5),
+    "paper": dict(lengths=tuple(2 ** k for k in range(5, 15)), repeats=1000,
+                  budget_s=float("inf"), min_repeats=1000),
+}
+PAPER_CLAIM = (
+    "Paper (§4.4, Fig. 2; a figure, no numbers): for short inputs the "
+    "Transformer's token mixing needs slightly fewer FLOPs than HyperMixer's "
+    "(the hidden layer dominates), yet HyperMixer is faster in wall time at "
+    "every N; at long N attention's quadratic term dominates and it becomes "
+    "much slower than HyperMixer, whose cost is linear in N.")
+
+
+def mixer_module(mixer: str, n: int):
+  """``(module, d)``: the token mixer of zoo ``glue_<mixer>`` for length n."""
+  cfg = models.get_model_config(f"glue_{mixer}")
+  cls = zoo.mixer_class(cfg.mixer)
+  fields = {f.name for f in dataclasses.fields(cls)}
+  kwargs = dict(cfg.mixer_kwargs)
+  if "max_len" in fields:
+    kwargs["max_len"] = n
+  return cls(**kwargs), int(cfg.d_model)
+
+
+def _cost(compiled) -> dict:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # older JAX: one dict per computation
+    cost = cost[0] if cost else {}
+  return dict(cost or {})
+
+
+def measure(mixer: str, n: int, *, repeats: int, min_repeats: int = 1,
+            budget_s: float = float("inf"), max_gib: float = 8.0,
+            seed: int = 0) -> dict:
+  """Times one ``[1, n, d]`` example through ``mixer`` and counts its FLOPs."""
+  module, d = mixer_module(mixer, n)
+  x = jax.random.normal(jax.random.key(seed), (1, n, d), jnp.float32)
+  params = jax.jit(module.init)(jax.random.key(seed + 1), x)
+  fwd = jax.jit(module.apply)
+  t0 = time.perf_counter()
+  compiled = fwd.lower(params, x).compile()
+  compile_s = time.perf_counter() - t0
+  mem = compiled.memory_analysis()
+  need = sum(getattr(mem, f, 0) or 0 for f in (
+      "temp_size_in_bytes", "argument_size_in_bytes",
+      "output_size_in_bytes")) if mem is not None else 0
+  cost = _cost(compiled)
+  out = dict(mixer=mixer, n=n, d=d, flops=float(cost.get("flops", np.nan)),
+             bytes_accessed=float(cost.get("bytes accessed", np.nan)),
+             memory_gib=need / 2 ** 30, compile_s=compile_s,
+             params=int(sum(np.prod(p.shape)
+                            for p in jax.tree.leaves(params))))
+  if need > max_gib * 2 ** 30:
+    out.update(skipped=f"needs {need / 2 ** 30:.1f} GiB > --max_gib={max_gib}")
+    return out
+  jax.block_until_ready(compiled(params, x))  # warm-up
+  times = []
+  start = time.perf_counter()
+  while len(times) < repeats and (
+      len(times) < min_repeats or time.perf_counter() - start < budget_s):
+    t = time.perf_counter()
+    jax.block_until_ready(compiled(params, x))
+    times.append(time.perf_counter() - t)
+  out.update(time_s=statistics.median(times), time_min_s=min(times),
+             repeats=len(times))
+  return out
+
+
+def growth_exponent(ns: Sequence[int], values: Sequence[float]) -> float:
+  """Slope of log(value) against log(N) over the upper half of the lengths."""
+  pts = sorted((n, v) for n, v in zip(ns, values)
+               if v is not None and np.isfinite(v) and v > 0)
+  if len(pts) < 2:
+    return float("nan")
+  upper = [p for p in pts if p[0] >= np.median([q[0] for q in pts])]
+  if len(upper) < 2:
+    upper = pts[-2:]
+  x, y = np.log([p[0] for p in upper]), np.log([p[1] for p in upper])
+  return float(np.polyfit(x, y, 1)[0])
+
+
+def run(exp: experiment.Experiment, *, lengths: Sequence[int],
+        mixers: Sequence[str] = MIXERS, repeats: int = 50,
+        min_repeats: int = 5, budget_s: float = 3.0,
+        max_gib: float = 8.0) -> dict:
+  """Measures every (mixer, N), records them in ``exp``, writes the table and
+  figure; returns ``{mixer: {'time': exponent, 'flops': exponent}}``."""
+  lengths = sorted(int(n) for n in lengths)
+  for n in lengths:
+    for mixer in mixers:
+      exp.run(f"{mixer}/n{n}", lambda m=mixer, n=n: measure(
+          m, n, repeats=repeats, min_repeats=min_repeats, budget_s=budget_s,
+          max_gib=max_gib))
+  series = {m: [exp.runs[f"{m}/n{n}"] for n in lengths] for m in mixers}
+  exponents = {m: dict(
+      time=growth_exponent([r["n"] for r in rs],
+                           [r.get("time_s") for r in rs]),
+      flops=growth_exponent([r["n"] for r in rs], [r["flops"] for r in rs]))
+      for m, rs in series.items()}
+  exp.save(exponents=exponents, lengths=lengths, mixers=list(mixers),
+           device=str(jax.devices()[0].device_kind),
+           backend=jax.default_backend())
+
+  def cell(r, key, scale):
+    v = r.get(key)
+    return "—" if v is None or not np.isfinite(v) else f"{v * scale:.3g}"
+
+  heads = [f"N={n}" for n in lengths]
+  time_rows = [[LABELS[m]] + [cell(r, "time_s", 1e3) for r in series[m]]
+               + [f"{exponents[m]['time']:.2f}"] for m in mixers]
+  flop_rows = [[LABELS[m]] + [cell(r, "flops", 1e-6) for r in series[m]]
+               + [f"{exponents[m]['flops']:.2f}"] for m in mixers]
+  table = (
+      "Median wall time (ms) of one example through the token mixer:\n\n"
+      + experiment.markdown_table(["mixer"] + heads + ["exponent"], time_rows)
+      + "\n\nXLA-counted forward FLOPs (millions):\n\n"
+      + experiment.markdown_table(["mixer"] + heads + ["exponent"], flop_rows))
+  notes = (
+      f"Backend {jax.default_backend()} ({jax.devices()[0].device_kind}), "
+      f"d=256, one example, float32; time: median of up to {repeats} jitted "
+      "calls; exponent: log-log slope over the upper half of N. "
+      "— : skipped (memory). " + PAPER_CLAIM)
+  exp.write_table("Token-mixing cost against sequence length", table, notes)
+  _plot(exp, series, mixers)
+  return exponents
+
+
+def _plot(exp, series, mixers) -> None:
+  fig, axes = experiment.figure(ncols=2)
+  for ax, key, label in ((axes[0, 0], "time_s", "median wall time (s)"),
+                         (axes[0, 1], "flops", "XLA forward FLOPs")):
+    for m in mixers:
+      pts = [(r["n"], r.get(key)) for r in series[m]
+             if r.get(key) is not None and np.isfinite(r.get(key))]
+      if pts:
+        ax.plot(*zip(*pts), marker="o", ms=3, label=LABELS[m])
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel(label)
+  axes[0, 0].legend(fontsize=7)
+  axes[0, 0].set_title(f"one example, {jax.default_backend()}")
+  axes[0, 1].set_title("token mixing, d=256")
+  fig.savefig(exp.figure_path("token_mixing_cost"), dpi=120)
+
+
+def main() -> None:
+  p = experiment.parser("token_mixing_cost", __doc__)
+  p.add_argument("--mixers", default=",".join(MIXERS))
+  p.add_argument("--max_len", type=int, default=0,
+                 help="longest N (0: the scale's)")
+  p.add_argument("--max_gib", type=float, default=8.0,
+                 help="skip lengths whose compiled forward needs more memory")
+  args = p.parse_args()
+  setting = dict(SCALES[args.scale])
+  if args.max_len:
+    setting["lengths"] = tuple(n for n in setting["lengths"]
+                               if n <= args.max_len)
+  exp = experiment.Experiment(args.out, args)
+  run(exp, mixers=args.mixers.split(","), max_gib=args.max_gib, **setting)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,154 @@
+"""The token-mixing-cost and synthetic-data-efficiency experiments at toy size.
+
+Each experiment's core function runs end to end (2 lengths; 2 training-set
+sizes x 2 seeds of a few steps) and must write its results, table and
+figures; the numbers are checked against references computed another way:
+attention's XLA FLOP count against its closed form, the growth exponents
+against each other, the pseudo-attention map of the no-mixing model against
+the receptive field of its convolution stem.
+"""
+import json
+import pathlib
+import sys
+import tempfile
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import matplotlib.image
+import numpy as np
+
+from hypermixer_jax import experiment
+from hypermixer_jax import models
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
+                       / "experiments"))
+import synthetic_data_efficiency as sde  # noqa: E402  pylint: disable=g-import-not-at-top
+import token_mixing_cost as tmc  # noqa: E402  pylint: disable=g-import-not-at-top
+
+
+def _png(path: pathlib.Path) -> np.ndarray:
+  assert path.exists(), f"{path} not written"
+  return matplotlib.image.imread(str(path))
+
+
+class TokenMixingCostTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.out = pathlib.Path(tempfile.mkdtemp())
+    cls.lengths = (128, 512)
+    cls.exponents = tmc.run(experiment.Experiment(cls.out),
+                            lengths=cls.lengths,
+                            mixers=("hypermixer", "attention", "fnet"),
+                            repeats=2, min_repeats=1, budget_s=0.0)
+    cls.saved = json.loads((cls.out / "results.json").read_text())
+
+  def test_outputs(self):
+    for key in ("runs", "exponents", "lengths", "mixers", "backend"):
+      self.assertIn(key, self.saved)
+    self.assertEqual(self.saved["lengths"], list(self.lengths))
+    for mixer in ("hypermixer", "attention", "fnet"):
+      for n in self.lengths:
+        r = self.saved["runs"][f"{mixer}/n{n}"]
+        self.assertGreater(r["time_s"], 0)
+        self.assertGreater(r["flops"], 0)
+        self.assertGreaterEqual(r["repeats"], 1)
+    table = (self.out / "table.md").read_text()
+    for label in ("HyperMixer", "Attention", "FNet", "N=128", "N=512",
+                  "exponent"):
+      self.assertIn(label, table)
+    self.assertEqual(_png(self.out / "token_mixing_cost.png").ndim, 3)
+
+  def test_attention_flops_match_closed_form(self):
+    # q, k, v, out projections 4 * 2 N d^2; scores and weighted sum 2 * 2 N^2 d
+    # (all heads together); softmax and biases are lower order.
+    for n in self.lengths:
+      d = self.saved["runs"][f"attention/n{n}"]["d"]
+      closed = 8 * n * d * d + 4 * n * n * d
+      self.assertBetween(self.saved["runs"][f"attention/n{n}"]["flops"],
+                         closed, 1.05 * closed)
+
+  def test_attention_grows_faster_than_hypermixer(self):
+    # From XLA's FLOP counts (times are too noisy on a shared CPU): over
+    # 128 -> 512 at d=256 attention's quadratic term already shows
+    # (closed form: exponent 1.34), HyperMixer stays linear.
+    self.assertAlmostEqual(self.exponents["hypermixer"]["flops"], 1.0,
+                           delta=0.05)
+    self.assertGreater(self.exponents["attention"]["flops"],
+                       self.exponents["hypermixer"]["flops"] + 0.2)
+
+  def test_growth_exponent(self):
+    ns = [32, 64, 128, 256]
+    self.assertAlmostEqual(tmc.growth_exponent(ns, [n ** 2 for n in ns]), 2.0)
+    # Only the upper half counts: a constant floor at small N is ignored.
+    self.assertAlmostEqual(
+        tmc.growth_exponent(ns, [1e4, 1e4, 128.0, 256.0]), 1.0)
+    # Skipped points (None) are left out.
+    self.assertAlmostEqual(tmc.growth_exponent(ns + [512], [
+        32.0, 64.0, 128.0, 256.0, None]), 1.0)
+
+  def test_memory_limit_skips(self):
+    r = tmc.measure("attention", 256, repeats=1, max_gib=1e-6)
+    self.assertIn("--max_gib", r["skipped"])
+    self.assertNotIn("time_s", r)
+    self.assertGreater(r["flops"], 0)
+
+
+class SyntheticDataEfficiencyTest(absltest.TestCase):
+
+  def test_run(self):
+    out = pathlib.Path(tempfile.mkdtemp())
+    summary = sde.run(experiment.Experiment(out), sizes=(64, 32),
+                      seeds=(0, 1), steps=4, mixers=("hypermixer",),
+                      batch_size=16, eval_examples=32)
+    saved = json.loads((out / "results.json").read_text())
+    self.assertEqual(saved["sizes"], [32, 64])
+    self.assertEqual(sorted(saved["runs"]), [
+        f"hypermixer/n{n}/seed{s}" for n in (32, 64) for s in (0, 1)])
+    for n in (32, 64):
+      stats = summary["hypermixer"][str(n)]
+      mses = [saved["runs"][f"hypermixer/n{n}/seed{s}"]["mse"] for s in (0, 1)]
+      self.assertAlmostEqual(stats["mean"], np.mean(mses), places=6)
+      self.assertAlmostEqual(stats["std"], np.std(mses, ddof=1), places=6)
+      self.assertEqual(stats["seeds"], 2)
+      for s in (0, 1):
+        self.assertEqual(saved["runs"][f"hypermixer/n{n}/seed{s}"]["step"], 4)
+    # The map: largest size, first seed only; HyperMixer reads far tokens.
+    self.assertNotIn("pseudo_attention",
+                     saved["runs"]["hypermixer/n32/seed0"])
+    pam = np.array(saved["runs"]["hypermixer/n64/seed0"]["pseudo_attention"])
+    self.assertEqual(pam.shape, (64, 64))
+    far = np.abs(np.subtract.outer(np.arange(64), np.arange(64))) > 8
+    self.assertGreater(pam[far].max(), 1e-3 * pam.max())
+    table = (out / "table.md").read_text()
+    self.assertIn("| HyperMixer |", table)
+    self.assertIn("n=32", table)
+    self.assertIn("±", table)
+    self.assertEqual(_png(out / "data_efficiency.png").ndim, 3)
+    self.assertEqual(_png(out / "pseudo_attention.png").ndim, 3)
+
+  def test_config(self):
+    c = sde.run_config("attention", 5000, 3, 200)
+    self.assertEqual(c.model.mixer, "attention")
+    self.assertEqual(c.data.synthetic.num_examples, 5000)
+    self.assertEqual((c.seed, c.data.synthetic.data_seed), (3, 3))
+    self.assertEqual(c.eval_split, "test")
+    self.assertEqual(c.num_train_steps, 200)
+
+  def test_no_mixing_map_stays_in_the_stem_field(self):
+    # None: each output reads only the two kernel-5 convolutions' receptive
+    # field (|i - j| <= 4); a reference computed without training.
+    c = sde.run_config("none", 32, 0, 1)
+    x = sde.map_example(c)["inputs"]
+    params = models.build_model(c.model).init(
+        jax.random.key(0), jnp.asarray(x)[None])["params"]
+    pam = sde.pseudo_attention_map(c, params, x)
+    dist = np.abs(np.subtract.outer(np.arange(len(x)), np.arange(len(x))))
+    self.assertEqual(float(pam[dist > 4].max()), 0.0)
+    self.assertGreater(float(pam[dist <= 4].min()), 0.0)
+
+
+if __name__ == "__main__":
+  absltest.main()
