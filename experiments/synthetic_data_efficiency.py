@@ -201,7 +201,7 @@ def main() -> None:
   p.add_argument("--mixers", default=",".join(MIXERS))
   p.add_argument("--steps", type=int, default=0,
                  help="training steps per run (0: the scale's)")
-  args = p.parse_args()
+  args = experiment.parse(p)
   setting = dict(SCALES[args.scale])
   if args.steps:
     setting["steps"] = args.steps

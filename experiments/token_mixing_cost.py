@@ -204,7 +204,7 @@ def main() -> None:
                  help="longest N (0: the scale's)")
   p.add_argument("--max_gib", type=float, default=8.0,
                  help="skip lengths whose compiled forward needs more memory")
-  args = p.parse_args()
+  args = experiment.parse(p)
   setting = dict(SCALES[args.scale])
   if args.max_len:
     setting["lengths"] = tuple(n for n in setting["lengths"]
