@@ -110,9 +110,14 @@ def pseudo_attention_map(config: ml_collections.ConfigDict, params,
 
 def run(exp: experiment.Experiment, *, sizes: Sequence[int],
         seeds: Sequence[int], steps: int, mixers: Sequence[str] = MIXERS,
-        batch_size: int = 64, eval_examples: int = 1024) -> dict:
+        batch_size: int = 64, eval_examples: int = 1024,
+        report_only: bool = False) -> dict:
   """Trains every (mixer, size, seed), records them in ``exp``, writes the
-  table and figures; returns the summary ``{mixer: {size: stats}}``."""
+  table and figures; returns the summary ``{mixer: {size: stats}}``.
+
+  With ``report_only`` nothing is trained: the table and figures are drawn
+  from the runs ``exp`` already holds (a cell's seed count says how many).
+  """
   sizes, seeds = sorted(int(s) for s in sizes), sorted(int(s) for s in seeds)
   map_size = sizes[-1]
   example = None
@@ -134,29 +139,40 @@ def run(exp: experiment.Experiment, *, sizes: Sequence[int],
                 cfg, r.pop("params"), example["inputs"]).tolist()
           return dict(r, mse=float(r["eval"]["mse"]), mixer=mixer,
                       num_examples=size, seed=seed)
-        exp.run(key, fn)
+        if not report_only:
+          exp.run(key, fn)
 
   summary = {}
   for mixer in mixers:
     summary[mixer] = {}
     for size in sizes:
-      mses = np.array([exp.runs[f"{mixer}/n{size}/seed{s}"]["mse"]
-                       for s in seeds])
+      mses = np.array([exp.runs[k]["mse"] for k in (
+          f"{mixer}/n{size}/seed{s}" for s in seeds) if k in exp.runs])
+      if not len(mses):
+        mses = np.array([np.nan])
       summary[mixer][str(size)] = dict(
           mean=float(mses.mean()), std=float(mses.std(ddof=1))
           if len(mses) > 1 else 0.0, min=float(mses.min()),
-          max=float(mses.max()), seeds=len(mses))
+          max=float(mses.max()), seeds=int(np.isfinite(mses).sum()))
   exp.save(summary=summary, sizes=sizes, seeds=seeds, steps=steps,
            mixers=list(mixers), batch_size=batch_size)
 
   headers = ["model"] + [f"n={s:,}" for s in sizes]
-  rows = [[LABELS[m]] + [
-      f"{summary[m][str(s)]['mean']:.2e} ± {summary[m][str(s)]['std']:.1e}"
-      for s in sizes] for m in mixers]
+  def cell(stats):
+    if not stats["seeds"]:
+      return "—"
+    text = f"{stats['mean']:.2e}"
+    if stats["seeds"] > 1:
+      text += f" ± {stats['std']:.1e}"
+    return text + ("" if stats["seeds"] == len(seeds)
+                   else f" ({stats['seeds']} of {len(seeds)} seeds)")
+  rows = [[LABELS[m]] + [cell(summary[m][str(s)]) for s in sizes]
+          for m in mixers]
   notes = (
       f"Final test MSE ({eval_examples:,} held-out sequences) after {steps} "
       f"steps of batch {batch_size}, mean ± standard deviation over "
-      f"{len(seeds)} seeds (initialisation, data order and training set). "
+      f"{len(seeds)} seeds (initialisation, data order and training set); — "
+      "not run. "
       f"{PAPER_CLAIM}")
   exp.write_table("Synthetic task: test MSE against training-set size",
                   experiment.markdown_table(headers, rows), notes)
@@ -175,9 +191,9 @@ def _plot_mse(exp, summary, sizes, seeds, mixers) -> None:
     line, = ax.plot(sizes, mean, marker="o", label=LABELS[mixer])
     ax.fill_between(sizes, lo, hi, color=line.get_color(), alpha=0.2)
     for s in sizes:
-      ax.scatter([s] * len(seeds), [exp.runs[f"{mixer}/n{s}/seed{k}"]["mse"]
-                                    for k in seeds],
-                 color=line.get_color(), s=8)
+      mses = [exp.runs[k]["mse"] for k in (f"{mixer}/n{s}/seed{i}"
+                                            for i in seeds) if k in exp.runs]
+      ax.scatter([s] * len(mses), mses, color=line.get_color(), s=8)
   ax.set_xscale("log")
   ax.set_yscale("log")
   ax.set_xlabel("training sequences")
@@ -191,7 +207,9 @@ def _plot_maps(exp, mixers, size, seed, example) -> None:
   from hypermixer_jax.train import pseudo_attention as pa  # pylint: disable=g-import-not-at-top
   maps = {f"{LABELS[m]} (n={size:,})": np.asarray(
       exp.runs[f"{m}/n{size}/seed{seed}"]["pseudo_attention"])
-          for m in mixers}
+          for m in mixers if f"{m}/n{size}/seed{seed}" in exp.runs}
+  if not maps:
+    return
   pa.save_png(maps, exp.figure_path("pseudo_attention"),
               inputs=example["inputs"][:, 0], targets=example["targets"][:, 0])
 
@@ -199,6 +217,9 @@ def _plot_maps(exp, mixers, size, seed, example) -> None:
 def main() -> None:
   p = experiment.parser("synthetic_data_efficiency", __doc__)
   p.add_argument("--mixers", default=",".join(MIXERS))
+  p.add_argument("--report_only", action="store_true",
+                 help="draw the table and figures from --out's results.json "
+                 "without training the runs it lacks")
   p.add_argument("--steps", type=int, default=0,
                  help="training steps per run (0: the scale's)")
   args = experiment.parse(p)
@@ -206,7 +227,8 @@ def main() -> None:
   if args.steps:
     setting["steps"] = args.steps
   exp = experiment.Experiment(args.out, args)
-  run(exp, mixers=args.mixers.split(","), **setting)
+  run(exp, mixers=args.mixers.split(","), report_only=args.report_only,
+      **setting)
 
 
 if __name__ == "__main__":

@@ -116,6 +116,7 @@ class SyntheticDataEfficiencyTest(absltest.TestCase):
       for s in (0, 1):
         self.assertEqual(saved["runs"][f"hypermixer/n{n}/seed{s}"]["step"], 4)
     # The map: largest size, first seed only; HyperMixer reads far tokens.
+    stats_32 = summary["hypermixer"]["32"]
     self.assertNotIn("pseudo_attention",
                      saved["runs"]["hypermixer/n32/seed0"])
     pam = np.array(saved["runs"]["hypermixer/n64/seed0"]["pseudo_attention"])
@@ -128,6 +129,16 @@ class SyntheticDataEfficiencyTest(absltest.TestCase):
     self.assertIn("±", table)
     self.assertEqual(_png(out / "data_efficiency.png").ndim, 3)
     self.assertEqual(_png(out / "pseudo_attention.png").ndim, 3)
+    # Drawn again from results.json with a seed that never ran: nothing is
+    # trained, the cells say how many seeds they hold.
+    again = sde.run(experiment.Experiment(out), sizes=(32, 64),
+                    seeds=(0, 1, 2), steps=4, mixers=("hypermixer",),
+                    batch_size=16, eval_examples=32, report_only=True)
+    self.assertEqual(again["hypermixer"]["32"]["seeds"], 2)
+    self.assertAlmostEqual(again["hypermixer"]["32"]["mean"],
+                           stats_32["mean"], places=6)
+    self.assertIn("(2 of 3 seeds)", (out / "table.md").read_text())
+    self.assertFalse((out / "runs" / "hypermixer/n32/seed2").exists())
 
   def test_config(self):
     c = sde.run_config("attention", 5000, 3, 200)
