@@ -105,6 +105,14 @@ def main(argv):
   except FloatingPointError as e:
     logging.error("%s", e)
     sys.exit(f"Training stopped: {e}")
+  except Exception as e:  # pylint: disable=broad-except
+    # Bad data, config, checkpoints or a busy workdir: the message says
+    # what and where; a traceback would only bury it.
+    from hypermixer_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+    if not isinstance(e, workdir_lib.user_errors()):
+      raise
+    logging.error("%s", e)
+    sys.exit(f"Stopped: {e}")
 
 
 def run():

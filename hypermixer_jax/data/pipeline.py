@@ -192,12 +192,13 @@ def check_fits_model(data_config: ml_collections.ConfigDict,
   outside them). Raises ValueError naming the field and the fix.
   """
   name = data_config.task
-  if name in tasks.TEXT_TASKS or name in tasks.CLASSIFICATION:
+  if "vocab_size" in model_config and (name in tasks.TEXT_TASKS
+                                       or name in tasks.CLASSIFICATION):
     vocab_lib.check_vocab_path(data_config.vocab_path)
     vocab = vocab_lib.get_vocabulary(data_config.vocab_path,
                                      data_config.extra_ids)
     vocab_lib.check_fits_model(vocab, int(model_config.vocab_size))
-  if name in tasks.CLASSIFICATION:
+  if name in tasks.CLASSIFICATION and "num_classes" in model_config:
     labels = tasks.CLASSIFICATION[name].label_names
     if int(model_config.num_classes) < len(labels):
       raise ValueError(

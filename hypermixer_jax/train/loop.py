@@ -48,6 +48,7 @@ from hypermixer_jax.train import multihost
 from hypermixer_jax.train import optim
 from hypermixer_jax.train import profiling
 from hypermixer_jax.train import steps
+from hypermixer_jax.train import workdir as workdir_lib
 
 
 @dataclasses.dataclass
@@ -155,10 +156,9 @@ def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
 def _restore(run: _Run, ck: ckpt_lib.Checkpointer, train_pipe) -> str:
   """Own checkpoint > init checkpoint > scratch; returns which (logged)."""
   config = run.config
-  latest = ck.latest_step()
-  if latest is not None:
-    run.state, data_state = ck.restore(
-        latest, ckpt_lib.abstract_like(run.state, run.state_sh))
+  restored = ck.restore_latest(ckpt_lib.abstract_like(run.state, run.state_sh))
+  if restored is not None:
+    latest, run.state, data_state = restored
     data_state = multihost.own_data_state(data_state)
     if data_state is not None:
       train_pipe.set_state(data_state)
@@ -308,18 +308,28 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
 def train_and_evaluate(config: ml_collections.ConfigDict,
                        workdir: str) -> TrainResult:
   """Trains ``config``'s model in ``workdir``; see the module docstring."""
+  # Config and data checked before anything is built; the workdir locked.
+  with workdir_lib.guard(config, workdir, is_main=jax.process_index() == 0):
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict,
+                        workdir: str) -> TrainResult:
   run = _setup(config, workdir)
   ck = ckpt_lib.Checkpointer(
       os.path.join(workdir, "checkpoints"), save_every=config.checkpoint_every,
       keep=config.keep_checkpoints, async_save=config.async_checkpoints)
   train_pipe = _pipeline(config, "train", config.batch_size, train=True)
-  writer = metrics_lib.MetricWriter(workdir, enabled=run.is_main)
   profiler = profiling.StepProfiler(workdir, config.profile.start_step,
                                     config.profile.num_steps)
-  bar = None
+  writer = bar = None
   try:
     source = _restore(run, ck, train_pipe)
     start = int(jax.device_get(run.state.step))
+    # The resolved config, and nothing the interrupted run logged after
+    # ``start`` (it is logged again), before the writer opens the logs.
+    workdir_lib.start_logs(config, workdir, start, is_main=run.is_main)
+    writer = metrics_lib.MetricWriter(workdir, enabled=run.is_main)
     compiled, throughput = _compile(run)
     evaluators = evaluation.declared(evaluation.Context(
         config=config, workdir=workdir, model=run.model, facts=run.facts,
@@ -340,7 +350,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       bar.close()
     profiler.close()
     ck.close()
-    writer.close()
+    if writer is not None:
+      writer.close()
   return TrainResult(workdir=workdir, step=progress.step,
                      eval_metrics=progress.eval_metrics,
                      preempted=progress.preempted, state=run.state,

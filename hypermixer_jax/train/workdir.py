@@ -15,6 +15,7 @@ Only process 0 calls these (the workdir is shared by the hosts of a job).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import glob
@@ -27,6 +28,43 @@ import ml_collections
 
 LOCK_FILE = ".lock"
 METRICS_FILE = "metrics.jsonl"
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+  """Errors whose message is the whole story (main.py exits with it)."""
+  from hypermixer_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import config_checks  # pylint: disable=g-import-not-at-top
+  return (data_lib.DataError, config_checks.ConfigError,
+          ckpt_lib.CheckpointError, WorkdirLocked, FileNotFoundError)
+
+
+def guard(config: ml_collections.ConfigDict, workdir: str, *,
+          is_main: bool) -> contextlib.AbstractContextManager:
+  """Checks before anything is built or compiled, and the run's lock.
+
+  Validates every config field (``config_checks``), checks that what the
+  input pipeline emits fits the model (``data.check_fits_model``), and
+  returns the context that holds the workdir lock on process 0.
+  """
+  from hypermixer_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import config_checks  # pylint: disable=g-import-not-at-top
+  config_checks.validate(config)
+  data_lib.check_fits_model(config.data, config.model)
+  return WorkdirLock(workdir) if is_main else contextlib.nullcontext()
+
+
+def start_logs(config: ml_collections.ConfigDict, workdir: str,
+               start_step: int, *, is_main: bool) -> None:
+  """Before the first log record of a run: its config, and no step twice.
+
+  Call with the step the run starts from, before the metric writer opens.
+  """
+  if not is_main:
+    return
+  save_config(config, workdir, start_step)
+  truncate_logs(workdir, start_step, redo_eval_at_resume_step=(
+      start_step >= int(config.num_train_steps)))
 
 
 class WorkdirLocked(RuntimeError):
