@@ -33,7 +33,8 @@ TINY_SYNTH = ["--config.model.num_layers=1", "--config.model.d_model=16",
               "--config.batch_size=4", "--config.eval_batch_size=8",
               "--config.eval_steps=1", "--config.warmup_steps=0",
               "--config.log_every=1", "--config.eval_every=3",
-              "--config.checkpoint_every=3", "--config.pseudo_attention=False"]
+              "--config.checkpoint_every=3",
+              "--config.evals.pseudo_attention.every=-1"]
 
 
 def _main(workdir, config, *flags, timeout=400):
