@@ -208,6 +208,14 @@ class Checkpointer:
     every exit path: a manager left open at interpreter shutdown fails with
     'cannot schedule new futures after interpreter shutdown')."""
     self.manager.wait_until_finished()
+    # Orbax starts a clean-up of temporary folders in a thread when the
+    # manager is created and waits for it only before the first save; a run
+    # that stops earlier (a bad init_checkpoint) must wait for it here, or it
+    # fails at interpreter shutdown. No public API for it in Orbax 0.12.
+    wait_cleanup = getattr(self.manager, "_maybe_await_cleanup_tmp_directory",
+                           None)
+    if wait_cleanup is not None:
+      wait_cleanup()
     self.manager.close()
 
   def __enter__(self) -> "Checkpointer":
