@@ -69,12 +69,14 @@ def _preset(*, fsdp: bool, tensor: bool, expert: bool) -> Rules:
               (common.HYPER, "tensor"), (common.TOKEN_MLP, "tensor"),
               (common.VOCAB, "tensor")]
   if fsdp:
-    # ``embed`` is on nearly every kernel; the token-mixing weights that have
-    # no ``embed`` axis (SGU's N x N, the Mixer token MLP) fall back to their
-    # widest axis. Listed in priority order: token_mlp (usually a multiple of
-    # 8) before the sequence axes (e.g. 196 patches).
+    # ``embed`` is on nearly every kernel; the weights that have no
+    # ``embed`` axis (SGU's N x N, the Mixer token MLP, the hypernetworks'
+    # output layer) fall back to their widest axis. Listed in priority order:
+    # token_mlp and hyper (usually multiples of 8) before the sequence axes
+    # (e.g. 196 patches).
     rules += [(common.EMBED, "fsdp"), (common.TOKEN_MLP, "fsdp"),
-              (common.SEQ_IN, "fsdp"), (common.SEQ_OUT, "fsdp")]
+              (common.HYPER, "fsdp"), (common.SEQ_IN, "fsdp"),
+              (common.SEQ_OUT, "fsdp")]
   named = {name for name, _ in rules}
   rules += [(name, None) for name in common.LOGICAL_AXES if name not in named]
   return tuple(rules)

@@ -216,8 +216,9 @@ def test_logical_axes():
   spec = nn.get_partition_spec(variables)["params"]
   assert spec["hypernetwork_in"]["hidden"]["dense"]["kernel"] == (
       jax.P("embed", "mlp"))
+  # The output layer reads the hidden layer: ('mlp', 'hyper'), not 'embed'.
   assert spec["hypernetwork_out"]["out"]["dense"]["kernel"] == jax.P(
-      "embed", "hyper")
+      "mlp", "hyper")
   assert spec["position_embedding"] == jax.P("seq_in", "embed")
 
 

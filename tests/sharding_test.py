@@ -164,7 +164,8 @@ def _expected(preset):
       # first, else fsdp does (token_mlp precedes the sequence axes).
       "token_mixing/kernel_in": P(f, t) if t else P(None, f),
       "token_mixing/kernel_out": P(t, f) if t else P(f, None),
-      "hypernetwork_in/out/dense/kernel": P(f, t),              # embed, hyper
+      # mlp, hyper: tensor takes mlp, hyper falls back to fsdp.
+      "hypernetwork_in/out/dense/kernel": P(t, f),
       "token_mixing/query/kernel": P(f, t, None),               # embed, heads, kv
   }
 

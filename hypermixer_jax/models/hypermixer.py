@@ -72,7 +72,8 @@ class HyperNetwork(nn.Module):
               use_bias=self.use_bias)
     h = common.Dense(self.hidden_dim, axes=(common.EMBED, common.MLP),
                      name="hidden", **kw)(x)
-    w = common.Dense(self.features, axes=(common.EMBED, common.HYPER),
+    # Its input is the hidden layer (``mlp``), not the model width.
+    w = common.Dense(self.features, axes=(common.MLP, common.HYPER),
                      name="out", **kw)(common.gelu(h))
     return common.constrain(w, (common.BATCH, common.LENGTH, common.HYPER))
 

@@ -5,16 +5,17 @@ Linen ``Model``; ``get_model_config(name)`` returns the configuration of a
 named model; ``count_params(config)`` counts its parameters abstractly
 (``jax.eval_shape``: nothing is materialised).
 
-Named configurations (parameter counts measured by ``tests/zoo_test.py``):
+Named configurations; in parentheses the paper's parameter count, then ours
+(``count_params``; ``tests/zoo_test.py`` checks them against the papers'):
 
 * gMLP image models (Liu et al. 2021, 224x224 images, 16x16 patches, 30
-  layers): ``gmlp_ti`` d=128/d_ffn=768 (5.9M), ``gmlp_s`` 256/1536 (19.5M),
-  ``gmlp_b`` 512/3072 (73.4M).
+  layers): ``gmlp_ti`` d=128/d_ffn=768 (5.9M; 5.87M), ``gmlp_s`` 256/1536
+  (19.5M; 19.42M), ``gmlp_b`` 512/3072 (73.4M; 73.08M).
 * MLP-Mixer (Tolstikhin et al. 2021, Table 1): ``mixer_s16`` 8 layers
-  C=512 D_S=256 D_C=2048 (18M), ``mixer_b32`` 12/768/384/3072 on 49 patches
-  (60M), ``mixer_b16`` 12/768/384/3072 on 196 patches (59M);
-  ``mixer_cifar`` is the small from-scratch setting for 32x32 images
-  (P=4, S=64, C=256, D_C=1024, D_S=256; the depth, 8, is our choice).
+  C=512 D_S=256 D_C=2048 (18M; 18.53M), ``mixer_b32`` 12/768/384/3072 on 49
+  patches (60M; 60.29M), ``mixer_b16`` 12/768/384/3072 on 196 patches (59M;
+  59.88M); ``mixer_cifar`` is the small from-scratch setting for 32x32 images
+  (P=4, S=64, C=256, D_C=1024, D_S=256; the depth, 8, is our choice; 4.49M).
 * HyperMixer paper's equal-size GLUE classifiers (Mai et al. 2023, ~11M
   parameters, FNet 9.5M), ``glue_<mixer>`` for ``hypermixer``,
   ``hypermixer_untied``, ``mlp_mixer``, ``gmlp``, ``attention`` (Transformer),
@@ -22,9 +23,10 @@ Named configurations (parameter counts measured by ``tests/zoo_test.py``):
   gives only the totals (11M; FNet 9.5M, i.e. 1.5M of token-mixing
   parameters); we reconstruct the shared part as 6 pre-LN layers, d=256,
   d_ffn=512, the BERT uncased WordPiece vocabulary (30,522) and sinusoidal
-  positions, which gives exactly 9.5M for FNet and 11.1M for the Transformer,
-  and size every other token mixer to the Transformer's ~263k parameters per
-  layer (hyper_dim, token_mlp_dim, gMLP d_ffn).
+  positions, which gives 9.40M for FNet and 10.98M for the Transformer
+  (3-class head), and size every other token mixer to the Transformer's
+  ~263k parameters per layer (hyper_dim, token_mlp_dim, gMLP d_ffn): 10.98M
+  each.
 * ``synthetic_<mixer>`` (``none``, ``mlp_mixer``, ``hypermixer``,
   ``attention``): small per-token regressors for the HyperMixer paper's
   synthetic task (§4.7); sizes are our choice.
