@@ -86,8 +86,9 @@ def run_config(mixer: str, num_examples: int, seed: int, steps: int, *,
   c.log_every = max(1, min(c.log_every, steps // 4))
   c.checkpoint_every = 0      # only the final state (read back for the maps)
   c.keep_checkpoints = 1
-  if "pseudo_attention" in c:  # the training loop's own map: drawn here
-    c.pseudo_attention = False
+  # The training loop's own end-of-run map (``evals``): drawn here instead.
+  if "pseudo_attention" in c.get("evals", {}):
+    del c.evals["pseudo_attention"]
   return c
 
 
