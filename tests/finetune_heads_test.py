@@ -42,12 +42,11 @@ def _flat(tree):
           for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def _check(source_cfg, target_cfg, tmp_path):
+def _check(source_cfg, target_cfg, tmp_path, *reinit):
   source = _init(source_cfg, 0)
   artifacts.write_params(tmp_path / "pretrained", source, step=7)
   fresh = _init(target_cfg, 1)
-  loaded = ckpt_lib.load_pretrained(tmp_path / "pretrained", fresh,
-                                    DEFAULT_REINIT)
+  loaded = ckpt_lib.load_pretrained(tmp_path / "pretrained", fresh, *reinit)
   src, new, out = _flat(source), _flat(fresh), _flat(loaded)
   assert set(out) == set(new)
   encoder = [k for k in out if k.startswith("encoder/")]
@@ -60,12 +59,18 @@ def _check(source_cfg, target_cfg, tmp_path):
 @pytest.mark.parametrize("head", ["mlm", "causal_lm", "classify",
                                   "pair_classify"])
 def test_mlm_checkpoint_fine_tunes_every_text_head(head, tmp_path):
-  _check(_text("mlm"), _text(head), tmp_path)
+  _check(_text("mlm"), _text(head), tmp_path, DEFAULT_REINIT)
+
+
+def test_load_pretrained_default_reinitialises_the_heads(tmp_path):
+  # Called as a library function without ``reinit``: the same default as
+  # config.init_reinit (the heads' own modules), not a pattern matching none.
+  _check(_text("mlm"), _text("classify"), tmp_path)
 
 
 @pytest.mark.parametrize("head", ["image", "classify", "regression"])
 def test_image_checkpoint_fine_tunes_every_continuous_head(head, tmp_path):
-  _check(_continuous("image"), _continuous(head), tmp_path)
+  _check(_continuous("image"), _continuous(head), tmp_path, DEFAULT_REINIT)
 
 
 def test_other_encoder_still_fails_naming_the_paths(tmp_path):

@@ -38,6 +38,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from hypermixer_jax import heads
 from hypermixer_jax.models import common
 
 PyTree = Any
@@ -288,7 +289,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[str, int]:
 
 
 def load_pretrained(path: str | os.PathLike, params: PyTree,
-                    reinit: Sequence[str] = ("head",), *,
+                    reinit: Sequence[str] | None = None, *,
                     collection: str = "params") -> PyTree:
   """Returns ``params`` with every leaf not under ``reinit`` read from ``path``.
 
@@ -299,13 +300,17 @@ def load_pretrained(path: str | os.PathLike, params: PyTree,
     reinit: regular expressions matched (``re.match``) against the
       ``/``-joined parameter paths; matching leaves keep their new
       initialisation and the checkpoint's leaves under them are ignored (the
-      pretraining head).
+      pretraining head). ``None``: every head's own parameters
+      (``heads.param_modules_regex()``, as ``config.init_reinit``); ``()``:
+      load everything.
     collection: name of the parameter subtree inside the saved state.
 
   Raises:
     ValueError: naming every path that is missing from the checkpoint,
       unexpected in it, or of a different shape. Nothing is loaded partially.
   """
+  if reinit is None:
+    reinit = (heads.param_modules_regex(),)
   directory, step = resolve_checkpoint(path)
   manager = _reader(directory)
   try:
