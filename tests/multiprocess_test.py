@@ -110,6 +110,11 @@ def test_two_processes_train_like_one(tmp_path, cache_dir):
   assert "4 devices (2 processes)" in logs[0]
   # Both processes wrote the step-6 checkpoint; a new launch restores it.
   assert ckpt_lib.Checkpointer(two / "checkpoints").all_steps() == [6]
+  # Each process wrote its own input position (nothing gathered), and they
+  # differ: each host reads its own shard.
+  data = two / "checkpoints" / "6" / "data"
+  positions = [(data / f"process_{i}-of-2.json").read_text() for i in (0, 1)]
+  assert positions[0] != positions[1]
   logs = _launch(two, 12, processes=2, devices=2, cache_dir=cache_dir)
   assert "resuming from own checkpoint" in logs[0]
   assert "resuming from own checkpoint" in logs[1]

@@ -1,4 +1,6 @@
 """Tests of hypermixer_jax.train.checkpoint: save/restore across meshes, fine-tune loading."""
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,6 +8,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from hypermixer_jax.train import checkpoint as ckpt_lib
+from hypermixer_jax.train import multihost
 
 
 def _mesh(n):
@@ -168,3 +171,51 @@ def test_missing_init_checkpoint_is_named(tmp_path):
   with pytest.raises(FileNotFoundError,
                      match="init_checkpoint=.*nowhere.*does not exist"):
     ckpt_lib.load_pretrained(tmp_path / "nowhere", {})
+
+
+def test_data_position_is_one_file_per_process(tmp_path):
+  state, _ = _state(_mesh(2))
+  ck = ckpt_lib.Checkpointer(tmp_path, save_every=1)
+  ck.save(4, state, {"position": np.int64(9)})
+  ck.close()
+  data_dir = tmp_path / "4" / "data"
+  assert [p.name for p in data_dir.glob("*.json")] == ["process_0-of-1.json"]
+  assert json.loads((data_dir / "process_0-of-1.json").read_text()) == {
+      "position": 9}
+
+
+def _as_process(monkeypatch, index, count):
+  monkeypatch.setattr(multihost, "_process", lambda: (index, count))
+
+
+def test_each_process_restores_its_own_position(tmp_path, monkeypatch, caplog):
+  handler = multihost.DataStateHandler()
+  for i in range(2):  # what two hosts write into one checkpoint's data item
+    _as_process(monkeypatch, i, 2)
+    handler.save(tmp_path, multihost.DataStateSave({"host": i, "pos": 10 + i}))
+  for i in range(2):
+    _as_process(monkeypatch, i, 2)
+    assert handler.restore(tmp_path) == {"host": i, "pos": 10 + i}
+  # Another process count: other shards, no exact position -> from the start.
+  _as_process(monkeypatch, 0, 4)
+  with caplog.at_level("WARNING"):
+    assert handler.restore(tmp_path) is None
+  assert "saved by 2 process(es), this run has 4" in caplog.text
+  # A host's file missing from a checkpoint of the same count: incomplete.
+  (tmp_path / "process_1-of-2.json").unlink()
+  _as_process(monkeypatch, 1, 2)
+  with pytest.raises(FileNotFoundError, match="process_1-of-2.json is missing"):
+    handler.restore(tmp_path)
+
+
+@pytest.mark.parametrize("record,count,want", [
+    ({"pos": 3}, 1, [{"pos": 3}]),
+    ({"per_process": [{"pos": 1}, {"pos": 2}]}, 2, [{"pos": 1}, {"pos": 2}]),
+    ({"per_process": [{"pos": 1}, {"pos": 2}]}, 1, [None]),
+])
+def test_earlier_single_record_still_restores(tmp_path, monkeypatch, record,
+                                              count, want):
+  (tmp_path / "metadata").write_text(json.dumps(record))
+  for i in range(count):
+    _as_process(monkeypatch, i, count)
+    assert multihost.DataStateHandler().restore(tmp_path) == want[i]

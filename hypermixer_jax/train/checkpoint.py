@@ -8,8 +8,8 @@ A checkpoint step holds two items:
   the current mesh), so a checkpoint written on 8 devices restores on 1 and
   the other way round;
 * ``data``: the input pipeline's position (``pipeline.get_state()``, with
-  the tf.data iterator state), as JSON (``multihost.gather_data_states``
-  puts every host's in it).
+  the tf.data iterator state), as JSON, one file per process
+  (``multihost.DataStateHandler``: each host writes and reads its own).
 
 Saves are asynchronous, every ``save_every`` steps, keeping the newest
 ``keep`` (Orbax's ``max_to_keep``); a save is also due when Orbax's
@@ -40,6 +40,7 @@ import orbax.checkpoint as ocp
 
 from hypermixer_jax import heads
 from hypermixer_jax.models import common
+from hypermixer_jax.train import multihost
 
 PyTree = Any
 STATE = "state"
@@ -129,7 +130,7 @@ class Checkpointer:
       return False
     args = ocp.args.Composite(**{
         STATE: ocp.args.StandardSave(state),
-        DATA: ocp.args.JsonSave(_jsonable(data_state)),
+        DATA: multihost.DataStateSave(_jsonable(data_state)),
     })
     return self.manager.save(step, args=args, force=True)
 
@@ -139,14 +140,16 @@ class Checkpointer:
 
     ``abstract_state`` is a tree of ``jax.ShapeDtypeStruct`` with the
     shardings wanted on the current mesh (see ``abstract_like``); the saved
-    mesh does not matter. Returns ``(state, data_state)``.
+    mesh does not matter. Returns ``(state, data_state)``, ``data_state``
+    being this process's input position (None when the checkpoint was
+    written by a different number of processes).
     """
     step = self.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     restored = self.manager.restore(step, args=ocp.args.Composite(**{
         STATE: ocp.args.StandardRestore(abstract_state),
-        DATA: ocp.args.JsonRestore(),
+        DATA: multihost.DataStateRestore(),
     }))
     return restored[STATE], restored[DATA]
 
@@ -261,7 +264,7 @@ def _reader(directory: str) -> ocp.CheckpointManager:
       directory,
       options=ocp.CheckpointManagerOptions(read_only=True, create=False),
       item_handlers={STATE: ocp.PyTreeCheckpointHandler(),
-                     DATA: ocp.JsonCheckpointHandler()})
+                     DATA: multihost.DataStateHandler()})
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> tuple[str, int]:

@@ -44,7 +44,6 @@ from hypermixer_jax import sharding
 from hypermixer_jax.train import checkpoint as ckpt_lib
 from hypermixer_jax.train import evaluation
 from hypermixer_jax.train import metrics as metrics_lib
-from hypermixer_jax.train import multihost
 from hypermixer_jax.train import optim
 from hypermixer_jax.train import profiling
 from hypermixer_jax.train import steps
@@ -159,7 +158,6 @@ def _restore(run: _Run, ck: ckpt_lib.Checkpointer, train_pipe) -> str:
   restored = ck.restore_latest(ckpt_lib.abstract_like(run.state, run.state_sh))
   if restored is not None:
     latest, run.state, data_state = restored
-    data_state = multihost.own_data_state(data_state)
     if data_state is not None:
       train_pipe.set_state(data_state)
     logging.info("Start: resuming from own checkpoint %s step %d (sources "
@@ -247,8 +245,7 @@ def _save(run: _Run, progress: _Progress, ck, train_pipe, step: int,
   if (progress.preempted or last
       or ck.should_save(step, preempted=progress.preempted)):
     _check_finite(progress, ck, step)
-    ck.save(step, run.state,
-            multihost.gather_data_states(train_pipe.get_state()), force=True)
+    ck.save(step, run.state, train_pipe.get_state(), force=True)
 
 
 def _evaluate(run: _Run, progress: _Progress, evaluators, step: int,

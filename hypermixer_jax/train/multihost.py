@@ -1,64 +1,131 @@
 """What each host keeps for itself in a checkpoint: its input position.
 
-Orbax writes the JSON item of a checkpoint from the primary process only, but
-every process reads its own shard of the input, so every process has its own
-position in it. ``gather_data_states`` collects all of them (a collective:
-every process calls it at the same save) into one JSON-able record, and
-``own_data_state`` picks this process's entry back out at restore.
+Every process reads its own shard of the input, so every process has its own
+position in it (``Pipeline.get_state()``, which holds the tf.data iterator
+state with its shuffle buffer: megabytes per host). ``DataStateHandler`` is
+the Orbax handler of the checkpoint's ``data`` item: every process writes its
+own file ``process_<i>-of-<n>.json`` into the item folder, in Orbax's
+asynchronous save and commit protocol, and reads back only its own. Nothing
+is gathered between hosts (t5x keeps one dataset checkpoint per host the same
+way), so the cost of a save per host does not grow with the number of hosts.
 
-With one process the state is stored as it is, so single-host checkpoints
-keep their format.
+A checkpoint written by a different number of processes has different input
+shards: no exact position exists, so the pipeline starts again from the
+beginning of its shard (with a warning). Checkpoints of earlier versions (one
+``metadata`` JSON file, all processes' positions gathered in it) still
+restore.
 """
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import re
+import threading
 from typing import Any
 
 from absl import logging
+from etils import epath
 import jax
-from jax.experimental import multihost_utils
-import numpy as np
+import orbax.checkpoint as ocp
 
-_KEY = "per_process"
-
-
-def _allgather_bytes(payload: bytes) -> list[bytes]:
-  """Every process's ``payload``, in process order (collective)."""
-  n = np.asarray([len(payload)], np.int64)
-  sizes = np.asarray(multihost_utils.process_allgather(n)).reshape(-1)
-  buf = np.zeros(int(sizes.max()), np.uint8)
-  buf[:len(payload)] = np.frombuffer(payload, np.uint8)
-  rows = np.asarray(multihost_utils.process_allgather(buf))
-  rows = rows.reshape(len(sizes), -1)
-  return [rows[i, :int(s)].tobytes() for i, s in enumerate(sizes)]
+_LEGACY_FILE = "metadata"        # JsonCheckpointHandler's file name
+_LEGACY_KEY = "per_process"      # all processes' positions in that file
+_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
 
 
-def gather_data_states(state: Any) -> Any:
-  """The record to save: ``state`` itself, or all processes' states."""
-  if jax.process_count() == 1:
-    return state
-  payloads = _allgather_bytes(json.dumps(state).encode("utf-8"))
-  return {_KEY: [json.loads(p.decode("utf-8")) for p in payloads]}
+def process_file(index: int, count: int) -> str:
+  return f"process_{index}-of-{count}.json"
 
 
-def own_data_state(record: Any) -> Any | None:
-  """This process's input position from a saved record, or None.
+def _process() -> tuple[int, int]:
+  """(index, count) of this JAX process (patched by tests)."""
+  return jax.process_index(), jax.process_count()
 
-  None (with a warning) when the checkpoint was written by a different
-  number of processes: the shards differ, so no exact position exists and
-  the pipeline starts again from the beginning of its shard.
+
+class DataStateHandler(ocp.AsyncCheckpointHandler):
+  """Saves this process's input position; restores this process's own.
+
+  ``restore`` returns None, with a warning, when the checkpoint holds no
+  position for this process (written by a different number of processes, or
+  without one).
   """
+
+  async def async_save(self, directory: epath.Path,
+                       args: "DataStateSave") -> list[ocp.Future]:
+    index, count = _process()
+    payload = json.dumps(args.item)
+
+    async def write() -> None:
+      (epath.Path(directory) / process_file(index, count)).write_text(payload)
+
+    # Awaits Orbax's signal that the (temporary) item folder exists, which
+    # the primary process creates, then writes in the commit thread.
+    return [ocp.future.CommitFutureAwaitingContractedSignals(
+        write(), name="data_state_save")]
+
+  def save(self, directory: epath.Path, args: "DataStateSave") -> None:
+    async def run():
+      for f in await self.async_save(directory, args):
+        f.result()
+    # In a thread: the caller may already run an event loop.
+    thread = threading.Thread(target=asyncio.run, args=(run(),))
+    thread.start()
+    thread.join()
+
+  def restore(self, directory: epath.Path,
+              args: "DataStateRestore | None" = None) -> Any | None:
+    del args
+    directory = epath.Path(directory)
+    index, count = _process()
+    own = directory / process_file(index, count)
+    if own.exists():
+      return json.loads(own.read_text())
+    legacy = directory / _LEGACY_FILE
+    if legacy.exists():
+      return _own_from_legacy(json.loads(legacy.read_text()), index, count)
+    saved = sorted({int(m.group(2)) for p in directory.iterdir()
+                    if (m := _FILE.match(p.name))})
+    if saved and count not in saved:
+      _warn_process_count(saved[0], count)
+      return None
+    raise FileNotFoundError(
+        f"{directory} holds no input position for process {index} of "
+        f"{count} ({process_file(index, count)} is missing): the checkpoint "
+        "is incomplete.")
+
+  def metadata(self, directory: epath.Path) -> None:
+    del directory
+    return None
+
+
+@ocp.args.register_with_handler(DataStateHandler, for_save=True)
+@dataclasses.dataclass
+class DataStateSave(ocp.args.CheckpointArgs):
+  """This process's input position (a JSON-able tree)."""
+  item: Any
+
+
+@ocp.args.register_with_handler(DataStateHandler, for_restore=True)
+@dataclasses.dataclass
+class DataStateRestore(ocp.args.CheckpointArgs):
+  """Restores this process's input position."""
+
+
+def _warn_process_count(saved: int, count: int) -> None:
+  logging.warning(
+      "the checkpoint's input positions were saved by %d process(es), this "
+      "run has %d: the input shards differ, so the pipeline starts from the "
+      "beginning instead of resuming its position.", saved, count)
+
+
+def _own_from_legacy(record: Any, index: int, count: int) -> Any | None:
+  """This process's position from an earlier version's single record."""
   if record is None:
     return None
-  saved = (len(record[_KEY]) if isinstance(record, dict) and _KEY in record
-           else 1)
-  if saved != jax.process_count():
-    logging.warning(
-        "the checkpoint's input positions were saved by %d process(es), this "
-        "run has %d: the input shards differ, so the pipeline starts from "
-        "the beginning instead of resuming its position.", saved,
-        jax.process_count())
+  gathered = isinstance(record, dict) and _LEGACY_KEY in record
+  saved = len(record[_LEGACY_KEY]) if gathered else 1
+  if saved != count:
+    _warn_process_count(saved, count)
     return None
-  if saved == 1:
-    return record
-  return record[_KEY][jax.process_index()]
+  return record[_LEGACY_KEY][index] if gathered else record
