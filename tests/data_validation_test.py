@@ -253,3 +253,112 @@ def test_every_emitted_id_is_below_model_vocab_size(vocab, tmp_path):
   with pytest.raises(ValueError, match="num_classes=2 but glue_mnli has 3"):
     cfg.task = "glue_mnli"
     data.check_fits_model(cfg, _model_config(num_classes=2))
+
+
+def _corrupt_inside(blob: bytes) -> bytes:
+  """Intact SOI/EOI markers and headers, garbage from the scan's start (so
+  that any crop's decode reaches it)."""
+  out = bytearray(blob)
+  for i in range(blob.index(b"\xff\xda") + 16, len(out) - 2):
+    out[i] = 0xFF if i % 7 == 0 else out[i] ^ 0x5A
+  return bytes(out)
+
+
+def _image_cfg(labels, **kw):
+  cfg = data.default_data_config()
+  cfg.update(task="imagenet_patches", image_size=32, patch_size=16, **kw)
+  cfg.local_files.train = cfg.local_files.validation = labels
+  return cfg
+
+
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_jpeg_corrupt_inside_names_file_and_line(tmp_path, split):
+  bad = _corrupt_inside(_jpeg(1))
+  with pytest.raises(tf.errors.InvalidArgumentError):
+    tf.io.decode_jpeg(bad)  # the decoder itself refuses it
+  os.makedirs(tmp_path / "images")
+  rows = ["filename\tclass_index"]
+  # 70 rows: the bad one sits in the second decode group.
+  for i in range(70):
+    _write(tmp_path / "images" / f"{i}.jpg", bad if i == 66 else _jpeg(i))
+    rows.append(f"{i}.jpg\t{i % 5}")
+  labels = _write(tmp_path / "labels.tsv", "\n".join(rows) + "\n")
+  cfg = _image_cfg(labels)
+  with pytest.raises(data.DataError) as e:
+    list(data.build_pipeline(cfg, split, batch_size=4, seed=0, repeat=False,
+                             shuffle=False))
+  msg = str(e.value)
+  assert msg.startswith(f"{labels}:68 (") and "66.jpg" in msg, msg
+  assert "image decoder fails on this file" in msg and "drop its row" in msg
+
+
+def test_good_images_all_decode_in_order(tmp_path):
+  # The guarded decode keeps every example and its order (labels 0..69).
+  os.makedirs(tmp_path / "images")
+  rows = ["filename\tclass_index"]
+  for i in range(70):
+    _write(tmp_path / "images" / f"{i}.jpg", _jpeg(i))
+    rows.append(f"{i}.jpg\t{i % 7}")
+  cfg = _image_cfg(_write(tmp_path / "labels.tsv", "\n".join(rows) + "\n"))
+  batches = list(data.build_pipeline(cfg, "validation", batch_size=8, seed=0,
+                                     repeat=False, shuffle=False))
+  labels = np.concatenate([b["label"] for b in batches])
+  np.testing.assert_array_equal(labels, np.arange(70) % 7)
+
+
+def test_tfds_record_named_when_its_image_fails():
+  # The TFDS path: the record's file_name (after the prefix) is the source.
+  from hypermixer_jax.data import images
+  good = _jpeg(0)
+  ds = tf.data.Dataset.from_tensor_slices({
+      "image": [good, _corrupt_inside(good), good],
+      "label": tf.constant([1, 2, 3], tf.int64),
+      "source": ["n01_1.JPEG", "n01_2.JPEG", "n01_3.JPEG"]})
+  out = images.preprocess(ds, train=False, image_size=32, patch_size=16,
+                          min_crop_area=0.08, crop_fraction=1.0,
+                          num_classes=10,
+                          source_prefix="TFDS imagenet2012 file_name=")
+  with pytest.raises(tf.errors.InvalidArgumentError) as e:
+    list(out)
+  err = sources.data_error_from(e.value)
+  assert str(err).startswith("TFDS imagenet2012 file_name=n01_2.JPEG: the "
+                             "image decoder fails"), err
+  # And a TFDS label outside [0, num_classes).
+  out = images.preprocess(ds.take(1).map(lambda ex: {**ex, "label": ex[
+      "label"] + 9}), train=False, image_size=32, patch_size=16,
+                          min_crop_area=0.08, crop_fraction=1.0,
+                          num_classes=10, source_prefix="TFDS x file_name=")
+  with pytest.raises(tf.errors.InvalidArgumentError) as e:
+    list(out)
+  assert str(sources.data_error_from(e.value)).startswith(
+      "TFDS x file_name=n01_1.JPEG: class index 10 is not in [0, 10)")
+
+
+@pytest.mark.parametrize("value", ["10", "-1", "cat", "3.5", ""])
+def test_class_index_outside_num_classes_names_file_line(tmp_path, value):
+  os.makedirs(tmp_path / "images")
+  for i in range(3):
+    _write(tmp_path / "images" / f"{i}.jpg", _jpeg(i))
+  labels = _write(tmp_path / "labels.tsv", "filename\tclass_index\n"
+                  f"0.jpg\t9\n1.jpg\t{value}\n2.jpg\t0\n")
+  cfg = _image_cfg(labels, num_classes=10)
+  with pytest.raises(data.DataError) as e:
+    list(data.build_pipeline(cfg, "train", batch_size=1, seed=0,
+                             repeat=False, shuffle=False))
+  assert str(e.value) == (
+      f"{labels}:3: class index '{value}' is not an integer in [0, 10) "
+      "(data.num_classes=10); fix the row, or if the data has more classes "
+      "set --config.data.num_classes and --config.model.num_classes.")
+
+
+def test_model_num_classes_below_data_num_classes_stops_at_start():
+  from hypermixer_jax import models
+  cfg = data.default_data_config()
+  cfg.update(task="imagenet_patches", num_classes=1000)
+  model = models.get_model_config("mixer_cifar")  # 10 classes
+  with pytest.raises(ValueError) as e:
+    data.check_fits_model(cfg, model)
+  assert ("model.num_classes=10 is below data.num_classes=1000" in str(e.value)
+          and "--config.model.num_classes=1000" in str(e.value))
+  cfg.num_classes = 10
+  data.check_fits_model(cfg, model)  # equal: fine

@@ -49,7 +49,12 @@ def default_data_config() -> ml_collections.ConfigDict:
     mlm: BERT masking rates (selection, [MASK], random token).
     image_size, patch_size: resolution and square patch side for ImageNet.
     min_crop_area: smallest area fraction of the random resized crop.
-    crop_fraction: eval centre crop fraction (image_size / resized side).
+    crop_fraction: eval centre crop fraction (image_size / resized side);
+      1.0 keeps the whole image (CIFAR).
+    num_classes: classes of the image task (1000 for ImageNet-1k, 10 for
+      CIFAR-10); a class index outside ``[0, num_classes)`` stops the
+      pipeline at its row, and ``check_fits_model`` requires
+      ``model.num_classes >= num_classes`` at start.
     synthetic: options of the §4.7 shape-pairs task (see ``synthetic.py``).
   """
   c = ml_collections.ConfigDict()
@@ -73,6 +78,7 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.patch_size = 16
   c.min_crop_area = 0.08
   c.crop_fraction = 0.875
+  c.num_classes = 1000
 
   c.synthetic = ml_collections.ConfigDict()
   c.synthetic.seq_len = 64

@@ -189,7 +189,9 @@ def check_fits_model(data_config: ml_collections.ConfigDict,
   Text tasks: the vocabulary is complete, and every id it can emit (pieces,
   EOS, [MASK]/[CLS]/[SEP]) is below ``model.vocab_size``. Classification:
   ``model.num_classes`` covers the task's labels (the readers refuse labels
-  outside them). Raises ValueError naming the field and the fix.
+  outside them); for images, ``model.num_classes >= data.num_classes`` (the
+  pipeline refuses a class index outside ``[0, data.num_classes)`` at its
+  row). Raises ValueError naming the field and the fix.
   """
   name = data_config.task
   if "vocab_size" in model_config and (name in tasks.TEXT_TASKS
@@ -205,6 +207,15 @@ def check_fits_model(data_config: ml_collections.ConfigDict,
           f"model.num_classes={model_config.num_classes} but {name} has "
           f"{len(labels)} labels ({', '.join(labels)}); set "
           f"--config.model.num_classes={len(labels)}.")
+  if name == "imagenet_patches" and "num_classes" in model_config:
+    if int(model_config.num_classes) < int(data_config.num_classes):
+      raise ValueError(
+          f"model.num_classes={model_config.num_classes} is below "
+          f"data.num_classes={data_config.num_classes} (the class indices "
+          "the labels may hold), so the loss would read past the logits; set "
+          f"--config.model.num_classes={data_config.num_classes}, or "
+          "--config.data.num_classes to the data's number of classes "
+          "(class indices outside it stop the pipeline at their row).")
 
 
 def _tf_epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,

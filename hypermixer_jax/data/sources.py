@@ -341,36 +341,49 @@ def local_reader(fmt: str, fields: Mapping[str, Sequence[str]],
   return read_file_fn
 
 
-def image_reader(path: tf.Tensor) -> tf.data.Dataset:
-  """Reads a ``filename<TAB>class_index`` TSV into {image bytes, label}.
+def image_reader(num_classes: int) -> Callable[[tf.Tensor], tf.data.Dataset]:
+  """A reader of ``filename<TAB>class_index`` TSVs into {image bytes, label}.
 
   File names are absolute, or relative to the TSV's folder or to its
-  ``images/`` subfolder (the layout of shared/data/imagenet_sample). Class
-  indices must be non-negative integers.
+  ``images/`` subfolder (the layout of shared/data/imagenet_sample). A class
+  index that is not an integer in ``[0, num_classes)`` stops the pipeline
+  naming the file, line, value and range (``num_classes`` is
+  ``data.num_classes``, which ``check_fits_model`` checks against the
+  model's at start).
   """
-  rows, parse = _rows_tsv(path, {"image": ("filename", "file_name"),
-                                 "label": ("class_index", "label")})
-  root = tf.strings.regex_replace(path, "/?[^/]*$", "")
-  images = tf.strings.join([root, "/images"])
-  prefix = tf.where(tf.size(tf.io.matching_files(images)) > 0, images, root)
 
-  def to_features(number, line):
-    out, where, checks = parse(number, line)
-    label = tf.strings.strip(out["label"])
-    checks.append(data_check(
-        tf.strings.regex_full_match(label, "[0-9]+"), *where,
-        ": class index '", label, "' is not a non-negative integer."))
-    with tf.control_dependencies(checks):
-      name = out["image"]
-      absolute = tf.strings.regex_full_match(name, "/.*|[a-z0-9]+://.*")
-      image = tf.where(absolute, name, tf.strings.join([prefix, "/", name]))
-      return {"image": tf.io.read_file(image),
-              "label": tf.strings.to_number(label, tf.int64),
-              "source": tf.strings.join([*where[:2],
-                                         tf.strings.as_string(number),
-                                         " (", image, ")"])}
+  @tf.autograph.experimental.do_not_convert
+  def read_file_fn(path: tf.Tensor) -> tf.data.Dataset:
+    rows, parse = _rows_tsv(path, {"image": ("filename", "file_name"),
+                                   "label": ("class_index", "label")})
+    root = tf.strings.regex_replace(path, "/?[^/]*$", "")
+    images = tf.strings.join([root, "/images"])
+    prefix = tf.where(tf.size(tf.io.matching_files(images)) > 0, images,
+                      root)
 
-  return rows.map(to_features, num_parallel_calls=tf.data.AUTOTUNE)
+    def to_features(number, line):
+      out, where, checks = parse(number, line)
+      label = tf.strings.strip(out["label"])
+      is_int = tf.strings.regex_full_match(label, "-?[0-9]{1,9}")
+      value = tf.strings.to_number(tf.where(is_int, label, "-1"), tf.int64)
+      checks.append(data_check(
+          is_int & (value >= 0) & (value < num_classes), *where,
+          ": class index '", label, f"' is not an integer in [0, "
+          f"{num_classes}) (data.num_classes={num_classes}); fix the row, or "
+          "if the data has more classes set --config.data.num_classes and "
+          "--config.model.num_classes."))
+      with tf.control_dependencies(checks):
+        name = out["image"]
+        absolute = tf.strings.regex_full_match(name, "/.*|[a-z0-9]+://.*")
+        image = tf.where(absolute, name, tf.strings.join([prefix, "/", name]))
+        return {"image": tf.io.read_file(image), "label": value,
+                "source": tf.strings.join([*where[:2],
+                                           tf.strings.as_string(number),
+                                           " (", image, ")"])}
+
+    return rows.map(to_features, num_parallel_calls=tf.data.AUTOTUNE)
+
+  return read_file_fn
 
 
 def local_source(split_to_pattern: Mapping[str, str],

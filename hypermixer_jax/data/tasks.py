@@ -106,7 +106,8 @@ def _relevant(cfg: ml_collections.ConfigDict, name: str) -> dict:
   if name.startswith("imagenet_patches"):
     return {"data_dir": cfg.data_dir, "local_files": local_files(cfg),
             **{k: cfg[k] for k in ("image_size", "patch_size",
-                                   "min_crop_area", "crop_fraction")}}
+                                   "min_crop_area", "crop_fraction",
+                                   "num_classes")}}
   if name == "synthetic_pairs":
     return {k: list(v) if isinstance(v, tuple) else v
             for k, v in cfg.synthetic.to_dict().items()}
@@ -187,18 +188,23 @@ def _encode_with_vocab(ds, sequence_length, output_features, vocab, keys):
 def _image_task(name: str, task_name: str, cfg) -> seqio.Task:
   source = _source(cfg, IMAGENET_TFDS,
                    {"train": "train", "validation": "validation"},
-                   lambda fmt: sources.image_reader,
+                   lambda fmt: sources.image_reader(cfg.num_classes),
                    decoders={"image": tfds.decode.SkipDecoding()})
-  key_map = {"image": "image", "label": "label"}
-  if local_files(cfg):
-    key_map["source"] = "source"  # file:line (image), for error messages
+  # Error messages name the example: file:line (image) of the labels TSV,
+  # or the TFDS record's file name.
+  local = bool(local_files(cfg))
+  key_map = {"image": "image", "label": "label",
+             "source": "source" if local else "file_name"}
   steps = [functools.partial(prep.rekey, key_map=key_map),
            functools.partial(images.preprocess,
                              train=name.endswith("_train"),
                              image_size=cfg.image_size,
                              patch_size=cfg.patch_size,
                              min_crop_area=cfg.min_crop_area,
-                             crop_fraction=cfg.crop_fraction)]
+                             crop_fraction=cfg.crop_fraction,
+                             num_classes=cfg.num_classes,
+                             source_prefix="" if local else
+                             f"TFDS {IMAGENET_TFDS} record file_name=")]
   return seqio.Task(
       task_name, source,
       output_features={

@@ -92,6 +92,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.patch_size": _POS,
     "data.min_crop_area": (_in(0, 1, lo_open=True), "in (0, 1]"),
     "data.crop_fraction": (_in(0, 1, lo_open=True), "in (0, 1]"),
+    "data.num_classes": _POS,
 }
 
 
