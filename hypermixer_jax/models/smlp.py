@@ -27,6 +27,22 @@ in one group, ``moe`` (``MoeOptions``).
 
 With N2 = 0 the model is a dense causal gMLP language model (the benchmark's
 baseline).
+
+The paper's Transformer baselines are the same family with
+``token_mixer='attention'``: every block mixes tokens by causal multi-head
+self-attention (``attention.SelfAttention``) instead of an SGU, and fixed
+sinusoidal positions are added to the embeddings (as fairseq's
+``transformer_lm``, which the paper trained its baselines with):
+
+  h_0 = Embed(tokens) + P[positions]                           # [B, N, d]
+  N1 dense blocks:   h = h + Attn(LN(h));  h = h + FFN(LN(h))  (causal Transformer)
+  N2 sparse blocks:  h = h + Attn(LN(h));  h = h + tMoE(LN(h)) (Switch, GShard,
+                                                                Base or Hash MoE)
+
+so a token-routed MoE Transformer shares the tMoE layer, the routers, the
+head, the sharding rules and the training facts with sMLP, and differs only
+in the token mixer. ``smoe_routing`` is unused there (no sMoE, no routing
+prefix: the loss counts every position).
 """
 from __future__ import annotations
 
@@ -39,6 +55,8 @@ import jax.numpy as jnp
 import ml_collections
 
 from hypermixer_jax.models import common
+from hypermixer_jax.models.attention import SelfAttention
+from hypermixer_jax.models.blocks import MixerBlock
 from hypermixer_jax.models.gmlp import GmlpBlock
 from hypermixer_jax.models.gmlp import SpatialGatingUnit
 from hypermixer_jax.models.moe.smoe import (SparseGatingUnit,
@@ -47,6 +65,10 @@ from hypermixer_jax.models.moe.smoe import (SparseGatingUnit,
 from hypermixer_jax.models.moe.tmoe import MoeFeedForward
 
 Array = common.Array
+# Token mixer of every block: gMLP's spatial gating ('sgu': dense SGU, sMoE
+# in sparse blocks) or causal self-attention ('attention': Transformer
+# blocks, tMoE feed-forward in sparse blocks).
+TOKEN_MIXERS = ("sgu", "attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +98,14 @@ class MoeOptions:
   z_loss_weight: float = 1e-3
 
 
+def check_token_mixer(token_mixer: str) -> None:
+  if token_mixer not in TOKEN_MIXERS:
+    raise ValueError(
+        f"smlp: model.token_mixer={token_mixer!r}; expected one of "
+        f"{TOKEN_MIXERS} ('sgu': sMLP / gMLP, 'attention': Transformer and "
+        "token-routed MoE Transformer).")
+
+
 def sparse_layer_indices(num_dense: int, num_sparse: int) -> tuple[int, ...]:
   """Depths of the sparse blocks, spread evenly, the last block sparse."""
   total = num_dense + num_sparse
@@ -84,11 +114,18 @@ def sparse_layer_indices(num_dense: int, num_sparse: int) -> tuple[int, ...]:
 
 
 class SparseBlock(nn.Module):
-  """``h + sMoE-SGU(LN(h))`` then ``+ tMoE(LN(.))``, both pre-LN."""
+  """``h + sMoE-SGU(LN(h))`` then ``+ tMoE(LN(.))``, both pre-LN.
+
+  With ``token_mixer='attention'`` the first module is causal multi-head
+  self-attention (``num_heads``), submodule ``attention``: the sparse block
+  of a token-routed MoE Transformer.
+  """
   d_ffn: int
   max_len: int
   moe: MoeOptions = MoeOptions()
   vocab_size: int | None = None
+  token_mixer: str = "sgu"
+  num_heads: int = 1
   dropout_rate: float = 0.0
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
@@ -99,16 +136,22 @@ class SparseBlock(nn.Module):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     o = self.moe
     h = common.LayerNorm(name="mixing_norm", **kw)(x)
-    h = SparseGatingUnit(
-        self.d_ffn, self.max_len, num_experts=o.num_experts,
-        routing=o.smoe_routing, causal=True,
-        partial_fraction=o.partial_fraction,
-        capacity_factor=o.capacity_factor,
-        eval_capacity_factor=o.eval_capacity_factor,
-        load_balancing_weight=o.load_balancing_weight,
-        z_loss_weight=o.z_loss_weight, dropout_rate=self.dropout_rate,
-        name="smoe", **kw)(h, mask=mask, segment_ids=segment_ids,
-                           positions=positions, deterministic=deterministic)
+    if self.token_mixer == "attention":
+      h = SelfAttention(self.num_heads, causal=True,
+                        dropout_rate=self.dropout_rate, name="attention",
+                        **kw)(h, mask=mask, segment_ids=segment_ids,
+                              positions=positions, deterministic=deterministic)
+    else:
+      h = SparseGatingUnit(
+          self.d_ffn, self.max_len, num_experts=o.num_experts,
+          routing=o.smoe_routing, causal=True,
+          partial_fraction=o.partial_fraction,
+          capacity_factor=o.capacity_factor,
+          eval_capacity_factor=o.eval_capacity_factor,
+          load_balancing_weight=o.load_balancing_weight,
+          z_loss_weight=o.z_loss_weight, dropout_rate=self.dropout_rate,
+          name="smoe", **kw)(h, mask=mask, segment_ids=segment_ids,
+                             positions=positions, deterministic=deterministic)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     x = x + h.astype(x.dtype)
     h = common.LayerNorm(name="ffn_norm", **kw)(x)
@@ -138,6 +181,8 @@ class SmlpLM(nn.Module):
   num_dense_layers: int
   num_sparse_layers: int
   moe: MoeOptions = MoeOptions()
+  token_mixer: str = "sgu"
+  num_heads: int = 1
   dropout_rate: float = 0.0
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
@@ -147,7 +192,8 @@ class SmlpLM(nn.Module):
     """First counted position of an unpadded ``max_len`` row (0 unless partial
     routing). Nonzero means: weight the loss with ``loss_position_weights``,
     which starts each row at floor(0.2 n) of its own length n."""
-    if self.moe.smoe_routing == "partial" and self.num_sparse_layers:
+    if (self.moe.smoe_routing == "partial" and self.num_sparse_layers
+        and self.token_mixer == "sgu"):
       return partial_prefix_len(self.max_len, self.moe.partial_fraction)
     return 0
 
@@ -165,6 +211,7 @@ class SmlpLM(nn.Module):
                positions: Array | None = None,
                deterministic: bool = True) -> Array:
     del token_type_ids  # one-sentence language model
+    check_token_mixer(self.token_mixer)
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     embed = nn.Embed(
         self.vocab_size, self.d_model, param_dtype=self.param_dtype,
@@ -173,25 +220,45 @@ class SmlpLM(nn.Module):
                                           (common.VOCAB, common.EMBED)),
         name="embed")
     x = embed(inputs)                                               # [B, N, d]
+    attention = self.token_mixer == "attention"
+    if attention:
+      # Attention is permutation-equivariant: it needs positions, the SGU's
+      # N x N weights are positional already. Packed rows restart at 0.
+      n = inputs.shape[1]
+      pos = (jnp.broadcast_to(jnp.arange(n), inputs.shape)
+             if positions is None else positions)
+      table = common.sinusoidal_positions(max(n, self.max_len), self.d_model)
+      x = x + jnp.take(table, pos, axis=0).astype(x.dtype)
+    # Zero unless a 'perturbations' collection is given: d logits / d input
+    # vectors for the causality tests (Flax's ``Module.perturb``).
+    x = self.perturb("embedded", x)
     x = common.constrain(x, (common.BATCH, common.LENGTH, common.EMBED))
     mask = None if segment_ids is None else segment_ids > 0
     sparse = sparse_layer_indices(self.num_dense_layers,
                                   self.num_sparse_layers)
-    dense_sgu = functools.partial(
-        SpatialGatingUnit, self.d_ffn, self.max_len, causal=True,
-        dropout_rate=self.dropout_rate, **kw)
+    if attention:
+      dense_block = functools.partial(
+          MixerBlock, functools.partial(
+              SelfAttention, self.num_heads, causal=True,
+              dropout_rate=self.dropout_rate, **kw),
+          self.d_ffn, "pre_ln", self.dropout_rate, **kw)
+    else:
+      dense_block = functools.partial(GmlpBlock, functools.partial(
+          SpatialGatingUnit, self.d_ffn, self.max_len, causal=True,
+          dropout_rate=self.dropout_rate, **kw),
+                                      dropout_rate=self.dropout_rate, **kw)
     for i in range(self.num_dense_layers + self.num_sparse_layers):
       if i in sparse:
         x = SparseBlock(
             self.d_ffn, self.max_len, self.moe, vocab_size=self.vocab_size,
+            token_mixer=self.token_mixer, num_heads=self.num_heads,
             dropout_rate=self.dropout_rate, name=f"layer_{i}", **kw)(
                 x, mask=mask, segment_ids=segment_ids, positions=positions,
                 token_ids=inputs, deterministic=deterministic)
       else:
-        x = GmlpBlock(dense_sgu, dropout_rate=self.dropout_rate,
-                      name=f"layer_{i}", **kw)(
-                          x, mask=mask, segment_ids=segment_ids,
-                          positions=positions, deterministic=deterministic)
+        x = dense_block(name=f"layer_{i}")(
+            x, mask=mask, segment_ids=segment_ids, positions=positions,
+            deterministic=deterministic)
       x = common.constrain(x, (common.BATCH, common.LENGTH, common.EMBED))
     x = common.LayerNorm(name="final_norm", **kw)(x)
     logits = embed.attend(x) * jnp.asarray(self.d_model ** -0.5, x.dtype)
@@ -218,18 +285,25 @@ def smlp_config(size: str = "tiny") -> ml_collections.ConfigDict:
   on synthetic ids (vocab 64, d=16, d_ffn=32, T=20, 4 experts, one dense and
   one sparse block); ``configs/smlp_lm.py:tiny`` gives it the pipeline's
   vocabulary for runs on real text.
+
+  ``token_mixer``: 'sgu' (sMLP; gMLP when N2 = 0) or 'attention' (a causal
+  Transformer; with N2 > 0 a token-routed MoE Transformer, router
+  ``moe.tmoe_router``); ``num_heads``: attention heads (head width 64 in
+  ``base``), unused by 'sgu'.
   """
   if size == "base":
-    d, f, n, vocab, n1, n2, e = 1024, 4096, 1024, PIPELINE_VOCAB_SIZE, 12, 4, 16
+    d, f, n, vocab, n1, n2, e, h = (1024, 4096, 1024, PIPELINE_VOCAB_SIZE,
+                                    12, 4, 16, 16)
   elif size == "tiny":
-    d, f, n, vocab, n1, n2, e = 16, 32, 20, 64, 1, 1, 4
+    d, f, n, vocab, n1, n2, e, h = 16, 32, 20, 64, 1, 1, 4, 2
   else:
     raise ValueError(f"smlp_config: size={size!r}, expected 'tiny' or 'base'.")
   moe = dataclasses.asdict(MoeOptions(num_experts=e, expert_d_ffn=f))
   return ml_collections.ConfigDict(dict(
       family="smlp", vocab_size=vocab, d_model=d, d_ffn=f, max_len=n,
-      num_dense_layers=n1, num_sparse_layers=n2, dropout_rate=0.0,
-      dtype="float32", param_dtype="float32", moe=moe))
+      num_dense_layers=n1, num_sparse_layers=n2, token_mixer="sgu",
+      num_heads=h, dropout_rate=0.0, dtype="float32", param_dtype="float32",
+      moe=moe))
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -249,11 +323,13 @@ def _options(cfg: Mapping[str, Any]) -> MoeOptions:
 
 def build(cfg: Mapping[str, Any]) -> SmlpLM:
   """``SmlpLM`` from the family's fields (``smlp_config``)."""
+  check_token_mixer(cfg["token_mixer"])
   return SmlpLM(
       vocab_size=cfg["vocab_size"], d_model=cfg["d_model"],
       d_ffn=cfg["d_ffn"], max_len=cfg["max_len"],
       num_dense_layers=cfg["num_dense_layers"],
       num_sparse_layers=cfg["num_sparse_layers"], moe=_options(cfg),
+      token_mixer=cfg["token_mixer"], num_heads=cfg["num_heads"],
       dropout_rate=cfg["dropout_rate"], dtype=common.dtype(cfg["dtype"]),
       param_dtype=common.dtype(cfg["param_dtype"]))
 
