@@ -1,0 +1,444 @@
+r"""sMLP against token-routed MoE Transformers at equal FLOPs (Yu et al. 2022).
+
+Experiment 4 (the paper's §4.3, Fig. 5 and Table 4): causal LMs of sMLP
+(deterministic and partial-prediction sMoE routing, Base Layers tMoE) against
+MoE Transformers with Switch, GShard, Base Layers and Hash token routing and
+against a dense gMLP and a dense Transformer, every model at about the same
+FLOPs per token; validation perplexity curves and tokens/s.
+Experiment 5 (``--ablations``): the number of experts (2, 4, 8) and the
+tMoE router of sMLP (Switch instead of Base Layers).
+
+All models are the ``smlp`` family (``models/smlp.py``): ``token_mixer='sgu'``
+is sMLP (gMLP with no sparse layer), ``'attention'`` the (MoE) Transformer.
+As in the paper, FLOPs are matched by the number of layers at fixed widths:
+the FLOPs per token of a depth (N1 dense + N2 sparse blocks) are XLA's cost
+analysis of the compiled train step (``metrics.step_flops``, what the
+training loop reports) of the model with (0, 0), (1, 0) and (0, 1) blocks,
+extended linearly (``fit_block_flops``); each model but the reference sMLP
+(deterministic) takes the depth whose *layer* FLOPs (the step's minus the
+embedding/output part, the (0, 0) model) are closest to the reference's
+(``choose_depth``; partial routing costs more per sparse block, so it may
+get another depth). The training runs measure their
+own FLOPs again (reported), and their tokens/s.
+
+  --scale=small  one CPU core: d=64, d_ffn=256, 4 experts, 1 head of 64,
+                 sequence 128 (rows of one document, no packing: partial
+                 routing reads each row's first 20%), batch 16, 250 steps,
+                 AdamW lr 3e-3 (warm-up 25, cosine to 0.1), the same for
+                 every model; sMLP N1 = N2 = 2. Train: the two local C4
+                 samples (2,000 documents); held out: WikiText-2 valid
+                 (``wiki.valid.raw``, 8 batches = 128 rows), perplexity per
+                 SentencePiece token (T5 vocabulary, 32,128 ids).
+  --scale=paper  the paper's setting (§4.3, ~0.8 TFLOPs): d=1024,
+                 d_ffn=4096, 16 experts, 16 heads, T=1024, sMLP N1=12,
+                 N2=4, 25k steps; C4 from TFDS (``--data_dir``), WikiText-2
+                 valid held out. Not runnable on this machine.
+
+  python experiments/smlp_vs_moe.py --scale=small --out=/tmp/smlp_vs_moe
+  python experiments/smlp_vs_moe.py --scale=small --out=/tmp/smlp_vs_moe --ablations
+
+Writes ``results.json``, ``table.md`` and ``smlp_vs_moe.png`` (held-out
+perplexity against step and against training time) into ``--out``.
+
+Caveats, also in the table notes: XLA counts a while loop's body once, so
+Base Layers' auction (training only) is under-counted; Base Layers'
+training-time assignment reads the whole row (not causal; inference routing
+is); partial routing's loss and perplexity count each row's last 80% only.
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+from typing import Any, Callable, Mapping, Sequence
+
+import ml_collections
+
+from hypermixer_jax import experiment
+
+# name -> (label, family fields, moe fields). ``sparse``: has N2 > 0.
+MODELS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "smlp_deterministic": ("sMLP (deterministic)", dict(token_mixer="sgu"),
+                           dict(tmoe_router="base",
+                                smoe_routing="deterministic")),
+    "smlp_partial": ("sMLP (partial prediction)", dict(token_mixer="sgu"),
+                     dict(tmoe_router="base", smoe_routing="partial")),
+    "switch": ("Switch Transformer", dict(token_mixer="attention"),
+               dict(tmoe_router="switch")),
+    "gshard": ("GShard", dict(token_mixer="attention"),
+               dict(tmoe_router="gshard")),
+    "base_layers": ("Base Layers", dict(token_mixer="attention"),
+                    dict(tmoe_router="base")),
+    "hash": ("HASH Layers", dict(token_mixer="attention"),
+             dict(tmoe_router="hash")),
+    "gmlp": ("gMLP (dense)", dict(token_mixer="sgu"), {}),
+    "transformer": ("Transformer (dense)", dict(token_mixer="attention"), {}),
+}
+DENSE = ("gmlp", "transformer")
+REFERENCE = "smlp_deterministic"
+# Experiment 5: name -> (label, base model, moe overrides); sMLP's depth.
+ABLATIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "smlp_e2": ("sMLP det., 2 experts", REFERENCE, dict(num_experts=2)),
+    "smlp_e8": ("sMLP det., 8 experts", REFERENCE, dict(num_experts=8)),
+    "smlp_switch_tmoe": ("sMLP det., Switch tMoE", REFERENCE,
+                         dict(tmoe_router="switch")),
+}
+# The paper's claims (§4.3, Fig. 5, Table 4 top; the table's numbers are not
+# in the text at hand): at ~0.8 TFLOPs, d=1024, d_ffn=4096, 25k steps.
+PAPER = {
+    "smlp_deterministic": "best valid ppl and highest WPS (both routings)",
+    "smlp_partial": "best valid ppl and highest WPS (both routings)",
+    "hash": "best of the Transformer MoEs, least time",
+    "switch": "worse than sMLP", "gshard": "worse than sMLP",
+    "base_layers": "worse than sMLP", "gmlp": "worse than sMLP",
+    "transformer": "worse than sMLP",
+}
+SCALES = {
+    "small": dict(d_model=64, d_ffn=256, num_experts=4, num_heads=1,
+                  seq_len=128, smlp_depth=(2, 2), batch_size=16, steps=250,
+                  lr=3e-3, warmup=25, evals=5, eval_steps=8, max_layers=12),
+    "paper": dict(d_model=1024, d_ffn=4096, num_experts=16, num_heads=16,
+                  seq_len=1024, smlp_depth=(12, 4), batch_size=256,
+                  steps=25_000, lr=6e-4, warmup=2_000, evals=25,
+                  eval_steps=50, max_layers=48),
+}
+FLOP_TOLERANCE = 0.10
+_CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
+
+
+# ---------------------------------------------------------------------------
+# Configs.
+# ---------------------------------------------------------------------------
+def _smlp_lm_config(arg: str) -> ml_collections.ConfigDict:
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("_smlp_lm_config",
+                                                _CONFIGS / "smlp_lm.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def model_config(name: str, scale: str, depth: tuple[int, int],
+                 moe: Mapping[str, Any] | None = None
+                 ) -> ml_collections.ConfigDict:
+  """``config.model`` of ``name`` (a key of ``MODELS``) at ``depth`` =
+  (N1 dense, N2 sparse blocks); ``moe`` overrides ``MODELS``' MoE fields."""
+  if name not in MODELS:
+    raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}.")
+  _, fields, moe_fields = MODELS[name]
+  s = SCALES[scale]
+  c = _smlp_lm_config("base").model
+  n1, n2 = depth
+  if name in DENSE and n2:
+    raise ValueError(f"{name} is dense: depth {depth} must have N2 = 0.")
+  c.update(dict(d_model=s["d_model"], d_ffn=s["d_ffn"], max_len=s["seq_len"],
+                num_heads=s["num_heads"], num_dense_layers=n1,
+                num_sparse_layers=n2, **fields))
+  if scale == "small":
+    c.dtype = "float32"                    # bf16 is slow on CPUs
+  c.moe.update(dict(num_experts=s["num_experts"], expert_d_ffn=s["d_ffn"],
+                    **moe_fields, **(moe or {})))
+  return c
+
+
+def train_config(model: ml_collections.ConfigDict, scale: str,
+                 shared: pathlib.Path | None, data_dir: str = ""
+                 ) -> ml_collections.ConfigDict:
+  """The training config: ``configs/smlp_lm.py``'s optimiser and data with
+  the scale's schedule; one document per row (no packing) for every model,
+  since partial routing reads each row's own first 20%."""
+  s = SCALES[scale]
+  c = _smlp_lm_config("base")
+  c.model = model
+  c.data.seq_len = s["seq_len"]
+  c.data.packing = False
+  c.batch_size = c.eval_batch_size = s["batch_size"]
+  c.learning_rate = s["lr"]
+  c.warmup_steps = s["warmup"]
+  c.end_learning_rate_factor = 0.1
+  c.num_train_steps = s["steps"]
+  c.eval_every = s["steps"] // s["evals"]
+  c.eval_steps = s["eval_steps"]
+  c.log_every = max(1, s["steps"] // 25)
+  c.checkpoint_every = s["steps"] // 5
+  c.keep_checkpoints = 1
+  c.mesh.expert = 1
+  if scale == "small":
+    c.async_checkpoints = False
+    c.data.vocab_path = experiment.require(
+        shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
+    c.data.local_files.train = ",".join(
+        experiment.require(shared / "c4" / f, "C4 sample") for f in (
+            "c4_en_tfds_minimal_train_1000.jsonl",
+            "c4_en_train_00000_first1000.jsonl"))
+  else:
+    c.data.data_dir = data_dir
+  c.data.local_files.validation = experiment.require(
+      shared / "wikitext-2-raw/wiki.valid.raw", "WikiText-2 valid")
+  return c
+
+
+# ---------------------------------------------------------------------------
+# FLOP matching.
+# ---------------------------------------------------------------------------
+def fit_block_flops(measure: Callable[[tuple[int, int]], float]
+                    ) -> dict[str, float]:
+  """FLOPs/token = ``base + dense * N1 + sparse * N2`` from three measured
+  depths ((0, 0), (1, 0), (0, 1)); every block of a kind costs the same."""
+  base = measure((0, 0))
+  return {"base": base, "dense": measure((1, 0)) - base,
+          "sparse": measure((0, 1)) - base}
+
+
+def layer_flops(fit: Mapping[str, float], depth: tuple[int, int]) -> float:
+  """The blocks' share of the FLOPs per token at ``depth``."""
+  return fit["dense"] * depth[0] + fit["sparse"] * depth[1]
+
+
+def depth_candidates(dense: bool, max_layers: int
+                     ) -> list[tuple[int, int]]:
+  """Depths a model may take: L dense blocks, or N1 dense + N2 >= 1 sparse
+  blocks with |N1 - N2| <= 1 (sparse blocks spread evenly, as in the MoE
+  papers' every-other-layer layout), at most ``max_layers`` blocks."""
+  if dense:
+    return [(n, 0) for n in range(1, max_layers + 1)]
+  return [(n1, n2) for n2 in range(1, max_layers + 1)
+          for n1 in (n2 - 1, n2, n2 + 1) if n1 >= 0 and n1 + n2 <= max_layers]
+
+
+def choose_depth(fit: Mapping[str, float], target: float,
+                 candidates: Sequence[tuple[int, int]]
+                 ) -> tuple[tuple[int, int], float]:
+  """(depth, layer FLOPs / target) of the candidate closest to ``target``
+  in log ratio (a model 10% over and one 10% under are equally far)."""
+  if target <= 0 or not candidates:
+    raise ValueError(f"choose_depth: target {target} FLOPs and "
+                     f"{len(candidates)} candidate depths.")
+  best = min(candidates,
+             key=lambda d: abs(math.log(max(layer_flops(fit, d), 1e-9)
+                                        / target)))
+  return best, layer_flops(fit, best) / target
+
+
+def train_step_flops(config: ml_collections.ConfigDict) -> float:
+  """FLOPs per token of ``config``'s compiled train step (XLA's cost
+  analysis, the number the training loop's throughput uses), on a batch of
+  the config's shape; single device."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import sharding  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import steps  # pylint: disable=g-import-not-at-top
+  b, n = config.batch_size, config.data.seq_len
+  local = {k: np.zeros((b, n), np.int32)
+           for k in ("inputs", "targets", "segment_ids", "positions")}
+  local["segment_ids"] += 1
+  local["weights"] = np.ones((b, n), np.float32)
+  mesh = sharding.build_mesh(dict(data=1, fsdp=1, tensor=1, expert=1),
+                             jax.devices()[:1])
+  rules = sharding.get_rules(config.sharding)
+  model, facts = models.build_model(config.model), models.model_facts(
+      config.model)
+  tx, _ = optim.make_optimizer(config)
+  key = jax.random.key(0)
+  state, state_sh = steps.create_train_state(model, tx, key, local, mesh,
+                                             rules)
+  step = steps.jit_train_step(
+      steps.make_train_step(model, facts.head, loss_weights=facts.loss_weights),
+      state_sh, sharding.batch_shardings(local, mesh, rules), mesh, rules)
+  compiled = step.lower(state, sharding.make_global_batch(local, mesh, rules),
+                        jax.device_put(key, jax.NamedSharding(mesh, jax.P()))
+                        ).compile()
+  return metrics_lib.step_flops(compiled) / (b * n)
+
+
+# ---------------------------------------------------------------------------
+# Results.
+# ---------------------------------------------------------------------------
+def run_summary(result: Mapping[str, Any], tokens_per_step: int
+                ) -> dict[str, float]:
+  """Final held-out perplexity, tokens/s (median over the logged intervals)
+  and the run's own FLOPs per token (from its throughput log)."""
+  train = result["train_curve"]
+  logs = [train[s] for s in sorted(train, key=int)
+          if "tokens_per_sec" in train[s]]
+  if not logs:
+    raise ValueError("the run logged no throughput (log_every > steps?).")
+  tps = sorted(r["tokens_per_sec"] for r in logs)[len(logs) // 2]
+  flops = [r["tflops_per_device"] * 1e12 / r["steps_per_sec"]
+           / tokens_per_step for r in logs if "tflops_per_device" in r]
+  evals = result["eval_curve"]
+  last = evals[max(evals, key=int)]
+  # The median skips the intervals that hold an evaluation or a checkpoint.
+  return {"perplexity": last["perplexity"], "tokens_per_sec": tps,
+          "flops_per_token": flops[0] if flops else float("nan"),
+          "train_seconds": result["step"] * tokens_per_step / tps}
+
+
+def table_rows(names: Sequence[str], labels: Mapping[str, str],
+               runs: Mapping[str, Mapping[str, Any]],
+               plan: Mapping[str, Mapping[str, Any]], reference: str,
+               paper: Mapping[str, str]) -> list[list[Any]]:
+  """One row per model: depth, parameters, FLOPs (total, layers, vs the
+  reference), held-out perplexity, tokens/s, the paper's claim."""
+  ref = plan[reference]["layer_flops"]
+  ref_run = runs.get(reference)
+  rows = []
+  for name in names:
+    p, r = plan[name], runs.get(name)
+    n1, n2 = p["depth"]
+    row = [labels[name], f"{n1}+{n2}", f"{p['params'] / 1e6:.2f}M",
+           f"{r['flops_per_token'] / 1e6:.2f}" if r else "not run",
+           f"{p['layer_flops'] / 1e6:.2f}",
+           f"{p['layer_flops'] / ref:.2f}"]
+    if r:
+      row += [f"{r['perplexity']:.1f}", f"{r['tokens_per_sec']:,.0f}",
+              (f"{r['tokens_per_sec'] / ref_run['tokens_per_sec']:.2f}"
+               if ref_run else "")]
+    else:
+      row += ["not run", "", ""]
+    rows.append(row + [paper.get(name, "")])
+  return rows
+
+
+HEADERS = ["model", "blocks N1+N2", "params", "MFLOPs/token (train step)",
+           "layer MFLOPs/token", "layer FLOPs vs sMLP",
+           "WikiText-2 valid ppl", "tokens/s", "tokens/s vs sMLP",
+           "paper (§4.3, Table 4)"]
+
+
+def main() -> None:
+  p = experiment.parser("smlp_vs_moe", __doc__)
+  p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
+  p.add_argument("--ablations", action="store_true",
+                 help="experiment 5: the expert-count and router ablations "
+                 "(after the main runs, which they share the reference of)")
+  p.add_argument("--models", default=",".join(MODELS))
+  p.add_argument("--steps", type=int, default=0,
+                 help="train steps instead of the scale's (a smoke or "
+                 "timing run; use another --out)")
+  p.add_argument("--plan_only", action="store_true",
+                 help="measure FLOPs and choose depths, train nothing")
+  p.add_argument("--report_only", action="store_true")
+  args = experiment.parse(p)
+  exp = experiment.Experiment(args.out, args)
+  shared = pathlib.Path(args.shared)
+  if args.steps:
+    SCALES[args.scale]["steps"] = args.steps
+  s = SCALES[args.scale]
+  tokens_per_step = s["batch_size"] * s["seq_len"]
+
+  def config(name, depth, moe=None):
+    return train_config(model_config(name, args.scale, depth, moe),
+                        args.scale, shared, args.data_dir)
+
+  # FLOP matching (recorded, so a restart does not recompile).
+  def fit_of(name):
+    return exp.run(f"{args.scale}/flops/{name}", lambda: fit_block_flops(
+        lambda d: train_step_flops(config(name, (d[0], 0) if name in DENSE
+                                          else d))))
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  ref_fit = fit_of(REFERENCE)
+  target = layer_flops(ref_fit, s["smlp_depth"])
+  names = [n for n in args.models.split(",") if n]
+  plan, labels = {}, {n: MODELS[n][0] for n in MODELS}
+  for name in names:
+    fit = ref_fit if name == REFERENCE else fit_of(name)
+    if name == REFERENCE:
+      depth = s["smlp_depth"]
+    else:
+      depth, _ = choose_depth(fit, target, depth_candidates(
+          name in DENSE, s["max_layers"]))
+    plan[name] = dict(depth=depth, layer_flops=layer_flops(fit, depth),
+                      flops=fit["base"] + layer_flops(fit, depth),
+                      params=models.count_params(config(name, depth).model),
+                      moe={})
+  if args.ablations:
+    for name, (label, base, moe) in ABLATIONS.items():
+      fit = exp.run(f"{args.scale}/flops/{name}", lambda b=base, m=moe:
+                    fit_block_flops(lambda d: train_step_flops(
+                        config(b, d, m))))
+      depth = s["smlp_depth"]
+      labels[name] = label
+      plan[name] = dict(depth=depth, layer_flops=layer_flops(fit, depth),
+                        flops=fit["base"] + layer_flops(fit, depth),
+                        params=models.count_params(
+                            config(base, depth, moe).model),
+                        base=base, moe=moe)
+  exp.save(plan={k: {**v, "depth": list(v["depth"])} for k, v in plan.items()})
+  for name, pl in plan.items():
+    print(f"{name}: depth {pl['depth']}, layer FLOPs/token "
+          f"{pl['layer_flops'] / 1e6:.3f}M ({pl['layer_flops'] / target:.2f}"
+          f" of sMLP), {pl['params'] / 1e6:.2f}M params", flush=True)
+  if args.plan_only:
+    return
+
+  runs = {}
+  for name, pl in plan.items():
+    key = f"{args.scale}/runs/{name}"
+    base = pl.get("base", name)
+    cfg = config(base, tuple(pl["depth"]), pl["moe"])
+    if args.report_only:
+      exp.reload()
+      if key not in exp.runs:
+        continue
+      result = exp.runs[key]
+    else:
+      result = exp.run(key, lambda c=cfg, k=key: experiment.train(
+          c, exp.workdir(k)))
+    runs[name] = {**result, **run_summary(result, tokens_per_step)}
+
+  main_names = [n for n in names if n in plan]
+  notes = (
+      f"{args.scale} scale: d={s['d_model']}, d_ffn={s['d_ffn']}, "
+      f"{s['num_experts']} experts, {s['num_heads']} head(s), sequence "
+      f"{s['seq_len']}, batch {s['batch_size']}, {s['steps']} steps, AdamW lr "
+      f"{s['lr']:g} (warm-up {s['warmup']}, cosine to 0.1), the same for "
+      "every model. Depths chosen so that the blocks' FLOPs per token match "
+      "sMLP's (XLA cost analysis of the compiled train step; the embedding "
+      "and the 32,128-way output layer, equal for all, are the rest of the "
+      "train-step column, which each run measured itself). Perplexity: per "
+      "SentencePiece token on WikiText-2 valid after the last step. "
+      "Partial routing's loss and perplexity count each row's last 80% "
+      "only. XLA counts Base Layers' auction loop body once (training "
+      "only), so its FLOPs are under-counted; Base Layers' training "
+      "assignment reads the whole row (inference routing is causal).")
+  table = experiment.markdown_table(HEADERS, table_rows(
+      main_names, labels, runs, plan, REFERENCE, PAPER))
+  abl = [n for n in ABLATIONS if n in plan]
+  if abl:
+    table += ("\n\nAblations (experiment 5), sMLP N1+N2 = "
+              f"{s['smlp_depth'][0]}+{s['smlp_depth'][1]}:\n\n")
+    table += experiment.markdown_table(HEADERS[:-1], [
+        r[:-1] for r in table_rows([REFERENCE] + abl, labels, runs, plan,
+                                   REFERENCE, {})])
+  exp.write_table(f"sMLP vs MoE Transformers at equal FLOPs ({args.scale} "
+                  "scale)", table, notes)
+  _plot(exp, runs, labels)
+
+
+def _plot(exp, runs, labels) -> None:
+  fig, axes = experiment.figure(ncols=2)
+  for name, r in runs.items():
+    curve = r["eval_curve"]
+    steps = sorted(curve, key=int)
+    ppl = [curve[s]["perplexity"] for s in steps]
+    ls = "--" if name in ABLATIONS else "-"
+    axes[0, 0].plot([int(s) for s in steps], ppl, ls=ls, marker="o",
+                    label=labels[name])
+    # Time axis: the step's share of the run's measured training time.
+    total = r["train_seconds"]
+    last = int(steps[-1])
+    axes[0, 1].plot([total * int(s) / last for s in steps], ppl, ls=ls,
+                    marker="o", label=labels[name])
+  for ax, x in zip(axes[0], ("step", "training time (s)")):
+    ax.set_xlabel(x)
+    ax.set_ylabel("WikiText-2 valid perplexity")
+    ax.set_yscale("log")
+  axes[0, 0].legend(fontsize=7)
+  fig.savefig(exp.figure_path("smlp_vs_moe"), dpi=120)
+
+
+if __name__ == "__main__":
+  main()
