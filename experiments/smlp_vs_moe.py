@@ -23,11 +23,11 @@ own FLOPs again (reported), and their tokens/s.
 
   --scale=small  one CPU core: d=64, d_ffn=256, 4 experts, 1 head of 64,
                  sequence 128 (rows of one document, no packing: partial
-                 routing reads each row's first 20%), batch 16, 250 steps,
+                 routing reads each row's first 20%), batch 8, 250 steps,
                  AdamW lr 3e-3 (warm-up 25, cosine to 0.1), the same for
                  every model; sMLP N1 = N2 = 2. Train: the two local C4
                  samples (2,000 documents); held out: WikiText-2 valid
-                 (``wiki.valid.raw``, 8 batches = 128 rows), perplexity per
+                 (``wiki.valid.raw``, 16 batches = 128 rows), perplexity per
                  SentencePiece token (T5 vocabulary, 32,128 ids).
   --scale=paper  the paper's setting (§4.3, ~0.8 TFLOPs): d=1024,
                  d_ffn=4096, 16 experts, 16 heads, T=1024, sMLP N1=12,
@@ -36,6 +36,10 @@ own FLOPs again (reported), and their tokens/s.
 
   python experiments/smlp_vs_moe.py --scale=small --out=/tmp/smlp_vs_moe
   python experiments/smlp_vs_moe.py --scale=small --out=/tmp/smlp_vs_moe --ablations
+
+(``--models=NAME`` runs one model or ablation, e.g. one per queued job;
+the runs are recorded in ``results.json``, and the last command's table
+holds every recorded run it names.)
 
 Writes ``results.json``, ``table.md`` and ``smlp_vs_moe.png`` (held-out
 perplexity against step and against training time) into ``--out``.
@@ -94,8 +98,8 @@ PAPER = {
 }
 SCALES = {
     "small": dict(d_model=64, d_ffn=256, num_experts=4, num_heads=1,
-                  seq_len=128, smlp_depth=(2, 2), batch_size=16, steps=250,
-                  lr=3e-3, warmup=25, evals=5, eval_steps=8, max_layers=12),
+                  seq_len=128, smlp_depth=(2, 2), batch_size=8, steps=250,
+                  lr=3e-3, warmup=25, evals=5, eval_steps=16, max_layers=12),
     "paper": dict(d_model=1024, d_ffn=4096, num_experts=16, num_heads=16,
                   seq_len=1024, smlp_depth=(12, 4), batch_size=256,
                   steps=25_000, lr=6e-4, warmup=2_000, evals=25,
@@ -312,15 +316,17 @@ def main() -> None:
   p = experiment.parser("smlp_vs_moe", __doc__)
   p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
   p.add_argument("--ablations", action="store_true",
-                 help="experiment 5: the expert-count and router ablations "
-                 "(after the main runs, which they share the reference of)")
-  p.add_argument("--models", default=",".join(MODELS))
+                 help="experiment 5 too: the expert-count and router "
+                 "ablations of sMLP (names in ABLATIONS)")
+  p.add_argument("--models", default=",".join(MODELS),
+                 help="models (MODELS) and/or ablations (ABLATIONS) to run")
   p.add_argument("--steps", type=int, default=0,
                  help="train steps instead of the scale's (a smoke or "
                  "timing run; use another --out)")
   p.add_argument("--plan_only", action="store_true",
                  help="measure FLOPs and choose depths, train nothing")
-  p.add_argument("--report_only", action="store_true")
+  p.add_argument("--report_only", action="store_true",
+                 help="write the table and figure from the recorded runs")
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
@@ -328,9 +334,17 @@ def main() -> None:
     SCALES[args.scale]["steps"] = args.steps
   s = SCALES[args.scale]
   tokens_per_step = s["batch_size"] * s["seq_len"]
+  names = [n for n in args.models.split(",") if n]
+  if args.ablations:
+    names += [n for n in ABLATIONS if n not in names]
+  unknown = [n for n in names if n not in MODELS and n not in ABLATIONS]
+  if unknown:
+    raise SystemExit(f"--models: unknown {unknown}; models: "
+                     f"{', '.join(MODELS)}; ablations: {', '.join(ABLATIONS)}")
 
-  def config(name, depth, moe=None):
-    return train_config(model_config(name, args.scale, depth, moe),
+  def config(name, depth):
+    base, moe = (ABLATIONS[name][1:] if name in ABLATIONS else (name, {}))
+    return train_config(model_config(base, args.scale, depth, moe),
                         args.scale, shared, args.data_dir)
 
   # FLOP matching (recorded, so a restart does not recompile).
@@ -339,33 +353,20 @@ def main() -> None:
         lambda d: train_step_flops(config(name, (d[0], 0) if name in DENSE
                                           else d))))
   from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
-  ref_fit = fit_of(REFERENCE)
-  target = layer_flops(ref_fit, s["smlp_depth"])
-  names = [n for n in args.models.split(",") if n]
-  plan, labels = {}, {n: MODELS[n][0] for n in MODELS}
+  target = layer_flops(fit_of(REFERENCE), s["smlp_depth"])
+  plan = {}
+  labels = {**{n: m[0] for n, m in MODELS.items()},
+            **{n: a[0] for n, a in ABLATIONS.items()}}
   for name in names:
-    fit = ref_fit if name == REFERENCE else fit_of(name)
-    if name == REFERENCE:
+    fit = fit_of(name)
+    if name == REFERENCE or name in ABLATIONS:
       depth = s["smlp_depth"]
     else:
       depth, _ = choose_depth(fit, target, depth_candidates(
           name in DENSE, s["max_layers"]))
     plan[name] = dict(depth=depth, layer_flops=layer_flops(fit, depth),
                       flops=fit["base"] + layer_flops(fit, depth),
-                      params=models.count_params(config(name, depth).model),
-                      moe={})
-  if args.ablations:
-    for name, (label, base, moe) in ABLATIONS.items():
-      fit = exp.run(f"{args.scale}/flops/{name}", lambda b=base, m=moe:
-                    fit_block_flops(lambda d: train_step_flops(
-                        config(b, d, m))))
-      depth = s["smlp_depth"]
-      labels[name] = label
-      plan[name] = dict(depth=depth, layer_flops=layer_flops(fit, depth),
-                        flops=fit["base"] + layer_flops(fit, depth),
-                        params=models.count_params(
-                            config(base, depth, moe).model),
-                        base=base, moe=moe)
+                      params=models.count_params(config(name, depth).model))
   exp.save(plan={k: {**v, "depth": list(v["depth"])} for k, v in plan.items()})
   for name, pl in plan.items():
     print(f"{name}: depth {pl['depth']}, layer FLOPs/token "
@@ -377,8 +378,7 @@ def main() -> None:
   runs = {}
   for name, pl in plan.items():
     key = f"{args.scale}/runs/{name}"
-    base = pl.get("base", name)
-    cfg = config(base, tuple(pl["depth"]), pl["moe"])
+    cfg = config(name, tuple(pl["depth"]))
     if args.report_only:
       exp.reload()
       if key not in exp.runs:
@@ -389,7 +389,11 @@ def main() -> None:
           c, exp.workdir(k)))
     runs[name] = {**result, **run_summary(result, tokens_per_step)}
 
-  main_names = [n for n in names if n in plan]
+  plan.setdefault(REFERENCE, dict(
+      depth=s["smlp_depth"], layer_flops=target,
+      flops=fit_of(REFERENCE)["base"] + target,
+      params=models.count_params(config(REFERENCE, s["smlp_depth"]).model)))
+  main_names = [n for n in MODELS if n in plan]
   notes = (
       f"{args.scale} scale: d={s['d_model']}, d_ffn={s['d_ffn']}, "
       f"{s['num_experts']} experts, {s['num_heads']} head(s), sequence "

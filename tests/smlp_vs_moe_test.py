@@ -1,0 +1,160 @@
+"""experiments/smlp_vs_moe.py: configs, FLOP matching, summaries, table rows."""
+import itertools
+import math
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
+                       / "experiments"))
+import smlp_vs_moe as exp4  # noqa: E402  pylint: disable=g-import-not-at-top
+
+from hypermixer_jax import models  # noqa: E402
+from hypermixer_jax.train import loop  # noqa: E402
+
+SHARED = pathlib.Path("/nonexistent")
+
+
+@pytest.fixture
+def shared(tmp_path):
+  """A fake --shared folder with the files the small scale names."""
+  for f in ("t5_spm/sentencepiece.model",
+            "c4/c4_en_tfds_minimal_train_1000.jsonl",
+            "c4/c4_en_train_00000_first1000.jsonl",
+            "wikitext-2-raw/wiki.valid.raw"):
+    (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / f).write_text("x")
+  return tmp_path
+
+
+def test_model_configs_build_the_named_models(shared):
+  want = {"smlp_deterministic": ("sgu", "base", "deterministic"),
+          "smlp_partial": ("sgu", "base", "partial"),
+          "switch": ("attention", "switch", None),
+          "gshard": ("attention", "gshard", None),
+          "base_layers": ("attention", "base", None),
+          "hash": ("attention", "hash", None),
+          "gmlp": ("sgu", None, None),
+          "transformer": ("attention", None, None)}
+  assert set(want) == set(exp4.MODELS)
+  configs = {}
+  for name, (mixer, router, routing) in want.items():
+    depth = (2, 0) if name in exp4.DENSE else (1, 2)
+    c = exp4.train_config(exp4.model_config(name, "small", depth), "small",
+                          shared)
+    m = c.model
+    assert (m.token_mixer, m.num_dense_layers, m.num_sparse_layers) == (
+        mixer, *depth)
+    if router:
+      assert m.moe.tmoe_router == router
+    if routing:
+      assert m.moe.smoe_routing == routing
+    assert (m.d_model, m.d_ffn, m.max_len, m.moe.num_experts) == (
+        64, 256, 128, 4)
+    # Every config is one the training loop accepts (partial: no packing).
+    loop.check_model_fits_data(c)
+    models.build_model(m)
+    configs[name] = c
+  # Same data, optimiser and schedule for every model: only .model differs.
+  strip = lambda c: {k: v for k, v in c.to_dict().items() if k != "model"}
+  first = strip(configs["transformer"])
+  for c in configs.values():
+    assert strip(c) == first
+  assert first["data"]["packing"] is False
+  assert first["data"]["local_files"]["validation"].endswith("wiki.valid.raw")
+  assert len(first["data"]["local_files"]["train"].split(",")) == 2
+  with pytest.raises(ValueError, match="gmlp is dense"):
+    exp4.model_config("gmlp", "small", (1, 1))
+  with pytest.raises(ValueError, match="unknown model 'moe'"):
+    exp4.model_config("moe", "small", (1, 1))
+  with pytest.raises(FileNotFoundError, match="WikiText-2 valid not found"):
+    exp4.train_config(exp4.model_config("gmlp", "small", (1, 0)), "small",
+                      SHARED)
+
+
+def test_paper_scale_is_the_papers_setting(shared):
+  c = exp4.train_config(exp4.model_config(
+      exp4.REFERENCE, "paper", exp4.SCALES["paper"]["smlp_depth"]), "paper",
+                        shared, data_dir="/tfds")
+  assert (c.model.d_model, c.model.d_ffn, c.model.num_heads) == (1024, 4096, 16)
+  assert c.num_train_steps == 25_000 and c.data.data_dir == "/tfds"
+
+
+def test_fit_is_exact_for_additive_costs():
+  cost = lambda d: 1000.0 + 7.0 * d[0] + 13.0 * d[1]
+  fit = exp4.fit_block_flops(cost)
+  assert fit == {"base": 1000.0, "dense": 7.0, "sparse": 13.0}
+  for d in itertools.product(range(4), range(4)):
+    assert exp4.layer_flops(fit, d) + fit["base"] == cost(d)
+
+
+def test_choose_depth_picks_the_closest_in_log_ratio():
+  fit = {"base": 0.0, "dense": 4.0, "sparse": 10.0}
+  cands = exp4.depth_candidates(False, 6)
+  assert (0, 1) in cands and (2, 1) in cands and (1, 3) not in cands
+  assert all(abs(a - b) <= 1 and b >= 1 and a + b <= 6 for a, b in cands)
+  assert exp4.depth_candidates(True, 3) == [(1, 0), (2, 0), (3, 0)]
+  for target in (9.0, 17.0, 30.0, 41.0):
+    depth, ratio = exp4.choose_depth(fit, target, cands)
+    brute = min(cands, key=lambda d: abs(math.log(
+        exp4.layer_flops(fit, d) / target)))
+    assert depth == brute and ratio == exp4.layer_flops(fit, depth) / target
+  # 18 and 22 are 10% either side of 20: log distance prefers 22 (1.1x)
+  # over 18 (0.9x = 1.11x under).
+  depth, _ = exp4.choose_depth({"base": 0, "dense": 18.0, "sparse": 22.0},
+                               20.0, [(1, 0), (0, 1)])
+  assert depth == (0, 1)
+  with pytest.raises(ValueError, match="target 0 FLOPs"):
+    exp4.choose_depth(fit, 0, cands)
+
+
+def test_train_step_flops_are_additive_over_blocks(shared):
+  # Real XLA counts on a toy model: the linear fit predicts a deeper model.
+  def config(depth):
+    c = exp4.train_config(exp4.model_config("switch", "small", depth),
+                          "small", shared)
+    c.model.update(dict(vocab_size=128, d_model=16, d_ffn=32, max_len=16))
+    c.model.moe.expert_d_ffn = 32
+    c.data.seq_len, c.batch_size = 16, 4
+    return c
+  fit = exp4.fit_block_flops(lambda d: exp4.train_step_flops(config(d)))
+  assert fit["sparse"] > fit["dense"] > 0
+  got = exp4.train_step_flops(config((2, 1)))
+  assert got == pytest.approx(fit["base"] + exp4.layer_flops(fit, (2, 1)),
+                              rel=0.01)
+
+
+def _run(ppl, tps_values, steps_per_sec=2.0):
+  train = {str(10 * (i + 1)): {"tokens_per_sec": t,
+                               "steps_per_sec": steps_per_sec,
+                               "tflops_per_device": 3e-3 * steps_per_sec}
+           for i, t in enumerate(tps_values)}
+  return {"step": 10 * len(tps_values), "train_curve": train,
+          "eval_curve": {"20": {"perplexity": 2 * ppl},
+                         str(10 * len(tps_values)): {"perplexity": ppl}}}
+
+
+def test_run_summary_and_table_rows():
+  tokens = 1000
+  r = exp4.run_summary(_run(300.0, [900.0, 100.0, 1000.0, 1100.0, 950.0]),
+                       tokens)
+  assert r["perplexity"] == 300.0
+  assert r["tokens_per_sec"] == 950.0          # median: eval intervals skipped
+  assert r["flops_per_token"] == pytest.approx(3e9 / tokens)
+  assert r["train_seconds"] == pytest.approx(50 * tokens / 950.0)
+  runs = {"smlp_deterministic": r,
+          "switch": exp4.run_summary(_run(400.0, [1900.0] * 3), tokens)}
+  plan = {"smlp_deterministic": dict(depth=(2, 2), layer_flops=2e6,
+                                     params=2.5e6),
+          "switch": dict(depth=(1, 2), layer_flops=1.8e6, params=2.4e6),
+          "gmlp": dict(depth=(6, 0), layer_flops=2.1e6, params=2.3e6)}
+  rows = exp4.table_rows(["smlp_deterministic", "switch", "gmlp"],
+                         {n: exp4.MODELS[n][0] for n in exp4.MODELS}, runs,
+                         plan, "smlp_deterministic", exp4.PAPER)
+  assert len(rows[0]) == len(exp4.HEADERS)
+  assert rows[1][:9] == ["Switch Transformer", "1+2", "2.40M", "3.00",
+                         "1.80", "0.90", "400.0", "1,900", "2.00"]
+  assert rows[0][5] == "1.00" and rows[0][8] == "1.00"
+  assert rows[2][3] == "not run" and rows[2][6] == "not run"
+  assert rows[2][5] == "1.05"
