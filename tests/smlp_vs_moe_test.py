@@ -68,7 +68,7 @@ def test_model_configs_build_the_named_models(shared):
     exp4.model_config("gmlp", "small", (1, 1))
   with pytest.raises(ValueError, match="unknown model 'moe'"):
     exp4.model_config("moe", "small", (1, 1))
-  with pytest.raises(FileNotFoundError, match="WikiText-2 valid not found"):
+  with pytest.raises(FileNotFoundError, match="SentencePiece vocabulary not found"):
     exp4.train_config(exp4.model_config("gmlp", "small", (1, 0)), "small",
                       SHARED)
 
