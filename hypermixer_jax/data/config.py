@@ -44,6 +44,13 @@ def default_data_config() -> ml_collections.ConfigDict:
       ``--config.data.local_files.train=/data/SST-2/train.tsv``. For
       ImageNet: a ``filename<TAB>class_index`` TSV with image paths relative
       to it (or to its ``images/`` folder).
+    text_layout: how local text files (.txt, .raw) of the text tasks
+      divide into documents: 'lines' (each non-empty line is one) or
+      'wikitext' (WikiText-2/103 ``wiki.*.raw``: one document per article,
+      its paragraphs and section headings joined, blank lines and the
+      ``= Heading =`` markup dropped, WikiText's tokenization such as
+      ``@-@`` and spaces before punctuation undone; see
+      ``sources._rows_wikitext``). Documents are cut into ``seq_len`` rows.
     packing: pack several short examples per row (segment ids mark them).
     shuffle_buffer_size: examples in the seeded shuffle buffer.
     mlm: BERT masking rates (selection, [MASK], random token).
@@ -66,6 +73,7 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.tfds_train_split = ""
   c.local_files = ml_collections.ConfigDict(
       {split: config_dict.placeholder(str) for split in SPLITS})
+  c.text_layout = "lines"
   c.packing = False
   c.shuffle_buffer_size = 10_000
 

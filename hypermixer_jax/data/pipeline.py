@@ -163,6 +163,10 @@ def _check_config(cfg: ml_collections.ConfigDict, split: str) -> None:
     return
   if cfg.data_dir and not tf.io.gfile.isdir(cfg.data_dir):
     raise FileNotFoundError(f"data.data_dir={cfg.data_dir!r} does not exist.")
+  layout = cfg.get("text_layout", "lines")
+  if layout not in sources.TEXT_LAYOUTS:
+    raise ValueError(f"data.text_layout={layout!r}; valid layouts: "
+                     f"{', '.join(sources.TEXT_LAYOUTS)}.")
   files = config_lib.local_files(cfg)
   if files:
     if split not in files:

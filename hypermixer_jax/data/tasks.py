@@ -100,6 +100,8 @@ def _relevant(cfg: ml_collections.ConfigDict, name: str) -> dict:
     rel = {"vocab_path": cfg.vocab_path, "extra_ids": cfg.extra_ids,
            "data_dir": cfg.data_dir, "local_files": local_files(cfg),
            "tfds_train_split": cfg.get("tfds_train_split", "")}
+    if name in TEXT_TASKS:
+      rel["text_layout"] = cfg.get("text_layout", "lines")
     if name == "c4_mlm":
       rel["mlm"] = cfg.mlm.to_dict()
     return rel
@@ -129,7 +131,9 @@ def _text_task(name: str, task_name: str, cfg) -> seqio.Task:
   vocab = vocab_lib.get_vocabulary(cfg.vocab_path, cfg.extra_ids)
   mlm = name == "c4_mlm"
   source = _source(cfg, C4_TFDS, {"train": "train", "validation": "validation"},
-                   lambda fmt: sources.local_reader(fmt, {"text": ("text",)}))
+                   lambda fmt: sources.local_reader(
+                       fmt, {"text": ("text",)},
+                       text_layout=cfg.get("text_layout", "lines")))
   steps = [functools.partial(prep.rekey, key_map={"text": "text"}),
            functools.partial(prep.tokenize_text, append_eos=not mlm),
            prep.split_into_chunks]
