@@ -1,0 +1,344 @@
+r"""MLM perplexity at equal capacity: gMLP, aMLP and BERT (Liu et al. 2021, §4).
+
+The gMLP paper pretrains BERT-style masked LMs (15% of the tokens selected;
+80% [MASK], 10% random, 10% kept) and finds that gMLP, with Toeplitz
+spatial weights and no position embeddings, reaches the perplexity of a
+Transformer of the same capacity (BERT-base 12 layers 110M: 4.26, gMLP 36
+layers 102M: 4.35), and that aMLP, gMLP with a tiny single-head attention of
+size 64, does at least as well as BERT.
+
+  --scale=paper  BERT-base (12 post-LN layers, d=768, d_ffn=3072, 12 heads,
+                 learned positions) against gMLP-base and aMLP-base (36
+                 layers, d=512, d_ffn=3072, Toeplitz W, no positions; aMLP's
+                 tiny attention d_attn=64), the ablation setting of the
+                 paper's scaling table: full English C4 from TFDS
+                 (``--data_dir``), length 128, batch 2048, 125k steps, AdamW
+                 (0.9, 0.999), 10k warm-up steps, peak lr 7e-4, linear decay;
+                 held-out perplexity on C4 validation (what the paper reports).
+  --scale=small  one CPU core: the three models at width 128 (see
+                 ``SMALL``): BERT 2 post-LN layers d_ffn 512, 2 heads; gMLP
+                 and aMLP 6 layers (the paper's 3:1 depth ratio) with d_ffn
+                 set so that each has BERT's parameter count (``match``);
+                 trained on the local C4 sample (1,000 documents), held-out
+                 perplexity on WikiText-2 validation read as articles
+                 (``data.text_layout='wikitext'``): its first 512 rows of
+                 128 tokens (the unshuffled split's first 8 batches of 64)
+                 at every evaluation. 200 steps of batch 32 (~4 minutes per
+                 model on one core).
+
+Every model trains with the same optimizer, schedule, batches and seed, and
+is evaluated on the same held-out rows with the same masked positions (the
+evaluation pipeline is unshuffled and its masking is seeded by
+``config.seed``, equal for all). Perplexity = exp(mean cross-entropy over all
+selected tokens of the held-out set). Our tokens are SentencePiece pieces of
+the T5 vocabulary (32,128 ids), so our perplexities are not comparable in
+absolute value with the paper's (BERT's WordPiece vocabulary, a C4 validation
+set, models trained ~10^4 times longer): only the comparison between the
+models is.
+
+  python experiments/mlm_perplexity.py --scale=small --out=/tmp/mlm_perplexity
+
+Writes ``results.json``, ``table.md`` and ``mlm_perplexity.png`` (held-out
+perplexity against step) into ``--out``.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import pathlib
+
+import ml_collections
+import numpy as np
+
+import glue_from_scratch as glue
+from hypermixer_jax import experiment
+
+MODELS = ("attention", "gmlp", "amlp")
+LABELS = {"attention": "BERT (Transformer)", "gmlp": "gMLP", "amlp": "aMLP"}
+# PAPERS.md §2, scaling table (C4 validation perplexity of the MLM ablation
+# setting): the base-size pair; the digest gives no aMLP perplexity (the
+# paper's claim is aMLP <= BERT).
+PAPER = {
+    "attention": {"layers": 12, "params": 110e6, "ppl": 4.26},
+    "gmlp": {"layers": 36, "params": 102e6, "ppl": 4.35},
+    "amlp": {"layers": 36, "params": None, "ppl": None},
+}
+PAPER_OTHER_SIZES = ("6-layer BERT 67M 4.91 vs 18-layer gMLP 59M 5.25; "
+                     "24-layer BERT 195M 3.83 vs 72-layer gMLP 187M 3.79")
+# The sizes of each scale: width, BERT's layers / d_ffn / heads, the MLPs'
+# layers (and d_ffn at paper scale; matched to BERT at small scale).
+SMALL = dict(d_model=128, bert_layers=2, bert_d_ffn=512, bert_heads=2,
+             mlp_layers=6, mlp_d_ffn=None, seq_len=128, batch_size=32,
+             steps=200, lr=1e-3, warmup=20, evals=4, eval_batch_size=64,
+             eval_batches=8, dropout=0.0)
+PAPER_SIZES = dict(d_model=768, bert_layers=12, bert_d_ffn=3072, bert_heads=12,
+                   mlp_d_model=512, mlp_layers=36, mlp_d_ffn=3072,
+                   seq_len=128, batch_size=2048, steps=125_000, lr=7e-4,
+                   warmup=10_000, evals=25, eval_batch_size=256,
+                   eval_batches=50, dropout=0.1)
+TINY_ATTENTION_DIM = 64   # aMLP: one head of size 64 (the paper's MLM models)
+C4_TRAIN = "c4/c4_en_tfds_minimal_train_1000.jsonl"
+WIKITEXT_VALID = "wikitext-2-raw/wiki.valid.raw"
+
+
+def model_config(mixer: str, *, d_model: int, num_layers: int, d_ffn: int,
+                 seq_len: int, num_heads: int = 1, dropout: float = 0.0
+                 ) -> ml_collections.ConfigDict:
+  """The MLM model of the paper's setting for ``mixer``.
+
+  ``attention``: BERT, post-LN blocks (LN after each residual, LN on the
+  embeddings), learned positions, ``num_heads`` heads. ``gmlp`` / ``amlp``:
+  gMLP's own pre-LN block, Toeplitz spatial weights W[i, j] = w[i - j], no
+  position embeddings (position comes from W); aMLP adds the tiny attention
+  (``TINY_ATTENTION_DIM``). All: BERT's unscaled N(0, 0.02) token
+  embeddings, tied MLM output head, no token types.
+  """
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train.config import TEXT_VOCAB_SIZE  # pylint: disable=g-import-not-at-top
+  m = models.default_model_config()
+  m.update(family="text", head="mlm", mixer=mixer, num_layers=num_layers,
+           d_model=d_model, d_ffn=d_ffn, max_len=seq_len,
+           vocab_size=TEXT_VOCAB_SIZE, type_vocab_size=0,
+           dropout_rate=dropout, scale_embeddings=False)
+  if mixer == "attention":
+    m.update(block="post_ln", position_embeddings="learned")
+    m.mixer_kwargs = ml_collections.ConfigDict(dict(num_heads=num_heads))
+  elif mixer in ("gmlp", "amlp"):
+    m.update(block="gmlp", position_embeddings="none")
+    kwargs = dict(toeplitz=True)
+    if mixer == "amlp":
+      kwargs["tiny_attention_dim"] = TINY_ATTENTION_DIM
+    m.mixer_kwargs = ml_collections.ConfigDict(kwargs)
+  else:
+    raise ValueError(f"mixer {mixer!r}; this experiment compares "
+                     f"{', '.join(MODELS)}.")
+  return m
+
+
+def params(m: ml_collections.ConfigDict) -> dict[str, int]:
+  """Total parameters and those outside the token embedding."""
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  total = models.count_params(m)
+  return {"total": total,
+          "non_embedding": total - models.count_params(m, "token_embed")}
+
+
+def match(m: ml_collections.ConfigDict, target: int, multiple: int = 16
+          ) -> ml_collections.ConfigDict:
+  """``m`` with the ``d_ffn`` (a multiple of ``multiple``) whose parameter
+  count is nearest ``target``.
+
+  A gMLP/aMLP block's parameters are affine in d_ffn (U, V, the gate's LN,
+  aMLP's output projection), so two counts give the line.
+  """
+  def count(f):
+    c = ml_collections.ConfigDict(m.to_dict())
+    c.d_ffn = f
+    return params(c)["total"]
+  lo, hi = 2 * multiple, 4 * multiple
+  slope = (count(hi) - count(lo)) / (hi - lo)
+  f = (target - count(lo)) / slope + lo
+  candidates = {max(multiple, multiple * math.floor(f / multiple)),
+                max(multiple, multiple * math.ceil(f / multiple))}
+  best = min(candidates, key=lambda c: abs(count(c) - target))
+  out = ml_collections.ConfigDict(m.to_dict())
+  out.d_ffn = best
+  return out
+
+
+def model_configs(scale: str) -> dict[str, ml_collections.ConfigDict]:
+  """The three models of ``scale`` (small: the MLPs matched to BERT)."""
+  if scale == "paper":
+    s = PAPER_SIZES
+    bert = model_config("attention", d_model=s["d_model"],
+                        num_layers=s["bert_layers"], d_ffn=s["bert_d_ffn"],
+                        seq_len=s["seq_len"], num_heads=s["bert_heads"],
+                        dropout=s["dropout"])
+    out = {"attention": bert}
+    for mixer in ("gmlp", "amlp"):
+      out[mixer] = model_config(mixer, d_model=s["mlp_d_model"],
+                                num_layers=s["mlp_layers"],
+                                d_ffn=s["mlp_d_ffn"], seq_len=s["seq_len"],
+                                dropout=s["dropout"])
+    return out
+  s = SMALL
+  bert = model_config("attention", d_model=s["d_model"],
+                      num_layers=s["bert_layers"], d_ffn=s["bert_d_ffn"],
+                      seq_len=s["seq_len"], num_heads=s["bert_heads"],
+                      dropout=s["dropout"])
+  target = params(bert)["total"]
+  out = {"attention": bert}
+  for mixer in ("gmlp", "amlp"):
+    out[mixer] = match(model_config(
+        mixer, d_model=s["d_model"], num_layers=s["mlp_layers"],
+        d_ffn=s["bert_d_ffn"], seq_len=s["seq_len"], dropout=s["dropout"]),
+                       target)
+  return out
+
+
+def train_config(model: ml_collections.ConfigDict, scale: str,
+                 shared: pathlib.Path | None, data_dir: str = "",
+                 steps: int | None = None) -> ml_collections.ConfigDict:
+  """The training config of one run: ``configs/c4_mlm.py``'s BERT setting
+  with ``model``, the same for every model but the model."""
+  s = SMALL if scale == "small" else PAPER_SIZES
+  c = glue.load_config("c4_mlm.py", "attention")
+  c.model = model
+  c.data.seq_len = s["seq_len"]
+  # Unpacked rows for every model: one document chunk per row, so every
+  # selected token keeps its loss (a packed row keeps only its first
+  # ceil(0.15 N) selections) and all models see the same rows.
+  c.data.packing = False
+  c.batch_size = s["batch_size"]
+  c.eval_batch_size = s["eval_batch_size"]
+  c.num_train_steps = steps or s["steps"]
+  c.learning_rate = s["lr"]
+  c.warmup_steps = min(s["warmup"], c.num_train_steps)
+  c.decay = "linear"
+  c.eval_every = max(1, c.num_train_steps // s["evals"])
+  # A fixed held-out set: the first eval_batches batches of the unshuffled
+  # split (the same rows and masked positions at every evaluation).
+  c.eval_steps = s["eval_batches"]
+  c.seed = 0
+  if scale == "small":
+    c.data.vocab_path = experiment.require(
+        shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
+    c.data.local_files.train = experiment.require(shared / C4_TRAIN,
+                                                  "C4 sample")
+    c.data.local_files.validation = experiment.require(
+        shared / WIKITEXT_VALID, "WikiText-2 validation")
+    c.data.text_layout = "wikitext"
+    c.log_every = 10
+    c.checkpoint_every = 0
+    c.keep_checkpoints = 1
+  else:
+    c.data.data_dir = data_dir or None
+  return c
+
+
+def held_out(config: ml_collections.ConfigDict) -> dict:
+  """The held-out set a run is evaluated on: rows, real tokens, selected
+  (scored) tokens, and a digest of its inputs, targets and weights (equal
+  digests: the same rows with the same masked positions)."""
+  from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
+  digest = hashlib.sha256()
+  rows = tokens = scored = 0
+  pipeline = data.build_pipeline(
+      config.data, config.eval_split, batch_size=config.eval_batch_size,
+      seed=config.seed, repeat=False, shuffle=False)
+  for i, b in enumerate(pipeline):
+    if 0 <= config.eval_steps <= i:    # what the training loop evaluates
+      break
+    for key in ("inputs", "targets", "weights", "masked_positions"):
+      digest.update(np.ascontiguousarray(b[key]).tobytes())
+    rows += len(b["inputs"])
+    tokens += int((b["segment_ids"] > 0).sum())
+    scored += int(b["weights"].sum())
+  return {"rows": rows, "tokens": tokens, "scored_tokens": scored,
+          "digest": digest.hexdigest()[:16]}
+
+
+def final_perplexity(run: dict) -> float:
+  """Held-out perplexity at the run's last evaluation."""
+  return float(run["eval"]["perplexity"])
+
+
+def table_rows(runs: dict, sizes: dict) -> list[list]:
+  """One row per model: ours beside the paper's."""
+  rows = []
+  for mixer in MODELS:
+    m, p, paper = sizes[mixer]["model"], sizes[mixer]["params"], PAPER[mixer]
+    run = runs.get(mixer)
+    ppl = f"{final_perplexity(run):.1f}" if run else "not run"
+    paper_ppl = (f"{paper['ppl']} ({paper['layers']} layers, "
+                 f"{paper['params'] / 1e6:.0f}M)" if paper["ppl"]
+                 else "not in PAPERS.md")
+    rows.append([LABELS[mixer], m["num_layers"], m["d_model"], m["d_ffn"],
+                 f"{p['total'] / 1e6:.3f}M", f"{p['non_embedding'] / 1e6:.3f}M",
+                 ppl, paper_ppl])
+  return rows
+
+
+def main() -> None:
+  p = experiment.parser("mlm_perplexity", __doc__)
+  p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
+  p.add_argument("--models", default=",".join(MODELS))
+  p.add_argument("--steps", type=int, default=0,
+                 help="override the scale's number of training steps")
+  p.add_argument("--report_only", action="store_true",
+                 help="write the table and figure from the recorded runs")
+  args = experiment.parse(p)
+  exp = experiment.Experiment(args.out, args)
+  shared = pathlib.Path(args.shared)
+  configs = model_configs(args.scale)
+  sizes = {m: {"model": c.to_dict(), "params": params(c)}
+           for m, c in configs.items()}
+  train_cfgs = {m: train_config(c, args.scale, shared, args.data_dir,
+                                args.steps or None)
+                for m, c in configs.items()}
+  steps = train_cfgs["attention"].num_train_steps
+  prefix = f"{args.scale}/s{steps}/"
+  if args.scale == "small":
+    exp.save(held_out=held_out(train_cfgs["attention"]))
+  runs = {}
+  for mixer in args.models.split(","):
+    key = prefix + mixer
+    if args.report_only:
+      exp.reload()
+      if key in exp.runs:
+        runs[mixer] = exp.runs[key]
+      continue
+    runs[mixer] = exp.run(key, lambda c=train_cfgs[mixer], k=key: dict(
+        experiment.train(c, exp.workdir(k)), params=sizes[mixer]["params"],
+        held_out=held_out(c) if args.scale == "small" else None))
+  exp.save(sizes=sizes)
+
+  c = train_cfgs["attention"]
+  ho = exp.data.get("held_out")
+  notes = (
+      f"Same for all models: AdamW (b1 0.9, b2 0.999, weight decay "
+      f"{c.weight_decay}), {c.warmup_steps} warm-up steps to lr "
+      f"{c.learning_rate:g} then linear decay to 0, clip norm {c.clip_norm}, "
+      f"batch {c.batch_size} x length {c.data.seq_len}, {steps} steps, "
+      f"dropout {c.model.dropout_rate}, seed {c.seed}; 15% of the tokens "
+      "selected (80% [MASK], 10% random, 10% kept), unpacked rows. "
+      "Perplexity = exp(mean cross-entropy over the selected held-out "
+      "tokens).")
+  if ho:
+    notes += (
+        f" Held out: the first {ho['rows']} rows of WikiText-2 validation "
+        f"read as articles, "
+        f"{ho['tokens']:,} SentencePiece tokens of which {ho['scored_tokens']:,}"
+        f" selected and scored (digest {ho['digest']}, equal for every run). "
+        "Trained on the C4 sample "
+        f"({C4_TRAIN}). SentencePiece pieces, a different held-out set and "
+        "~10^4 x less training: our perplexities are not comparable in "
+        "absolute value with the paper's, only between the models.")
+  notes += f" Paper, other sizes: {PAPER_OTHER_SIZES}."
+  exp.write_table(
+      f"MLM perplexity at equal capacity ({args.scale} scale)",
+      experiment.markdown_table(
+          ["model", "layers", "d", "d_ffn", "params", "non-embedding",
+           "held-out ppl (ours)", "C4 valid ppl (paper)"],
+          table_rows(runs, sizes)), notes)
+  _plot(exp, runs)
+
+
+def _plot(exp, runs) -> None:
+  fig, axes = experiment.figure()
+  ax = axes[0, 0]
+  for mixer, run in runs.items():
+    curve = run["eval_curve"]
+    steps = sorted(curve, key=int)
+    ax.plot([int(s) for s in steps],
+            [curve[s]["perplexity"] for s in steps], marker="o",
+            label=LABELS[mixer])
+  ax.set_yscale("log")
+  ax.set_xlabel("step")
+  ax.set_ylabel("held-out MLM perplexity")
+  ax.legend()
+  fig.savefig(exp.figure_path("mlm_perplexity"), dpi=120)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,170 @@
+"""experiments/mlm_perplexity.py: the paper's setting, matched sizes, one
+held-out set for every model, the table, and a toy run end to end."""
+import json
+import math
+import pathlib
+import sys
+
+import flax.linen as nn
+import jax
+import matplotlib.image
+import ml_collections
+import pytest
+
+from hypermixer_jax.models import common
+from hypermixer_jax.models import zoo
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
+                       / "experiments"))
+import mlm_perplexity as mlm  # noqa: E402  pylint: disable=g-import-not-at-top
+
+
+def test_paper_scale_is_the_papers_setting():
+  cfgs = mlm.model_configs("paper")
+  bert, gmlp, amlp = cfgs["attention"], cfgs["gmlp"], cfgs["amlp"]
+  assert (bert.block, bert.position_embeddings, bert.num_layers,
+          bert.d_model, bert.d_ffn, bert.mixer_kwargs.num_heads) == (
+              "post_ln", "learned", 12, 768, 3072, 12)
+  for m in (gmlp, amlp):
+    assert (m.block, m.position_embeddings, m.num_layers, m.d_model,
+            m.d_ffn) == ("gmlp", "none", 36, 512, 3072)
+    assert m.mixer_kwargs.toeplitz is True
+  assert "tiny_attention_dim" not in gmlp.mixer_kwargs
+  assert amlp.mixer_kwargs.tiny_attention_dim == 64
+  # The paper's capacities: BERT-base 110M, gMLP 36 layers 102M.
+  assert abs(mlm.params(bert)["total"] / 110e6 - 1) < 0.01
+  assert abs(mlm.params(gmlp)["total"] / 102e6 - 1) < 0.01
+  c = mlm.train_config(gmlp, "paper", None)
+  assert (c.batch_size, c.num_train_steps, c.learning_rate, c.warmup_steps,
+          c.decay, c.b1, c.b2, c.data.seq_len) == (
+              2048, 125_000, 7e-4, 10_000, "linear", 0.9, 0.999, 128)
+  assert c.data.task == "c4_mlm" and c.data.mlm.select_rate == 0.15
+  assert not any(c.data.local_files.values())     # full C4 through TFDS
+
+
+def test_built_models_have_what_the_configs_say():
+  """gMLP: no position table, a Toeplitz kernel of 2N - 1 weights per layer;
+  aMLP: a single head of 64; BERT: learned positions."""
+  names = {}
+  for mixer, m in mlm.model_configs("small").items():
+    params = nn.unbox(zoo.abstract_variables(m)["params"])
+    flat = {common.path_str(k): v.shape
+            for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    names[mixer] = flat
+  assert any("pos_embedding" in k for k in names["attention"])
+  for mixer in ("gmlp", "amlp"):
+    assert not any("pos_embedding" in k for k in names[mixer])
+    kernels = [v for k, v in names[mixer].items()
+               if k.endswith("spatial/kernel")]
+    assert kernels == [(2 * 128 - 1,)] * 6
+  qkv = [v for k, v in names["amlp"].items()
+         if "tiny_attention/qkv" in k and k.endswith("kernel")]
+  assert qkv == [(128, 3 * 64)] * 6
+  assert not any("tiny_attention" in k for k in names["gmlp"])
+
+
+def test_small_models_have_equal_capacity():
+  p = {m: mlm.params(c) for m, c in mlm.model_configs("small").items()}
+  for mixer in ("gmlp", "amlp"):
+    for kind in ("total", "non_embedding"):
+      assert abs(p[mixer][kind] / p["attention"][kind] - 1) < 0.05, (
+          mixer, kind, p)
+
+
+def test_match_finds_the_nearest_d_ffn():
+  """Against a brute-force search over every multiple of 16."""
+  m = mlm.model_config("amlp", d_model=32, num_layers=2, d_ffn=64,
+                       seq_len=16)
+  target = mlm.params(m)["total"] + 7_000
+  got = mlm.match(m, target)
+
+  def count(f):
+    c = ml_collections.ConfigDict(m.to_dict())
+    c.d_ffn = f
+    return mlm.params(c)["total"]
+  best = min(range(16, 1024, 16), key=lambda f: abs(count(f) - target))
+  assert got.d_ffn == best != m.d_ffn
+  assert got.mixer_kwargs.tiny_attention_dim == 64
+
+
+def test_unknown_model_is_refused():
+  with pytest.raises(ValueError, match="mixer 'fnet'; this experiment "
+                     "compares attention, gmlp, amlp"):
+    mlm.model_config("fnet", d_model=32, num_layers=1, d_ffn=64, seq_len=16)
+
+
+def _shared(tmp_path, shared_data, lines=400):
+  """A shared folder with the real vocabulary and C4 sample and the first
+  ``lines`` lines of WikiText-2 validation."""
+  root = tmp_path / "shared"
+  (root / "wikitext-2-raw").mkdir(parents=True)
+  (root / "t5_spm").symlink_to(shared_data / "t5_spm")
+  (root / "c4").symlink_to(shared_data / "c4")
+  text = (shared_data / mlm.WIKITEXT_VALID).read_text(encoding="utf-8")
+  (root / mlm.WIKITEXT_VALID).write_text(
+      "\n".join(text.split("\n")[:lines]) + "\n", encoding="utf-8")
+  return root
+
+
+def test_every_model_gets_the_same_held_out_set(shared_data, tmp_path):
+  shared = _shared(tmp_path, shared_data)
+  cfgs = {m: mlm.train_config(c, "small", shared)
+          for m, c in mlm.model_configs("small").items()}
+  for c in cfgs.values():
+    assert c.data.text_layout == "wikitext" and c.eval_steps == 8
+    assert c.data.local_files.validation.endswith("wiki.valid.raw")
+    assert c.data.local_files.train.endswith(mlm.C4_TRAIN)
+  sets = {m: mlm.held_out(c) for m, c in cfgs.items()}
+  assert len({json.dumps(s, sort_keys=True) for s in sets.values()}) == 1
+  s = sets["attention"]
+  assert 0.14 * s["tokens"] < s["scored_tokens"] < 0.16 * s["tokens"]
+  # The digest sees the masking: another seed masks other tokens.
+  other = cfgs["gmlp"].copy_and_resolve_references()
+  other.seed = 1
+  assert mlm.held_out(other)["digest"] != s["digest"]
+  # Only the model differs between the runs.
+  a, g = (cfgs[m].to_dict() for m in ("attention", "gmlp"))
+  assert a.pop("model") != g.pop("model") and a == g
+
+
+def test_table_rows_put_the_paper_beside_ours():
+  sizes = {m: {"model": c.to_dict(), "params": mlm.params(c)}
+           for m, c in mlm.model_configs("paper").items()}
+  runs = {"attention": {"eval": {"perplexity": 123.456}},
+          "gmlp": {"eval": {"perplexity": 99.9}}}
+  rows = {r[0]: r for r in mlm.table_rows(runs, sizes)}
+  assert rows["BERT (Transformer)"][6] == "123.5"
+  assert rows["BERT (Transformer)"][7] == "4.26 (12 layers, 110M)"
+  assert rows["gMLP"][1:4] == [36, 512, 3072]
+  assert rows["gMLP"][7] == "4.35 (36 layers, 102M)"
+  assert rows["aMLP"][6] == "not run"
+  assert rows["aMLP"][7] == "not in PAPERS.md"
+
+
+def test_toy_run_end_to_end(shared_data, tmp_path, monkeypatch):
+  shared = _shared(tmp_path, shared_data, lines=60)
+  monkeypatch.setattr(mlm, "SMALL", dict(
+      mlm.SMALL, d_model=32, bert_d_ffn=64, mlp_layers=2, bert_layers=1,
+      bert_heads=1, seq_len=32, batch_size=8, steps=4, warmup=1, evals=2,
+      eval_batch_size=8))
+  out = tmp_path / "out"
+  monkeypatch.setattr(sys, "argv", [
+      "mlm_perplexity.py", "--scale=small", f"--out={out}",
+      f"--shared={shared}", f"--compilation_cache={tmp_path / 'cache'}"])
+  mlm.main()
+  saved = json.loads((out / "results.json").read_text())
+  ho = saved["held_out"]
+  assert ho["rows"] == 8 * 8      # eval_batches x eval_batch_size
+  for mixer in mlm.MODELS:
+    run = saved["runs"][f"small/s4/{mixer}"]
+    assert run["held_out"] == ho
+    assert sorted(run["eval_curve"], key=int) == ["2", "4"]
+    ev = run["eval"]
+    assert math.isclose(ev["perplexity"], math.exp(ev["loss"]), rel_tol=1e-5)
+    assert ev["denominator"] == ho["scored_tokens"] if "denominator" in ev \
+        else True
+  table = (out / "table.md").read_text()
+  for text in ("BERT (Transformer)", "gMLP", "aMLP", "4.26 (12 layers",
+               f"{ho['scored_tokens']:,} selected"):
+    assert text in table
+  assert matplotlib.image.imread(str(out / "mlm_perplexity.png")).size
