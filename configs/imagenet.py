@@ -4,9 +4,13 @@
         --workdir=/ckpt/gmlp_s
 
 Argument: a zoo image model (``mixer_s16``, ``mixer_b16``, ``mixer_b32``,
-``gmlp_ti``, ``gmlp_s``, ``gmlp_b``). DeiT-style recipe of the gMLP paper
+``gmlp_ti``, ``gmlp_s``, ``gmlp_b``, ``vit_ti16``). DeiT-style recipe of the gMLP paper
 (AdamW, batch 4096, lr 1e-3 with 10k warm-up steps and cosine decay, weight
-decay 0.05, 300 epochs); FSDP sharding, bf16 compute.
+decay 0.05, 300 epochs); FSDP sharding, bf16 compute. ViT-style peer of
+gMLP-Ti: ``vit_ti16`` (DeiT-Ti layout).
+
+CIFAR-10 with the same models, pipeline and recipe is one flag away:
+``--config=configs/cifar10.py:<model>`` (see that file).
 """
 import ml_collections
 
@@ -22,6 +26,7 @@ def get_config(arg: str = "gmlp_s") -> ml_collections.ConfigDict:
   c.model.dtype = "bfloat16"
   c.model.dropout_rate = 0.0
   c.data.task = "imagenet_patches"
+  c.data.num_classes = c.model.num_classes = 1000
   c.data.image_size = 224
   # The model consumes flattened patches [B, N, P*P*3] from the pipeline.
   c.data.patch_size = int(round((c.model.input_dim // 3) ** 0.5))

@@ -16,6 +16,13 @@ Named configurations; in parentheses the paper's parameter count, then ours
   patches (60M; 60.29M), ``mixer_b16`` 12/768/384/3072 on 196 patches (59M;
   59.88M); ``mixer_cifar`` is the small from-scratch setting for 32x32 images
   (P=4, S=64, C=256, D_C=1024, D_S=256; the depth, 8, is our choice; 4.49M).
+* ViT-style Transformers on patches (pre-LN attention blocks, learned
+  positions, global average pooling): ``vit_ti16`` the DeiT-Ti layout that
+  the gMLP paper sets against gMLP-Ti, 12 layers d=192, 3 heads, d_ffn=768,
+  224x224 / 16x16 (DeiT-Ti 5.7M; 5.72M); ``vit_cifar`` 6 layers d=256, 4
+  heads, d_ffn=1024 on 32x32 / 4x4 (ours; 4.77M, beside ``mixer_cifar``'s
+  4.49M and gMLP-Ti laid out for 32x32, ``configs/cifar10.py:gmlp_ti``,
+  4.61M).
 * HyperMixer paper's equal-size GLUE classifiers (Mai et al. 2023, ~11M
   parameters, FNet 9.5M), ``glue_<mixer>`` for ``hypermixer``,
   ``hypermixer_untied``, ``mlp_mixer``, ``gmlp``, ``attention`` (Transformer),
@@ -393,10 +400,21 @@ def _config(**overrides) -> ml_collections.ConfigDict:
 
 def _image(image_size: int, patch: int, num_classes: int = 1000, **kw
            ) -> ml_collections.ConfigDict:
-  return _config(family="continuous", head="image", num_classes=num_classes,
-                 max_len=(image_size // patch) ** 2, input_dim=patch * patch * 3,
-                 patch_size=patch, position_embeddings="none",
-                 type_vocab_size=0, dropout_rate=0.0, **kw)
+  return _config(**{**dict(
+      family="continuous", head="image", num_classes=num_classes,
+      max_len=(image_size // patch) ** 2, input_dim=patch * patch * 3,
+      patch_size=patch, position_embeddings="none", type_vocab_size=0,
+      dropout_rate=0.0), **kw})
+
+
+def _vit_image(image_size, patch, layers, d, heads, d_ffn, num_classes=1000):
+  """A ViT-style pre-LN Transformer on patches: learned positions, global
+  average pooling and the final LN before the head (as our gMLP and Mixer;
+  ViT/DeiT read a [CLS] token instead)."""
+  return _image(image_size, patch, mixer="attention", block="pre_ln",
+                num_layers=layers, d_model=d, d_ffn=d_ffn,
+                num_classes=num_classes, position_embeddings="learned",
+                mixer_kwargs=dict(num_heads=heads))
 
 
 def _gmlp_image(d: int, d_ffn: int) -> ml_collections.ConfigDict:
@@ -462,6 +480,8 @@ _NAMED = {
     "mixer_b32": lambda: _mixer_image(224, 32, 12, 768, 384, 3072),
     "mixer_b16": lambda: _mixer_image(224, 16, 12, 768, 384, 3072),
     "mixer_cifar": lambda: _mixer_image(32, 4, 8, 256, 256, 1024, 10),
+    "vit_ti16": lambda: _vit_image(224, 16, 12, 192, 3, 768),
+    "vit_cifar": lambda: _vit_image(32, 4, 6, 256, 4, 1024, 10),
     **{f"glue_{m}": functools.partial(_glue, m) for m in _GLUE_MIXERS},
     **{f"synthetic_{m}": functools.partial(_synthetic, m)
        for m in _SYNTHETIC_MIXERS},
@@ -471,6 +491,7 @@ _NAMED = {
 PAPER_PARAMS = {
     "gmlp_ti": 5.9e6, "gmlp_s": 19.5e6, "gmlp_b": 73.4e6,
     "mixer_s16": 18e6, "mixer_b32": 60e6, "mixer_b16": 59e6,
+    "vit_ti16": 5.7e6,  # DeiT-Ti (Touvron et al. 2021), the gMLP paper's peer
     **{f"glue_{m}": 11e6 for m in _GLUE_MIXERS if m != "fnet"},
     "glue_fnet": 9.5e6,
 }

@@ -42,6 +42,10 @@ from hypermixer_jax.train import steps
 # Evaluator type -> module defining ``Evaluator``.
 EVALUATORS = {
     "pseudo_attention": "hypermixer_jax.train.pseudo_attention",
+    # The task's metrics on another split (options: split, steps,
+    # batch_size), e.g. a small validation subset every few steps as
+    # ``eval`` and the whole test split at the end.
+    "task": "hypermixer_jax.train.evaluation",
 }
 
 
@@ -126,11 +130,17 @@ class Context:
 class TaskEvaluator:
   """The task's metrics (``finalize``) on ``config.eval_split``.
 
-  ``eval_steps`` batches of ``eval_batch_size`` (-1: the whole split).
+  ``eval_steps`` batches of ``eval_batch_size`` (-1: the whole split). As the
+  ``task`` evaluator of ``config.evals``, ``split``, ``steps`` and
+  ``batch_size`` choose another split and size.
   """
 
-  def __init__(self, context: Context):
+  def __init__(self, context: Context, *, split: str = "",
+               steps: int | None = None, batch_size: int = 0):
     self.ctx = context
+    self.split = split or context.config.eval_split
+    self.steps = context.config.eval_steps if steps is None else int(steps)
+    self.batch_size = int(batch_size) or context.config.eval_batch_size
     self._step_fn = None
 
   def _compiled(self, first: dict):
@@ -149,12 +159,15 @@ class TaskEvaluator:
   def run(self, state, step: int) -> dict[str, float]:
     del step
     c = self.ctx
-    it = iter(c.pipeline(c.config.eval_split, c.config.eval_batch_size))
+    it = iter(c.pipeline(self.split, self.batch_size))
     # The first batch gives the shapes; it goes back in front.
     first = next(it)
     batches = itertools.chain([first], it)
     return evaluate(self._compiled(first), state, batches, c.mesh, c.rules,
-                    c.facts.head, c.config.eval_steps)
+                    c.facts.head, self.steps)
+
+
+Evaluator = TaskEvaluator  # the ``task`` type of ``config.evals``
 
 
 @dataclasses.dataclass

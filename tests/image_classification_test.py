@@ -1,0 +1,263 @@
+"""CIFAR-10 through the image task: TSV preparation, patches, configs, the
+experiment at toy size.
+
+The patches are compared with a NumPy patchify of the decoded JPEG (and, on
+the real data, of the shared ``cifar10_test_2000.npz``, decoded by Pillow);
+the CIFAR config must differ from the ImageNet one only in data and length.
+"""
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hypermixer_jax import data
+from hypermixer_jax import models
+from hypermixer_jax.data import images
+from hypermixer_jax.data import prepare_images
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "experiments"))
+import image_classification as ic  # noqa: E402  pylint: disable=g-import-not-at-top
+
+MEAN = np.array(images.MEAN_RGB, np.float32)
+STD = np.array(images.STDDEV_RGB, np.float32)
+
+
+def _jpeg(seed: int, size: int = 32) -> bytes:
+  # Smooth, so that JPEG keeps it close to the original.
+  rng = np.random.default_rng(seed)
+  y, x = np.mgrid[:size, :size]
+  image = np.stack([(x * rng.uniform(2, 7) + y * rng.uniform(0, 3)
+                     + rng.uniform(0, 60)) % 256 for _ in range(3)], -1)
+  return tf.io.encode_jpeg(image.astype(np.uint8), quality=95).numpy()
+
+
+def _tar(path, files: dict[str, bytes]) -> str:
+  with tarfile.open(path, "w:gz") as tar:
+    for name, blob in files.items():
+      info = tarfile.TarInfo(name)
+      info.size = len(blob)
+      tar.addfile(info, io.BytesIO(blob))
+  return str(path)
+
+
+def _patchify(image: np.ndarray, p: int) -> np.ndarray:
+  """Independent reference: loops over patches, row-major, (row, col, ch)."""
+  h, w, _ = image.shape
+  return np.stack([image[i:i + p, j:j + p].reshape(-1)
+                   for i in range(0, h, p) for j in range(0, w, p)])
+
+
+def _expected(blob: bytes, p: int = 4) -> np.ndarray:
+  decoded = tf.io.decode_jpeg(blob, channels=3).numpy().astype(np.float32)
+  return _patchify((decoded / 255.0 - MEAN) / STD, p)
+
+
+CLASSES = ("airplane", "automobile", "bird")
+
+
+def _synthetic_archive(tmp_path, per_class=(3, 2)) -> tuple[str, dict]:
+  files = {}
+  for split, n in zip(("train", "test"), per_class):
+    for c, cls in enumerate(CLASSES):
+      for i in range(n):
+        files[f"{split}/{cls}/{i:04d}.jpg"] = _jpeg(100 * c + 10 * i
+                                                    + (split == "test"))
+  return _tar(tmp_path / "cifar.tar.gz", files), files
+
+
+def test_prepare_writes_tsvs_and_extracts(tmp_path):
+  archive, files = _synthetic_archive(tmp_path)
+  out = tmp_path / "out"
+  paths = prepare_images.prepare(archive, str(out), CLASSES)
+  assert paths == {"train": str(out / "train.tsv"),
+                   "test": str(out / "test.tsv")}
+  assert (out / "test.tsv").read_text() == (
+      "filename\tclass_index\n"
+      "test/airplane/0000.jpg\t0\ntest/airplane/0001.jpg\t0\n"
+      "test/automobile/0000.jpg\t1\ntest/automobile/0001.jpg\t1\n"
+      "test/bird/0000.jpg\t2\ntest/bird/0001.jpg\t2\n")
+  assert len((out / "train.tsv").read_text().splitlines()) == 1 + 9
+  for name, blob in files.items():
+    assert (out / name).read_bytes() == blob
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"test/horse/0000.jpg": b"x"}, "has class folder 'horse', not one of"),
+    ({"val/bird/0000.jpg": b"x"}, "is in split folder 'val'"),
+    ({"train/readme.txt": b"x"}, "is not <split>/<class>/<image>"),
+    ({"../evil.jpg": b"x"}, "is not <split>/<class>/<image>"),
+])
+def test_prepare_refuses_unexpected_members(tmp_path, extra, message):
+  _, files = _synthetic_archive(tmp_path)
+  archive = _tar(tmp_path / "bad.tar.gz", {**files, **extra})
+  with pytest.raises(ValueError, match=message):
+    prepare_images.prepare(archive, str(tmp_path / "out"), CLASSES)
+
+
+def test_prepare_refuses_a_missing_class(tmp_path):
+  _, files = _synthetic_archive(tmp_path)
+  files = {k: v for k, v in files.items() if not k.startswith("test/bird/")}
+  archive = _tar(tmp_path / "bad.tar.gz", files)
+  with pytest.raises(ValueError, match="split 'test' has no images of class "
+                     "'bird'"):
+    prepare_images.prepare(archive, str(tmp_path / "out"), CLASSES)
+
+
+def _cifar_cfg(tsv: str, **kw):
+  cfg = data.default_data_config()
+  cfg.update(task="imagenet_patches", image_size=32, patch_size=4,
+             num_classes=10, crop_fraction=1.0, **kw)
+  cfg.local_files.train = cfg.local_files.validation = tsv
+  return cfg
+
+
+def test_pipeline_patches_equal_numpy_patchify(tmp_path):
+  archive, files = _synthetic_archive(tmp_path)
+  paths = prepare_images.prepare(archive, str(tmp_path / "out"), CLASSES)
+  names = [l.split("\t")[0] for l in
+           pathlib.Path(paths["test"]).read_text().splitlines()[1:]]
+  want = np.stack([_expected(files[n]) for n in names])
+  # Evaluation: the whole image (crop_fraction 1, no resize).
+  batch = next(iter(data.build_pipeline(
+      _cifar_cfg(paths["test"]), "validation", batch_size=6, seed=0,
+      repeat=False, shuffle=False)))
+  assert batch["inputs"].shape == (6, 64, 48)
+  np.testing.assert_array_equal(batch["label"], [0, 0, 1, 1, 2, 2])
+  np.testing.assert_allclose(batch["inputs"], want, atol=1e-5)
+  # Training with min_crop_area=1: the whole image, flipped or not.
+  batch = next(iter(data.build_pipeline(
+      _cifar_cfg(paths["test"], min_crop_area=1.0), "train", batch_size=6,
+      seed=3, repeat=False, shuffle=False)))
+  flipped = np.stack([
+      _patchify(np.flip(np.asarray(
+          tf.io.decode_jpeg(files[n], channels=3), np.float32) / 255.0
+                        - MEAN, 1) / STD, 4) for n in names])
+  same = [np.allclose(b, w, atol=1e-4) for b, w in zip(batch["inputs"], want)]
+  flip = [np.allclose(b, f, atol=1e-4)
+          for b, f in zip(batch["inputs"], flipped)]
+  assert all(s or f for s, f in zip(same, flip)), (same, flip)
+  assert any(flip) and any(same)  # 6 fair coins: both seen at this seed
+
+
+def test_real_cifar_patches_equal_the_shared_npz(shared_data, tmp_path):
+  # One test image per class from the shared archive, through the pipeline,
+  # against the npz of the same files decoded by Pillow (200 per class).
+  archive = shared_data / "cifar10/cifar10_jpeg_train_test.tar.gz"
+  npz = np.load(shared_data / "cifar10/cifar10_test_2000.npz")
+  names = [f"test/{c}/0000.jpg" for c in prepare_images.CIFAR10_CLASSES]
+  with tarfile.open(archive) as tar:
+    for n in names:
+      tar.extract(n, tmp_path, filter="data")
+  tsv = tmp_path / "test.tsv"
+  tsv.write_text("filename\tclass_index\n" + "".join(
+      f"{n}\t{i}\n" for i, n in enumerate(names)))
+  batch = next(iter(data.build_pipeline(
+      _cifar_cfg(str(tsv)), "validation", batch_size=10, seed=0,
+      repeat=False, shuffle=False)))
+  x = npz["x"][::200].astype(np.float32)
+  np.testing.assert_array_equal(npz["y"][::200], np.arange(10))
+  np.testing.assert_array_equal(batch["label"], np.arange(10))
+  want = np.stack([_patchify((im / 255.0 - MEAN) / STD, 4) for im in x])
+  # Pillow's and TensorFlow's libjpeg may round an IDCT differently: at most
+  # one grey level (1 / 255 / 0.224 in normalised units).
+  diff = np.abs(batch["inputs"] - want) * STD.max() * 255
+  assert diff.max() <= 1.0 + 1e-3, diff.max()
+
+
+def test_real_archive_layout(shared_data):
+  archive = str(shared_data / "cifar10/cifar10_jpeg_train_test.tar.gz")
+  with tarfile.open(archive) as tar:
+    members = prepare_images._image_members(  # pylint: disable=protected-access
+        tar, archive, ("train", "test"), prepare_images.CIFAR10_CLASSES)
+  for split, n in (("train", 5000), ("test", 1000)):
+    assert {c: len(v) for c, v in members[split].items()} == {
+        c: n for c in prepare_images.CIFAR10_CLASSES}
+
+
+def _flat(cfg, prefix=""):
+  out = {}
+  for k, v in cfg.items():
+    if hasattr(v, "items"):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[prefix + k] = v
+  return out
+
+
+# What may differ between configs/cifar10.py:M and configs/imagenet.py:M.
+DATA_AND_LENGTH = {
+    "data.image_size", "data.patch_size", "data.num_classes",
+    "data.min_crop_area", "data.crop_fraction", "model.max_len",
+    "model.input_dim", "model.num_classes", "batch_size", "eval_batch_size",
+    "num_train_steps", "warmup_steps", "eval_every", "checkpoint_every"}
+
+
+@pytest.mark.parametrize("model", ["gmlp_ti", "vit_ti16", "mixer_s16"])
+def test_cifar_config_is_one_flag_from_imagenet(model):
+  cifar = ic.load_config("cifar10.py", model)
+  imagenet = ic.load_config("imagenet.py", model)
+  a, b = _flat(cifar), _flat(imagenet)
+  assert set(a) == set(b)
+  changed = {k for k in a if a[k] != b[k]}
+  assert changed <= DATA_AND_LENGTH, changed - DATA_AND_LENGTH
+  assert (imagenet.data.image_size, imagenet.data.patch_size,
+          imagenet.model.num_classes, imagenet.data.num_classes) == (
+              224, 16, 1000, 1000)
+  assert (cifar.data.image_size, cifar.data.patch_size, cifar.model.max_len,
+          cifar.model.input_dim, cifar.model.num_classes) == (32, 4, 64, 48, 10)
+  data.check_fits_model(cifar.data, cifar.model)
+  data.check_fits_model(imagenet.data, imagenet.model)
+  # The paper's gMLP-Ti on ImageNet: 5.87M (paper 5.9M).
+  if model == "gmlp_ti":
+    assert abs(models.count_params(imagenet.model) - 5.9e6) < 0.02 * 5.9e6
+
+
+def test_small_models_are_of_similar_size():
+  tsvs = {"train": "t.tsv", "test": "v.tsv"}
+  sizes = {f: models.count_params(ic.image_config(f, "small", tsvs=tsvs).model)
+           for f in ic.SMALL}
+  assert max(sizes.values()) / min(sizes.values()) < 1.15, sizes
+  for f in ic.SMALL:
+    cfg = ic.image_config(f, "small", tsvs=tsvs)
+    data.check_fits_model(cfg.data, cfg.model)
+
+
+def test_experiment_end_to_end_at_toy_size(tmp_path):
+  archive, _ = _synthetic_archive(tmp_path, per_class=(6, 2))
+  shared = tmp_path / "shared" / "cifar10"
+  shared.mkdir(parents=True)
+  # A 10-class archive (CIFAR-10's class names), 6 train / 2 test per class.
+  files = {}
+  for split, n in (("train", 6), ("test", 2)):
+    for c, cls in enumerate(prepare_images.CIFAR10_CLASSES):
+      for i in range(n):
+        files[f"{split}/{cls}/{i:04d}.jpg"] = _jpeg(7 * c + i)
+  _tar(shared / "cifar10_jpeg_train_test.tar.gz", files)
+  out = tmp_path / "exp"
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["PYTHONPATH"] = str(ROOT)
+  run = subprocess.run(
+      [sys.executable, str(ROOT / "experiments/image_classification.py"),
+       "--scale=small", f"--out={out}", f"--shared={tmp_path / 'shared'}",
+       "--families=vit", "--steps=4", "--batch_size=16"],
+      capture_output=True, text=True, env=env, timeout=600)
+  assert run.returncode == 0, run.stderr[-3000:]
+  results = json.loads((out / "results.json").read_text())
+  r = results["runs"]["small/s4b16/vit"]
+  assert r["step"] == 4 and 0.0 <= r["eval"]["accuracy"] <= 1.0
+  assert sorted(map(int, r["eval_curve"])) == [1, 2, 3, 4]
+  assert 0.0 <= r["test"]["accuracy"] <= 1.0  # all 20 test images, at the end
+  assert (out / "cifar10_data/test_200_per_class.tsv").exists()
+  assert (out / "cifar10_data/train.tsv").exists()
+  table = (out / "table.md").read_text()
+  assert "ViT-style Transformer" in table and "DeiT-B 81.8" in table
+  assert "not ImageNet" in table
+  assert (out / "image_curves.png").stat().st_size > 1000
