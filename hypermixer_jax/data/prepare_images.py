@@ -16,7 +16,11 @@ with class indices in the order given (CIFAR-10's standard order by default):
         --config.data.local_files.train=/data/cifar10/train.tsv \
         --config.data.local_files.validation=/data/cifar10/test.tsv
 
-Rows are sorted by class, then file name (the pipeline shuffles). An
+Rows are in a fixed random order (``--seed``): the pipeline shuffles
+through a buffer of ``data.shuffle_buffer_size`` examples, and a file sorted
+by class would fill that buffer with one or two classes at a time (training
+on CIFAR-10's class-sorted listing reaches 65% batch accuracy and 28% test
+accuracy). An
 archive member outside ``<split>/<class>/<file>``, a class folder not in the
 class list, or a class without images in a split stops with an error naming
 it. Extraction refuses links and absolute or ``..`` paths (``tarfile``'s
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import tarfile
 from typing import Sequence
 
@@ -68,12 +73,14 @@ def _image_members(tar: tarfile.TarFile, archive: str, splits: Sequence[str],
 
 
 def prepare(archive: str, out: str, classes: Sequence[str] = CIFAR10_CLASSES,
-            splits: Sequence[str] = ("train", "test")) -> dict[str, str]:
+            splits: Sequence[str] = ("train", "test"), seed: int = 0
+            ) -> dict[str, str]:
   """Extracts ``archive`` into ``out`` and writes ``out/<split>.tsv``.
 
   Returns ``{split: path of its TSV}``; each TSV has the header
   ``filename<TAB>class_index`` and one row per image (path relative to the
-  TSV), class index = position of its folder in ``classes``.
+  TSV), class index = position of its folder in ``classes``, rows in the
+  random order of ``seed`` (the same archive and seed give the same files).
   """
   if len(set(classes)) != len(classes):
     raise ValueError(f"classes {list(classes)} has duplicates.")
@@ -84,11 +91,12 @@ def prepare(archive: str, out: str, classes: Sequence[str] = CIFAR10_CLASSES,
   paths = {}
   for split, by_class in members.items():
     path = os.path.join(out, f"{split}.tsv")
+    rows = [f"{name}\t{index}\n" for index, cls in enumerate(classes)
+            for name in by_class[cls]]
+    random.Random(f"{seed}/{split}").shuffle(rows)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
       f.write("filename\tclass_index\n")
-      for index, cls in enumerate(classes):
-        for name in by_class[cls]:
-          f.write(f"{name}\t{index}\n")
+      f.writelines(rows)
     os.replace(path + ".tmp", path)
     paths[split] = path
   return paths
@@ -104,9 +112,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                  help="class folder names in class-index order "
                  "(default: CIFAR-10's)")
   p.add_argument("--splits", default="train,test")
+  p.add_argument("--seed", type=int, default=0, help="seed of the row order")
   args = p.parse_args(argv)
   paths = prepare(args.archive, args.out, args.classes.split(","),
-                  args.splits.split(","))
+                  args.splits.split(","), args.seed)
   for split, path in paths.items():
     with open(path, encoding="utf-8") as f:
       rows = sum(1 for _ in f) - 1
