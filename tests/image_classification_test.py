@@ -173,11 +173,11 @@ def test_real_cifar_patches_equal_the_shared_npz(shared_data, tmp_path):
   np.testing.assert_array_equal(batch["label"], np.arange(10))
   want = np.stack([_patchify((im / 255.0 - MEAN) / STD, 4) for im in x])
   # Pillow and TensorFlow decode JPEG with different IDCT / chroma
-  # upsampling choices: a few grey levels apart at most, under one on
-  # average. (A wrong patch order or channel order is off by tens.)
+  # upsampling choices (TF's default DCT is the fast integer one): measured
+  # 4 grey levels at most, 1 on average. A wrong patch order is off by tens.
   scale = np.tile(STD, 16) * 255  # one patch's (row, col, channel) entries
   diff = np.abs(batch["inputs"] - want) * scale
-  assert diff.max() <= 8 and diff.mean() < 0.6, (diff.max(), diff.mean())
+  assert diff.max() <= 8 and diff.mean() < 1.5, (diff.max(), diff.mean())
   wrong = np.abs(batch["inputs"] - want[:, ::-1]) * scale
   assert wrong.mean() > 10 * diff.mean()
 
@@ -264,7 +264,9 @@ def test_experiment_end_to_end_at_toy_size(tmp_path):
   r = results["runs"]["small/s4b16/vit"]
   assert r["step"] == 4 and 0.0 <= r["eval"]["accuracy"] <= 1.0
   assert sorted(map(int, r["eval_curve"])) == [1, 2, 3, 4]
-  assert 0.0 <= r["test"]["accuracy"] <= 1.0  # all 20 test images, at the end
+  # The "task" evaluator on all 20 test images (batches of 200), at the end.
+  assert abs(r["test"]["accuracy"] * 20 - round(r["test"]["accuracy"] * 20)
+             ) < 1e-4, r["test"]
   assert (out / "cifar10_data/test_200_per_class.tsv").exists()
   assert (out / "cifar10_data/train.tsv").exists()
   table = (out / "table.md").read_text()
