@@ -5,13 +5,25 @@ process on the same device: the step's XLA-counted FLOPs per second over the
 FLOP/s of a jitted square matmul (``matmul_ceiling``). On a shared host, pin
 the process (``taskset -c 1 python ...``): XLA's CPU backend then uses one
 thread, and both sides of the ratio see the same core.
+
+On a core that other jobs share, the speed of the core changes while a
+benchmark runs. ``Timed`` + ``interleave`` therefore measure the ceiling and
+the workloads in alternating rounds (ceiling, A, B, ..., ceiling, A, B, ...,
+ceiling), and ``summarize`` reports for each workload the least disturbed
+(minimum) and the typical (median) time, and the MFU both ways:
+``mfu_best`` = FLOPs / min(step) / max(ceiling FLOP/s) (best against best),
+``mfu_paired`` = the median over rounds of FLOPs / step_r / ceiling_r, where
+ceiling_r is the mean of the ceiling rounds just before and just after round
+r (each round's step is compared with the core's speed at that time).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +61,105 @@ def matmul_ceiling(dtype=jnp.float32, n: int = 2048, repeats: int = 5
   b = jax.random.normal(keys[1], (n, n), dtype)
   mm = jax.jit(jnp.matmul)
   return 2 * n ** 3 / time_call(mm, a, b, repeats=repeats)
+
+
+class Timed:
+  """One workload timed in rounds: ``call()`` runs it once (returns what to
+  block on); a round runs it ``inner`` times, with ``inner`` fixed by
+  ``warm()`` so that a round lasts about ``min_seconds``.
+
+  ``clock`` and ``block`` are ``time.perf_counter`` and
+  ``jax.block_until_ready`` (replaceable in tests).
+  """
+
+  def __init__(self, call: Callable[[], Any], *, flops: float = 0.0,
+               min_seconds: float = 0.5, warmup: int = 1,
+               clock: Callable[[], float] = time.perf_counter,
+               block: Callable[[Any], Any] = jax.block_until_ready):
+    self.call, self.flops, self.min_seconds = call, flops, min_seconds
+    self.warmup, self.clock, self.block = warmup, clock, block
+    self.inner = 0
+
+  def warm(self) -> None:
+    """Warm-up calls (not timed), then one timed call to size the rounds."""
+    for _ in range(self.warmup):
+      self.block(self.call())
+    t0 = self.clock()
+    self.block(self.call())
+    once = max(self.clock() - t0, 1e-9)
+    self.inner = max(1, math.ceil(self.min_seconds / once))
+
+  def round(self) -> float:
+    """Seconds per call over one round."""
+    if not self.inner:
+      self.warm()
+    t0 = self.clock()
+    out = None
+    for _ in range(self.inner):
+      out = self.call()
+    self.block(out)
+    return (self.clock() - t0) / self.inner
+
+
+def interleave(ceiling: Timed, workloads: Mapping[str, Timed], rounds: int
+               ) -> tuple[list[float], dict[str, list[float]]]:
+  """Seconds per call, round by round: ceiling, each workload, ..., ceiling.
+
+  Every timer is warmed up first (outside the rounds). Returns the
+  ``rounds + 1`` ceiling times and, per workload, its ``rounds`` times.
+  """
+  if rounds < 1:
+    raise ValueError(f"rounds={rounds} must be at least 1.")
+  ceiling.warm()
+  for t in workloads.values():
+    t.warm()
+  ceil_times, times = [ceiling.round()], {k: [] for k in workloads}
+  for _ in range(rounds):
+    for name, t in workloads.items():
+      times[name].append(t.round())
+    ceil_times.append(ceiling.round())
+  return ceil_times, times
+
+
+@dataclasses.dataclass
+class Summary:
+  """One workload's times and MFU against the interleaved ceiling."""
+  min_s: float
+  median_s: float
+  ceiling_best: float      # FLOP/s of the fastest ceiling round
+  ceiling_median: float    # median FLOP/s over the ceiling rounds
+  mfu_best: float          # flops / min_s / ceiling_best
+  mfu_paired: float        # median over rounds of the paired ratios
+  paired: list[float]      # per round: flops / t_r / mean(ceiling r, r + 1)
+  times: list[float]
+
+
+def summarize(ceil_times: Sequence[float], ceiling_flops: float,
+              times: Sequence[float], flops: float) -> Summary:
+  """MFU of a workload from ``interleave``'s times (see the module doc)."""
+  if len(ceil_times) != len(times) + 1:
+    raise ValueError(f"{len(ceil_times)} ceiling rounds for {len(times)} "
+                     "workload rounds; interleave() gives rounds + 1.")
+  rates = [ceiling_flops / t for t in ceil_times]
+  paired = [flops / t / ((rates[r] + rates[r + 1]) / 2)
+            for r, t in enumerate(times)]
+  best = max(rates)
+  return Summary(min_s=min(times), median_s=float(np.median(times)),
+                 ceiling_best=best, ceiling_median=float(np.median(rates)),
+                 mfu_best=flops / min(times) / best,
+                 mfu_paired=float(np.median(paired)), paired=paired,
+                 times=list(times))
+
+
+def ceiling_timer(dtype=jnp.float32, n: int = 2048, min_seconds: float = 0.5
+                  ) -> tuple[Timed, float]:
+  """(Timed jitted ``n x n`` matmul in ``dtype``, its FLOPs = 2 n^3)."""
+  keys = jax.random.split(jax.random.key(0))
+  a = jax.random.normal(keys[0], (n, n), dtype)
+  b = jax.random.normal(keys[1], (n, n), dtype)
+  mm = jax.jit(jnp.matmul)
+  return Timed(lambda: mm(a, b), flops=2 * n ** 3,
+               min_seconds=min_seconds), 2.0 * n ** 3
 
 
 def xla_flops(compiled) -> float:

@@ -5,7 +5,10 @@ Two tables, both measured in this process on this device:
 1. Forward of the (non-causal) HyperMixing token mixer at B x N x d with
    hyper_dim d' for several N: time, XLA-counted FLOPs, FLOP/s as a share
    of a jitted 2048 x 2048 matmul's, and time(N) / time(N / 4) (linear cost
-   gives 4).
+   gives 4). The ceiling and every N are timed in interleaved rounds
+   (``bench_common.interleave``): minimum and median times, and the
+   scaling ratio both from the minima and as the median of per-round
+   ratios.
 2. ``--causal_memory``: XLA's ``memory_analysis()`` of the compiled causal
    mixer (forward, and forward + backward) for N = 512 ... 8192: temporary
    bytes and their ratio to one [B, N, d] activation. The chunked scan keeps
@@ -19,6 +22,7 @@ Two tables, both measured in this process on this device:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -27,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 import bench_common as bc  # noqa: E402
 from hypermixer_jax.models.hypermixer import HyperMixing  # noqa: E402
@@ -39,28 +44,42 @@ def _module(args, n, causal=False, dtype=jnp.float32):
 
 
 def forward_table(args):
+  """Every N and the ceiling timed in interleaved rounds (bench_common)."""
   dtype = jnp.dtype(args.dtype)
-  ceiling = bc.matmul_ceiling(dtype)
-  rows, results, times = [], [], {}
+  ceiling, ceiling_flops = bc.ceiling_timer(dtype,
+                                            min_seconds=args.min_seconds)
+  timers, flops = {}, {}
   for n in args.lengths:
     module = _module(args, n, dtype=dtype)
     x = jax.random.normal(jax.random.key(0), (args.batch, n, args.d), dtype)
     params = jax.jit(module.init)(jax.random.key(1), x)
-    fwd = jax.jit(module.apply)
-    flops = bc.xla_flops(fwd.lower(params, x).compile())
-    t = bc.time_call(fwd, params, x, repeats=args.repeats)
-    times[n] = t
-    share = flops / t / ceiling
-    scale = times.get(n // 4)
-    rows.append((n, t * 1e3, flops / 1e9, flops / t / 1e9, 100 * share,
-                 f"{t / scale:.2f}" if scale else ""))
-    results.append(dict(n=n, seconds=t, flops=flops, share=share))
+    fwd = jax.jit(module.apply).lower(params, x).compile()
+    flops[n] = bc.xla_flops(fwd)
+    timers[n] = bc.Timed(lambda fwd=fwd, p=params, x=x: fwd(p, x),
+                         flops=flops[n], min_seconds=args.min_seconds)
+  ceil_times, times = bc.interleave(ceiling, timers, args.repeats)
+  rows, results = [], []
+  for n in args.lengths:
+    s = bc.summarize(ceil_times, ceiling_flops, times[n], flops[n])
+    scale, paired = "", ""
+    if n // 4 in times:
+      scale = f"{s.min_s / min(times[n // 4]):.2f}"
+      paired = f"{np.median(np.divide(times[n], times[n // 4])):.2f}"
+    rows.append((n, s.min_s * 1e3, s.median_s * 1e3, flops[n] / 1e9,
+                 flops[n] / s.min_s / 1e9, 100 * s.mfu_best,
+                 100 * s.mfu_paired, scale, paired))
+    results.append(dict(n=n, flops=flops[n], **dataclasses.asdict(s)))
+  best = max(ceiling_flops / t for t in ceil_times)
   text = (f"HyperMixing forward, B={args.batch} d={args.d} d'={args.hyper_dim}"
-          f" heads={args.num_heads} {args.dtype}; {bc.device_name()}; matmul "
-          f"ceiling {ceiling / 1e9:.1f} GFLOP/s\n\n" + bc.markdown_table(
-              ("N", "ms", "GFLOP (XLA)", "GFLOP/s", "% of ceiling",
-               "t(N)/t(N/4)"), rows))
-  return text, dict(ceiling=ceiling, rows=results)
+          f" heads={args.num_heads} {args.dtype}; {bc.device_name()}; "
+          f"{args.repeats} interleaved rounds; matmul ceiling "
+          f"{best / 1e9:.1f} GFLOP/s (best round)\n\n" + bc.markdown_table(
+              ("N", "ms (min)", "ms (median)", "GFLOP (XLA)", "GFLOP/s (min)",
+               "% of ceiling (best/best)", "% of ceiling (paired, median)",
+               "t(N)/t(N/4) (min/min)", "t(N)/t(N/4) (median of rounds)"),
+              rows))
+  return text, dict(ceiling_seconds=ceil_times, ceiling_flops=ceiling_flops,
+                    rows=results)
 
 
 def causal_memory_table(args):
@@ -101,7 +120,10 @@ def main():
   ap.add_argument("--chunk_size", type=int, default=64)
   ap.add_argument("--dtype", default="float32")
   ap.add_argument("--lengths", default="")
-  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--repeats", type=int, default=5,
+                  help="interleaved timing rounds (ceiling, every N)")
+  ap.add_argument("--min_seconds", type=float, default=0.5,
+                  help="least duration of one round of one workload")
   ap.add_argument("--causal_memory", action="store_true")
   ap.add_argument("--quick", action="store_true",
                   help="small sizes for a fast check")
@@ -109,6 +131,7 @@ def main():
   args = ap.parse_args()
   if args.quick:
     args.batch, args.d, args.hyper_dim, args.repeats = 2, 64, 128, 2
+    args.min_seconds = 0.1
   default = "512,1024,2048,4096,8192" if args.causal_memory else \
       "128,512,2048,8192"
   args.lengths = [int(v) for v in (args.lengths or default).split(",")]

@@ -16,6 +16,15 @@ bfloat16 compute (``--dtypes``).
     python experiments/bench_train_step.py --models glue_hypermixer/mlm \
         --profile     # also the XLA ops that take the time
 
+Timing: ``--rounds`` rounds alternate the ceiling and the step (ceiling,
+step, ceiling, ..., ceiling; ``bench_common.interleave``), each round at
+least ``--min_seconds``, after untimed warm-up calls. The table gives the
+step's minimum and median time, and the MFU two ways: best step against
+best ceiling, and the median over rounds of each round's step against the
+mean of the two ceiling rounds around it (``bench_common.summarize``).
+On an accelerator (``JAX_PLATFORMS=cuda`` or ``tpu``) the table also gives
+MFU against the device's dense peak from ``PEAK_FLOPS``.
+
 Notes. XLA's cost analysis counts a while loop's body once, so the FLOPs of
 Base Layers' auction (a while loop) are under-counted; it is a small part of
 the step's arithmetic. On a shared host pin the process (``taskset -c 1``):
@@ -25,9 +34,9 @@ are comparable even when the absolute speed of the core varies.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
-import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -149,23 +158,42 @@ def build_step(model_cfg, batch_size: int, length: int | None):
   return compiled, state, batch, rng, bc.xla_flops(compiled)
 
 
-def time_steps(compiled, state, batch, rng, repeats: int, min_seconds: float
-               ) -> tuple[float, object]:
-  """Best-of-``repeats`` seconds per step (the state is donated and carried)."""
-  state, m = compiled(state, batch, rng)
-  jax.block_until_ready(m)
-  t0 = time.perf_counter()
-  state, m = compiled(state, batch, rng)
-  jax.block_until_ready(m)
-  inner = max(1, int(min_seconds / max(time.perf_counter() - t0, 1e-6)))
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    for _ in range(inner):
-      state, m = compiled(state, batch, rng)
-    jax.block_until_ready(m)
-    best = min(best, (time.perf_counter() - t0) / inner)
-  return best, state
+def step_timer(compiled, state, batch, rng, flops: float,
+               min_seconds: float) -> bc.Timed:
+  """A ``bc.Timed`` of the step; the donated state is carried call to call."""
+  holder = [state]
+
+  def call():
+    holder[0], metrics = compiled(holder[0], batch, rng)
+    return metrics
+  return bc.Timed(call, flops=flops, min_seconds=min_seconds)
+
+
+# Dense peak FLOP/s per device kind (vendor data sheets, without sparsity),
+# for the MFU against the device's peak on accelerators. On CPU the measured
+# matmul ceiling is the reference.
+PEAK_FLOPS = {
+    # (substring of jax's device_kind, lower-case) -> {dtype: FLOP/s}
+    "h200": {"bfloat16": 989e12, "float32": 67e12},
+    "h100": {"bfloat16": 989e12, "float32": 67e12},   # SXM
+    "a100": {"bfloat16": 312e12, "float32": 19.5e12},
+    "l4": {"bfloat16": 121e12, "float32": 30.3e12},
+    "v100": {"bfloat16": 125e12, "float32": 15.7e12},  # fp16 tensor cores
+    "tpu v4": {"bfloat16": 275e12, "float32": 275e12 / 4},
+    "tpu v5 lite": {"bfloat16": 197e12, "float32": 197e12 / 4},
+    "tpu v5p": {"bfloat16": 459e12, "float32": 459e12 / 4},
+}
+
+
+def device_peak(dtype: str) -> float | None:
+  """The table's peak FLOP/s of device 0 in ``dtype``, None if unknown."""
+  kind = getattr(jax.devices()[0], "device_kind", "").lower()
+  if jax.devices()[0].platform == "cpu":
+    return None
+  for key in sorted(PEAK_FLOPS, key=len, reverse=True):
+    if key in kind:
+      return PEAK_FLOPS[key].get(dtype)
+  return None
 
 
 def main():
@@ -175,8 +203,10 @@ def main():
   ap.add_argument("--dtypes", default="float32,bfloat16")
   ap.add_argument("--batch_scale", type=float, default=1.0,
                   help="multiplies every model's batch size")
-  ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--min_seconds", type=float, default=1.0)
+  ap.add_argument("--rounds", type=int, default=5,
+                  help="timed rounds, each ceiling then step (interleaved)")
+  ap.add_argument("--min_seconds", type=float, default=1.0,
+                  help="least duration of one round")
   ap.add_argument("--quick", action="store_true",
                   help="2 layers, small sMLP, quarter batches, short timing")
   ap.add_argument("--profile", action="store_true",
@@ -189,57 +219,63 @@ def main():
     raise SystemExit(f"unknown --models {unknown}; choose from "
                      f"{', '.join(MODELS)}")
   if args.quick:
-    args.batch_scale, args.repeats, args.min_seconds = 0.25, 1, 0.2
+    args.batch_scale, args.rounds, args.min_seconds = 0.25, 2, 0.2
 
-  rows, results, ceilings = [], [], {}
+  rows, results = [], []
   for dtype in args.dtypes.split(","):
-    ceilings[dtype] = bc.matmul_ceiling(jnp.dtype(dtype))
-    print(f"# {dtype} matmul ceiling: {ceilings[dtype] / 1e9:.1f} GFLOP/s",
-          flush=True)
+    ceiling, ceiling_flops = bc.ceiling_timer(jnp.dtype(dtype),
+                                              min_seconds=args.min_seconds)
+    peak = device_peak(dtype)
     for name in names:
       make, batch, length = MODELS[name]
       cfg = make(args.quick)
       cfg.dtype = dtype
       batch = max(1, int(batch * args.batch_scale))
       compiled, state, xs, rng, flops = build_step(cfg, batch, length)
-      t, state = time_steps(compiled, state, xs, rng, args.repeats,
-                            args.min_seconds)
+      timer = step_timer(compiled, state, xs, rng, flops, args.min_seconds)
+      ceil_times, times = bc.interleave(ceiling, {name: timer}, args.rounds)
+      s = bc.summarize(ceil_times, ceiling_flops, times[name], flops)
       if args.profile:
-        holder = [state]
-
-        def one(b, r):
-          holder[0], m = compiled(holder[0], b, r)
-          return m
-        for op, ms, share in bc.profile_ops(one, xs, rng):
+        for op, ms, share in bc.profile_ops(timer.call):
           print(f"#   {name} {dtype}: {op:<36} {ms:9.2f} ms {100 * share:5.1f}%")
-      mfu = flops / t / ceilings[dtype]
       n = length or cfg.max_len
-      rows.append((name, dtype, batch, n, t * 1e3, flops / 1e9,
-                   flops / t / 1e9, 100 * mfu, batch * n / t))
+      peak_mfu = flops / s.min_s / peak if peak else None
+      rows.append((name, dtype, batch, n, s.min_s * 1e3, s.median_s * 1e3,
+                   flops / 1e9, flops / s.min_s / 1e9,
+                   s.ceiling_best / 1e9, 100 * s.mfu_best,
+                   100 * s.mfu_paired,
+                   f"{100 * peak_mfu:.1f}" if peak_mfu else "",
+                   batch * n / s.min_s))
       results.append(dict(model=name, dtype=dtype, batch=batch, length=n,
-                          seconds=t, flops=flops, mfu=mfu,
-                          ceiling=ceilings[dtype]))
-      print(f"# {name} {dtype}: {t * 1e3:.1f} ms, MFU {100 * mfu:.1f}%",
-            flush=True)
-      del compiled, state, xs
+                          flops=flops, rounds=args.rounds,
+                          ceiling_seconds=ceil_times,
+                          ceiling_flops=ceiling_flops, peak=peak,
+                          peak_mfu=peak_mfu, **dataclasses.asdict(s)))
+      print(f"# {name} {dtype}: {s.min_s * 1e3:.1f} ms (median "
+            f"{s.median_s * 1e3:.1f}), MFU {100 * s.mfu_best:.1f}% best, "
+            f"{100 * s.mfu_paired:.1f}% paired median; ceiling "
+            f"{s.ceiling_best / 1e9:.1f} GFLOP/s best, "
+            f"{s.ceiling_median / 1e9:.1f} median", flush=True)
+      del compiled, state, xs, timer
 
-  base = {r["dtype"]: r["seconds"] for r in results
+  base = {r["dtype"]: r["min_s"] for r in results
           if r["model"] == "smlp_switch/causal_lm"}
-  notes = [f"{k} matmul ceiling {v / 1e9:.1f} GFLOP/s" for k, v in
-           ceilings.items()]
+  notes = [f"{args.rounds} rounds of ceiling (2048^3 matmul) and step "
+           "interleaved"]
   for r in results:
     if r["model"] == "smlp_base/causal_lm" and r["dtype"] in base:
       notes.append(f"Base Layers / Switch step time ({r['dtype']}): "
-                   f"{r['seconds'] / base[r['dtype']]:.2f}")
+                   f"{r['min_s'] / base[r['dtype']]:.2f}")
   text = (f"Train step (fwd + bwd + AdamW), {bc.device_name()}"
           f"{', --quick' if args.quick else ''}; " + "; ".join(notes) + "\n\n"
           + bc.markdown_table(
-              ("model/head", "dtype", "batch", "length", "ms/step",
-               "GFLOP/step (XLA)", "GFLOP/s", "MFU % of ceiling",
+              ("model/head", "dtype", "batch", "length", "ms/step (min)",
+               "ms/step (median)", "GFLOP/step (XLA)", "GFLOP/s (min)",
+               "ceiling GFLOP/s (best)", "MFU % (best/best)",
+               "MFU % (paired, median)", "MFU % of device peak",
                "tokens/s"), rows))
   print(text)
-  bc.write_outputs(args.out, "train_step", text,
-                   dict(ceilings=ceilings, rows=results))
+  bc.write_outputs(args.out, "train_step", text, dict(rows=results))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,72 @@
+"""Bookkeeping of the benchmarks' interleaved timing (fake clock, no timing)."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "experiments"))
+
+import bench_common as bc  # noqa: E402
+
+
+class FakeClock:
+  """A clock that advances only when a fake workload 'runs'."""
+
+  def __init__(self):
+    self.now = 0.0
+    self.log = []
+
+  def __call__(self):
+    return self.now
+
+  def workload(self, name, durations):
+    """A call that takes durations[i] seconds on its i-th call."""
+    it = iter(durations)
+
+    def call():
+      self.now += next(it)
+      self.log.append(name)
+      return name
+    return call
+
+
+def test_interleave_order_inner_and_per_call_times():
+  clock = FakeClock()
+  # Ceiling: warm-up 1.0, sizing 0.25 -> inner = 2 per round of >= 0.5 s.
+  ceil = bc.Timed(clock.workload("C", [1.0, 0.25] + [0.25, 0.25,   # round 0
+                                                     0.5, 0.5,     # round 1
+                                                     0.25, 0.75]),  # round 2
+                  min_seconds=0.5, clock=clock, block=lambda x: x)
+  # Step: warm-up, sizing 2.0 -> inner = 1.
+  step = bc.Timed(clock.workload("S", [9.0, 2.0, 2.0, 4.0]),
+                  min_seconds=0.5, clock=clock, block=lambda x: x)
+  ceil_times, times = bc.interleave(ceil, {"S": step}, rounds=2)
+  assert ceil.inner == 2 and step.inner == 1
+  # Warm-ups first, then C S C S C.
+  assert clock.log == ["C", "C", "S", "S", "C", "C", "S", "C", "C", "S",
+                       "C", "C"]
+  assert ceil_times == [0.25, 0.5, 0.5]
+  assert times == {"S": [2.0, 4.0]}
+
+
+def test_summarize_best_median_and_paired_mfu():
+  # Ceiling of 100 FLOP: rates 100, 50, 100, 200 FLOP/s.
+  ceil_times = [1.0, 2.0, 1.0, 0.5]
+  times = [10.0, 20.0, 5.0]
+  s = bc.summarize(ceil_times, 100.0, times, flops=400.0)
+  assert s.min_s == 5.0 and s.median_s == 10.0
+  assert s.ceiling_best == 200.0 and s.ceiling_median == 100.0
+  assert s.mfu_best == pytest.approx(400 / 5 / 200)
+  # Round r against the mean rate of ceiling rounds r and r + 1.
+  expect = [400 / 10 / 75, 400 / 20 / 75, 400 / 5 / 150]
+  np.testing.assert_allclose(s.paired, expect)
+  assert s.mfu_paired == pytest.approx(np.median(expect))
+
+
+def test_summarize_refuses_unpaired_rounds():
+  with pytest.raises(ValueError, match="3 ceiling rounds for 3 workload"):
+    bc.summarize([1.0, 1.0, 1.0], 1.0, [1.0, 1.0, 1.0], 1.0)
+  with pytest.raises(ValueError, match="rounds=0 must be at least 1"):
+    bc.interleave(bc.Timed(lambda: 0), {}, rounds=0)
