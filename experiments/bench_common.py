@@ -202,13 +202,35 @@ def write_outputs(out_dir: str | None, name: str, text: str, results: Any
     json.dump(results, f, indent=1, default=lambda o: np.asarray(o).tolist())
 
 
+def _self_times(events, names) -> list[tuple[str, int]]:
+  """(name, self picoseconds) of nested trace events on one line."""
+  evs = sorted(events, key=lambda e: (e.offset_ps, -e.duration_ps))
+  out, stack = [], []  # stack of [end, name, self]
+
+  def close(until):
+    while stack and stack[-1][0] <= until:
+      end, name, own = stack.pop()
+      out.append((name, own))
+
+  for ev in evs:
+    close(ev.offset_ps)
+    if stack:
+      stack[-1][2] -= ev.duration_ps
+    stack.append([ev.offset_ps + ev.duration_ps,
+                  names.get(ev.metadata_id, "?"), ev.duration_ps])
+  close(float("inf"))
+  return out
+
+
 def profile_ops(fn: Callable[..., Any], *args, calls: int = 3,
                 logdir: str = "/tmp/hypermixer_jax_profile", top: int = 12
                 ) -> list[tuple[str, float, float]]:
   """Where ``fn``'s time goes: ``jax.profiler`` trace, summed by XLA op.
 
   Returns ``(op or fusion name, ms per call, share of the ops' total)``, the
-  largest first. The trace (TensorBoard profile format) stays in ``logdir``.
+  largest first. Times are self times: events nest on a trace line (the
+  executor's event holds the ops, a fusion may hold sub-events), and each
+  event is charged its duration less that of the events inside it. The trace (TensorBoard profile format) stays in ``logdir``.
   Reading it needs TensorFlow's ``xplane_pb2`` (installed with TF).
   """
   import glob  # pylint: disable=g-import-not-at-top
@@ -229,11 +251,10 @@ def profile_ops(fn: Callable[..., Any], *args, calls: int = 3,
   for plane in space.planes:
     names = {k: v.name for k, v in plane.event_metadata.items()}
     for line in plane.lines:
-      for ev in line.events:
-        name = names.get(ev.metadata_id, "?")
+      for name, ps in _self_times(line.events, names):
         if any(name.startswith(s) for s in skip) or " " in name:
           continue
-        totals[name] = totals.get(name, 0.0) + ev.duration_ps / 1e9
+        totals[name] = totals.get(name, 0.0) + ps / 1e9
   total = sum(totals.values()) or 1.0
   ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:top]
   return [(k, v / calls, v / total) for k, v in ranked]

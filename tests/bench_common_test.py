@@ -70,3 +70,19 @@ def test_summarize_refuses_unpaired_rounds():
     bc.summarize([1.0, 1.0, 1.0], 1.0, [1.0, 1.0, 1.0], 1.0)
   with pytest.raises(ValueError, match="rounds=0 must be at least 1"):
     bc.interleave(bc.Timed(lambda: 0), {}, rounds=0)
+
+
+def test_profile_self_times_subtract_nested_events():
+  from types import SimpleNamespace as E  # pylint: disable=g-import-not-at-top
+  names = {1: "Execute", 2: "fusion.1", 3: "sub", 4: "dot.2"}
+  # Execute [0, 100) holds fusion.1 [10, 50) (holding sub [20, 30)) and
+  # dot.2 [60, 90); a later dot.2 [100, 110) stands alone.
+  events = [E(offset_ps=60, duration_ps=30, metadata_id=4),
+            E(offset_ps=0, duration_ps=100, metadata_id=1),
+            E(offset_ps=20, duration_ps=10, metadata_id=3),
+            E(offset_ps=10, duration_ps=40, metadata_id=2),
+            E(offset_ps=100, duration_ps=10, metadata_id=4)]
+  got = {}
+  for name, ps in bc._self_times(events, names):  # pylint: disable=protected-access
+    got[name] = got.get(name, 0) + ps
+  assert got == {"Execute": 30, "fusion.1": 30, "sub": 10, "dot.2": 40}
