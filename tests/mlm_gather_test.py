@@ -158,3 +158,21 @@ def test_packed_row_keeps_its_first_predictions():
     np.testing.assert_array_equal(row["inputs"][dropped],
                                   row["targets"][dropped])
     assert (row["inputs"][kept] != row["targets"][kept]).all()
+
+
+def test_is_argmax_equals_argmax_with_ties_and_infinities():
+  rng = np.random.RandomState(0)
+  # Small integers: many rows with tied maxima, where the first one wins.
+  logits = rng.randint(0, 4, (64, 9, 7)).astype(np.float32)
+  logits[0, 0] = -np.inf                 # all -inf: argmax is 0
+  logits[0, 1, 3:] = np.inf              # ties at +inf
+  labels = rng.randint(0, 7, (64, 9)).astype(np.int32)
+  labels[0, 0], labels[0, 1], labels[0, 2] = 0, 3, 6
+  want = np.argmax(logits, -1) == labels
+  got = np.asarray(jax.jit(heads.is_argmax)(logits, labels))
+  np.testing.assert_array_equal(got, want)
+  assert 0 < want.mean() < 1                  # both outcomes exercised
+  # A tie where the label is the later maximum is not correct.
+  row = np.array([[1.0, 5.0, 5.0]], np.float32)
+  assert not heads.is_argmax(row, np.array([2]))[0]
+  assert heads.is_argmax(row, np.array([1]))[0]

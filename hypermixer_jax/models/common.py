@@ -211,8 +211,48 @@ class LayerNorm(nn.Module):
 
 def gelu(x: Array, approximate: bool = False) -> Array:
   """Exact (erf) GELU, as in the papers' reference code; ``approximate``:
-  the tanh form (Flax's default, used by the official MLP-Mixer release)."""
-  return nn.gelu(x, approximate=approximate)
+  the tanh form (Flax's default, used by the official MLP-Mixer release).
+
+  The exact form is ``erf_gelu``: PyTorch's formula with a derivative rule
+  that reuses the forward's Phi(x), about 2x cheaper on CPU than
+  ``jax.nn.gelu(approximate=False)`` (which evaluates erfc).
+  """
+  if approximate:
+    return nn.gelu(x, approximate=True)
+  return erf_gelu(x)
+
+
+_SQRT_HALF = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+
+
+@jax.custom_jvp
+def erf_gelu(x: Array) -> Array:
+  """``x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))`` (PyTorch's GELU formula).
+
+  Same function as ``jax.nn.gelu(x, approximate=False)``, which computes
+  ``0.5 x erfc(-x / sqrt 2)``: erfc costs an exp plus two polynomials and a
+  select per element on XLA's CPU backend, erf one polynomial, which made the
+  GELUs ~7% of a GLUE-size HyperMixer train step (profile in
+  experiments/README.md, Train-step efficiency). The two differ by at most
+  ~1e-6 in absolute value (float32 roundings of the same function; in the
+  negative tail, where 1 + erf cancels, the erf form keeps that absolute
+  accuracy but not a relative one: |GELU(x)| < 0.02 for x < -2). The
+  derivative ``Phi(x) + x phi(x)`` reuses the forward's Phi(x).
+  """
+  return x * _phi_cdf(x)
+
+
+def _phi_cdf(x: Array) -> Array:
+  return 0.5 * (1.0 + jax.lax.erf(x * jnp.asarray(_SQRT_HALF, x.dtype)))
+
+
+@erf_gelu.defjvp
+def _erf_gelu_jvp(primals, tangents):
+  (x,), (dx,) = primals, tangents
+  cdf = _phi_cdf(x)
+  pdf = jnp.exp(-0.5 * x * x) * jnp.asarray(_INV_SQRT_2PI, x.dtype)
+  return x * cdf, dx * (cdf + x * pdf)
 
 
 def sinusoidal_positions(length: int, dim: int, dtype: Dtype = jnp.float32
