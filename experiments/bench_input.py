@@ -10,12 +10,24 @@ batches: the pipeline keeps up when its rate is above the model's.
   python experiments/bench_input.py --shared=../shared/data --batch_size=32 \
       --batches=20 --model
 
-With ``--scaling``, each pipeline is timed in child processes pinned with
-``taskset -c 0`` and ``taskset -c 0,1`` (alternating, ``--repeats`` times,
-best of each kept, since other jobs on a shared machine only ever slow a run
-down), and the table gives examples/s per core and the 1 -> 2 core speed-up:
+With ``--scaling``, each pipeline runs in fresh child processes pinned with
+``taskset`` to ``--one_core`` (default CPU 1) and to ``--two_cores`` (default
+0,1), in ``--repeats`` rounds whose order alternates (1, 2 | 2, 1 | 1, 2 ...)
+so that a slow drift of the machine's load hits both sides alike. Each child
+excludes ``--warmup_batches`` batches (tracing, shuffle buffer fill, tf.data
+autotuning) from its timing and reports examples/s (wall), CPU-seconds per
+example (all its threads; on a shared core this rises when the run is
+disturbed, e.g. by cache thrashing, so contention is visible), the
+involuntary context switches per second, and the largest share of its CPU
+time spent by one thread (a stage that runs on one thread bounds the speed-up
+at 1 / share: Amdahl). The table gives, per configuration, the best and
+median examples/s, examples/s per core, CPU-s per 1k examples, and the
+1 -> 2 core speed-up as best/best and as the median of the per-round ratios.
+A speed-up above 2 cannot come from the second core; it is flagged, with the
+CPU-s per example that shows which run was disturbed:
 
-  python experiments/bench_input.py --scaling --batch_size=64 --batches=30
+  taskset -c 0,1 python experiments/bench_input.py --scaling \
+      --batch_size=64 --batches=40 --repeats=3
 """
 from __future__ import annotations
 
@@ -23,6 +35,7 @@ import argparse
 import json
 import os
 import pathlib
+import resource
 import subprocess
 import sys
 import time
@@ -123,32 +136,134 @@ def time_pipeline(cfg, split, batch_size: int, batches: int):
   return batches * batch_size / dt, tokens / dt, batch, busy
 
 
+def thread_cpu_seconds() -> dict[str, float]:
+  """CPU-seconds (user + system) of each thread of this process, by name."""
+  out: dict[str, float] = {}
+  tick = os.sysconf("SC_CLK_TCK")
+  for tid in os.listdir("/proc/self/task"):
+    try:
+      with open(f"/proc/self/task/{tid}/stat", encoding="utf-8") as f:
+        stat = f.read()
+    except OSError:  # the thread ended
+      continue
+    name = stat[stat.index("(") + 1:stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2:].split()
+    # Fields 14 and 15 of stat (utime, stime), counted from the state (3).
+    out[f"{name}/{tid}"] = (int(fields[11]) + int(fields[12])) / tick
+  return out
+
+
+def child_measure(cfg, split, batch_size: int, batches: int, warmup: int
+                  ) -> dict:
+  """One timed run in this process (the child side of ``--scaling``)."""
+  p = data.build_pipeline(cfg, split, batch_size=batch_size, seed=0,
+                          repeat=True, shuffle=True)
+  it = iter(p)
+  for _ in range(warmup):
+    next(it)
+  threads0 = thread_cpu_seconds()
+  usage0 = resource.getrusage(resource.RUSAGE_SELF)
+  start, cpu = time.perf_counter(), time.process_time()
+  tokens = 0
+  for _ in range(batches):
+    b = next(it)
+    tokens += int((b["segment_ids"] > 0).sum() if "segment_ids" in b
+                  else np.prod(b["inputs"].shape[:2]))
+  wall = time.perf_counter() - start
+  cpu = time.process_time() - cpu
+  usage1 = resource.getrusage(resource.RUSAGE_SELF)
+  threads1 = thread_cpu_seconds()
+  per_thread = {k: v - threads0.get(k, 0.0) for k, v in threads1.items()}
+  ranked = sorted(per_thread.items(), key=lambda kv: -kv[1])
+  top = ranked[0]
+  n = batches * batch_size
+  return {"examples_s": n / wall, "tokens_s": tokens / wall,
+          "cpu_s_per_example": cpu / n, "cpu_s_per_s": cpu / wall,
+          "involuntary_switches_s": (usage1.ru_nivcsw - usage0.ru_nivcsw)
+                                    / wall,
+          "top_thread": top[0].rsplit("/", 1)[0],
+          "top_thread_share": top[1] / max(cpu, 1e-9),
+          "threads": [(k.rsplit("/", 1)[0], round(v / max(cpu, 1e-9), 3))
+                      for k, v in ranked[:5]],
+          "cpus": len(os.sched_getaffinity(0))}
+
+
+def round_order(repeats: int) -> list[tuple[int, ...]]:
+  """Order of the 1- and 2-core runs in each round: (1, 2), (2, 1), ..."""
+  return [(1, 2) if r % 2 == 0 else (2, 1) for r in range(repeats)]
+
+
+def summarize_scaling(runs: dict[int, list[dict]]) -> dict:
+  """Scaling figures from the children's records, per core count.
+
+  ``runs[c][r]`` is round r's record with ``c`` cores. Speed-ups: best
+  2-core rate over best 1-core rate, and the median over rounds of the
+  round's 2-core rate over its 1-core rate. ``superlinear`` is set when
+  either exceeds 2 (the 1-core run was slowed by something else).
+  """
+  if len(runs[1]) != len(runs[2]) or not runs[1]:
+    raise ValueError(f"unpaired rounds: {len(runs[1])} one-core and "
+                     f"{len(runs[2])} two-core runs.")
+  out = {}
+  for c in (1, 2):
+    rates = [r["examples_s"] for r in runs[c]]
+    out[c] = {"best": max(rates), "median": float(np.median(rates)),
+              "per_core": max(rates) / c,
+              "cpu_ms_per_example": 1e3 * float(np.median(
+                  [r["cpu_s_per_example"] for r in runs[c]])),
+              "top_thread_share": float(np.median(
+                  [r["top_thread_share"] for r in runs[c]]))}
+  out["speedup_best"] = out[2]["best"] / out[1]["best"]
+  out["speedup_paired"] = float(np.median(
+      [b["examples_s"] / a["examples_s"] for a, b in zip(runs[1], runs[2])]))
+  out["superlinear"] = max(out["speedup_best"], out["speedup_paired"]) > 2.0
+  return out
+
+
 def scaling(args, labels):
   """Child runs under taskset for 1 and 2 cores; prints the table."""
-  print(f"{'pipeline':26s} {'1 core ex/s':>12s} {'2 cores ex/s':>13s} "
-        f"{'per core (2)':>13s} {'speed-up':>9s} {'CPU-s/s (2)':>12s}"
-        "   runs (1 core | 2 cores)")
+  cpus = {1: args.one_core, 2: args.two_cores}
+  for c, v in cpus.items():
+    if len(v.split(",")) != c:
+      raise SystemExit(f"--{'one_core' if c == 1 else 'two_cores'}={v} "
+                       f"must list {c} CPU(s).")
+  header = (f"{'pipeline':24s} {'1c best':>8s} {'1c med':>8s} {'2c best':>8s}"
+            f" {'2c med':>8s} {'per core':>9s} {'speed-up':>9s} {'paired':>7s}"
+            f" {'CPU ms/ex 1c':>13s} {'2c':>6s} {'top thread':>11s}")
+  print(f"# 1 core = CPU {cpus[1]}, 2 cores = CPUs {cpus[2]}; batch "
+        f"{args.batch_size} x {args.batches} timed batches after "
+        f"{args.warmup_batches} warm-up; {args.repeats} alternating rounds")
+  print(header, flush=True)
+  results = {}
   for label in labels:
-    best, runs, busy = {}, {1: [], 2: []}, 0.0
-    for _ in range(args.repeats):
-      for cores, cpus in ((1, "0"), (2, "0,1")):
-        cmd = ["taskset", "-c", cpus, sys.executable, __file__, "--only",
-               label, "--json", "--batch_size", str(args.batch_size),
-               "--batches", str(args.batches), "--seq_len",
+    runs = {1: [], 2: []}
+    for order in round_order(args.repeats):
+      for cores in order:
+        cmd = ["taskset", "-c", cpus[cores], sys.executable, __file__,
+               "--only", label, "--json", "--batch_size",
+               str(args.batch_size), "--batches", str(args.batches),
+               "--warmup_batches", str(args.warmup_batches), "--seq_len",
                str(args.seq_len), "--shared", args.shared]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        rec = json.loads(out.stdout.strip().splitlines()[-1])
-        rate = rec["examples_s"]
-        runs[cores].append(rate)
-        if rate > best.get(cores, 0.0):
-          best[cores] = rate
-          if cores == 2:
-            busy = rec["cpu_s_per_s"]
-    fmt = lambda xs: " ".join(f"{x:.0f}" for x in xs)  # noqa: E731
-    print(f"{label:26s} {best[1]:12.1f} {best[2]:13.1f} {best[2] / 2:13.1f} "
-          f"{best[2] / best[1]:8.2f}x {busy:12.2f}   {fmt(runs[1])} | "
-          f"{fmt(runs[2])}",
-          flush=True)
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if out.returncode:
+          raise SystemExit(f"{label} on CPUs {cpus[cores]} failed:\n"
+                           f"{out.stderr[-3000:]}")
+        runs[cores].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    s = summarize_scaling(runs)
+    results[label] = {"summary": s, "runs": runs}
+    flag = "  SUPERLINEAR: a 1-core run was disturbed" if s["superlinear"] \
+        else ""
+    print(f"{label:24s} {s[1]['best']:8.0f} {s[1]['median']:8.0f} "
+          f"{s[2]['best']:8.0f} {s[2]['median']:8.0f} {s[2]['per_core']:9.0f}"
+          f" {s['speedup_best']:8.2f}x {s['speedup_paired']:6.2f}x "
+          f"{s[1]['cpu_ms_per_example']:13.3f} "
+          f"{s[2]['cpu_ms_per_example']:6.3f} "
+          f"{100 * s[2]['top_thread_share']:10.0f}%{flag}", flush=True)
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "scaling.json"), "w",
+              encoding="utf-8") as f:
+      json.dump(results, f, indent=1)
 
 
 def main():
@@ -163,6 +278,13 @@ def main():
   parser.add_argument("--scaling", action="store_true",
                       help="1 vs 2 cores (taskset) per pipeline")
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--warmup_batches", type=int, default=5,
+                      help="batches taken before timing (--scaling children)")
+  parser.add_argument("--one_core", default="1",
+                      help="CPU of the 1-core runs of --scaling")
+  parser.add_argument("--two_cores", default="0,1",
+                      help="CPUs of the 2-core runs of --scaling")
+  parser.add_argument("--out", default="", help="folder for scaling.json")
   parser.add_argument("--only", default="", help="pipelines to run "
                       "(comma-separated labels)")
   parser.add_argument("--json", action="store_true",
@@ -177,11 +299,9 @@ def main():
     return
   if args.json:
     for label, cfg, split in table:
-      rate, tok, _, busy = time_pipeline(cfg, split, args.batch_size,
-                                         args.batches)
-      print(json.dumps({"pipeline": label, "examples_s": rate,
-                        "tokens_s": tok, "cpu_s_per_s": busy,
-                        "cpus": len(os.sched_getaffinity(0))}))
+      rec = child_measure(cfg, split, args.batch_size, args.batches,
+                          args.warmup_batches)
+      print(json.dumps({"pipeline": label, **rec}))
     return
   print(f"{'pipeline':26s} {'examples/s':>11s} {'tokens/s':>11s} "
         f"{'model ex/s':>11s}")

@@ -94,3 +94,26 @@ def test_eval_pipeline_ends(files):
   sizes = [len(b["label"]) for b in p]
   assert sizes == [8, 8, 8, 2] and p.get_state()["done"]
   assert list(p) == []
+
+
+def test_iterator_state_of_another_graph_resumes_by_skipping(files):
+  """A saved tf.data iterator that does not fit this pipeline's graph (e.g.
+  saved before a change of tf.data options) falls back to skipping."""
+  cfgs = _configs(files)
+  kw = dict(batch_size=4, seed=11, repeat=True, shuffle=True)
+  pipeline = data.build_pipeline(cfgs["c4_mlm"], "train", **kw)
+  it = iter(pipeline)
+  full = [next(it) for _ in range(2)]
+  state = json.loads(json.dumps(pipeline.get_state()))
+  full += [next(it) for _ in range(2)]
+  other = data.build_pipeline(cfgs["glue_mnli"], "train", **kw)
+  other_it = iter(other)
+  next(other_it)
+  state["iterator"] = other.get_state()["iterator"]  # another graph's state
+  resumed = data.build_pipeline(cfgs["c4_mlm"], "train", **kw)
+  resumed.set_state(state)
+  got = _take(resumed, 2)
+  assert resumed.batches_replayed == state["batch"] == 2
+  for a, b in zip(full[2:], got):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k], err_msg=k)

@@ -21,6 +21,7 @@ Bad data stops iteration with ``sources.DataError`` naming file and line.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Iterator
 
 import ml_collections
@@ -98,7 +99,18 @@ class Pipeline:
       self.batches_replayed = self._batch
     self._iterator = iter(ds)
     if blob is not None:
-      self._iterator._restore(tf.constant(blob))  # pylint: disable=protected-access
+      try:
+        self._iterator._restore(tf.constant(blob))  # pylint: disable=protected-access
+      except (tf.errors.OpError, ValueError) as e:
+        # A state saved by a version with another tf.data graph (e.g. before
+        # the options above): resume by skipping the batches taken instead.
+        logging.warning(
+            "%s:%s: the saved tf.data iterator state does not fit this "
+            "pipeline (%s); resuming by skipping %d batches of epoch %d.",
+            self._identity["task"], self._identity["split"],
+            str(e).splitlines()[0][:200], self._batch, self._epoch)
+        self._iterator = iter(self._make_epoch(self._epoch).skip(self._batch))
+        self.batches_replayed = self._batch
     try:
       while True:
         try:
@@ -249,6 +261,16 @@ def _tf_epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
 
   options = tf.data.Options()
   options.deterministic = True
+  # Fewer per-example hops: consecutive maps (our readers' checks, seqio's
+  # preprocessors, the feature converter) run as one function, a filter
+  # after a map runs inside it, and the remaining filters (blank lines,
+  # empty documents) run in parallel instead of on the consumer's thread.
+  # Deterministic order is kept. On the SST-2 pipeline this halved the
+  # CPU time per example (experiments/README.md, Input pipelines).
+  opt = options.experimental_optimization
+  opt.map_fusion = True
+  opt.map_and_filter_fusion = True
+  opt.filter_parallelization = True
   # The iterator state is saved with the checkpoint. The only stateful ops
   # are our data checks (asserts) and the SentencePiece resources, neither of
   # which holds stream state, so nothing is lost by not saving them.
