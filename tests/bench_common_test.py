@@ -86,3 +86,53 @@ def test_profile_self_times_subtract_nested_events():
   for name, ps in bc._self_times(events, names):  # pylint: disable=protected-access
     got[name] = got.get(name, 0) + ps
   assert got == {"Execute": 30, "fusion.1": 30, "sub": 10, "dot.2": 40}
+
+
+def _rec(rate, cpu_per_example=1e-3, share=0.5):
+  return {"examples_s": rate, "cpu_s_per_example": cpu_per_example,
+          "top_thread_share": share}
+
+
+def test_input_scaling_bookkeeping_on_fake_runs():
+  import bench_input as bi  # pylint: disable=g-import-not-at-top
+  assert bi.round_order(4) == [(1, 2), (2, 1), (1, 2), (2, 1)]
+  runs = {1: [_rec(100), _rec(80, 2e-3), _rec(90)],
+          2: [_rec(190, share=0.6), _rec(150), _rec(175, share=0.7)]}
+  s = bi.summarize_scaling(runs)
+  assert s[1]["best"] == 100 and s[1]["median"] == 90
+  assert s[2]["best"] == 190 and s[2]["per_core"] == 95
+  assert s["speedup_best"] == pytest.approx(1.9)
+  # Per round: 1.9, 1.875, 1.944..; median 1.9.
+  assert s["speedup_paired"] == pytest.approx(1.9)
+  assert s[1]["cpu_ms_per_example"] == pytest.approx(1.0)
+  assert s[2]["top_thread_share"] == pytest.approx(0.6)
+  assert not s["superlinear"]
+  # A disturbed one-core round makes a ratio above 2: flagged.
+  runs[1][1] = _rec(40, 5e-3)
+  assert bi.summarize_scaling(runs)["superlinear"]
+  with pytest.raises(ValueError, match="unpaired rounds: 3 one-core and 2"):
+    bi.summarize_scaling({1: runs[1], 2: runs[2][:2]})
+
+
+def test_thread_cpu_seconds_sees_a_busy_thread():
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  import bench_input as bi  # pylint: disable=g-import-not-at-top
+  busy, release, tid = threading.Event(), threading.Event(), []
+
+  def spin():
+    tid.append(threading.get_native_id())
+    t = time.thread_time()
+    while time.thread_time() - t < 0.2:
+      pass
+    busy.set()
+    release.wait()            # alive while its /proc entry is read
+  before = bi.thread_cpu_seconds()
+  th = threading.Thread(target=spin)
+  th.start()
+  busy.wait()
+  after = bi.thread_cpu_seconds()
+  release.set()
+  th.join()
+  key = [k for k in after if k.endswith(f"/{tid[0]}")]
+  assert key and after[key[0]] - before.get(key[0], 0.0) >= 0.15
