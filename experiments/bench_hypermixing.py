@@ -40,7 +40,8 @@ from hypermixer_jax.models.hypermixer import HyperMixing  # noqa: E402
 def _module(args, n, causal=False, dtype=jnp.float32):
   return HyperMixing(args.hyper_dim, num_heads=args.num_heads,
                      max_len=max(n, 512), causal=causal,
-                     causal_chunk_size=args.chunk_size, dtype=dtype)
+                     causal_chunk_size=args.chunk_size,
+                     chunk_tokens=args.chunk_tokens, dtype=dtype)
 
 
 def forward_table(args):
@@ -119,6 +120,9 @@ def main():
   ap.add_argument("--num_heads", type=int, default=1)
   ap.add_argument("--chunk_size", type=int, default=64)
   ap.add_argument("--dtype", default="float32")
+  ap.add_argument("--chunk_tokens", type=int, default=None,
+                  help="HyperMixing.chunk_tokens (default: the module's; "
+                  "0: one pass)")
   ap.add_argument("--lengths", default="")
   ap.add_argument("--repeats", type=int, default=5,
                   help="interleaved timing rounds (ceiling, every N)")

@@ -346,3 +346,69 @@ def test_causal_module_chunking_invariant_and_jacobian_across_chunks():
   dependence = np.abs(jax.jacfwd(small)(x)[0, :, :, 0]).max(axis=(1, 3))
   np.testing.assert_array_equal(np.triu(dependence, 1), 0.0)
   assert (dependence[np.tril_indices(N)] > 0).all()
+
+
+TWO_PASS = ["untied_sinusoidal_ln", "tied_none_no_ln", "heads_learned_hidden",
+            "cross_untied", "cross_tied_heads_learned", "official_heads_tied",
+            "head_slices_learned_cross"]
+
+
+@pytest.mark.parametrize("case", TWO_PASS)
+@pytest.mark.parametrize("chunk_tokens", [2, 5])
+def test_two_pass_chunks_equal_one_pass(case, chunk_tokens):
+  """Token chunks (uneven sizes, masks, segment ids) give the one-pass
+  function: outputs and gradients w.r.t. parameters and inputs."""
+  cfg = dict(CASES[case])
+  d, m = cfg.pop("d"), cfg.pop("m", None)
+  one = HyperMixing(D_PRIME, max_len=MAX_LEN, chunk_tokens=0, **cfg)
+  two = HyperMixing(D_PRIME, max_len=MAX_LEN, chunk_tokens=chunk_tokens,
+                    **cfg)
+  ctx = rand(B, N, d, seed=3)
+  x = ctx if m is None else rand(B, m, d, seed=4)
+  assert two._chunks(B, N, x.shape[1]) > 2  # pylint: disable=protected-access
+  variables = make(d, **cfg)[0]
+  seg = jnp.asarray(np.arange(x.shape[1])[None] < np.array([[x.shape[1]],
+                                                             [3]]),
+                    jnp.int32)
+  ctx_seg = jnp.asarray(np.arange(N)[None] < np.array([[N - 1], [4]]),
+                        jnp.int32)
+  kw = dict(segment_ids=seg)
+  if m is not None:
+    kw.update(context=ctx, context_segment_ids=ctx_seg)
+
+  def loss(module, v, x, ctx):
+    call = dict(kw, context=ctx) if m is not None else kw
+    y = module.apply(v, x, **call)
+    return jnp.sum(jnp.sin(y)), y
+
+  grad = lambda mod: jax.jit(jax.grad(  # noqa: E731
+      lambda v, x, c: loss(mod, v, x, c), argnums=(0, 1, 2),
+      has_aux=True))(variables, x, ctx)
+  (g1, y1), (g2, y2) = grad(one), grad(two)
+  np.testing.assert_allclose(y2, y1, rtol=1e-5, atol=1e-5)
+  assert np.abs(np.asarray(y1)).max() > 0.1
+  # float32 summation order only (in float64 the two agree to 1e-12 of the
+  # gradients' size): tolerance relative to each array's largest entry.
+  for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(g1)):
+    scale = float(np.abs(np.asarray(b)).max())
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * scale + 1e-7)
+
+
+def test_two_pass_is_the_cpu_default_and_can_be_turned_off():
+  x = rand(4, 600, 8)
+  auto = HyperMixing(16, max_len=600)
+  assert jax.default_backend() == "cpu"
+  assert auto._chunks(4, 600, 600) == 3   # pylint: disable=protected-access
+  assert auto._chunks(1, 300, 300) == 1   # pylint: disable=protected-access
+  # Training (deterministic=False) keeps one pass: the chunked backward is
+  # slower; rows shorter than 2 x 128 tokens are not cut either.
+  assert auto._chunks(4, 600, 600, False) == 1   # pylint: disable=protected-access
+  assert auto._chunks(32, 128, 128) == 1   # pylint: disable=protected-access
+  assert auto._chunks(8, 2048, 2048) == 16   # pylint: disable=protected-access
+  assert HyperMixing(16, chunk_tokens=0)._chunks(4, 600, 600) == 1  # pylint: disable=protected-access
+  variables = auto.init(jax.random.key(0), x)
+  one = HyperMixing(16, max_len=600, chunk_tokens=0)
+  np.testing.assert_allclose(auto.apply(variables, x),
+                             one.apply(variables, x), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="chunk_tokens=-1 must be >= 0"):
+    HyperMixing(16, chunk_tokens=-1).init(jax.random.key(0), x)
