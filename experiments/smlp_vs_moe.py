@@ -163,7 +163,7 @@ def train_config(model: ml_collections.ConfigDict, scale: str,
   c.eval_every = s["steps"] // s["evals"]
   c.eval_steps = s["eval_steps"]
   c.log_every = max(1, s["steps"] // 25)
-  c.checkpoint_every = s["steps"] // 5
+  c.checkpoint_every = s["steps"] if scale == "small" else s["steps"] // 10
   c.keep_checkpoints = 1
   c.mesh.expert = 1
   if scale == "small":
