@@ -144,7 +144,8 @@ def test_run_summary_and_table_rows():
   assert r["flops_per_token"] == pytest.approx(3e9 / tokens)
   assert r["train_seconds"] == pytest.approx(50 * tokens / 950.0)
   runs = {"smlp_deterministic": r,
-          "switch": exp4.run_summary(_run(400.0, [1900.0] * 3), tokens)}
+          "switch": {**exp4.run_summary(_run(400.0, [1900.0] * 3), tokens),
+                     "last80": {"perplexity": 350.0}}}
   plan = {"smlp_deterministic": dict(depth=(2, 2), layer_flops=2e6,
                                      params=2.5e6),
           "switch": dict(depth=(1, 2), layer_flops=1.8e6, params=2.4e6),
@@ -153,8 +154,9 @@ def test_run_summary_and_table_rows():
                          {n: exp4.MODELS[n][0] for n in exp4.MODELS}, runs,
                          plan, "smlp_deterministic", exp4.PAPER)
   assert len(rows[0]) == len(exp4.HEADERS)
-  assert rows[1][:9] == ["Switch Transformer", "1+2", "2.40M", "3.00",
-                         "1.80", "0.90", "400.0", "1,900", "2.00"]
-  assert rows[0][5] == "1.00" and rows[0][8] == "1.00"
+  assert rows[1][:10] == ["Switch Transformer", "1+2", "2.40M", "3.00",
+                          "1.80", "0.90", "400.0", "350.0", "1,900", "2.00"]
+  assert rows[0][5] == "1.00" and rows[0][9] == "1.00" and rows[0][7] == ""
   assert rows[2][3] == "not run" and rows[2][6] == "not run"
+  assert rows[1][-1] == exp4.PAPER["switch"]
   assert rows[2][5] == "1.05"
