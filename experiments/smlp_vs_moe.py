@@ -139,9 +139,19 @@ def model_config(name: str, scale: str, depth: tuple[int, int],
                 num_sparse_layers=n2, **fields))
   if scale == "small":
     c.dtype = "float32"                    # bf16 is slow on CPUs
-  c.moe.update(dict(num_experts=s["num_experts"], expert_d_ffn=s["d_ffn"],
-                    **moe_fields, **(moe or {})))
+  c.moe.update({**dict(num_experts=s["num_experts"],
+                       expert_d_ffn=s["d_ffn"]), **moe_fields, **(moe or {})})
   return c
+
+
+def run_config(name: str, scale: str, depth: tuple[int, int],
+               shared: pathlib.Path | None, data_dir: str = ""
+               ) -> ml_collections.ConfigDict:
+  """The training config of a model (``MODELS``) or an ablation
+  (``ABLATIONS``: its base model with its MoE overrides) at ``depth``."""
+  base, moe = ABLATIONS[name][1:] if name in ABLATIONS else (name, {})
+  return train_config(model_config(base, scale, depth, moe), scale, shared,
+                      data_dir)
 
 
 def train_config(model: ml_collections.ConfigDict, scale: str,
@@ -381,9 +391,7 @@ def main() -> None:
                      f"{', '.join(MODELS)}; ablations: {', '.join(ABLATIONS)}")
 
   def config(name, depth):
-    base, moe = (ABLATIONS[name][1:] if name in ABLATIONS else (name, {}))
-    return train_config(model_config(base, args.scale, depth, moe),
-                        args.scale, shared, args.data_dir)
+    return run_config(name, args.scale, depth, shared, args.data_dir)
 
   # FLOP matching (recorded, so a restart does not recompile).
   def fit_of(name):

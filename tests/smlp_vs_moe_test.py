@@ -73,6 +73,19 @@ def test_model_configs_build_the_named_models(shared):
                       SHARED)
 
 
+def test_ablations_change_only_their_moe_fields(shared):
+  ref = exp4.run_config(exp4.REFERENCE, "small", (2, 2), shared)
+  want = {"smlp_e2": {"num_experts": 2}, "smlp_e8": {"num_experts": 8},
+          "smlp_switch_tmoe": {"tmoe_router": "switch"}}
+  assert set(want) == set(exp4.ABLATIONS)
+  for name, moe in want.items():
+    c = exp4.run_config(name, "small", (2, 2), shared)
+    models.build_model(c.model)
+    assert c.model.moe.to_dict() == {**ref.model.moe.to_dict(), **moe}
+    c.model.moe = ref.model.moe
+    assert c.to_dict() == ref.to_dict()
+
+
 def test_paper_scale_is_the_papers_setting(shared):
   c = exp4.train_config(exp4.model_config(
       exp4.REFERENCE, "paper", exp4.SCALES["paper"]["smlp_depth"]), "paper",
