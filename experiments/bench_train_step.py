@@ -177,7 +177,8 @@ PEAK_FLOPS = {
     "h200": {"bfloat16": 989e12, "float32": 67e12},
     "h100": {"bfloat16": 989e12, "float32": 67e12},   # SXM
     "a100": {"bfloat16": 312e12, "float32": 19.5e12},
-    "l4": {"bfloat16": 121e12, "float32": 30.3e12},
+    "l40s": {"bfloat16": 362e12, "float32": 91.6e12},
+    "l4": {"bfloat16": 121e12, "float32": 30.3e12},   # after l40s (longest first)
     "v100": {"bfloat16": 125e12, "float32": 15.7e12},  # fp16 tensor cores
     "tpu v4": {"bfloat16": 275e12, "float32": 275e12 / 4},
     "tpu v5 lite": {"bfloat16": 197e12, "float32": 197e12 / 4},
