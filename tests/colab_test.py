@@ -40,6 +40,7 @@ def _is_shell(source):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_notebook_runs(path, request, tmp_path, monkeypatch):
   monkeypatch.setenv("HYPERMIXER_COLAB_QUICK", "1")
   monkeypatch.setenv("HYPERMIXER_ROOT", str(ROOT))

@@ -96,6 +96,34 @@ def test_eval_pipeline_ends(files):
   assert list(p) == []
 
 
+def _assert_same_batches(a, b):
+  assert len(a) == len(b) > 0
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+@pytest.mark.parametrize("task", ["c4_mlm", "glue_mnli"])
+def test_restarted_eval_pipeline_reuses_its_dataset(files, task):
+  """An evaluation's pipeline, restarted, yields what a newly built one
+  yields (the MLM masking is seeded), from the same tf.data dataset."""
+  cfg = _configs(files)[task]
+  kw = dict(batch_size=4, seed=3, repeat=False, shuffle=False)
+  split = "train"
+  p = data.build_pipeline(cfg, split, **kw)
+  once = list(p)
+  again = p.restarted()
+  _assert_same_batches(list(again), once)
+  _assert_same_batches(list(data.build_pipeline(cfg, split, **kw)), once)
+  assert p.restarted()._make_epoch(0) is again._make_epoch(0)  # pylint: disable=protected-access
+  assert list(p) == []               # the original stays at its end
+  # A shuffled pipeline is rebuilt for each copy: still the same stream.
+  shuffled = data.build_pipeline(cfg, split, **{**kw, "shuffle": True})
+  once = list(shuffled)
+  _assert_same_batches(list(shuffled.restarted()), once)
+
+
 def test_iterator_state_of_another_graph_resumes_by_skipping(files):
   """A saved tf.data iterator that does not fit this pipeline's graph (e.g.
   saved before a change of tf.data options) falls back to skipping."""
@@ -114,6 +142,28 @@ def test_iterator_state_of_another_graph_resumes_by_skipping(files):
   resumed.set_state(state)
   got = _take(resumed, 2)
   assert resumed.batches_replayed == state["batch"] == 2
+  for a, b in zip(full[2:], got):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_iterator_state_is_tf_datas_own_format(files):
+  """The graph-mode save writes byte for byte what TF's eager
+  ``OwnedIterator._save`` writes, and a state written by TF's restores (no
+  replay) and continues the stream: checkpoints of either version load."""
+  cfg = _configs(files)["c4_mlm"]
+  kw = dict(batch_size=4, seed=11, repeat=True, shuffle=True)
+  pipeline = data.build_pipeline(cfg, "train", **kw)
+  it = iter(pipeline)
+  full = [next(it) for _ in range(2)]
+  ours = pipeline.get_state()
+  tfs = pipeline._iterator._save().numpy().decode()  # pylint: disable=protected-access
+  assert len(ours["iterator"].split(",")) > 10 and ours["iterator"] == tfs
+  full += [next(it) for _ in range(2)]
+  resumed = data.build_pipeline(cfg, "train", **kw)
+  resumed.set_state({**ours, "iterator": tfs})
+  got = _take(resumed, 2)
+  assert resumed.batches_replayed == 0
   for a, b in zip(full[2:], got):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k], err_msg=k)

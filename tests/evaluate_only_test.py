@@ -44,6 +44,7 @@ def run(tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 def test_latest_and_given_step_equal_the_logged_evaluations(run, tmp_path):
   logged = metrics_lib.read_metrics(str(run), "eval")
   assert sorted(logged) == [4, 8]
@@ -60,6 +61,7 @@ def test_latest_and_given_step_equal_the_logged_evaluations(run, tmp_path):
   np.testing.assert_allclose(again["mse"], logged[4]["mse"], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_main_modes_from_the_command_line(run, tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
              XLA_FLAGS="--xla_force_host_platform_device_count=8")

@@ -8,6 +8,7 @@ import tempfile
 
 from absl.testing import absltest
 import numpy as np
+import pytest
 
 from hypermixer_jax import experiment
 
@@ -155,6 +156,7 @@ class GlueConfigTest(absltest.TestCase):
                              msg=f"{mixer}: {counts}")
 
   @absltest.skipUnless(HAS_SST2, SKIP_SST2)
+  @pytest.mark.slow
   def test_tiny_sst2_run_records_curves(self):
     cfg = glue_from_scratch.glue_config("sst2", "fnet", "small", 1e-3,
                                         SHARED, steps=6, width=16)

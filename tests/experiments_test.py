@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import matplotlib.image
 import numpy as np
+import pytest
 
 from hypermixer_jax import experiment
 from hypermixer_jax import models
@@ -98,6 +99,7 @@ class TokenMixingCostTest(absltest.TestCase):
 
 class SyntheticDataEfficiencyTest(absltest.TestCase):
 
+  @pytest.mark.slow
   def test_run(self):
     out = pathlib.Path(tempfile.mkdtemp())
     summary = sde.run(experiment.Experiment(out), sizes=(64, 32),

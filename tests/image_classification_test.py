@@ -240,6 +240,7 @@ def test_small_models_are_of_similar_size():
     data.check_fits_model(cfg.data, cfg.model)
 
 
+@pytest.mark.slow
 def test_experiment_end_to_end_at_toy_size(tmp_path):
   archive, _ = _synthetic_archive(tmp_path, per_class=(6, 2))
   shared = tmp_path / "shared" / "cifar10"

@@ -71,6 +71,7 @@ def test_small_models_have_equal_capacity():
           mixer, kind, p)
 
 
+@pytest.mark.slow
 def test_match_finds_the_nearest_d_ffn():
   """Against a brute-force search over every multiple of 16."""
   m = mlm.model_config("amlp", d_model=32, num_layers=2, d_ffn=64,
@@ -141,6 +142,7 @@ def test_table_rows_put_the_paper_beside_ours():
   assert rows["aMLP"][7] == "not in PAPERS.md"
 
 
+@pytest.mark.slow
 def test_toy_run_end_to_end(shared_data, tmp_path, monkeypatch):
   shared = _shared(tmp_path, shared_data, lines=60)
   monkeypatch.setattr(mlm, "SMALL", dict(

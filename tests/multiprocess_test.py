@@ -102,6 +102,7 @@ def cache_dir(tmp_path_factory):
   return str(tmp_path_factory.mktemp("jax_cache"))
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path, cache_dir):
   one, two = tmp_path / "one", tmp_path / "two"
   _launch(one, 12, processes=1, devices=4, cache_dir=cache_dir)

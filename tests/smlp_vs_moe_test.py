@@ -122,6 +122,7 @@ def test_choose_depth_picks_the_closest_in_log_ratio():
     exp4.choose_depth(fit, 0, cands)
 
 
+@pytest.mark.slow
 def test_train_step_flops_are_additive_over_blocks(shared):
   # Real XLA counts on a toy model: the linear fit predicts a deeper model.
   def config(depth):

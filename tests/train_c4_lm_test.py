@@ -3,6 +3,7 @@ import os
 
 from absl import flags
 import numpy as np
+import pytest
 from ml_collections import config_flags
 
 from hypermixer_jax import models
@@ -31,6 +32,7 @@ def test_config_builds_a_causal_chunked_hypermixer():
   assert "causal=True" in text and "causal_chunk_size=32" in text, text
 
 
+@pytest.mark.slow
 def test_hypermixer_lm_trains_at_length_1024(shared_data, tmp_path):
   c4 = str(shared_data / "c4/c4_en_train_00000_first1000.jsonl")
   config = _config(

@@ -107,6 +107,7 @@ def _event_steps(workdir):
   return out
 
 
+@pytest.mark.slow
 def test_kill_and_resume_logs_each_step_once(tmp_path):
   work = tmp_path / "w"
   first = _main(work, f"{CONFIGS}/default.py", *TINY_SYNTH,

@@ -68,6 +68,7 @@ def reference(tmp_path_factory):
   return workdir, result
 
 
+@pytest.mark.slow
 def test_default_job_loss_falls(reference):
   tmp_path, res = reference
   train = metrics_lib.read_metrics(str(tmp_path))
@@ -117,6 +118,7 @@ def _main(workdir, cache_dir, *overrides, devices=8):
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path, reference,
                                                      compilation_cache):
   """A process killed after step 35 (checkpoint at 30) and restarted in the

@@ -49,6 +49,7 @@ def test_base_config_loads():
   assert c.data.seq_len == c.model.max_len == 1024
 
 
+@pytest.mark.slow
 def test_tiny_smlp_trains_with_moe_metrics(shared_data, tmp_path):
   c4 = str(shared_data / "c4/c4_en_train_00000_first1000.jsonl")
   config = _config(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 import jax
@@ -85,6 +85,21 @@ def _pipeline(config, split: str, batch_size: int, *, train: bool):
       config.data, split, batch_size=batch_size // pcount,
       shard_index=jax.process_index(), num_shards=pcount, seed=config.seed,
       repeat=train, shuffle=train)
+
+
+def _eval_pipelines(config) -> Callable[[str, int], data_lib.Pipeline]:
+  """``(split, batch_size) -> pipeline`` for the evaluators: each split's
+  pipeline is built once and restarted at each evaluation (its tf.data graph
+  is not traced again)."""
+  built = {}
+
+  def pipeline(split: str, batch_size: int) -> data_lib.Pipeline:
+    if (split, batch_size) not in built:
+      built[split, batch_size] = _pipeline(config, split, batch_size,
+                                           train=False)
+    return built[split, batch_size].restarted()
+
+  return pipeline
 
 
 def _poison(batch: dict) -> dict:
@@ -331,7 +346,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
     evaluators = evaluation.declared(evaluation.Context(
         config=config, workdir=workdir, model=run.model, facts=run.facts,
         mesh=run.mesh, rules=run.rules, state_shardings=run.state_sh,
-        pipeline=lambda split, bs: _pipeline(config, split, bs, train=False),
+        pipeline=_eval_pipelines(config),
         write_image=writer.write_image, is_main=run.is_main))
     if start == 0:
       writer.write_text("config", f"```\n{config}\n```")
