@@ -231,8 +231,10 @@ def _json_unescape_general(raw: tf.Tensor) -> tf.Tensor:
 _JSON_STRING = r'"((?:[^"\\]|\\.)*)"'
 
 
-def _json_field(line: tf.Tensor, key: str) -> tuple[tf.Tensor, tf.Tensor]:
-  """(found, value as a string) of top-level ``key`` of a flat JSON object.
+def _json_field(line: tf.Tensor, key: str
+                ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+  """(found, is a number, value as written) of top-level ``key`` of a flat
+  JSON object: a string's body still has its escapes (``json_unescape``).
 
   A key is matched only after ``{`` or ``,`` (a quote inside a string value
   is escaped, so it cannot start a key); the value is a string or a number.
@@ -242,9 +244,8 @@ def _json_field(line: tf.Tensor, key: str) -> tuple[tf.Tensor, tf.Tensor]:
   found = tf.strings.regex_full_match(line, pattern)
   string = tf.strings.regex_replace(line, pattern, r"\1", replace_global=False)
   number = tf.strings.regex_replace(line, pattern, r"\2", replace_global=False)
-  value = tf.where(tf.strings.length(number) > 0, number,
-                   json_unescape(string))
-  return found, tf.where(found, value, "")
+  is_number = found & (tf.strings.length(number) > 0)
+  return found, is_number, tf.where(is_number, number, string)
 
 
 def _label_id(value: tf.Tensor, where: list, label_names: Sequence[str],
@@ -285,12 +286,15 @@ def _parse_jsonl(meta, number, line, fields):
   line = _check_line(path, number, line)
   out, checks = {}, []
   for feat, aliases in fields.items():
-    found = tf.constant(False)
-    value = tf.constant("")
+    found, is_number, value = (tf.constant(False), tf.constant(False),
+                               tf.constant(""))
     for alias in reversed(aliases):  # first alias wins
-      f, v = _json_field(line, alias)
-      value = tf.where(f, v, value)
+      f, n, v = _json_field(line, alias)
+      value, is_number = tf.where(f, v, value), tf.where(f, n, is_number)
       found = found | f
+    # One unescape per field, after the alias is chosen.
+    value = tf.where(is_number | ~found, tf.where(found, value, ""),
+                     json_unescape(value))
     checks.append(data_check(
         found, *where, ": no field ", " or ".join(map(repr, aliases)),
         " (a string or integer) in this JSON line; each line must be a "
