@@ -34,6 +34,15 @@ experiments/README.md):
 
   python experiments/bench_input.py --scaling --shards=8 --batch_size=64 \
       --batches=300 --warmup_batches=30 --repeats=3
+
+``--state`` times what a checkpoint costs the pipeline instead: saving its
+position (against TF's own eager save of the same iterator, in the same
+format), its size, and the first batch after a restore and after a
+fresh build (what an epoch boundary costs), e.g. with the data config's
+default shuffle buffer:
+
+  python experiments/bench_input.py --state --shuffle_buffer_size=10000 \
+      --batch_size=64 --warmup_batches=30
 """
 from __future__ import annotations
 
@@ -220,6 +229,36 @@ def child_measure(cfg, split, batch_size: int, batches: int, warmup: int
           "cpus": len(os.sched_getaffinity(0))}
 
 
+def state_timing(cfg, split, batch_size: int, warmup: int) -> dict:
+  """Seconds to save a pipeline's position (ours, and TF's eager
+  ``OwnedIterator._save`` of the same iterator, whose format ours writes),
+  the saved size, and the
+  seconds to the first batch of a restored and of a newly built pipeline
+  (an epoch boundary costs the latter)."""
+  kw = dict(batch_size=batch_size, seed=0, repeat=True, shuffle=True)
+  pipeline = data.build_pipeline(cfg, split, **kw)
+  it = iter(pipeline)
+  for _ in range(warmup):
+    next(it)
+  t0 = time.perf_counter()
+  state = pipeline.get_state()
+  t1 = time.perf_counter()
+  tf_blob = pipeline._iterator._save().numpy().decode()  # pylint: disable=protected-access
+  t2 = time.perf_counter()
+  del tf_blob  # the same format (tests/data_resume_test.py)
+  restored = data.build_pipeline(cfg, split, **kw)
+  restored.set_state(json.loads(json.dumps(state)))
+  t3 = time.perf_counter()
+  next(iter(restored))
+  t4 = time.perf_counter()
+  next(iter(data.build_pipeline(cfg, split, **kw)))
+  t5 = time.perf_counter()
+  return {"save_s": t1 - t0, "tf_save_s": t2 - t1,
+          "state_mb": len(state.get("iterator", "")) / 1e6,
+          "restore_first_batch_s": t4 - t3, "new_first_batch_s": t5 - t4,
+          "replayed": restored.batches_replayed}
+
+
 def round_order(repeats: int) -> list[tuple[int, ...]]:
   """Order of the 1- and 2-core runs in each round: (1, 2), (2, 1), ..."""
   return [(1, 2) if r % 2 == 0 else (2, 1) for r in range(repeats)]
@@ -330,6 +369,13 @@ def main():
   parser.add_argument("--out", default="", help="folder for scaling.json")
   parser.add_argument("--only", default="", help="pipelines to run "
                       "(comma-separated labels)")
+  parser.add_argument("--state", action="store_true",
+                      help="time saving and restoring each pipeline's "
+                      "position instead of its throughput")
+  parser.add_argument("--shuffle_buffer_size", type=int, default=0,
+                      help="override the pipelines' shuffle buffer "
+                      "(default: 1,000 examples; the data config's own "
+                      "default is 10,000)")
   parser.add_argument("--json", action="store_true",
                       help="print one JSON line per pipeline")
   args = parser.parse_args()
@@ -350,8 +396,23 @@ def run(args):
   if args.only:
     wanted = args.only.split(",")
     table = [t for t in table if t[0] in wanted]
+  if args.shuffle_buffer_size:
+    for _, cfg, _ in table:
+      cfg.shuffle_buffer_size = args.shuffle_buffer_size
   if args.scaling:
     scaling(args, [t[0] for t in table])
+    return
+  if args.state:
+    print(f"{'pipeline':26s} {'state MB':>9s} {'save s':>7s} "
+          f"{'TF save s':>9s} {'restore->batch s':>16s} "
+          f"{'new->batch s':>12s}")
+    for label, cfg, split in table:
+      r = state_timing(cfg, split, args.batch_size, args.warmup_batches)
+      print(f"{label:26s} {r['state_mb']:9.2f} {r['save_s']:7.2f} "
+            f"{r['tf_save_s']:9.2f} {r['restore_first_batch_s']:16.2f} "
+            f"{r['new_first_batch_s']:12.2f}"
+            + (f"  (replayed {r['replayed']})" if r["replayed"] else ""),
+            flush=True)
     return
   if args.json:
     for label, cfg, split in table:

@@ -163,3 +163,20 @@ def test_sharded_sample_reads_every_row_once_per_shard(tmp_path):
           source.get_dataset("train", shuffle=False).as_numpy_iterator()]} \
       == {os.path.join(str(tmp_path / "shards"), f"docs-{i:05d}-of-00003.jsonl")
           for i in range(3)}
+
+
+def test_state_timing_restores_without_replay(tmp_path):
+  """``--state``: the position is saved in TF's own format (checked inside)
+  and a restore continues without replaying batches."""
+  import bench_input as bi  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.data import testing  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / "pairs.tsv")
+  testing.write_pairs_tsv(path, 40)
+  cfg = data.default_data_config()
+  cfg.update(task="glue_mnli", seq_len=16, shuffle_buffer_size=16,
+             vocab_path=testing.tiny_vocab(str(tmp_path / "vocab")))
+  cfg.local_files.train = path
+  r = bi.state_timing(cfg, "train", batch_size=4, warmup=3)
+  assert r["replayed"] == 0 and r["state_mb"] > 0
+  assert min(r["save_s"], r["tf_save_s"], r["new_first_batch_s"]) > 0

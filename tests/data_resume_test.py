@@ -148,9 +148,12 @@ def test_iterator_state_of_another_graph_resumes_by_skipping(files):
 
 
 def test_iterator_state_is_tf_datas_own_format(files):
-  """The graph-mode save writes byte for byte what TF's eager
-  ``OwnedIterator._save`` writes, and a state written by TF's restores (no
-  replay) and continues the stream: checkpoints of either version load."""
+  """The graph-mode save writes TF's own format: a state from TF's eager
+  ``OwnedIterator._save`` restores here, and ours restores with TF's eager
+  ``_restore``; both continue the stream exactly (checkpoints written before
+  the change load). The two saves of one live iterator may differ in what
+  its background prefetch held, so the stream is compared, not the bytes."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   cfg = _configs(files)["c4_mlm"]
   kw = dict(batch_size=4, seed=11, repeat=True, shuffle=True)
   pipeline = data.build_pipeline(cfg, "train", **kw)
@@ -158,15 +161,18 @@ def test_iterator_state_is_tf_datas_own_format(files):
   full = [next(it) for _ in range(2)]
   ours = pipeline.get_state()
   tfs = pipeline._iterator._save().numpy().decode()  # pylint: disable=protected-access
-  assert len(ours["iterator"].split(",")) > 10 and ours["iterator"] == tfs
+  assert len(ours["iterator"].split(",")) > 10
   full += [next(it) for _ in range(2)]
   resumed = data.build_pipeline(cfg, "train", **kw)
   resumed.set_state({**ours, "iterator": tfs})
-  got = _take(resumed, 2)
+  _assert_same_batches(_take(resumed, 2), full[2:])
   assert resumed.batches_replayed == 0
-  for a, b in zip(full[2:], got):
-    for k in a:
-      np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  fresh = data.build_pipeline(cfg, "train", **kw)
+  tf_iterator = iter(fresh._make_epoch(ours["epoch"]))  # pylint: disable=protected-access
+  tf_iterator._restore(tf.constant(ours["iterator"]))  # pylint: disable=protected-access
+  rest_of_epoch = [{k: v.numpy() for k, v in b.items()} for b in tf_iterator]
+  full += [next(it) for _ in range(len(rest_of_epoch))]
+  _assert_same_batches(rest_of_epoch, full[2:2 + len(rest_of_epoch)])
 
 
 def test_position_restores_under_another_threadpool_size(files):
