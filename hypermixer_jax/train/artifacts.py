@@ -28,6 +28,7 @@ from hypermixer_jax import models
 from hypermixer_jax import sharding
 from hypermixer_jax.models import zoo
 from hypermixer_jax.train import checkpoint as ckpt_lib
+from hypermixer_jax.train import storage
 
 PyTree = Any
 
@@ -64,13 +65,14 @@ def abstract_params(config: ml_collections.ConfigDict,
 def _checkpoint_path(workdir: str, step: int | None) -> str:
   """The step folder (or the checkpoints folder for the latest step)."""
   path = os.fspath(workdir).rstrip("/")
-  if os.path.isdir(os.path.join(path, "checkpoints")):
+  if (storage.path(path) / "checkpoints").is_dir():
     path = os.path.join(path, "checkpoints")
   if step is None:
     return path
   step_dir = os.path.join(path, str(step))
-  if not os.path.isdir(step_dir):
-    steps = sorted(int(d) for d in os.listdir(path) if d.isdigit())
+  if not storage.path(step_dir).is_dir():
+    steps = sorted(int(d.name) for d in storage.path(path).iterdir()
+                   if d.name.isdigit())
     raise FileNotFoundError(f"no checkpoint step {step} in {path}; steps "
                             f"there: {steps}.")
   return step_dir
@@ -120,9 +122,8 @@ def _input_rows(path: str, columns: list[tuple[str, ...]]) -> list[list[str]]:
   ``.tsv`` / ``.jsonl`` with the task's columns (``columns[i]``: aliases)."""
   import csv  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   rows = []
-  with tf.io.gfile.GFile(path, "r") as f:
+  with storage.path(path).open("r") as f:
     if path.endswith((".jsonl", ".json")):
       records = [(i, json.loads(l)) for i, l in enumerate(f, 1) if l.strip()]
     elif path.endswith(".tsv"):
@@ -168,7 +169,8 @@ def _prediction_data(config, input_path: str, tmpdir: str):
     records = [dict(zip(names, texts)) for texts in rows]
   elif task.startswith("imagenet_patches"):
     [files] = zip(*_input_rows(input_path, [("filename", "file_name")]))
-    root = os.path.dirname(os.path.abspath(input_path))
+    root = (os.path.dirname(os.path.abspath(input_path))
+            if storage.is_local(input_path) else input_path.rsplit("/", 1)[0])
     local = os.path.join(tmpdir, "predict.tsv")
     with open(local, "w", encoding="utf-8") as f:
       f.write("filename\tlabel\n")
@@ -197,7 +199,6 @@ def _padded(batch: dict, size: int) -> dict:
 def _mlm_batches(config, input_path: str, batch_size: int):
   """(batches, records) of ``.txt`` lines with ``[MASK]`` marks."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   vocab_lib.check_vocab_path(config.data.vocab_path)
   vocab = vocab_lib.get_vocabulary(config.data.vocab_path,
@@ -205,7 +206,7 @@ def _mlm_batches(config, input_path: str, batch_size: int):
   mask_id = vocab_lib.special_ids(vocab).mask
   n = int(config.data.seq_len)
   records, rows = [], []
-  with tf.io.gfile.GFile(input_path, "r") as f:
+  with storage.path(input_path).open("r") as f:
     for i, line in enumerate(f, 1):
       text = line.rstrip("\n")
       if not text.strip():
@@ -287,9 +288,9 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str,
     return np.asarray(jax.device_get(forward(params, global_batch)))[:n]
 
   written = 0
-  os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
-  with tempfile.TemporaryDirectory() as tmp, open(
-      output_path, "w", encoding="utf-8") as out:
+  storage.path(output_path).parent.mkdir(parents=True, exist_ok=True)
+  with tempfile.TemporaryDirectory() as tmp, storage.path(output_path).open(
+      "w") as out:
     if head == "mlm":
       batches, records, vocab, mask_id = _mlm_batches(config, input_path,
                                                       batch_size)
@@ -386,9 +387,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   logging.info("%s", line)
   if jax.process_index() == 0:
     print(line, flush=True)
-    out_dir = os.path.join(workdir, "evaluations")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"{config.eval_split}_step{found}.json"),
-              "w", encoding="utf-8") as f:
-      json.dump({"step": found, **result}, f, indent=1)
+    out_dir = storage.path(workdir) / "evaluations"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{config.eval_split}_step{found}.json").write_text(
+        json.dumps({"step": found, **result}, indent=1))
   return result

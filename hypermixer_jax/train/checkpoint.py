@@ -155,10 +155,11 @@ class Checkpointer:
 
   def step_folders(self) -> list[int]:
     """Steps that have a folder on disk, complete or not, newest first."""
-    if not os.path.isdir(self.directory):
+    directory = epath.Path(self.directory)
+    if not directory.is_dir():
       return []
-    return sorted((int(n) for n in os.listdir(self.directory) if n.isdigit()),
-                  reverse=True)
+    return sorted((int(p.name) for p in directory.iterdir()
+                   if p.name.isdigit()), reverse=True)
 
   def restore_latest(self, abstract_state: PyTree
                      ) -> tuple[int, PyTree, Any] | None:
@@ -278,11 +279,11 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[str, int]:
     raise FileNotFoundError(
         f"config.init_checkpoint={path!r} does not exist; give a run's "
         "workdir, its checkpoints folder or one step folder.")
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    path = os.path.join(path, "checkpoints")
-  base = os.path.basename(path)
-  if base.isdigit() and os.path.isdir(os.path.join(path, STATE)):
-    return os.path.dirname(path), int(base)
+  if (epath.Path(path) / "checkpoints").is_dir():
+    path = os.fspath(epath.Path(path) / "checkpoints")
+  base = epath.Path(path).name
+  if base.isdigit() and (epath.Path(path) / STATE).is_dir():
+    return os.fspath(epath.Path(path).parent), int(base)
   manager = _reader(path)
   step = manager.latest_step()
   manager.close()

@@ -47,6 +47,7 @@ from hypermixer_jax.train import metrics as metrics_lib
 from hypermixer_jax.train import optim
 from hypermixer_jax.train import profiling
 from hypermixer_jax.train import steps
+from hypermixer_jax.train import storage
 from hypermixer_jax.train import workdir as workdir_lib
 
 
@@ -134,7 +135,7 @@ class _Run:
 # ---------------------------------------------------------------------------
 def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
   """Mesh, model, optimizer and the freshly initialised sharded state."""
-  os.makedirs(workdir, exist_ok=True)
+  storage.path(workdir).mkdir(parents=True, exist_ok=True)
   mesh = sharding.build_mesh(config.mesh)
   rules = sharding.get_rules(config.sharding)
   logging.info("mesh %s on %d devices (%d processes), rules %r",

@@ -25,6 +25,8 @@ from typing import Any, Mapping, Sequence
 from absl import logging
 import numpy as np
 
+from hypermixer_jax.train import storage
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -149,13 +151,14 @@ class MetricWriter:
     self._jsonl = None
     if enabled:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      os.makedirs(workdir, exist_ok=True)
+      storage.path(workdir).mkdir(parents=True, exist_ok=True)
+      storage.register_tensorboard()
       # The default file name has one-second resolution: a run restarted
       # within the same second would overwrite the previous run's events.
-      self._tb = SummaryWriter(logdir=os.path.join(workdir, "tensorboard"),
-                               filename_suffix=f".{time.time_ns()}")
-      self._jsonl = open(os.path.join(workdir, METRICS_FILE), "a",
-                         encoding="utf-8")
+      self._tb = SummaryWriter(
+          logdir=os.fspath(storage.path(workdir) / "tensorboard"),
+          filename_suffix=f".{time.time_ns()}")
+      self._jsonl = storage.AppendFile(storage.path(workdir) / METRICS_FILE)
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any],
                     split: str = "train") -> None:
@@ -192,18 +195,17 @@ class MetricWriter:
 def read_metrics(workdir: str, split: str = "train") -> dict[int, dict]:
   """``{step: record}`` of ``split`` from ``workdir/metrics.jsonl``."""
   out = {}
-  path = os.path.join(workdir, METRICS_FILE)
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      line = line.strip()
-      if not line:
-        continue
-      try:
-        rec = json.loads(line)
-      except json.JSONDecodeError:  # a line cut short by a kill
-        continue
-      if rec.pop("split") == split:
-        out[rec.pop("step")] = rec
+  text = (storage.path(workdir) / METRICS_FILE).read_text()
+  for line in text.splitlines():
+    line = line.strip()
+    if not line:
+      continue
+    try:
+      rec = json.loads(line)
+    except json.JSONDecodeError:  # a line cut short by a kill
+      continue
+    if rec.pop("split") == split:
+      out[rec.pop("step")] = rec
   return dict(sorted(out.items()))
 
 

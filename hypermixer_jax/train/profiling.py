@@ -8,17 +8,23 @@ profile plugin (``pip install -e ".[profile]"``; ``tensorboard --logdir
 WORKDIR/profile`` or ``xprof --logdir ...``) shows as a trace viewer and op
 statistics; ``perfetto_trace.json.gz`` next to it opens in
 https://ui.perfetto.dev. Each step is annotated (``jax.profiler.StepTraceAnnotation``)
-so the viewers count steps.
+so the viewers count steps. A ``gs://`` workdir gets the trace files
+copied through ``etils.epath`` when the window ends (the trace itself is
+written to a local temporary folder: the profiler writes with its own file
+layer).
 """
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
+import shutil
+import tempfile
 from typing import Any
 
 from absl import logging
 import jax
+
+from hypermixer_jax.train import storage
 
 
 class StepProfiler:
@@ -35,7 +41,8 @@ class StepProfiler:
   """
 
   def __init__(self, workdir: str, start_step: int = -1, num_steps: int = 5):
-    self.directory = os.path.join(workdir, "profile")
+    self.directory = os.path.join(os.fspath(workdir), "profile")
+    self._local = None   # the trace's local folder for a remote workdir
     self.start_step = int(start_step)
     self.num_steps = max(int(num_steps), 1)
     self._active = False
@@ -53,8 +60,11 @@ class StepProfiler:
   def step(self, step: int):
     """Context of one training step (annotated while tracing)."""
     if self.enabled and step == self.start_step and not self._active:
-      os.makedirs(self.directory, exist_ok=True)
-      jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+      storage.path(self.directory).mkdir(parents=True, exist_ok=True)
+      if not storage.is_local(self.directory):
+        self._local = tempfile.mkdtemp(prefix="profile")
+      jax.profiler.start_trace(self._local or self.directory,
+                               create_perfetto_trace=True)
       self._active = True
       logging.info("profiler: tracing steps %d..%d into %s", step,
                    step + self.num_steps - 1, self.directory)
@@ -71,6 +81,16 @@ class StepProfiler:
     self._pending = None
     jax.profiler.stop_trace()
     self._active = False
+    if self._local:
+      for root, _, names in os.walk(self._local):
+        target = storage.path(self.directory) / os.path.relpath(
+            root, self._local)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in names:
+          storage.path(os.path.join(root, name)).copy(target / name,
+                                                      overwrite=True)
+      shutil.rmtree(self._local)
+      self._local = None
     files = trace_files(self.directory)
     logging.info("profiler: trace written (%s); view with `tensorboard "
                  "--logdir %s` or ui.perfetto.dev", ", ".join(files),
@@ -84,7 +104,7 @@ class StepProfiler:
 
 def trace_files(directory: str) -> list[str]:
   """The ``.xplane.pb`` and Perfetto files under ``directory``."""
-  return sorted(glob.glob(os.path.join(directory, "plugins", "profile", "*",
-                                       "*.xplane.pb"))
-                + glob.glob(os.path.join(directory, "plugins", "profile", "*",
-                                         "perfetto_trace.json.gz")))
+  runs = storage.path(directory) / "plugins" / "profile"
+  return sorted(os.fspath(p) for pattern in ("*/*.xplane.pb",
+                                             "*/perfetto_trace.json.gz")
+                for p in runs.glob(pattern))

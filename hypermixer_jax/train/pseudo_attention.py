@@ -7,6 +7,7 @@ should look, at each position, at the other object of the same shape.
 """
 from __future__ import annotations
 
+import io
 import os
 from typing import Callable, Mapping
 
@@ -14,6 +15,8 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from hypermixer_jax.train import storage
 
 
 def pseudo_attention(apply_fn: Callable[[jax.Array], jax.Array],
@@ -64,8 +67,10 @@ def save_png(maps: Mapping[str, np.ndarray], path: str, *,
     if col == 0:
       ax.set_ylabel("output token i")
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=100)
   plt.close(fig)
+  storage.path(path).write_bytes(buffer.getvalue())
 
 
 class Evaluator:
@@ -99,7 +104,8 @@ class Evaluator:
       save_png({title: out["map"]}, path, inputs=out["inputs"],
                targets=out["targets"])
       import matplotlib.image  # pylint: disable=g-import-not-at-top
+      png = io.BytesIO(storage.path(path).read_bytes())
       c.write_image("pseudo_attention", step,
-                    matplotlib.image.imread(path)[..., :3])
+                    matplotlib.image.imread(png, format="png")[..., :3])
       logging.info("pseudo-attention map written to %s", path)
     return out

@@ -1,10 +1,13 @@
 """What a run does to its workdir besides checkpoints: lock, config, logs.
 
-* ``WorkdirLock``: one job per workdir. An exclusive ``flock`` on
-  ``workdir/.lock`` held for the whole run; the kernel drops it when the
-  process dies (``kill -9`` included), so a killed job never leaves it stuck.
-  A second job is refused with the holder's host, PID and start time, which
-  the holder writes into the file.
+* ``WorkdirLock``: one job per workdir. On a local disk an exclusive
+  ``flock`` on ``workdir/.lock`` held for the whole run; the kernel drops it
+  when the process dies (``kill -9`` included), so a killed job never leaves
+  it stuck. On ``gs://`` (no flock there) an object created with a generation
+  precondition and renewed by a heartbeat (``gcs_lock``; a killed holder's
+  lock is taken over once stale). Other object stores (``s3://`` ...) are
+  not locked (a warning says so). A second job is refused with the holder's
+  host, PID and start time, which the holder writes into the lock.
 * ``save_config``: the resolved config of every run, as
   ``config.json`` (the latest) and ``configs/<UTC time>-step<N>.json``.
 * ``truncate_logs``: on resume from step S, drops what the interrupted run
@@ -12,19 +15,22 @@
   (the resumed run logs those steps again), so no step appears twice.
 
 Only process 0 calls these (the workdir is shared by the hosts of a job).
+All file access goes through ``storage`` (``etils.epath``), so a workdir may
+be local or ``gs://``.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
 import fcntl
-import glob
 import json
 import os
 import socket
 
 from absl import logging
 import ml_collections
+
+from hypermixer_jax.train import storage
 
 LOCK_FILE = ".lock"
 METRICS_FILE = "metrics.jsonl"
@@ -75,13 +81,24 @@ class WorkdirLock:
   """Context manager holding ``workdir/.lock`` (see the module docstring)."""
 
   def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, LOCK_FILE)
+    self.path = os.path.join(os.fspath(workdir), LOCK_FILE)
     self._fd = None
+    self._remote = None
 
   def acquire(self) -> "WorkdirLock":
-    if "://" in self.path:
-      logging.warning("Workdir %s is not a local path: no lock is taken; "
-                      "make sure no other job uses it.",
+    holder = json.dumps({
+        "host": socket.gethostname(), "pid": os.getpid(),
+        "since": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds")})
+    if self.path.startswith("gs://"):
+      from hypermixer_jax.train import gcs_lock  # pylint: disable=g-import-not-at-top
+      self._remote = gcs_lock.GcsLock(
+          self.path, holder, locked_error=WorkdirLocked,
+          describe=_describe).acquire()
+      return self
+    if not storage.is_local(self.path):
+      logging.warning("Workdir %s is not a local or gs:// path: no lock is "
+                      "taken; make sure no other job uses it.",
                       os.path.dirname(self.path))
       return self
     os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -89,28 +106,23 @@ class WorkdirLock:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-      holder = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+      text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
       os.close(fd)
-      try:
-        who = json.loads(holder)
-        desc = (f"host {who['host']}, PID {who['pid']}, running since "
-                f"{who['since']}")
-      except (ValueError, KeyError):
-        desc = f"holder unknown ({holder!r})"
       raise WorkdirLocked(
-          f"{os.path.dirname(self.path)} is in use by another job ({desc}). "
+          f"{os.path.dirname(self.path)} is in use by another job "
+          f"({_describe(text)}). "
           "Stop that job or pass another --workdir. (The lock is released "
           "when its holder exits or is killed; it is never stale.)") from None
     os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps({
-        "host": socket.gethostname(), "pid": os.getpid(),
-        "since": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds")}).encode(), 0)
+    os.pwrite(fd, holder.encode(), 0)
     os.fsync(fd)
     self._fd = fd
     return self
 
   def release(self) -> None:
+    if self._remote is not None:
+      self._remote.release()
+      self._remote = None
     if self._fd is not None:
       fcntl.flock(self._fd, fcntl.LOCK_UN)
       os.close(self._fd)
@@ -123,20 +135,27 @@ class WorkdirLock:
     self.release()
 
 
+def _describe(holder: str) -> str:
+  """The lock holder's host, PID and start time, from the lock's text."""
+  try:
+    who = json.loads(holder)
+    return f"host {who['host']}, PID {who['pid']}, running since {who['since']}"
+  except (ValueError, KeyError, TypeError):
+    return f"holder unknown ({holder!r})"
+
+
 def save_config(config: ml_collections.ConfigDict, workdir: str,
                 start_step: int) -> str:
   """Writes the resolved config of this run; returns the per-run file."""
   text = config.to_json_best_effort(indent=1, sort_keys=True)
   stamp = datetime.datetime.now(datetime.timezone.utc).strftime(
       "%Y%m%dT%H%M%SZ")
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  folder = os.path.join(workdir, "configs")
-  tf.io.gfile.makedirs(folder)
-  path = os.path.join(folder, f"{stamp}-step{start_step}.json")
-  for p in (path, os.path.join(workdir, "config.json")):
-    with tf.io.gfile.GFile(p, "w") as f:
-      f.write(text + "\n")
-  return path
+  folder = storage.path(workdir) / "configs"
+  folder.mkdir(parents=True, exist_ok=True)
+  path = folder / f"{stamp}-step{start_step}.json"
+  for p in (path, storage.path(workdir) / "config.json"):
+    p.write_text(text + "\n")
+  return os.fspath(path)
 
 
 def _keep(split: str, step: int, resume_step: int, redo_eval: bool) -> bool:
@@ -163,57 +182,49 @@ def truncate_logs(workdir: str, resume_step: int, *,
 
 
 def _truncate_jsonl(workdir, resume_step, redo_eval) -> int:
-  path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
+  path = storage.path(workdir) / METRICS_FILE
+  if not path.exists():
     return 0
   kept, dropped = [], 0
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      try:
-        rec = json.loads(line)
-        keep = _keep(rec.get("split", "train"), int(rec["step"]),
-                     resume_step, redo_eval)
-      except (ValueError, KeyError):  # a line cut short by a kill
-        keep = False
-      if keep:
-        kept.append(line if line.endswith("\n") else line + "\n")
-      else:
-        dropped += 1
+  for line in path.read_text().splitlines(keepends=True):
+    try:
+      rec = json.loads(line)
+      keep = _keep(rec.get("split", "train"), int(rec["step"]),
+                   resume_step, redo_eval)
+    except (ValueError, KeyError):  # a line cut short by a kill
+      keep = False
+    if keep:
+      kept.append(line if line.endswith("\n") else line + "\n")
+    else:
+      dropped += 1
   if dropped:
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      f.writelines(kept)
-    os.replace(path + ".tmp", path)
+    storage.replace(path, "".join(kept))
   return dropped
 
 
 def _truncate_tensorboard(workdir, resume_step, redo_eval) -> int:
-  files = sorted(glob.glob(os.path.join(workdir, "tensorboard",
-                                        "**", "events.out.tfevents.*"),
-                           recursive=True))
+  folder = storage.path(workdir) / "tensorboard"
+  files = sorted(root / f for root, _, names in folder.walk() for f in names
+                 if f.startswith("events.out.tfevents.")) \
+      if folder.exists() else []
   if not files:
     return 0
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tensorflow.core.util import event_pb2  # pylint: disable=g-import-not-at-top
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
   total = 0
   for path in files:
-    kept, dropped = [], 0
-    try:
-      for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
-        event = event_pb2.Event.FromString(record)
-        tags = [v.tag for v in event.summary.value]
-        split = "eval" if tags and all(t.startswith("eval/") for t in tags) \
-            else "train"
-        if not event.HasField("summary") or _keep(split, event.step,
-                                                  resume_step, redo_eval):
-          kept.append(record)
-        else:
-          dropped += 1
-    except tf.errors.DataLossError:  # a record cut short by a kill
-      dropped += 1
+    records, damaged = storage.read_records(path)
+    kept, dropped = [], int(damaged)  # a record cut short by a kill
+    for record in records:
+      event = event_pb2.Event.FromString(record)
+      tags = [v.tag for v in event.summary.value]
+      split = "eval" if tags and all(t.startswith("eval/") for t in tags) \
+          else "train"
+      if not event.HasField("summary") or _keep(split, event.step,
+                                                resume_step, redo_eval):
+        kept.append(record)
+      else:
+        dropped += 1
     if dropped:
-      with tf.io.TFRecordWriter(path + ".tmp") as w:
-        for record in kept:
-          w.write(record)
-      os.replace(path + ".tmp", path)
+      storage.replace(path, storage.encode_records(kept))
       total += dropped
   return total

@@ -1,0 +1,176 @@
+"""The files of a run, on a local disk or in Cloud Storage (``gs://``).
+
+Every file a run writes or reads (checkpoints, ``metrics.jsonl``, TensorBoard
+events, ``config.json``, ``configs/``, evaluations, predictions, exports,
+pseudo-attention maps, profiles) goes through ``etils.epath``, the path layer
+of t5x, big_vision and Orbax. For ``gs://`` epath uses ``tf.io.gfile`` when
+TensorFlow is installed (it is: the input pipelines need it) and fsspec's
+``gcsfs`` with ``EPATH_USE_TF=false``; Orbax writes array data through
+TensorStore's own ``gcs`` driver.
+
+Object stores differ from a disk in two ways that matter here, handled once:
+
+* no appending: ``AppendFile`` appends locally and, on an object store, keeps
+  the text and rewrites the whole object at each ``flush`` (an object write is
+  atomic: readers see the old or the new object, never half of one);
+* no atomic rename: ``replace`` writes a temporary file and renames it
+  locally, and writes the object in one go on an object store.
+
+``register_tensorboard`` lets tensorboardX write its event files through
+epath too (its own ``gs://`` writer needs google-cloud-storage and does not
+go through the path layer); ``read_records`` / ``write_records`` read and
+write TFRecord framing (event files) without TensorFlow's file system.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+
+from etils import epath
+
+
+def path(p: str | os.PathLike) -> epath.Path:
+  """``p`` as an ``epath.Path`` (``gs://...`` or a local path)."""
+  return epath.Path(p)
+
+
+def is_local(p: str | os.PathLike) -> bool:
+  """True for a path on this machine's file system (no ``scheme://``)."""
+  return "://" not in os.fspath(p)
+
+
+def replace(target: str | os.PathLike, data: bytes | str) -> None:
+  """Writes ``data`` to ``target`` so that readers see all of it or none."""
+  target = path(target)
+  mode = "wb" if isinstance(data, bytes) else "w"
+  if not is_local(target):
+    with target.open(mode) as f:
+      f.write(data)
+    return
+  tmp = target.parent / f"{target.name}.{os.getpid()}.tmp"
+  with tmp.open(mode) as f:
+    f.write(data)
+  tmp.replace(target)
+
+
+class AppendFile:
+  """A text file that grows by ``write`` (``metrics.jsonl``).
+
+  Locally: opened in append mode and flushed at each ``flush``. On an object
+  store: the existing text is read once, and the whole object is written at
+  each ``flush`` (so what ``flush`` returned for is in the bucket, as a
+  local flush is on disk).
+  """
+
+  def __init__(self, p: str | os.PathLike):
+    self.path = path(p)
+    self._local = is_local(self.path)
+    self._lock = threading.Lock()
+    if self._local:
+      self._f = self.path.open("a")
+    else:
+      self._text = [self.path.read_text()] if self.path.exists() else []
+      self._dirty = False
+
+  def write(self, text: str) -> None:
+    with self._lock:
+      if self._local:
+        self._f.write(text)
+      else:
+        self._text.append(text)
+        self._dirty = True
+
+  def flush(self) -> None:
+    with self._lock:
+      if self._local:
+        self._f.flush()
+      elif self._dirty:
+        self.path.write_text("".join(self._text))
+        self._dirty = False
+
+  def close(self) -> None:
+    self.flush()
+    if self._local:
+      self._f.close()
+
+
+# ---------------------------------------------------------------------------
+# TFRecord framing (TensorBoard event files), without TensorFlow's file system.
+# Each record: uint64 length, uint32 masked CRC-32C of the length, the data,
+# uint32 masked CRC-32C of the data (little-endian).
+# ---------------------------------------------------------------------------
+def _masked_crc(data: bytes) -> int:
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  return record_writer.masked_crc32c(data)
+
+
+def read_records(p: str | os.PathLike) -> tuple[list[bytes], bool]:
+  """``(records, damaged)`` of a TFRecord file.
+
+  Reading stops at the first record that is cut short or fails its checksum
+  (a writer killed mid-write); ``damaged`` says that happened.
+  """
+  data = path(p).read_bytes()
+  records, pos = [], 0
+  while pos < len(data):
+    head = data[pos:pos + 12]
+    if len(head) < 12:
+      return records, True
+    (length,), (length_crc,) = struct.unpack("<Q", head[:8]), struct.unpack(
+        "<I", head[8:])
+    body = data[pos + 12:pos + 12 + length]
+    tail = data[pos + 12 + length:pos + 16 + length]
+    if (_masked_crc(head[:8]) != length_crc or len(body) < length
+        or len(tail) < 4 or struct.unpack("<I", tail)[0] != _masked_crc(body)):
+      return records, True
+    records.append(body)
+    pos += 16 + length
+  return records, False
+
+
+def encode_records(records: list[bytes]) -> bytes:
+  """TFRecord framing of ``records`` (the inverse of ``read_records``)."""
+  out = []
+  for r in records:
+    length = struct.pack("<Q", len(r))
+    out += [length, struct.pack("<I", _masked_crc(length)), r,
+            struct.pack("<I", _masked_crc(r))]
+  return b"".join(out)
+
+
+class _EventFile:
+  """tensorboardX's record writer interface, over epath: the bytes written
+  so far are kept and the whole object is written at each ``flush`` (event
+  files of a run hold scalars and a few images: kilobytes to megabytes)."""
+
+  def __init__(self, p: str):
+    self._path = path(p)
+    self._buffer = bytearray()
+    self._written = 0
+
+  def write(self, data: bytes) -> None:
+    self._buffer += data
+
+  def flush(self) -> None:
+    if len(self._buffer) != self._written:
+      self._path.write_bytes(bytes(self._buffer))
+      self._written = len(self._buffer)
+
+  def close(self) -> None:
+    self.flush()
+
+
+class _EventFileFactory:
+
+  def open(self, p: str) -> _EventFile:
+    return _EventFile(p)
+
+  def directory_check(self, p: str) -> None:
+    path(p).mkdir(parents=True, exist_ok=True)
+
+
+def register_tensorboard(scheme: str = "gs") -> None:
+  """tensorboardX writes ``scheme://`` event files through epath."""
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  record_writer.register_writer_factory(scheme, _EventFileFactory())
