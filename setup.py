@@ -23,7 +23,11 @@ INSTALL_REQUIRES = [
     "tqdm",
 ]
 
-TESTS_REQUIRE = ["pytest", "pytest-xdist"]
+# gs:// workdirs: epath's gcsfs backend and the workdir lock's
+# google-cloud-storage, against a local GCS emulator.
+GCS_REQUIRE = ["google-cloud-storage"]
+TESTS_REQUIRE = ["pytest", "pytest-xdist", "gcp-storage-emulator", "gcsfs",
+                 *GCS_REQUIRE]
 
 # Accelerator builds of jax (its own extras name the matching jaxlib and the
 # TPU runtime / CUDA plugin). A plain install gets the CPU jaxlib. Pin what
@@ -31,6 +35,8 @@ TESTS_REQUIRE = ["pytest", "pytest-xdist"]
 EXTRAS_REQUIRE = {
     "test": TESTS_REQUIRE,
     "tpu": ["jax[tpu]>=0.9"],            # Cloud TPU VMs (libtpu)
+    # gs:// workdirs (the workdir lock's client; files go through epath).
+    "gcs": GCS_REQUIRE,
     "cuda12": ["jax[cuda12]>=0.9"],      # NVIDIA GPUs, CUDA 12 wheels from pip
     "cuda13": ["jax[cuda13]>=0.9"],      # NVIDIA GPUs, CUDA 13 wheels from pip
     # Viewing profiler traces (config.profile) in TensorBoard / XProf.

@@ -204,9 +204,11 @@ def _truncate_jsonl(workdir, resume_step, redo_eval) -> int:
 
 def _truncate_tensorboard(workdir, resume_step, redo_eval) -> int:
   folder = storage.path(workdir) / "tensorboard"
-  files = sorted(root / f for root, _, names in folder.walk() for f in names
-                 if f.startswith("events.out.tfevents.")) \
-      if folder.exists() else []
+  # (epath's walk loses the gs:// prefix with the fsspec backend; the writer
+  # puts event files in the folder or one level below: add_scalars' runs.)
+  files = sorted(p for pattern in ("events.out.tfevents.*",
+                                   "*/events.out.tfevents.*")
+                 for p in folder.glob(pattern)) if folder.exists() else []
   if not files:
     return 0
   from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
