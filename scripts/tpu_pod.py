@@ -1,24 +1,43 @@
 #!/usr/bin/env python3
-"""Runs hypermixer-jax on a Cloud TPU VM pod slice with ``gcloud``.
+"""Runs hypermixer-jax on Cloud TPU VM slices with ``gcloud``.
 
-    # everything in order (create, install, train, wait for nothing):
-    scripts/tpu_pod.py create  --name=hm-v4 --zone=us-central2-b --accelerator-type=v4-32
-    scripts/tpu_pod.py install --name=hm-v4 --zone=us-central2-b \
-        --repo=https://github.com/ORG/hypermixer-jax.git --ref=main
-    scripts/tpu_pod.py train   --name=hm-v4 --zone=us-central2-b \
-        --config=configs/c4_mlm.py:hypermixer --workdir=gs://BUCKET/mlm_hm \
-        -- --config.batch_size=1024
-    scripts/tpu_pod.py logs    --name=hm-v4 --zone=us-central2-b --accelerator-type=v4-32
-    scripts/tpu_pod.py delete  --name=hm-v4 --zone=us-central2-b
+    S="--name=hm --zone=us-west4-a --accelerator-type=v5litepod-256"
+    scripts/tpu_pod.py create  $S [--spot] [--num-slices=2]
+    scripts/tpu_pod.py install $S --repo=https://github.com/ORG/hypermixer-jax.git --ref=main
+    scripts/tpu_pod.py train   $S --config=configs/c4_mlm.py:hypermixer \
+        --workdir=gs://BUCKET/mlm_hm -- --config.batch_size=1024
+    scripts/tpu_pod.py status  $S     # the slice's state, and the job on each worker
+    scripts/tpu_pod.py logs    $S     # ~/hypermixer.log of each worker, copied here
+    scripts/tpu_pod.py stop    $S     # the job on every worker (it saves first)
+    scripts/tpu_pod.py delete  $S
 
-``--dry-run`` prints the exact commands instead of running them.
+``--dry-run`` (anywhere on the command line, also after ``--``) prints the
+exact commands and runs nothing.
 
-Every worker (host) of the slice runs the same ``python3 -m
-hypermixer_jax.main`` in the background; ``jax.distributed.initialize()``
-finds the other workers by itself on a TPU VM (``hypermixer_jax.runtime``).
-Checkpoints and metrics go to ``--workdir``, which all workers must reach
-(a ``gs://`` bucket). Each worker writes its own log, ``~/hypermixer.log``;
-``logs`` copies them to ``--logs-dir/<name>/worker-<i>.log``.
+* ``create``: one slice with ``gcloud compute tpus tpu-vm create``; with
+  ``--num-slices=K > 1`` a multi-slice queued resource (``gcloud compute tpus
+  queued-resources create --node-count=K``: Multislice needs queued
+  resources), whose nodes are ``NAME-0`` ... ``NAME-<K-1>``. The runtime
+  version (``--version``) defaults to the one Cloud TPU's documentation
+  ("TPU software versions") lists for JAX on the generation: v2/v3/v4
+  ``tpu-ubuntu2204-base``, v5e ``v2-alpha-tpuv5-lite``, v5p
+  ``v2-alpha-tpuv5``, v6e ``v2-alpha-tpuv6e``.
+* ``install``: on every worker of every slice, clones the repository, puts a
+  Python >= 3.11 virtual environment in ``~/hypermixer-venv`` and installs
+  the project with the ``tpu`` and ``gcs`` extras under ``constraints.txt``.
+* ``train``: starts the same ``python -m hypermixer_jax.main`` on every
+  worker, in the background (``~/hypermixer.log``, PID in
+  ``~/hypermixer.pid``). ``jax.distributed.initialize()`` finds the other
+  workers by itself, across slices too (the TPU runtime sets the
+  ``MEGASCALE_*`` variables of a multi-slice queued resource, and JAX reads
+  them). A worker whose previous job still runs refuses to start a second
+  one (``stop`` it first); the ``gs://`` workdir's lock refuses a second job
+  on the same workdir as well.
+* ``stop``: SIGTERM to the job's process group on every worker, which JAX
+  and Orbax treat as a preemption (a checkpoint is saved, then the job
+  exits), then SIGKILL after ``--grace`` seconds.
+* ``status``: the slice (or queued resource) state, then on each worker
+  whether the job runs and its last log line.
 """
 from __future__ import annotations
 
@@ -29,95 +48,220 @@ import subprocess
 import sys
 
 REPO_DIR = "~/hypermixer-jax"
+VENV = "~/hypermixer-venv"
 LOG = "~/hypermixer.log"
+PID = "~/hypermixer.pid"
+PYTHON = "3.11"
+
+# Cloud TPU's runtime versions for JAX / PyTorch, by generation
+# (cloud.google.com/tpu/docs/runtimes, "TPU software versions").
+RUNTIME_VERSIONS = {
+    "v2": "tpu-ubuntu2204-base", "v3": "tpu-ubuntu2204-base",
+    "v4": "tpu-ubuntu2204-base",
+    "v5litepod": "v2-alpha-tpuv5-lite", "v5e": "v2-alpha-tpuv5-lite",
+    "v5p": "v2-alpha-tpuv5",
+    "v6e": "v2-alpha-tpuv6e",
+}
+_TYPE = re.compile(r"(v2|v3|v4|v5p|v5litepod|v5e|v6e)-(\d+)")
+
+
+def _generation(accelerator_type: str) -> tuple[str, int]:
+  m = _TYPE.fullmatch(accelerator_type)
+  if not m:
+    raise SystemExit(
+        f"--accelerator-type={accelerator_type!r}: unknown; use one of "
+        "v4-N, v5litepod-N, v5p-N, v6e-N (and give --runtime-version and "
+        "--num-workers for others).")
+  return m.group(1), int(m.group(2))
 
 
 def num_workers(accelerator_type: str) -> int:
-  """Hosts of a slice type (v4/v5p: 8 TensorCores = 4 chips per host;
+  """Hosts of one slice (v2-v4/v5p: 8 TensorCores = 4 chips per host;
   v5e/v6e: single host up to 8 chips, 4 chips per host beyond)."""
-  m = re.fullmatch(r"(v2|v3|v4|v5p|v5litepod|v5e|v6e)-(\d+)", accelerator_type)
-  if not m:
-    raise SystemExit(f"--accelerator-type={accelerator_type!r}: unknown; "
-                     "give --num-workers explicitly.")
-  gen, n = m.group(1), int(m.group(2))
+  gen, n = _generation(accelerator_type)
   if gen in ("v2", "v3", "v4", "v5p"):
     return max(1, n // 8)
   return 1 if n <= 8 else n // 4
 
 
-def _base(args, verb: str) -> list[str]:
-  cmd = ["gcloud", "compute", "tpus", "tpu-vm", verb, args.name,
-         f"--zone={args.zone}"]
-  if args.project:
-    cmd.append(f"--project={args.project}")
-  return cmd
+def runtime_version(args) -> str:
+  return args.runtime_version or RUNTIME_VERSIONS[
+      _generation(args.accelerator_type)[0]]
+
+
+def _where(args) -> list[str]:
+  return [f"--zone={args.zone}"] + (
+      [f"--project={args.project}"] if args.project else [])
+
+
+def _multi(args) -> bool:
+  return args.num_slices > 1
+
+
+def _ssh(args, remote: str) -> list[str]:
+  """``remote`` (a shell command line) on every worker of every slice."""
+  if _multi(args):
+    return ["gcloud", "compute", "tpus", "queued-resources", "ssh", args.name,
+            *_where(args), "--node=all", "--worker=all",
+            f"--command={remote}"]
+  return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", args.name,
+          *_where(args), "--worker=all", f"--command={remote}"]
+
+
+def _running() -> str:
+  """Shell test: this worker's job (from the PID file) is alive."""
+  return f"[ -e {PID} ] && kill -0 \"$(cat {PID})\" 2>/dev/null"
+
+
+def _install(args) -> str:
+  # The images ship Python 3.10 (tpu-ubuntu2204-base: Ubuntu 22.04) and the
+  # project needs >= 3.11. uv, itself installed from PyPI with the system
+  # pip, downloads a standalone CPython build and makes the virtual
+  # environment: no apt repository (deadsnakes) or root needed, the same on
+  # every image.
+  uv = "~/.local/bin/uv"
+  return (
+      "set -e; "
+      f"if [ ! -d {REPO_DIR} ]; then git clone -q {shlex.quote(args.repo)} "
+      f"{REPO_DIR}; fi; cd {REPO_DIR}; "
+      f"git fetch -q origin {shlex.quote(args.ref)}; git checkout -q FETCH_HEAD; "
+      "python3 -m pip install -q --user -U uv; "
+      f"{uv} python install {PYTHON}; "
+      f"{uv} venv -q --allow-existing --python {PYTHON} {VENV}; "
+      f"{uv} pip install -q --python {VENV}/bin/python -e '.[tpu,gcs]' "
+      "-c constraints.txt; "
+      f"{VENV}/bin/python -c 'import jax, sys; print(sys.version.split()[0], "
+      "jax.__version__, jax.device_count())'")
+
+
+def _train(args) -> str:
+  # The venv's path unquoted: the remote shell expands its ~.
+  job = f"{VENV}/bin/python -m hypermixer_jax.main " + shlex.join([
+      f"--config={args.config}", f"--workdir={args.workdir}", *args.extra])
+  return (
+      f"if {_running()}; then echo \"$(hostname): job $(cat {PID}) is still "
+      f"running; stop it first (scripts/tpu_pod.py stop ...)\" >&2; exit 1; "
+      # setsid: the job leads its own process group, which stop signals.
+      f"fi; cd {REPO_DIR} || exit 1; setsid nohup {job} > {LOG} 2>&1 "
+      f"< /dev/null & echo $! > {PID}")
+
+
+def _stop(args) -> str:
+  return (
+      f"if {_running()}; then p=$(cat {PID}); kill -TERM -- -$p; "
+      f"for i in $(seq {args.grace}); do kill -0 $p 2>/dev/null || break; "
+      "sleep 1; done; kill -KILL -- -$p 2>/dev/null || true; "
+      "echo \"$(hostname): stopped job $p\"; "
+      "else echo \"$(hostname): no job running\"; fi; "
+      f"rm -f {PID}")
+
+
+def _status() -> str:
+  return (
+      f"if {_running()}; then echo \"$(hostname): running (PID $(cat {PID}))"
+      f": $(tail -n 1 {LOG})\"; else echo \"$(hostname): no job running; "
+      f"last log line: $(tail -n 1 {LOG} 2>/dev/null)\"; fi")
 
 
 def commands(args) -> list[list[str]]:
-  """The gcloud command lines of ``args.action``."""
-  if args.action == "create":
-    cmd = _base(args, "create") + [
-        f"--accelerator-type={args.accelerator_type}",
-        f"--version={args.runtime_version}"]
-    if args.spot:
-      cmd.append("--spot")
-    return [cmd]
-  if args.action == "delete":
-    return [_base(args, "delete") + ["--quiet"]]
-  if args.action == "install":
+  """The command lines of ``args.action``."""
+  a = args.action
+  if a == "create":
+    if _multi(args):
+      cmd = ["gcloud", "compute", "tpus", "queued-resources", "create",
+             args.name, *_where(args),
+             f"--accelerator-type={args.accelerator_type}",
+             f"--runtime-version={runtime_version(args)}",
+             f"--node-count={args.num_slices}", f"--node-prefix={args.name}"]
+    else:
+      cmd = ["gcloud", "compute", "tpus", "tpu-vm", "create", args.name,
+             *_where(args), f"--accelerator-type={args.accelerator_type}",
+             f"--version={runtime_version(args)}"]
+    return [cmd + (["--spot"] if args.spot else [])]
+  if a == "delete":
+    if _multi(args):  # --force: the slices go with the queued resource
+      return [["gcloud", "compute", "tpus", "queued-resources", "delete",
+               args.name, *_where(args), "--force", "--quiet"]]
+    return [["gcloud", "compute", "tpus", "tpu-vm", "delete", args.name,
+             *_where(args), "--quiet"]]
+  if a == "install":
     if not args.repo:
       raise SystemExit("install needs --repo (the git URL to clone).")
-    remote = (
-        f"set -e; if [ ! -d {REPO_DIR} ]; then git clone {shlex.quote(args.repo)} "
-        f"{REPO_DIR}; fi; cd {REPO_DIR} && git fetch -q origin "
-        f"{shlex.quote(args.ref)} && git checkout -q FETCH_HEAD && "
-        "python3 -m pip install -q -U pip && "
-        "python3 -m pip install -q -e '.[tpu]' -c constraints.txt")
-    return [_base(args, "ssh") + ["--worker=all", f"--command={remote}"]]
-  if args.action == "train":
+    return [_ssh(args, _install(args))]
+  if a == "train":
     if not args.config or not args.workdir:
       raise SystemExit("train needs --config and --workdir.")
-    job = ["python3", "-m", "hypermixer_jax.main", f"--config={args.config}",
-           f"--workdir={args.workdir}", *args.extra]
-    remote = (f"cd {REPO_DIR} && setsid nohup {shlex.join(job)} "
-              f"> {LOG} 2>&1 < /dev/null &")
-    return [_base(args, "ssh") + ["--worker=all", f"--command={remote}"]]
-  if args.action == "logs":
+    hosts = args.num_slices * (args.num_workers
+                               or num_workers(args.accelerator_type))
+    if hosts > 1 and not args.workdir.startswith("gs://"):
+      raise SystemExit(f"--workdir={args.workdir}: the {hosts} workers must "
+                       "all reach it; give a gs:// path.")
+    return [_ssh(args, _train(args))]
+  if a == "stop":
+    return [_ssh(args, _stop(args))]
+  if a == "status":
+    kind, state = (("queued-resources", "state.state") if _multi(args)
+                   else ("tpu-vm", "state"))
+    return [["gcloud", "compute", "tpus", kind, "describe", args.name,
+             *_where(args), f"--format=value({state})"],
+            _ssh(args, _status())]
+  if a == "logs":
     n = args.num_workers or num_workers(args.accelerator_type)
     out = f"{args.logs_dir}/{args.name}"
-    return [["mkdir", "-p", out]] + [
-        _base(args, "scp")[:5] + [f"{args.name}:{LOG}",
-                                  f"{out}/worker-{i}.log",
-                                  f"--zone={args.zone}", f"--worker={i}"]
-        + ([f"--project={args.project}"] if args.project else [])
-        for i in range(n)]
-  raise SystemExit(f"unknown action {args.action!r}")
+    nodes = ([f"{args.name}-{s}" for s in range(args.num_slices)]
+             if _multi(args) else [args.name])
+    cmds = [["mkdir", "-p", out]]
+    for node in nodes:
+      prefix = f"{out}/{node}-" if _multi(args) else f"{out}/"
+      cmds += [["gcloud", "compute", "tpus", "tpu-vm", "scp",
+                f"{node}:{LOG}", f"{prefix}worker-{i}.log", f"--zone={args.zone}",
+                f"--worker={i}"]
+               + ([f"--project={args.project}"] if args.project else [])
+               for i in range(n)]
+    return cmds
+  raise SystemExit(f"unknown action {a!r}")
 
 
-def main(argv=None) -> int:
+def parse(argv: list[str]) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawTextHelpFormatter)
-  p.add_argument("action", choices=("create", "install", "train", "logs",
-                                    "delete"))
-  p.add_argument("--name", required=True, help="TPU VM (slice) name")
+  p.add_argument("action", choices=("create", "install", "train", "status",
+                                    "logs", "stop", "delete"))
+  p.add_argument("--name", required=True, help="TPU VM (slice) or queued "
+                 "resource name")
   p.add_argument("--zone", required=True)
   p.add_argument("--project", default="")
-  p.add_argument("--accelerator-type", default="v4-32")
-  p.add_argument("--runtime-version", default="tpu-ubuntu2204-base")
+  p.add_argument("--accelerator-type", default="v4-32",
+                 help="of one slice: v4-32, v5litepod-256, v5p-128, v6e-256 ...")
+  p.add_argument("--num-slices", type=int, default=1,
+                 help="> 1: a multi-slice queued resource (over DCN)")
+  p.add_argument("--runtime-version", default="",
+                 help="default: the generation's (see RUNTIME_VERSIONS)")
   p.add_argument("--spot", action="store_true", help="spot (preemptible) VMs")
   p.add_argument("--repo", default="", help="git URL of the repository")
   p.add_argument("--ref", default="main", help="branch, tag or commit")
   p.add_argument("--config", default="")
   p.add_argument("--workdir", default="", help="gs:// path all workers reach")
   p.add_argument("--num-workers", type=int, default=0,
-                 help="hosts of the slice (default: from --accelerator-type)")
+                 help="hosts of one slice (default: from --accelerator-type)")
+  p.add_argument("--grace", type=int, default=300,
+                 help="stop: seconds between SIGTERM and SIGKILL")
   p.add_argument("--logs-dir", default="tpu_logs")
   p.add_argument("--dry-run", action="store_true",
                  help="print the commands instead of running them")
-  argv = list(sys.argv[1:] if argv is None else argv)
-  extra = argv[argv.index("--") + 1:] if "--" in argv else []
-  args = p.parse_args(argv[:len(argv) - len(extra) - bool(extra or "--" in argv)])
-  args.extra = extra  # after --: flags for main.py
+  own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) \
+      if "--" in argv else (argv, [])
+  # --dry-run is this script's, wherever it is written: never the job's.
+  dry = "--dry-run" in extra
+  args = p.parse_args(own + (["--dry-run"] if dry else []))
+  args.extra = [f for f in extra if f != "--dry-run"]
+  if args.num_slices < 1:
+    p.error(f"--num-slices={args.num_slices}: must be >= 1")
+  return args
+
+
+def main(argv=None) -> int:
+  args = parse(list(sys.argv[1:] if argv is None else argv))
   for cmd in commands(args):
     print(shlex.join(cmd), flush=True)
     if not args.dry_run:
