@@ -42,7 +42,7 @@ TINY_TEXT = ["--config.model.num_layers=1", "--config.model.d_model=16",
              "--config.data.seq_len=16", "--config.batch_size=4",
              "--config.eval_batch_size=4", "--config.eval_steps=1",
              "--config.num_train_steps=6", "--config.log_every=1",
-             "--config.eval_every=3", "--config.checkpoint_every=2",
+             "--config.eval_every=6", "--config.checkpoint_every=2",
              "--config.warmup_steps=0"]
 
 
@@ -234,6 +234,24 @@ def test_metrics_file_appends_on_gcs(emulator):
   assert storage.path(path).read_text() == "a\n"   # not flushed yet
   g.close()
   assert storage.path(path).read_text() == "a\nb\n"
+
+
+def test_profile_and_png_reach_the_bucket(emulator):
+  del emulator
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import profiling  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import pseudo_attention  # pylint: disable=g-import-not-at-top
+  run = f"gs://{BUCKET}/profiled"
+  prof = profiling.StepProfiler(run, start_step=0, num_steps=1)
+  with prof.step(0):
+    prof.keep(jnp.arange(7.0).sum())
+  prof.close()
+  files = profiling.trace_files(f"{run}/profile")
+  assert any(f.endswith(".xplane.pb") for f in files), files
+  assert all(f.startswith(f"{run}/profile/plugins/profile/") for f in files)
+  png = f"{run}/map.png"
+  pseudo_attention.save_png({"m": np.eye(5)}, png)
+  assert storage.path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_lock_object_on_the_emulator(emulator):
