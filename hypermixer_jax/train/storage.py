@@ -16,6 +16,14 @@ Object stores differ from a disk in two ways that matter here, handled once:
 * no atomic rename: ``replace`` writes a temporary file and renames it
   locally, and writes the object in one go on an object store.
 
+Tested against a local GCS emulator (``tests/gcs_workdir_test.py``) through
+gcsfs (``STORAGE_EMULATOR_HOST``), TensorStore (``TENSORSTORE_GCS_HTTP_URL``)
+and google-cloud-storage. TensorFlow's GCS file system cannot be pointed at
+an emulator: its endpoint ``https://www.googleapis.com/storage/v1/`` is built
+into ``libtensorflow_framework`` and only ``GCS_*`` tuning variables are
+read; epath's ``tf.io.gfile`` backend for ``gs://`` is therefore exercised on
+real GCS only, running the same calls as the gcsfs backend.
+
 ``register_tensorboard`` lets tensorboardX write its event files through
 epath too (its own ``gs://`` writer needs google-cloud-storage and does not
 go through the path layer); ``read_records`` / ``write_records`` read and
