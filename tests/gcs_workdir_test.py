@@ -118,6 +118,10 @@ def emulator():
       time.sleep(0.1)
   saved = {k: os.environ.get(k) for k in env}
   os.environ.update(env)
+  # epath caches its EPATH_USE_TF decision at the first gs:// path of the
+  # process; a test that ran before in this process must not fix it.
+  from etils.epath import gpath  # pylint: disable=g-import-not-at-top
+  getattr(gpath._is_tf_installed, "cache_clear", lambda: None)()  # pylint: disable=protected-access
   try:
     yield env
   finally:
