@@ -195,17 +195,17 @@ class MetricWriter:
 def read_metrics(workdir: str, split: str = "train") -> dict[int, dict]:
   """``{step: record}`` of ``split`` from ``workdir/metrics.jsonl``."""
   out = {}
-  text = (storage.path(workdir) / METRICS_FILE).read_text()
-  for line in text.splitlines():
-    line = line.strip()
-    if not line:
-      continue
-    try:
-      rec = json.loads(line)
-    except json.JSONDecodeError:  # a line cut short by a kill
-      continue
-    if rec.pop("split") == split:
-      out[rec.pop("step")] = rec
+  with (storage.path(workdir) / METRICS_FILE).open() as f:
+    for line in f:
+      line = line.strip()
+      if not line:
+        continue
+      try:
+        rec = json.loads(line)
+      except json.JSONDecodeError:  # a line cut short by a kill
+        continue
+      if rec.pop("split") == split:
+        out[rec.pop("step")] = rec
   return dict(sorted(out.items()))
 
 
