@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import time
 from typing import Any, Callable
 
 from absl import logging
@@ -110,6 +111,10 @@ def _poison(batch: dict) -> dict:
 
 class _NonFinite(FloatingPointError):
   pass
+
+
+# A run that has logged nothing this long after its first step says so once.
+QUIET_SECONDS = 60.0
 
 
 @dataclasses.dataclass
@@ -290,6 +295,7 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
   total = int(config.num_train_steps)
   throughput.start(progress.step)
   it = iter(train_pipe)
+  quiet_until = time.monotonic() + QUIET_SECONDS  # None once a line is out
   for step in range(progress.step + 1, total + 1):
     local = next(it)
     if step == config.debug.nan_at_step:
@@ -302,6 +308,13 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
     progress.all_finite = jnp.logical_and(progress.all_finite, m["is_finite"])
     if step % config.log_every == 0 or step == total:
       _log(run, progress, ck, m, step, writer, bar, throughput)
+      quiet_until = None
+    elif quiet_until is not None and time.monotonic() > quiet_until:
+      bar.write(f"step {step}/{total}, no log line in {QUIET_SECONDS:.0f} s: "
+                f"the first comes at step {min(config.log_every, total)} "
+                f"(log_every={config.log_every}); pass a smaller "
+                "--config.log_every to see progress sooner.")
+      quiet_until = None
     progress.preempted = ck.reached_preemption(step)
     _save(run, progress, ck, train_pipe, step, step == total)
     if progress.preempted:
