@@ -47,6 +47,7 @@ from hypermixer_jax.train import evaluation
 from hypermixer_jax.train import metrics as metrics_lib
 from hypermixer_jax.train import optim
 from hypermixer_jax.train import profiling
+from hypermixer_jax.train import run_config
 from hypermixer_jax.train import steps
 from hypermixer_jax.train import workdir as workdir_lib
 
@@ -185,6 +186,8 @@ def _restore(run: _Run, ck: ckpt_lib.Checkpointer, train_pipe) -> str:
                  ck.directory, latest)
     return "workdir"
   if config.init_checkpoint:
+    for line in run_config.input_mismatches(config):
+      logging.warning("%s", line)
     reinit = [r for r in config.init_reinit.split(",") if r]
     params = ckpt_lib.load_pretrained(config.init_checkpoint,
                                       run.state.params, reinit)

@@ -313,6 +313,21 @@ def write(config: ml_collections.ConfigDict | Mapping[str, Any],
   (folder / VOCAB_RECORD).write_text(json.dumps(record, indent=1) + "\n")
 
 
+def input_mismatches(config: ml_collections.ConfigDict) -> list[str]:
+  """How ``config``'s inputs differ from those ``config.init_checkpoint``
+  was trained on, as far as its saved config records them (one line each)."""
+  path = find(config.init_checkpoint) if config.get("init_checkpoint") else None
+  if path is None:
+    return []
+  saved, ours = flatten(load(path)), flatten(config)
+  key = "data.image_normalization"
+  if key in saved and key in ours and saved[key] != ours[key]:
+    return [f"init_checkpoint {config.init_checkpoint} was trained on "
+            f"{key}={saved[key]!r} inputs, this run feeds {ours[key]!r}: pass "
+            f"--config.{key}={saved[key]}."]
+  return []
+
+
 # ---------------------------------------------------------------------------
 # The command line.
 # ---------------------------------------------------------------------------
