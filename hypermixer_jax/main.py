@@ -139,9 +139,10 @@ def parse_flags(argv: list[str]) -> list[str]:
   TensorFlow is imported (quietly, without the accelerators) first: config
   files import the input pipelines.
   """
-  from hypermixer_jax import runtime  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
-  runtime.hide_accelerators_from_tensorflow()
+  if any(run_config.flag_value(argv, f) for f in ("config", "workdir")):
+    from hypermixer_jax import runtime  # pylint: disable=g-import-not-at-top
+    runtime.hide_accelerators_from_tensorflow()
   try:
     argv = _saved_config_argv(list(argv))
     spec = run_config.flag_value(argv, "config")

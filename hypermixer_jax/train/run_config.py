@@ -187,7 +187,9 @@ def shape_fields(saved: Mapping, config: Mapping) -> list[str]:
   """The fields of ``config`` that give the parameters other shapes than
   ``saved``'s (or another vocabulary); empty when the checkpoint fits."""
   diff = differences(saved, config)
-  fields = [k for k in VOCAB_FIELDS if k in diff]
+  family = _plain(config).get("model", {}).get("family")
+  fields = ([k for k in VOCAB_FIELDS if k in diff]
+            if family in TOKEN_FAMILIES else [])
   changed = [k for k in diff if k.startswith("model.")]
   if not changed:
     return fields
@@ -270,8 +272,7 @@ def resolve(saved_path: str | os.PathLike, overrides: Mapping[str, Any], *,
     logging.info("Config of %s with the command line's overrides: %s",
                  saved_path, "; ".join(f"{k}: {_show(a)} -> {_show(b)}"
                                        for k, (a, b) in changed.items()))
-  refused = shape_fields(reference, config) if "model" in saved else [
-      k for k in VOCAB_FIELDS if k in changed]
+  refused = shape_fields(reference, config)
   if refused:
     raise ConfigFlagError(
         f"--config.{refused[0]}"
