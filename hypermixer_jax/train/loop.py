@@ -313,10 +313,12 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
       _log(run, progress, ck, m, step, writer, bar, throughput)
       quiet_until = None
     elif quiet_until is not None and time.monotonic() > quiet_until:
-      bar.write(f"step {step}/{total}, no log line in {QUIET_SECONDS:.0f} s: "
-                f"the first comes at step {min(config.log_every, total)} "
-                f"(log_every={config.log_every}); pass a smaller "
-                "--config.log_every to see progress sooner.")
+      if run.is_main:
+        logging.warning(
+            "step %d/%d, no log line in %.0f s: the first comes at step %d "
+            "(log_every=%d); pass a smaller --config.log_every to see "
+            "progress sooner.", step, total, QUIET_SECONDS,
+            min(config.log_every, total), config.log_every)
       quiet_until = None
     progress.preempted = ck.reached_preemption(step)
     _save(run, progress, ck, train_pipe, step, step == total)

@@ -37,6 +37,9 @@ VOCAB_DIR = "vocab"
 TOKEN_FAMILIES = ("text", "smlp")
 # Fields that give the token ids their meaning (no shape depends on them).
 VOCAB_FIELDS = ("data.vocab_path", "data.extra_ids")
+# Subtrees a saved config does not pass on: the test hooks of the command
+# that set them (a resumed run must not be killed again at the same step).
+PER_COMMAND = ("debug",)
 # Subtrees replaced whole by a saved config (their fields depend on
 # ``model.family``), the rest merged field by field.
 WHOLE = ("model",)
@@ -98,13 +101,16 @@ def _typed(saved: dict, template: Mapping | None) -> dict:
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
   """The saved config at ``path`` as nested dicts (tuples restored), with
-  an exported folder's own copy of its vocabulary."""
+  an exported folder's own copy of its vocabulary, without the
+  ``PER_COMMAND`` subtrees."""
   path = epath.Path(path)
   try:
     saved = _tuples(json.loads(path.read_text()))
   except ValueError as e:
     raise ConfigFlagError(f"{path} is not a readable saved config ({e}); "
                           "pass --config=FILE instead.") from e
+  for key in PER_COMMAND:
+    saved.pop(key, None)
   record = path.parent / VOCAB_RECORD
   if record.exists():
     vocab = json.loads(record.read_text())
