@@ -139,3 +139,22 @@ def test_config_mistakes_stop_in_one_line_before_jax_starts(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 1
     assert out.stderr.strip() == line     # the whole of stderr: no noise
+
+
+def test_repeated_library_lines_are_dropped_from_the_log():
+  import logging as std_logging  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+
+  def record(path, level, msg):
+    return std_logging.LogRecord("absl", level, path, 1, msg, (), None)
+
+  quiet = main_lib._QuietLibraries()
+  seqio = os.path.join("site-packages", "seqio", "feature_converters.py")
+  assert not quiet.filter(record(seqio, std_logging.INFO, "Length validation "
+                                 "is skipped since `apply_length_check=False`"))
+  assert quiet.filter(record(seqio, std_logging.INFO, "Other seqio news"))
+  assert quiet.filter(record(seqio, std_logging.WARNING,
+                             "Length validation is skipped"))
+  orbax = os.path.join("site-packages", "orbax", "checkpoint", "x.py")
+  assert not quiet.filter(record(orbax, std_logging.INFO, "saved"))
+  assert quiet.filter(record(orbax, std_logging.ERROR, "failed"))

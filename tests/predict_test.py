@@ -12,6 +12,7 @@ from hypermixer_jax import data as data_lib
 from hypermixer_jax import models
 from hypermixer_jax.train import artifacts
 from hypermixer_jax.train import config_checks
+from hypermixer_jax.train import run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,8 +80,16 @@ def test_classifier_predictions_match_the_model_on_the_eval_pipeline(
                      g["probabilities"]["positive"]] for g in got])
   np.testing.assert_allclose(probs, want, rtol=1e-5, atol=1e-6)
   assert [g["label_id"] for g in got] == list(want.argmax(-1))
-  # A .txt of sentences gives the same predictions.
-  artifacts.predict_file(config, str(tmp_path / "ckpt"),
+  # A .txt of sentences gives the same predictions, and so does an export
+  # of the checkpoint with the config read back from it (its own copy of
+  # the vocabulary, found wherever the folder is moved).
+  artifacts.export_params(config, str(tmp_path / "ckpt"),
+                          str(tmp_path / "export"))
+  (tmp_path / "export").rename(tmp_path / "moved")
+  exported = run_config.get_config(str(tmp_path / "moved"))
+  assert exported.data.vocab_path == str(tmp_path / "moved" / "vocab" /
+                                         "sentencepiece.model")
+  artifacts.predict_file(exported, str(tmp_path / "moved"),
                          str(tmp_path / "in.txt"), str(tmp_path / "b.jsonl"))
   assert [g["probabilities"] for g in _read(tmp_path / "b.jsonl")] == [
       g["probabilities"] for g in got]
