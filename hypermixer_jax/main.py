@@ -125,10 +125,7 @@ def _saved_config_argv(argv: list[str]) -> list[str]:
   saved = run_config.find(workdir)
   if saved is None:
     return argv
-  if not run_config.is_complete(run_config.load(saved)):
-    raise run_config.ConfigFlagError(
-        f"{saved} records only part of a config (a converted checkpoint's "
-        "model); pass --config=FILE for the rest.")
+  run_config.load_complete(saved)   # an error here reads better than later
   return [argv[0], f"--config={run_config.__file__}:{saved.parent}",
           *argv[1:]]
 

@@ -96,8 +96,8 @@ def test_a_given_config_file_fills_in_a_partial_saved_config(tmp_path):
   run_config.write(partial, tmp_path)
   path = tmp_path / "config.json"
   with pytest.raises(config_checks.ConfigError,
-                     match="records only part of a config; pass "
-                     "--config=FILE"):
+                     match="records only part of a config \\(a converted "
+                     "checkpoint's model\\); pass --config=FILE for the rest"):
     run_config.resolve(path, {})
   out = run_config.resolve(path, {"batch_size": 8}, given=given)
   assert (out.model.num_layers, out.model.approximate_gelu,

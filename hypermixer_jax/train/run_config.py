@@ -120,10 +120,15 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
   return saved
 
 
-def is_complete(saved: Mapping[str, Any]) -> bool:
-  """Whether a saved config can run on its own (a training run's or an
-  export's), rather than a converted checkpoint's model alone."""
-  return "num_train_steps" in saved and "task" in saved.get("data", {})
+def load_complete(path: str | os.PathLike) -> dict[str, Any]:
+  """``load(path)`` of a config that can run on its own (a training run's or
+  an export's), not a converted checkpoint's model alone."""
+  saved = load(path)
+  if "num_train_steps" not in saved or "task" not in saved.get("data", {}):
+    raise ConfigFlagError(
+        f"{path} records only part of a config (a converted checkpoint's "
+        "model); pass --config=FILE for the rest.")
+  return saved
 
 
 def get_config(workdir: str) -> ml_collections.ConfigDict:
@@ -133,15 +138,7 @@ def get_config(workdir: str) -> ml_collections.ConfigDict:
   if path is None:
     raise ConfigFlagError(f"{workdir} holds no {CONFIG_FILE}; pass "
                           "--config=FILE.")
-  saved = load(path)
-  if not is_complete(saved):
-    raise ConfigFlagError(
-        f"{path} records only part of a config (an imported checkpoint's "
-        f"model: {', '.join(sorted(flatten(saved)))[:200]}); pass "
-        "--config=FILE for the rest.")
-  from hypermixer_jax.train import config as train_config  # pylint: disable=g-import-not-at-top
-  return ml_collections.ConfigDict(
-      _typed(saved, train_config.base_config().to_dict()))
+  return resolve(path, {})
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -253,14 +250,12 @@ def resolve(saved_path: str | os.PathLike, overrides: Mapping[str, Any], *,
       vocabulary (naming the fields), or a partial saved config has no
       ``--config`` to complete it.
   """
-  saved = load(saved_path)
   if given is None:
-    if not is_complete(saved):
-      raise ConfigFlagError(
-          f"{saved_path} records only part of a config; pass --config=FILE.")
+    saved = load_complete(saved_path)
     from hypermixer_jax.train import config as train_config  # pylint: disable=g-import-not-at-top
     base = train_config.base_config().to_dict()
   else:
+    saved = load(saved_path)
     base = given.to_dict()
     replaced = differences(base, _merge(base, saved))
     if replaced:
