@@ -36,7 +36,6 @@ from absl import logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 
-
 def _train(config) -> None:
   from hypermixer_jax.train import loop  # pylint: disable=g-import-not-at-top
   loop.train_and_evaluate(config, FLAGS.workdir)
@@ -150,10 +149,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     except flags.Error as e:
       raise run_config.ConfigFlagError(
           f"{' '.join(str(e).split())} (--help lists the flags)") from None
-    except (AttributeError, KeyError) as e:
-      line = run_config.unknown_fields(run_config.load_config_file(spec),
-                                       argv)
-      if line is None:
+    except (AttributeError, KeyError):   # config_flags: an unknown field
+      line = spec and run_config.unknown_fields(
+          run_config.load_config_file(spec), argv)
+      if not line:
         raise
       raise run_config.ConfigFlagError(line) from None
   except run_config.ConfigFlagError as e:
