@@ -125,6 +125,21 @@ def test_export_folder_carries_its_vocabulary(saved, tmp_path):
                                        "sentencepiece.model")
   assert run_config.resolve(moved / "config.json", {}).data.vocab_path == (
       loaded.data.vocab_path)
+  # Without its copy, an export falls back to the original path only while
+  # that is still the same file.
+  original_copy = tmp_path / "spm.model"
+  original_copy.write_bytes(
+      (moved / "vocab" / "sentencepiece.model").read_bytes())
+  config.data.vocab_path = str(original_copy)
+  run_config.write(config, tmp_path / "e2", vocabulary=True)
+  (tmp_path / "e2" / "vocab" / "spm.model").unlink()
+  assert run_config.get_config(str(tmp_path / "e2")).data.vocab_path == str(
+      original_copy)
+  original_copy.write_bytes(b"another vocabulary")
+  with pytest.raises(config_checks.ConfigError,
+                     match=f"^{original_copy} is not the vocabulary the "
+                     "parameters of .*e2 were trained with"):
+    run_config.get_config(str(tmp_path / "e2"))
 
 
 def test_missing_config_file_lists_the_configs(tmp_path, monkeypatch):

@@ -117,6 +117,15 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     copy = path.parent / vocab["file"] if vocab.get("file") else None
     if copy is not None and copy.exists():
       saved.setdefault("data", {})["vocab_path"] = os.fspath(copy)
+    elif vocab.get("sha256") and epath.Path(vocab["path"]).exists():
+      # The copy is gone: the original serves only if it is the same file.
+      found = hashlib.sha256(epath.Path(vocab["path"]).read_bytes())
+      if found.hexdigest() != vocab["sha256"]:
+        raise ConfigFlagError(
+            f"{vocab['path']} is not the vocabulary the parameters of "
+            f"{path.parent} were trained with (SHA-256 {found.hexdigest()[:12]}"
+            f"..., {VOCAB_RECORD} says {vocab['sha256'][:12]}...); restore "
+            f"{copy} or pass --config.data.vocab_path=THE_RIGHT_FILE.")
   return saved
 
 
