@@ -4,6 +4,8 @@ The test writes a file with the release's layout (``vit_jax/models_mixer.py``
 parameter names and shapes, random values) and checks our model against a
 NumPy forward of the official architecture on the same weights.
 """
+import os
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -287,7 +289,6 @@ def test_printed_flags_build_the_converted_model_with_its_inputs(
   model the converted parameters load into, and the release's input
   scaling, which the output's config.json records too."""
   import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
@@ -297,8 +298,7 @@ def test_printed_flags_build_the_converted_model_with_its_inputs(
   pasted = [a for a in printed if a.startswith("--config.")]
   assert "--config.data.image_normalization=inception" in pasted
   assert f"--config.init_checkpoint={out}" in pasted
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  argv = ["prog", f"--config={root}/configs/imagenet.py:mixer_b16", *pasted]
+  argv = ["prog", f"--config={IMAGENET}", *pasted]
   fv = flags.FlagValues()
   config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
                                   sys_argv=argv)
@@ -321,3 +321,22 @@ def test_printed_flags_build_the_converted_model_with_its_inputs(
   saved = json.loads((out / "config.json").read_text())
   assert saved["data"]["image_normalization"] == "inception"
   assert saved["model"]["num_layers"] == L
+  # --mode=evaluate --workdir=OUT --config=...mixer_b16: the saved fields on
+  # the file's config give the same model and inputs as the pasted flags.
+  from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
+  resolved = run_config.resolve(out / "config.json", {}, given=_imagenet())
+  assert resolved.model.to_dict() == config.model.to_dict()
+  assert resolved.data.to_dict() == config.data.to_dict()
+
+
+IMAGENET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), "configs", "imagenet.py:mixer_b16")
+
+
+def _imagenet():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path, arg = IMAGENET.split(":")
+  spec = importlib.util.spec_from_file_location("imagenet_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)

@@ -61,7 +61,10 @@ the hidden activations, and so every output, are exactly the old ones.
         --image_size=384 --patch_size=16 --output=/ckpt/run_384
 
 write the parameters as a checkpoint that ``--config.init_checkpoint``
-loads (``configs/imagenet.py:mixer_b16`` with the printed sizes).
+loads (``configs/imagenet.py:mixer_b16`` with the printed ``--config`` flags),
+and its ``config.json`` (``imported_config``: the model's sizes, the input
+scaling and resolution), which ``--mode=evaluate --workdir=OUTPUT
+--config=configs/imagenet.py:mixer_b16`` reads.
 """
 from __future__ import annotations
 
@@ -389,34 +392,41 @@ def main(argv=None) -> None:
                                     num_classes=a.num_classes,
                                     method=a.method)
     artifacts.write_params(a.output, params)
-    run_config.write({"model": cfg.to_dict(), "data": imported_data_config(
-        cfg)}, a.output)
+    run_config.write(imported_config(cfg), a.output)
   except (OSError, ValueError) as e:
     sys.exit(f"Stopped: {e}")
-  print(f"wrote {a.output}; fine-tune or evaluate it with "
+  print(f"wrote {a.output}; fine-tune it with "
         "--config=configs/imagenet.py:mixer_b16 and\n  "
-        + " ".join(config_flags(cfg, a.output)))
+        + " ".join(config_flags(cfg, a.output)) + "\n(--mode=evaluate "
+        f"--workdir={a.output} needs only the --config: its config.json "
+        "holds the rest)")
 
 
-def imported_data_config(cfg: ml_collections.ConfigDict) -> dict:
-  """The data fields a converted checkpoint fixes: its inputs' scaling and
-  its resolution."""
+def imported_config(cfg: ml_collections.ConfigDict) -> dict:
+  """What a converted checkpoint fixes (its ``config.json``): the model's
+  shapes and GELU, as ``configs/imagenet.py`` feeds it (the pipeline cuts
+  the patches: ``model.patch_size`` 0, the same parameters), its inputs'
+  scaling and resolution."""
   side = math.isqrt(int(cfg.max_len))
-  return {"image_normalization": IMAGE_NORMALIZATION,
-          "image_size": side * int(cfg.patch_size),
-          "patch_size": int(cfg.patch_size)}
+  model = {k: cfg[k] for k in ("family", "mixer", "block", "head",
+                               "num_layers", "d_model", "d_ffn", "max_len",
+                               "input_dim", "num_classes", "approximate_gelu")}
+  return {"model": {**model, "mixer_kwargs": {
+              "token_mlp_dim": cfg.mixer_kwargs.token_mlp_dim}},
+          "data": {"image_normalization": IMAGE_NORMALIZATION,
+                   "image_size": side * int(cfg.patch_size),
+                   "patch_size": int(cfg.patch_size)}}
 
 
 def config_flags(cfg: ml_collections.ConfigDict, output: str) -> list[str]:
   """``--config...`` flags that build the converted model and read its
   inputs as the release did (ready to paste after ``configs/imagenet.py``'s
-  Mixer, whose pipeline cuts the patches: ``model.patch_size`` stays 0)."""
-  model = {k: cfg[k] for k in ("num_layers", "d_model", "d_ffn", "max_len",
-                               "input_dim", "num_classes", "approximate_gelu")}
-  model["mixer_kwargs.token_mlp_dim"] = cfg.mixer_kwargs.token_mlp_dim
-  return ([f"--config.model.{k}={v}" for k, v in model.items()]
-          + [f"--config.data.{k}={v}"
-             for k, v in imported_data_config(cfg).items()]
+  Mixer)."""
+  from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
+  fixed = imported_config(cfg)
+  skip = ("model.family", "model.mixer", "model.block", "model.head")
+  return ([f"--config.{k}={v}" for k, v in run_config.flatten(fixed).items()
+           if k not in skip]
           + [f"--config.init_checkpoint={output}"])
 
 

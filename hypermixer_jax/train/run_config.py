@@ -40,9 +40,10 @@ VOCAB_FIELDS = ("data.vocab_path", "data.extra_ids")
 # Subtrees a saved config does not pass on: the test hooks of the command
 # that set them (a resumed run must not be killed again at the same step).
 PER_COMMAND = ("debug",)
-# Subtrees replaced whole by a saved config (their fields depend on
-# ``model.family``), the rest merged field by field.
-WHOLE = ("model",)
+# Subtrees replaced whole by a saved config of another ``family`` (their
+# fields depend on it); the rest, and these within one family, merged field
+# by field.
+BY_FAMILY = ("model",)
 
 
 class ConfigFlagError(config_checks.ConfigError):
@@ -176,9 +177,11 @@ def _plain(tree: Mapping) -> dict:
 def _merge(base: dict, saved: Mapping, top: bool = True) -> dict:
   out = dict(base)
   for k, v in saved.items():
-    if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) and not (
-        top and k in WHOLE):
-      out[k] = _merge(out[k], v, top=False)
+    mine = out.get(k)
+    if isinstance(v, Mapping) and isinstance(mine, Mapping) and not (
+        top and k in BY_FAMILY
+        and v.get("family", mine.get("family")) != mine.get("family")):
+      out[k] = _merge(mine, v, top=False)
     else:
       out[k] = v
   return out
