@@ -151,6 +151,7 @@ def _input_rows(path: str, columns: list[tuple[str, ...]]
   line): a ``.txt`` (fields separated by tabs), or a ``.tsv`` (after its
   header line) / ``.jsonl`` with the task's columns (``columns[i]``:
   aliases)."""
+  from hypermixer_jax.data.sources import DataError  # pylint: disable=g-import-not-at-top
   lines = _read_lines(path)
   if path.endswith((".jsonl", ".json")):
     records = [(i, json.loads(l) if l.strip() else None)
@@ -167,7 +168,7 @@ def _input_rows(path: str, columns: list[tuple[str, ...]]
         continue
       fields = line.split("\t")
       if len(fields) != len(columns):
-        raise ValueError(
+        raise DataError(
             f"{path}:{i}: {len(fields)} tab-separated field(s), the task "
             f"needs {len(columns)} ({', '.join(c[0] for c in columns)}).")
       rows.append(fields)
@@ -181,8 +182,8 @@ def _input_rows(path: str, columns: list[tuple[str, ...]]
     for aliases in columns:
       found = [a for a in aliases if a in rec]
       if not found:
-        raise ValueError(f"{path}:{i}: none of the columns {list(aliases)} "
-                         f"(has {sorted(rec)}).")
+        raise DataError(f"{path}:{i}: none of the columns {list(aliases)} "
+                        f"(has {sorted(rec)}).")
       texts.append(str(rec[found[0]]))
     rows.append(texts)
   return rows
