@@ -103,20 +103,24 @@ def test_main_modes_from_the_command_line(run, tmp_path):
       f"Stopped: --config.model.d_model would change the shapes or the "
       f"vocabulary of the parameters saved with {run} (see its config.json); "
       "drop the override(s), or train a new run in another --workdir.")
-  # An empty workdir: named, with "no checkpoint", with or without --config.
+  # An empty workdir is named (see also the test below, with --config).
   (tmp_path / "empty").mkdir()
-  out = main(f"--workdir={tmp_path / 'empty'}", "--mode=evaluate",
-             f"--config={DEFAULT}")
-  assert out.stderr.splitlines()[-1] == (
-      f"Stopped: no checkpoint in {tmp_path / 'empty'} (no step folder): give "
-      "the --workdir of a trained run (it has checkpoints/) or an exported "
-      "folder.")
-  assert "init_checkpoint" not in out.stderr
   out = main(f"--workdir={tmp_path / 'empty'}", "--mode=evaluate")
   assert (f"--mode=evaluate: {tmp_path / 'empty'} holds no checkpoint and no "
           "saved config.json") in out.stderr and out.returncode == 1
   out = main(f"--workdir={run}", "--mode=export")
   assert out.returncode != 0 and "--mode=export needs --output" in out.stderr
+
+
+def test_empty_workdir_is_named_as_having_no_checkpoint(tmp_path):
+  from hypermixer_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  for folder, why in ((tmp_path, "no step folder"),
+                      (tmp_path / "nowhere", "no such folder")):
+    with pytest.raises(ckpt_lib.CheckpointError) as e:
+      artifacts.load_params(_config(), str(folder))
+    assert str(e.value) == (
+        f"no checkpoint in {folder} ({why}): give the --workdir of a trained "
+        "run (it has checkpoints/) or an exported folder.")
 
 
 def test_config_mistakes_stop_in_one_line_before_jax_starts(tmp_path):
