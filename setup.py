@@ -40,7 +40,9 @@ EXTRAS_REQUIRE = {
     "cuda12": ["jax[cuda12]>=0.9"],      # NVIDIA GPUs, CUDA 12 wheels from pip
     "cuda13": ["jax[cuda13]>=0.9"],      # NVIDIA GPUs, CUDA 13 wheels from pip
     # Viewing profiler traces (config.profile) in TensorBoard / XProf.
-    "profile": ["xprof"],
+    "profile": ["xprof", "tensorboard"],
+    # Viewing the runs' TensorBoard event files (WORKDIR/tensorboard).
+    "tensorboard": ["tensorboard"],
 }
 
 setuptools.setup(

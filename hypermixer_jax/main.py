@@ -1,19 +1,23 @@
-"""Trains, evaluates, predicts or exports; the logic lives in ``hypermixer_jax.train``.
+r"""Trains, evaluates, predicts or exports; the logic lives in ``hypermixer_jax.train``.
 
     python -m hypermixer_jax.main --config=configs/default.py --workdir=/tmp/hm
     hypermixer-train --config=configs/glue.py:sst2,hypermixer \
         --config.learning_rate=1e-4 --workdir=/tmp/sst2
     # without training: evaluate the latest (or --step) checkpoint, predict
-    # on a file (JSONL out), export the parameters alone:
-    hypermixer-train --mode=evaluate --config=... --workdir=/tmp/sst2
-    hypermixer-train --mode=predict --config=... --workdir=/tmp/sst2 \
+    # on a file (JSONL out), export the parameters with config and vocabulary;
+    # these read the run's own config (WORKDIR/config.json):
+    hypermixer-train --mode=evaluate --workdir=/tmp/sst2
+    hypermixer-train --mode=predict --workdir=/tmp/sst2 \
         --input=sentences.txt --output=predictions.jsonl
-    hypermixer-train --mode=export --config=... --workdir=/tmp/sst2 \
-        --output=/tmp/sst2_params
+    hypermixer-train --mode=export --workdir=/tmp/sst2 --output=/tmp/sst2_params
+    hypermixer-train --mode=evaluate --workdir=/tmp/sst2_params
 
 The config is locked: ``--config.some_field=value`` must name an existing
 field. A run restarted with the same ``--workdir`` resumes from its latest
-checkpoint.
+checkpoint and its saved config. On a workdir (or an exported folder) with a
+saved config, ``--config=FILE`` is optional: ``--config.field=value``
+overrides go on top of the saved config (the differences are logged), and
+one that changes the parameters' shapes or the vocabulary is refused.
 
 Several processes (hosts): on Cloud TPU pod slices and under SLURM ``srun``
 ``jax.distributed.initialize()`` finds the other processes by itself; anywhere
@@ -31,17 +35,53 @@ from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-MODES = ("train", "evaluate", "predict", "export")
+
+def _train(config) -> None:
+  from hypermixer_jax.train import loop  # pylint: disable=g-import-not-at-top
+  loop.train_and_evaluate(config, FLAGS.workdir)
+
+
+def _evaluate(config) -> None:
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  artifacts.evaluate_checkpoint(config, FLAGS.workdir, FLAGS.step)
+
+
+def _predict(config) -> None:
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  artifacts.predict_file(config, FLAGS.workdir, FLAGS.input, FLAGS.output,
+                         step=FLAGS.step)
+
+
+def _export(config) -> None:
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  artifacts.export_params(config, FLAGS.workdir, FLAGS.output, step=FLAGS.step)
+
+
+# --mode -> (what it does, the flags it needs besides --workdir).
+MODES = {
+    "train": (_train, ()),
+    "evaluate": (_evaluate, ()),
+    "predict": (_predict, ("input", "output")),
+    "export": (_export, ("output",)),
+}
+# Modes that read a checkpoint, and so start from the workdir's saved config
+# (``train`` does when it resumes).
+FROM_CHECKPOINT = ("evaluate", "predict", "export")
+# Where ``--config=FILE`` is looked for when a given one is missing.
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "configs")
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
+flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics "
+                    "(evaluate/predict: also an exported folder).")
 config_flags.DEFINE_config_file(
-    "config", None, "Training configuration file (ml_collections).",
-    lock_config=True)
-flags.DEFINE_enum("mode", "train", MODES,
+    "config", None, "Configuration file (ml_collections), e.g. "
+    "configs/glue.py:sst2,hypermixer. Optional when --workdir holds a saved "
+    "config (evaluate, predict, export, a resumed run).", lock_config=True)
+flags.DEFINE_enum("mode", "train", list(MODES),
                   "train | evaluate (a checkpoint of --workdir, no training) "
                   "| predict (--input file -> --output JSONL) | export "
-                  "(parameters alone, to --output).")
+                  "(parameters, config and vocabulary, to --output).")
 flags.DEFINE_integer("step", None, "evaluate/predict/export: checkpoint step "
                      "of --workdir (default: the latest).")
 flags.DEFINE_string("input", None, "predict: input file (.txt one example a "
@@ -55,15 +95,89 @@ flags.DEFINE_string("coordinator_address", None,
                     "HOST:PORT of process 0 (explicit multi-process start).")
 flags.DEFINE_integer("num_processes", None, "Number of processes.")
 flags.DEFINE_integer("process_id", None, "This process's index.")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flags_as_required(["workdir"])
 
 
 class _QuietLibraries:
-  """Drops INFO records of Orbax (several per save) from the absl log."""
+  """Drops INFO records of Orbax (several per save) and seqio's repeated
+  "Length validation is skipped" from the absl log."""
 
   def filter(self, record) -> bool:
-    return (record.levelno >= 30 or
-            f"{os.sep}orbax{os.sep}" not in record.pathname)
+    if record.levelno >= 30:
+      return True
+    if f"{os.sep}orbax{os.sep}" in record.pathname:
+      return False
+    return not (f"{os.sep}seqio{os.sep}" in record.pathname and
+                str(record.msg).startswith("Length validation is skipped"))
+
+
+def _saved_config_argv(argv: list[str]) -> list[str]:
+  """``argv`` with ``--config`` set to the workdir's saved config when it is
+  absent and the mode reads one (so ``--config.field`` overrides apply)."""
+  from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
+  workdir = run_config.flag_value(argv, "workdir")
+  mode = run_config.flag_value(argv, "mode") or "train"
+  if workdir is None or run_config.flag_value(argv, "config") is not None:
+    return argv
+  if mode not in FROM_CHECKPOINT and not run_config.has_checkpoint(workdir):
+    return argv
+  saved = run_config.find(workdir)
+  if saved is None:
+    return argv
+  run_config.load_complete(saved)   # an error here reads better than later
+  return [argv[0], f"--config={run_config.__file__}:{saved.parent}",
+          *argv[1:]]
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with config mistakes stopped in one line.
+
+  TensorFlow is imported (quietly, without the accelerators) first: config
+  files import the input pipelines.
+  """
+  from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
+  if any(run_config.flag_value(argv, f) for f in ("config", "workdir")):
+    from hypermixer_jax import runtime  # pylint: disable=g-import-not-at-top
+    runtime.hide_accelerators_from_tensorflow()
+  try:
+    argv = _saved_config_argv(list(argv))
+    spec = run_config.flag_value(argv, "config")
+    if spec:
+      run_config.check_config_file(spec, CONFIGS_DIR)
+    try:
+      return FLAGS(argv)
+    except flags.Error as e:
+      raise run_config.ConfigFlagError(
+          f"{' '.join(str(e).split())} (--help lists the flags)") from None
+    except (AttributeError, KeyError):   # config_flags: an unknown field
+      line = spec and run_config.unknown_fields(
+          run_config.load_config_file(spec), argv)
+      if not line:
+        raise
+      raise run_config.ConfigFlagError(line) from None
+  except run_config.ConfigFlagError as e:
+    sys.exit(f"Stopped: {e}")
+
+
+def _config(mode: str):
+  """``FLAGS.config``, or the workdir's saved config with the overrides."""
+  from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
+  saved = (run_config.find(FLAGS.workdir)
+           if mode in FROM_CHECKPOINT or run_config.has_checkpoint(
+               FLAGS.workdir) else None)
+  if saved is None:
+    if FLAGS.config is None:
+      raise app.UsageError(
+          f"--config is required: {FLAGS.workdir} holds no checkpoint"
+          if mode == "train" else
+          f"--mode={mode}: {FLAGS.workdir} holds no checkpoint and no saved "
+          f"{run_config.CONFIG_FILE}; pass the --workdir of a trained run or "
+          "an exported folder.")
+    return FLAGS.config
+  file = config_flags.get_config_filename(FLAGS["config"])
+  given = (None if file.startswith(run_config.__file__) else FLAGS.config)
+  return run_config.resolve(saved, config_flags.get_override_values(
+      FLAGS["config"]), given=given)
 
 
 def main(argv):
@@ -84,40 +198,33 @@ def main(argv):
   logging.info("JAX process %d/%d (distributed: %s), local devices %s",
                jax.process_index(), jax.process_count(), how or "no",
                jax.local_devices())
-  if FLAGS.mode in ("predict", "export") and not FLAGS.output:
-    raise app.UsageError(f"--mode={FLAGS.mode} needs --output.")
-  if FLAGS.mode == "predict" and not FLAGS.input:
-    raise app.UsageError("--mode=predict needs --input.")
+  run_mode, needs = MODES[FLAGS.mode]
+  missing = [f"--{n}" for n in needs if not FLAGS[n].value]
+  if missing:
+    raise app.UsageError(f"--mode={FLAGS.mode} needs {' and '.join(missing)}.")
   try:
-    if FLAGS.mode == "train":
-      from hypermixer_jax.train import loop  # pylint: disable=g-import-not-at-top
-      loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    else:
-      from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
-      if FLAGS.mode == "evaluate":
-        artifacts.evaluate_checkpoint(FLAGS.config, FLAGS.workdir, FLAGS.step)
-      elif FLAGS.mode == "predict":
-        artifacts.predict_file(FLAGS.config, FLAGS.workdir, FLAGS.input,
-                               FLAGS.output, step=FLAGS.step)
-      else:
-        artifacts.export_params(FLAGS.config, FLAGS.workdir, FLAGS.output,
-                                step=FLAGS.step)
+    run_mode(_config(FLAGS.mode))
   except FloatingPointError as e:
-    logging.error("%s", e)
     sys.exit(f"Training stopped: {e}")
   except Exception as e:  # pylint: disable=broad-except
     # Bad data, config, checkpoints or a busy workdir: the message says
-    # what and where; a traceback would only bury it.
+    # what and where; a traceback would only bury it. Printed once (absl's
+    # log goes to the same stderr).
     from hypermixer_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
     if not isinstance(e, workdir_lib.user_errors()):
       raise
-    logging.error("%s", e)
     sys.exit(f"Stopped: {e}")
 
 
 def run():
-  """Console entry point (``hypermixer-train``)."""
-  app.run(main)
+  """Console entry point (``hypermixer-train``): the help of ``python -m
+  hypermixer_jax.main`` (absl shows the main module's flags and docstring)."""
+  main_module = sys.modules["__main__"]
+  if main_module.__doc__ is None:
+    main_module.__doc__ = __doc__
+  for flag in FLAGS.get_flags_for_module(__name__):
+    FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+  app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

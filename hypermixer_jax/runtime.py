@@ -30,6 +30,7 @@ import sys
 import tempfile
 
 DISTRIBUTED_MODES = ("auto", "on", "off")
+_tensorflow_hidden = False   # hide_accelerators_from_tensorflow has run
 
 
 @contextlib.contextmanager
@@ -66,8 +67,12 @@ def hide_accelerators_from_tensorflow() -> None:
   """TensorFlow sees only the CPU, and its start-up noise is silenced.
 
   Must run before TensorFlow executes its first op (afterwards its devices
-  are fixed), which is why entry points call it first.
+  are fixed), which is why entry points call it first; later calls do
+  nothing.
   """
+  global _tensorflow_hidden
+  if _tensorflow_hidden:
+    return
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # C++: errors only
   with _quiet_native_stderr():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -81,6 +86,7 @@ def hide_accelerators_from_tensorflow() -> None:
         if isinstance(e, RuntimeError):
           logging.warning("TensorFlow's devices are already initialised; "
                           "%s devices stay visible to it: %s", kind, e)
+  _tensorflow_hidden = True
 
 
 def detect_cluster() -> str | None:

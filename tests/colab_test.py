@@ -101,3 +101,37 @@ def test_constraints_line_pins_jax_and_tensorflow():
   for name in ("libtpu==0.0.42", "jax-cuda12-plugin==0.10.2",
                "jax-cuda12-pjrt==0.10.2"):
     assert re.search(pattern, name, re.IGNORECASE), name
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_empty_repo_url_stops_with_a_message_and_a_checkout_is_used(
+    path, tmp_path, monkeypatch):
+  """The repository is a Colab form field: empty, and with no checkout
+  around, the first cell stops saying what to set; from a checkout it is
+  that checkout that gets installed."""
+  sources = list(_code_cells(path))
+  [cell] = [s for s in sources if "REPO_URL = " in s]
+  assert 'REPO_URL = ""  # @param {type:"string"}' in cell
+  monkeypatch.delenv("HYPERMIXER_ROOT", raising=False)
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(SystemExit, match=r"REPO_URL is empty and no "
+                     r"hypermixer-jax checkout is here: set REPO_URL in the "
+                     r"form above"):
+    exec(compile(cell, "cell", "exec"), {})  # pylint: disable=exec-used
+  monkeypatch.chdir(ROOT / "colabs")   # Jupyter started in the checkout
+  namespace = {}
+  exec(compile(cell, "cell", "exec"), namespace)  # pylint: disable=exec-used
+  assert namespace["ROOT"] == str(ROOT)
+  shell = _shell_lines(path)
+  assert any(l.startswith("!pip install") and l.endswith(" {ROOT}")
+             for l in shell), shell
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_open_in_colab_badge(path):
+  nb = json.loads(path.read_text(encoding="utf-8"))
+  first = "".join(nb["cells"][0]["source"])
+  assert ("[![Open In Colab](https://colab.research.google.com/assets/"
+          "colab-badge.svg)](https://colab.research.google.com/github/") in first
+  assert first.split("](https://colab.research.google.com/github/")[1].split(
+      ")")[0].endswith(f"/blob/main/colabs/{path.name}")

@@ -79,3 +79,27 @@ def test_tfds_train_split_slices_the_train_split(vocab):
   sliced = tasks.get_task(cfg)
   assert sliced.source.tfds_dataset._map_split("train") == "train[:10%]"  # pylint: disable=protected-access
   assert sliced.source.tfds_dataset._map_split("validation") == "validation"  # pylint: disable=protected-access
+
+
+def test_image_normalization_inception_is_the_releases_scaling():
+  """The same images under both settings: ImageNet mean/std inputs mapped
+  back to pixels and scaled by (x - 127.5) / 127.5 give the other's."""
+  from hypermixer_jax.data import images  # pylint: disable=g-import-not-at-top
+  cfg = data.default_data_config()
+  cfg.update(task="imagenet_patches", image_size=16, patch_size=4,
+             shuffle_buffer_size=8)
+  assert cfg.image_normalization == "imagenet"
+  imagenet = _first(cfg, "validation")["inputs"]           # [3, 16, 48]
+  cfg.image_normalization = "inception"
+  inception = _first(cfg, "validation")["inputs"]
+  # Patches are flattened (row, column, channel): channel = index mod 3.
+  pixels = (imagenet.reshape(3, 16, 16, 3) * np.array(images.STDDEV_RGB)
+            + np.array(images.MEAN_RGB)) * 255
+  np.testing.assert_allclose(inception.reshape(3, 16, 16, 3),
+                             (pixels - 127.5) / 127.5, atol=1e-5)
+  assert inception.min() >= -1 and inception.max() <= 1
+  cfg.image_normalization = "inception_v3"
+  with pytest.raises(ValueError, match="data.image_normalization="
+                     "'inception_v3'; choose from \\('imagenet', "
+                     "'inception'\\)"):
+    _first(cfg, "validation")

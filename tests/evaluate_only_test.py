@@ -61,19 +61,104 @@ def test_latest_and_given_step_equal_the_logged_evaluations(run, tmp_path):
   np.testing.assert_allclose(again["mse"], logged[4]["mse"], rtol=1e-6)
 
 
+NOISE = ("oneDNN", "cuda drivers", "cuInit", "Length validation is skipped",
+         "Traceback")
+
+
 @pytest.mark.slow
 def test_main_modes_from_the_command_line(run, tmp_path):
+  """evaluate, export and evaluate-the-export from the run's own config (no
+  --config), and one-line errors."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
              XLA_FLAGS="--xla_force_host_platform_device_count=8")
-  base = [sys.executable, "-m", "hypermixer_jax.main", f"--config={DEFAULT}",
-          *TINY]
-  out = subprocess.run(base + [f"--workdir={run}", "--mode=evaluate",
-                               "--step=8"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
+
+  def main(*args):
+    out = subprocess.run([sys.executable, "-m", "hypermixer_jax.main", *args],
+                         cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    for noise in NOISE:
+      assert noise not in out.stderr, out.stderr[-3000:]
+    return out
+
+  out = main(f"--workdir={run}", "--mode=evaluate", "--step=8")
   assert out.returncode == 0, out.stderr[-3000:]
-  mse = metrics_lib.read_metrics(str(run), "eval")[8]["mse"]
-  assert f"step 8 on validation: " in out.stdout
-  assert f"mse={mse:.5g}" in out.stdout
-  bad = subprocess.run(base + [f"--workdir={run}", "--mode=export"], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=300)
-  assert bad.returncode != 0 and "--mode=export needs --output" in bad.stderr
+  logged = metrics_lib.read_metrics(str(run), "eval")
+  assert "step 8 on validation: " in out.stdout
+  assert f"mse={logged[8]['mse']:.5g}" in out.stdout
+  # The export carries the config: evaluating it needs nothing else.
+  out = main(f"--workdir={run}", "--mode=export", "--step=4",
+             f"--output={tmp_path / 'p'}")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert json.load(open(tmp_path / "p" / "config.json")) == json.load(
+      open(run / "config.json"))
+  out = main(f"--workdir={tmp_path / 'p'}", "--mode=evaluate")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert f"mse={logged[4]['mse']:.5g}" in out.stdout
+  # An override that changes the parameters' shapes: one line, once.
+  out = main(f"--workdir={run}", "--mode=evaluate",
+             "--config.model.d_model=24")
+  assert out.returncode == 1
+  assert out.stderr.count("would change") == 1
+  assert out.stderr.splitlines()[-1] == (
+      f"Stopped: --config.model.d_model would change the shapes or the "
+      f"vocabulary of the parameters saved with {run} (see its config.json); "
+      "drop the override(s), or train a new run in another --workdir.")
+  # An empty workdir is named (see also the test below, with --config).
+  (tmp_path / "empty").mkdir()
+  out = main(f"--workdir={tmp_path / 'empty'}", "--mode=evaluate")
+  assert (f"--mode=evaluate: {tmp_path / 'empty'} holds no checkpoint and no "
+          "saved config.json") in out.stderr and out.returncode == 1
+  out = main(f"--workdir={run}", "--mode=export")
+  assert out.returncode != 0 and "--mode=export needs --output" in out.stderr
+
+
+def test_empty_workdir_is_named_as_having_no_checkpoint(tmp_path):
+  from hypermixer_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  for folder, why in ((tmp_path, "no step folder"),
+                      (tmp_path / "nowhere", "no such folder")):
+    with pytest.raises(ckpt_lib.CheckpointError) as e:
+      artifacts.load_params(_config(), str(folder))
+    assert str(e.value) == (
+        f"no checkpoint in {folder} ({why}): give the --workdir of a trained "
+        "run (it has checkpoints/) or an exported folder.")
+
+
+def test_config_mistakes_stop_in_one_line_before_jax_starts(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  cases = {
+      "--config.num_train_step=3": (
+          "Stopped: --config.num_train_step: the config has no field "
+          "'num_train_step'; did you mean --config.num_train_steps?"),
+      "--config=configs/defualt.py": (
+          "Stopped: --config=configs/defualt.py: no config file "
+          "'configs/defualt.py'. Did you mean configs/default.py? The "
+          "configs in configs: c4_lm.py, c4_mlm.py, cifar10.py, default.py, "
+          "glue.py, imagenet.py, smlp_lm.py."),
+  }
+  for arg, line in cases.items():
+    args = ([arg] if arg.startswith("--config=") else
+            ["--config=configs/default.py", arg])
+    out = subprocess.run([sys.executable, "-m", "hypermixer_jax.main",
+                          f"--workdir={tmp_path}", *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1
+    assert out.stderr.strip() == line     # the whole of stderr: no noise
+
+
+def test_repeated_library_lines_are_dropped_from_the_log():
+  import logging as std_logging  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+
+  def record(path, level, msg):
+    return std_logging.LogRecord("absl", level, path, 1, msg, (), None)
+
+  quiet = main_lib._QuietLibraries()
+  seqio = os.path.join("site-packages", "seqio", "feature_converters.py")
+  assert not quiet.filter(record(seqio, std_logging.INFO, "Length validation "
+                                 "is skipped since `apply_length_check=False`"))
+  assert quiet.filter(record(seqio, std_logging.INFO, "Other seqio news"))
+  assert quiet.filter(record(seqio, std_logging.WARNING,
+                             "Length validation is skipped"))
+  orbax = os.path.join("site-packages", "orbax", "checkpoint", "x.py")
+  assert not quiet.filter(record(orbax, std_logging.INFO, "saved"))
+  assert quiet.filter(record(orbax, std_logging.ERROR, "failed"))

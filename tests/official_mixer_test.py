@@ -4,6 +4,8 @@ The test writes a file with the release's layout (``vit_jax/models_mixer.py``
 parameter names and shapes, random values) and checks our model against a
 NumPy forward of the official architecture on the same weights.
 """
+import os
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -210,3 +212,131 @@ def test_zoo_checkpoint_adapted_for_fine_tuning_at_another_resolution(
   with pytest.raises(SystemExit):   # argparse: both sizes are needed
     official_mixer.main(["--checkpoint", str(tmp_path / "run"),
                          "--output", str(tmp_path / "x")])
+
+
+def older_layout(flat):
+  """``flat`` in the first release's layout (pre-Linen names, kernels with
+  an extra axis of size 1), as big_vision's Mixer loader reads it."""
+  out = {"embedding/kernel": flat["stem/kernel"],
+         "embedding/bias": flat["stem/bias"],
+         "Mixer/encoder_norm/scale": flat["pre_head_layer_norm/scale"],
+         "Mixer/encoder_norm/bias": flat["pre_head_layer_norm/bias"],
+         "head/kernel": flat["head/kernel"], "head/bias": flat["head/bias"]}
+  for i in range(L):
+    old, new = f"Mixer/encoderblock_{i}", f"MixerBlock_{i}"
+    # Pre-Linen numbers count every submodule: the second norm is the 3rd.
+    for ln_old, ln_new in (("LayerNorm_0", "LayerNorm_0"),
+                           ("LayerNorm_2", "LayerNorm_1")):
+      for leaf in ("scale", "bias"):
+        out[f"{old}/{ln_old}/{leaf}"] = flat[f"{new}/{ln_new}/{leaf}"]
+    for mlp in ("token_mixing", "channel_mixing"):
+      for j in (0, 1):
+        for leaf in ("kernel", "bias"):
+          out[f"{old}/{mlp}_phase_0/{leaf}{j + 1}"] = flat[
+              f"{new}/{mlp}/Dense_{j}/{leaf}"][None]
+  return out
+
+
+def test_older_release_layout_gives_the_same_model(tmp_path, npz):
+  path = tmp_path / "old.npz"
+  np.savez(path, **older_layout(official_flat()))
+  cfg_old, params_old = official_mixer.import_checkpoint(str(path))
+  cfg, params = official_mixer.import_checkpoint(npz)
+  assert cfg_old == cfg
+  assert jax.tree.structure(params_old) == jax.tree.structure(params)
+  for a, b in zip(jax.tree.leaves(params_old), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(a, b)
+  images = np.random.default_rng(4).normal(
+      size=(2, SIDE * P, SIDE * P, 3)).astype(np.float32)
+  np.testing.assert_allclose(_forward(cfg_old, params_old, images),
+                             numpy_official_forward(official_flat(), images),
+                             atol=1e-6)
+  # The numbering follows the order, not the digits: 2 and 10 sort as numbers.
+  assert official_mixer._linen_names(["LayerNorm_10", "LayerNorm_2"]) == {
+      "LayerNorm_2": "LayerNorm_0", "LayerNorm_10": "LayerNorm_1"}
+  bad = older_layout(official_flat())
+  bad["Mixer/encoderblock_0/token_mixing_phase_0/kernel3"] = np.zeros(2)
+  np.savez(tmp_path / "bad_old.npz", **bad)
+  with pytest.raises(ValueError, match="unexpected 'Mixer/encoderblock_0/"
+                     "token_mixing_phase_0/kernel3'"):
+    official_mixer.import_checkpoint(str(tmp_path / "bad_old.npz"))
+
+
+def test_cli_errors_are_one_line(tmp_path, npz):
+  np.save(tmp_path / "weights.npy", np.zeros(3, np.float32))
+  with pytest.raises(SystemExit) as e:
+    official_mixer.main(["--npz", str(tmp_path / "weights.npy"),
+                         "--output", str(tmp_path / "o1")])
+  assert e.value.code == (
+      f"Stopped: --npz={tmp_path / 'weights.npy'}: a single array (ndarray of "
+      "shape (3,)), not an .npz of named parameters; the official "
+      "checkpoints are .npz files (gs://mixer_models/...).")
+  (tmp_path / "taken").mkdir()
+  with pytest.raises(SystemExit) as e:
+    official_mixer.main(["--npz", npz, "--output", str(tmp_path / "taken")])
+  assert e.value.code == (f"Stopped: --output={tmp_path / 'taken'} exists; "
+                          "choose a new folder (nothing was written).")
+  assert not list((tmp_path / "taken").iterdir())
+  with pytest.raises(SystemExit) as e:
+    official_mixer.main(["--npz", str(tmp_path / "none.npz"),
+                         "--output", str(tmp_path / "o2")])
+  assert e.value.code == f"Stopped: --npz={tmp_path / 'none.npz'}: no such file."
+
+
+def test_printed_flags_build_the_converted_model_with_its_inputs(
+    tmp_path, npz, capsys):
+  """The printed flags, pasted after configs/imagenet.py:mixer_b16, give a
+  model the converted parameters load into, and the release's input
+  scaling, which the output's config.json records too."""
+  import json  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "mixer"
+  official_mixer.main(["--npz", npz, "--output", str(out)])
+  printed = capsys.readouterr().out.split()
+  pasted = [a for a in printed if a.startswith("--config.")]
+  assert "--config.data.image_normalization=inception" in pasted
+  assert f"--config.init_checkpoint={out}" in pasted
+  argv = ["prog", f"--config={IMAGENET}", *pasted]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
+                                  sys_argv=argv)
+  fv(argv)
+  config = fv.config
+  assert (config.data.image_normalization, config.data.image_size,
+          config.data.patch_size) == ("inception", SIDE * P, P)
+  # The pipeline's patches are what the model reads.
+  assert config.model.input_dim == config.data.patch_size ** 2 * 3
+  assert config.model.patch_size == 0
+  fresh = nn.unbox(zoo.abstract_variables(config.model))["params"]
+  one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  loaded = ckpt_lib.load_pretrained(str(out), jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, np.float32,
+                                     sharding=one_device), fresh), reinit=())
+  _, params = official_mixer.import_checkpoint(npz)
+  np.testing.assert_array_equal(
+      loaded["encoder"]["stack"]["layer_1"]["token_mixing"]["kernel_out"],
+      params["encoder"]["stack"]["layer_1"]["token_mixing"]["kernel_out"])
+  saved = json.loads((out / "config.json").read_text())
+  assert saved["data"]["image_normalization"] == "inception"
+  assert saved["model"]["num_layers"] == L
+  # --mode=evaluate --workdir=OUT --config=...mixer_b16: the saved fields on
+  # the file's config give the same model and inputs as the pasted flags.
+  from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
+  resolved = run_config.resolve(out / "config.json", {}, given=_imagenet())
+  assert resolved.model.to_dict() == config.model.to_dict()
+  assert resolved.data.to_dict() == config.data.to_dict()
+
+
+IMAGENET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), "configs", "imagenet.py:mixer_b16")
+
+
+def _imagenet():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path, arg = IMAGENET.split(":")
+  spec = importlib.util.spec_from_file_location("imagenet_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)

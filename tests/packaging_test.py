@@ -43,3 +43,35 @@ def test_constraints_pin_what_the_tests_run_with():
   tf = pins["tensorflow"].split(".")[:2]
   assert pins["tensorflow-text"].split(".")[:2] == tf
   assert "hypermixer-jax" not in pins and "hypermixer_jax" not in pins
+
+
+def test_tensorboard_is_installable_to_view_the_event_files():
+  """Runs write TensorBoard event files; an extra installs the viewer."""
+  extras = _extras()
+  assert "tensorboard" in extras["profile"]
+  assert extras["tensorboard"] == ["tensorboard"]
+
+
+def test_console_help_lists_the_flags():
+  """``hypermixer-train --help`` (the console script: ``__main__`` is not
+  hypermixer_jax.main) shows the module's usage and flags, as ``python -m``
+  does, not only "Try --helpfull"."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  script = ("import sys; sys.argv = ['hypermixer-train', '--help']; "
+            "from hypermixer_jax.main import run; run()")
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  console = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+  module = subprocess.run([sys.executable, "-m", "hypermixer_jax.main",
+                           "--help"], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+  assert console.returncode == module.returncode   # absl's --help exits 1
+  for out in (console.stdout, module.stdout):
+    assert "--mode=evaluate --workdir=" in out
+    for flag in ("--config:", "--workdir:", "--mode:", "--output:",
+                 "--input:", "--step:"):
+      assert flag in out, (flag, out[-2000:])
+  assert console.stdout == module.stdout.replace(
+      f"{os.path.join(ROOT, 'hypermixer_jax', 'main.py')}:",
+      "hypermixer-train:")

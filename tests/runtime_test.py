@@ -36,8 +36,21 @@ def test_import_error_is_not_swallowed(monkeypatch):
     return real(name, *args, **kw)
 
   monkeypatch.setattr(builtins, "__import__", broken)
+  monkeypatch.setattr(runtime, "_tensorflow_hidden", False)  # not yet run
   with pytest.raises(ImportError, match="no tensorflow here"):
     runtime.hide_accelerators_from_tensorflow()
+
+
+def test_hiding_twice_is_a_no_op(monkeypatch):
+  """main.py hides before the config files import TensorFlow and again in
+  main(): the second call must not touch TensorFlow's (fixed) devices."""
+  monkeypatch.setattr(runtime, "_tensorflow_hidden", True)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  calls = []
+  monkeypatch.setattr(tf.config, "set_visible_devices",
+                      lambda *a: calls.append(a))
+  runtime.hide_accelerators_from_tensorflow()
+  assert calls == []
 
 
 @pytest.mark.parametrize("kwargs, message", [

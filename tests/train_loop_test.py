@@ -1,4 +1,5 @@
 """End-to-end tests of the training job (hypermixer_jax.train.loop / main)."""
+import logging as std_logging
 import os
 import subprocess
 import sys
@@ -63,14 +64,25 @@ def compilation_cache(tmp_path_factory):
 def reference(tmp_path_factory):
   """An uninterrupted run of RUN, with the pseudo-attention map."""
   workdir = tmp_path_factory.mktemp("reference")
-  result = loop.train_and_evaluate(
-      _config(*RUN, "--config.evals.pseudo_attention.every=0"), str(workdir))
-  return workdir, result
+  # QUIET_SECONDS = -1: the quiet-start warning comes at once (its test).
+  warned = []
+  handler = std_logging.Handler(std_logging.WARNING)
+  handler.emit = lambda record: warned.append(record.getMessage())
+  std_logging.getLogger("absl").addHandler(handler)
+  quiet, loop.QUIET_SECONDS = loop.QUIET_SECONDS, -1.0
+  try:
+    result = loop.train_and_evaluate(
+        _config(*RUN, "--config.evals.pseudo_attention.every=0"),
+        str(workdir))
+  finally:
+    loop.QUIET_SECONDS = quiet
+    std_logging.getLogger("absl").removeHandler(handler)
+  return workdir, result, warned
 
 
 @pytest.mark.slow
 def test_default_job_loss_falls(reference):
-  tmp_path, res = reference
+  tmp_path, res, _ = reference
   train = metrics_lib.read_metrics(str(tmp_path))
   losses = [r["loss"] for r in train.values()]
   assert len(losses) == 12
@@ -139,3 +151,14 @@ def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path, reference,
   a_ev = metrics_lib.read_metrics(str(tmp_path / "a"), "eval")
   b_ev = metrics_lib.read_metrics(str(reference[0]), "eval")
   assert a_ev[60]["mse"] == b_ev[60]["mse"]
+
+
+
+@pytest.mark.slow
+def test_a_quiet_start_says_when_the_first_log_line_comes(reference):
+  """No log line within QUIET_SECONDS of the first step: one warning naming
+  the step of the first line."""
+  assert [m for m in reference[2] if "no log line" in m] == [
+      "step 1/60, no log line in -1 s: the first comes at step 5 "
+      "(log_every=5); pass a smaller --config.log_every to see progress "
+      "sooner."]

@@ -13,6 +13,10 @@ T5_VOCAB_GCS = "gs://t5-data/vocabs/cc_all.32000/sentencepiece.model"
 
 
 # Every split name a task may read (MNLI has matched/mismatched ones).
+# ``data.image_normalization``: pixels in [0, 255] -> model inputs.
+# ``imagenet``: per-channel mean/std of ImageNet; ``inception``: [-1, 1], what
+# the official MLP-Mixer and ViT checkpoints were trained on.
+IMAGE_NORMALIZATIONS = ("imagenet", "inception")
 SPLITS = ("train", "validation", "test", "validation_matched",
           "validation_mismatched", "test_matched", "test_mismatched")
 
@@ -76,6 +80,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     mlm: BERT masking rates (selection, [MASK], random token).
     image_size, patch_size: resolution and square patch side for ImageNet.
     min_crop_area: smallest area fraction of the random resized crop.
+    image_normalization: ``imagenet`` (per-channel mean/std) or
+      ``inception`` ((x - 127.5) / 127.5, the official MLP-Mixer/ViT
+      checkpoints' inputs; recorded by ``models.official_mixer``).
     crop_fraction: eval centre crop fraction (image_size / resized side);
       1.0 keeps the whole image (CIFAR).
     num_classes: classes of the image task (1000 for ImageNet-1k, 10 for
@@ -107,6 +114,7 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.patch_size = 16
   c.min_crop_area = 0.08
   c.crop_fraction = 0.875
+  c.image_normalization = "imagenet"
   c.num_classes = 1000
 
   c.synthetic = ml_collections.ConfigDict()

@@ -4,7 +4,8 @@ Training: Inception-style random resized crop (area in [min_crop_area, 1],
 aspect ratio in [3/4, 4/3]) and a horizontal flip, both stateless and seeded
 through seqio (``min_crop_area=1`` keeps the whole image: only the flip). Evaluation: resize the shorter side to
 ``image_size / crop_fraction`` and take the centre ``image_size`` crop. Then
-ImageNet mean/std normalisation and cutting into non-overlapping P×P patches,
+normalisation (``NORMALIZATIONS``: ImageNet mean/std, or the Inception-style
+``(x - 127.5) / 127.5`` of the official MLP-Mixer/ViT releases) and cutting into non-overlapping P×P patches,
 flattened row-major as ``(p_row, p_col, channel)`` — the order of a P×P,
 stride-P convolution kernel — giving ``inputs: f32 [N, P*P*3]``.
 
@@ -21,10 +22,12 @@ from __future__ import annotations
 import seqio
 import tensorflow as tf
 
+from hypermixer_jax.data import config as data_config
 from hypermixer_jax.data import sources
 
 MEAN_RGB = (0.485, 0.456, 0.406)
 STDDEV_RGB = (0.229, 0.224, 0.225)
+NORMALIZATIONS = data_config.IMAGE_NORMALIZATIONS
 
 
 def random_resized_crop(image_bytes: tf.Tensor, seed: tf.Tensor, size: int,
@@ -58,9 +61,16 @@ def resize_centre_crop(image_bytes: tf.Tensor, size: int,
   return image[top:top + size, left:left + size]
 
 
-def normalize(image: tf.Tensor) -> tf.Tensor:
-  image = tf.clip_by_value(image, 0.0, 255.0) / 255.0
-  return (image - tf.constant(MEAN_RGB)) / tf.constant(STDDEV_RGB)
+def normalize(image: tf.Tensor, method: str = "imagenet") -> tf.Tensor:
+  """``[..., 3]`` pixels in [0, 255] normalised by ``method``
+  (``NORMALIZATIONS``)."""
+  image = tf.clip_by_value(image, 0.0, 255.0)
+  if method == "inception":
+    return (image - 127.5) / 127.5
+  if method != "imagenet":
+    raise ValueError(f"data.image_normalization={method!r}; choose from "
+                     f"{NORMALIZATIONS}.")
+  return (image / 255.0 - tf.constant(MEAN_RGB)) / tf.constant(STDDEV_RGB)
 
 
 def to_patches(image: tf.Tensor, patch: int) -> tf.Tensor:
@@ -155,14 +165,18 @@ def check_label(label: tf.Tensor, source: tf.Tensor | str, num_classes: int
 
 def preprocess(ds: tf.data.Dataset, *, train: bool, image_size: int,
                patch_size: int, min_crop_area: float, crop_fraction: float,
-               num_classes: int, source_prefix: str = "") -> tf.data.Dataset:
+               num_classes: int, source_prefix: str = "",
+               normalization: str = "imagenet") -> tf.data.Dataset:
   """{'image': JPEG bytes, 'label', 'source'} -> {'inputs': patches, 'label'}.
 
   ``source`` (the TSV file and line, or the TFDS record's file name, after
   ``source_prefix``) is what error messages quote: a file that is not a
   whole JPEG, one the decoder fails on, a class index outside
-  ``[0, num_classes)``.
+  ``[0, num_classes)``. ``normalization``: see ``NORMALIZATIONS``.
   """
+  if normalization not in NORMALIZATIONS:
+    raise ValueError(f"data.image_normalization={normalization!r}; choose "
+                     f"from {NORMALIZATIONS}.")
   @seqio.map_over_dataset(num_seeds=1)
   def checked(ex, seed):
     source = tf.strings.join([source_prefix, ex["source"]])
@@ -188,7 +202,7 @@ def preprocess(ds: tf.data.Dataset, *, train: bool, image_size: int,
 
   def to_patches_batch(group):
     images = decode_guarded(group, image_fn, image_size)
-    patches = to_patches(normalize(images), patch_size)
+    patches = to_patches(normalize(images, normalization), patch_size)
     return {"inputs": patches, "label": group["label"]}
 
   return (checked(ds).batch(DECODE_GROUP)

@@ -109,7 +109,8 @@ def _relevant(cfg: ml_collections.ConfigDict, name: str) -> dict:
     return {"data_dir": cfg.data_dir, "local_files": local_files(cfg),
             **{k: cfg[k] for k in ("image_size", "patch_size",
                                    "min_crop_area", "crop_fraction",
-                                   "num_classes")}}
+                                   "num_classes")},
+            "image_normalization": cfg.get("image_normalization", "imagenet")}
   if name == "synthetic_pairs":
     return {k: list(v) if isinstance(v, tuple) else v
             for k, v in cfg.synthetic.to_dict().items()}
@@ -207,6 +208,8 @@ def _image_task(name: str, task_name: str, cfg) -> seqio.Task:
                              min_crop_area=cfg.min_crop_area,
                              crop_fraction=cfg.crop_fraction,
                              num_classes=cfg.num_classes,
+                             normalization=cfg.get("image_normalization",
+                                                   "imagenet"),
                              source_prefix="" if local else
                              f"TFDS {IMAGENET_TFDS} record file_name=")]
   return seqio.Task(

@@ -26,6 +26,23 @@ kernels are the ``MlpMixerTokenMixing`` weights (``kernel_in`` = Dense_0,
 encoder's ``final_norm`` and the image head's pool. ``approximate_gelu=True``
 selects the release's GELU.
 
+The older layout of the first release files (pre-Linen Flax, as big_vision's
+Mixer loader reads them) is accepted too (``from_older_layout``):
+
+    embedding/{kernel,bias}                       (= stem)
+    Mixer/encoderblock_{i}/LayerNorm_{j}/...      (pre-Linen numbers: j counts
+                                                   every submodule of the block)
+    Mixer/encoderblock_{i}/token_mixing_phase_0/{kernel1,bias1,kernel2,bias2}
+    Mixer/encoderblock_{i}/channel_mixing_phase_0/{kernel1,bias1,kernel2,bias2}
+    Mixer/encoder_norm/{scale,bias}               (= pre_head_layer_norm)
+
+(kernels and biases possibly with extra axes of size 1).
+
+The release's models see pixels scaled to [-1, 1], ``(x - 127.5) / 127.5``,
+not ImageNet's mean/std: the conversion records it (``config.json`` of the
+output holds ``data.image_normalization='inception'`` beside the model), and
+the printed flags set it.
+
 Fine-tuning at another resolution (``adapt_resolution``), which the official
 code does not offer: the token-mixing weights are tied to the N = h x w patch
 positions. They are functions on the patch grid, so they are resized as
@@ -44,14 +61,20 @@ the hidden activations, and so every output, are exactly the old ones.
         --image_size=384 --patch_size=16 --output=/ckpt/run_384
 
 write the parameters as a checkpoint that ``--config.init_checkpoint``
-loads (``configs/imagenet.py:mixer_b16`` with the printed sizes).
+loads (``configs/imagenet.py:mixer_b16`` with the printed ``--config`` flags),
+and its ``config.json`` (``imported_config``: the model's sizes, the input
+scaling and resolution), which ``--mode=evaluate --workdir=OUTPUT
+--config=configs/imagenet.py:mixer_b16`` reads.
 """
 from __future__ import annotations
 
 import math
 import os
 import re
+import sys
 from typing import Mapping
+
+from etils import epath
 
 import jax
 import jax.numpy as jnp
@@ -61,14 +84,85 @@ import numpy as np
 from hypermixer_jax.models import zoo
 
 Params = dict
+# What the release's models were trained on (``data.image_normalization``).
+IMAGE_NORMALIZATION = "inception"
 
 
 def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-  """The flat ``{'a/b/c': array}`` of an official ``.npz`` (local or gs://)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  with tf.io.gfile.GFile(os.fspath(path), "rb") as f:
-    with np.load(f, allow_pickle=False) as z:
-      return {k: np.asarray(z[k]) for k in z.files}
+  """The flat ``{'a/b/c': array}`` of an official ``.npz`` (local or gs://),
+  in the current layout (older release files are converted)."""
+  path = epath.Path(path)
+  if not path.exists():
+    raise FileNotFoundError(f"--npz={path}: no such file.")
+  with path.open("rb") as f:
+    z = np.load(f, allow_pickle=False)
+    if not isinstance(z, np.lib.npyio.NpzFile):
+      raise ValueError(
+          f"--npz={path}: a single array ({type(z).__name__} of shape "
+          f"{getattr(z, 'shape', '?')}), not an .npz of named parameters; "
+          "the official checkpoints are .npz files (gs://mixer_models/...).")
+    with z:
+      return from_older_layout({k: np.asarray(z[k]) for k in z.files})
+
+
+def _natural(name: str) -> list:
+  return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _linen_names(names: list[str]) -> dict[str, str]:
+  """Pre-Linen submodule names -> Linen's: pre-Linen Flax numbered the
+  submodules of a module together (``LayerNorm_0``, ``LayerNorm_2``), Linen
+  numbers each prefix on its own (``LayerNorm_0``, ``LayerNorm_1``), in the
+  same order."""
+  count: dict[str, int] = {}
+  out = {}
+  for name in sorted(names, key=_natural):
+    m = re.fullmatch(r"(.*)_\d+", name)
+    if m:
+      out[name] = f"{m.group(1)}_{count.setdefault(m.group(1), 0)}"
+      count[m.group(1)] += 1
+    else:
+      out[name] = name
+  return out
+
+
+def from_older_layout(flat: Mapping[str, np.ndarray]
+                      ) -> dict[str, np.ndarray]:
+  """``flat`` in the current layout (see the module docstring); files
+  already in it are returned unchanged."""
+  if not any(k.startswith("Mixer/") for k in flat):
+    return dict(flat)
+  out = {}
+  blocks: dict[str, dict[str, np.ndarray]] = {}
+  for key, x in flat.items():
+    if key.startswith("Mixer/encoderblock_"):
+      block, rest = key[len("Mixer/"):].split("/", 1)
+      blocks.setdefault(block, {})[rest] = x
+    elif key.startswith("Mixer/encoder_norm/"):
+      out["pre_head_layer_norm/" + key.rsplit("/", 1)[1]] = x
+    elif key.startswith("embedding/"):
+      out["stem/" + key.split("/", 1)[1]] = x
+    elif key.startswith("Mixer/"):
+      raise ValueError(f"older-layout Mixer checkpoint: unexpected {key!r}.")
+    else:
+      out[key] = x
+  for block, params in blocks.items():
+    i = block[len("encoderblock_"):]
+    modules = _linen_names(sorted({k.split("/", 1)[0] for k in params}))
+    for key, x in params.items():
+      module, leaf = key.split("/", 1)
+      new = modules[module]
+      phase = re.fullmatch(r"(token|channel)_mixing_phase_0", module)
+      if phase:   # kernel1/bias1 -> Dense_0, kernel2/bias2 -> Dense_1
+        m = re.fullmatch(r"(kernel|bias)([12])", leaf)
+        if not m:
+          raise ValueError(f"older-layout Mixer checkpoint: unexpected "
+                           f"{'Mixer/' + block + '/' + key!r}.")
+        new = f"{phase.group(1)}_mixing/Dense_{int(m.group(2)) - 1}"
+        leaf = m.group(1)
+        x = np.squeeze(x)
+      out[f"MixerBlock_{i}/{new}/{leaf}"] = x
+  return out
 
 
 def _block_indices(flat: Mapping[str, np.ndarray]) -> list[int]:
@@ -268,6 +362,7 @@ def main(argv=None) -> None:
   import argparse  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import runtime  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
   runtime.hide_accelerators_from_tensorflow()
   p = argparse.ArgumentParser(description="Official MLP-Mixer .npz -> a "
                               "parameters checkpoint for init_checkpoint.")
@@ -281,22 +376,58 @@ def main(argv=None) -> None:
   p.add_argument("--num_classes", type=int, default=None)
   p.add_argument("--method", default="linear")
   a = p.parse_args(argv)
-  if a.checkpoint:
-    if not (a.image_size and a.patch_size):
-      p.error("--checkpoint needs --image_size and --patch_size.")
-    n = adapt_checkpoint(a.checkpoint, a.output, a.image_size, a.patch_size,
-                         method=a.method)
-    print(f"wrote {a.output}: token mixing for {n} patches; fine-tune with "
-          f"--config.model.max_len={n} --config.init_checkpoint={a.output}")
-    return
-  cfg, params = import_checkpoint(a.npz, image_size=a.image_size or None,
-                                  num_classes=a.num_classes, method=a.method)
-  artifacts.write_params(a.output, params)
-  print(f"wrote {a.output}; model: num_layers={cfg.num_layers} "
-        f"d_model={cfg.d_model} d_ffn={cfg.d_ffn} max_len={cfg.max_len} "
-        f"patch_size={cfg.patch_size} token_mlp_dim="
-        f"{cfg.mixer_kwargs.token_mlp_dim} approximate_gelu=True "
-        f"num_classes={cfg.num_classes}")
+  try:
+    if epath.Path(a.output).exists():
+      raise FileExistsError(f"--output={a.output} exists; choose a new "
+                            "folder (nothing was written).")
+    if a.checkpoint:
+      if not (a.image_size and a.patch_size):
+        p.error("--checkpoint needs --image_size and --patch_size.")
+      n = adapt_checkpoint(a.checkpoint, a.output, a.image_size, a.patch_size,
+                           method=a.method)
+      print(f"wrote {a.output}: token mixing for {n} patches; fine-tune with\n"
+            f"  --config.model.max_len={n} --config.init_checkpoint={a.output}")
+      return
+    cfg, params = import_checkpoint(a.npz, image_size=a.image_size or None,
+                                    num_classes=a.num_classes,
+                                    method=a.method)
+    artifacts.write_params(a.output, params)
+    run_config.write(imported_config(cfg), a.output)
+  except (OSError, ValueError) as e:
+    sys.exit(f"Stopped: {e}")
+  print(f"wrote {a.output}; fine-tune it with "
+        "--config=configs/imagenet.py:mixer_b16 and\n  "
+        + " ".join(config_flags(cfg, a.output)) + "\n(--mode=evaluate "
+        f"--workdir={a.output} needs only the --config: its config.json "
+        "holds the rest)")
+
+
+def imported_config(cfg: ml_collections.ConfigDict) -> dict:
+  """What a converted checkpoint fixes (its ``config.json``): the model's
+  shapes and GELU, as ``configs/imagenet.py`` feeds it (the pipeline cuts
+  the patches: ``model.patch_size`` 0, the same parameters), its inputs'
+  scaling and resolution."""
+  side = math.isqrt(int(cfg.max_len))
+  model = {k: cfg[k] for k in ("family", "mixer", "block", "head",
+                               "num_layers", "d_model", "d_ffn", "max_len",
+                               "input_dim", "num_classes", "approximate_gelu")}
+  return {"model": {**model, "mixer_kwargs": {
+              "token_mlp_dim": cfg.mixer_kwargs.token_mlp_dim}},
+          "data": {"image_normalization": IMAGE_NORMALIZATION,
+                   "image_size": side * int(cfg.patch_size),
+                   "patch_size": int(cfg.patch_size)}}
+
+
+def config_flags(cfg: ml_collections.ConfigDict, output: str) -> list[str]:
+  """``--config...`` flags that build the converted model and read its
+  inputs as the release did (ready to paste after ``configs/imagenet.py``'s
+  Mixer)."""
+  from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
+  fixed = imported_config(cfg)
+  skip = ("model.family", "model.mixer", "model.block", "model.head")
+  return ([f"--config.{k}={v}" for k, v in run_config.flatten(fixed).items()
+           if k not in skip]
+          + [f"--config.init_checkpoint={output}"])
 
 
 if __name__ == "__main__":

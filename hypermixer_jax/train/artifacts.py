@@ -4,20 +4,25 @@
   state or input position, as an Orbax checkpoint (``<dir>/<step>/state``
   holding ``{"params": ...}``) that ``config.init_checkpoint`` and
   ``load_params`` read like a training checkpoint; a fraction of its size.
+  An export also holds the run's ``config.json`` and its vocabulary (a copy
+  under ``vocab/``, ``vocabulary.json`` with its path and SHA-256), so that
+  ``--mode=evaluate|predict --workdir=EXPORT`` needs nothing else.
 * ``load_params``: parameters of a training or an exported checkpoint,
   restored straight into the shardings of the current mesh.
 * ``evaluate_checkpoint``: the task's evaluation of a workdir's latest (or a
   given) step, without training (``main.py --mode=evaluate``).
 * ``predict_file``: an input file in, JSONL out (``main.py --mode=predict``):
   labels and class probabilities for classifiers, the filled-in tokens for
-  masked LM.
+  masked LM; output line k answers input line k.
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 from absl import logging
+from etils import epath
 import flax
 import flax.linen as nn
 import jax
@@ -28,6 +33,8 @@ from hypermixer_jax import models
 from hypermixer_jax import sharding
 from hypermixer_jax.models import zoo
 from hypermixer_jax.train import checkpoint as ckpt_lib
+from hypermixer_jax.train import config_checks
+from hypermixer_jax.train import run_config
 from hypermixer_jax.train import storage
 
 PyTree = Any
@@ -63,16 +70,27 @@ def abstract_params(config: ml_collections.ConfigDict,
 
 
 def _checkpoint_path(workdir: str, step: int | None) -> str:
-  """The step folder (or the checkpoints folder for the latest step)."""
+  """The step folder (or the checkpoints folder for the latest step).
+
+  Raises:
+    CheckpointError: naming ``workdir`` when it holds no checkpoint.
+  """
   path = os.fspath(workdir).rstrip("/")
   if (storage.path(path) / "checkpoints").is_dir():
     path = os.path.join(path, "checkpoints")
+  steps = (sorted(int(d.name) for d in storage.path(path).iterdir()
+                  if d.name.isdigit())
+           if storage.path(path).is_dir() else [])
+  if not steps and not os.path.basename(path).isdigit():
+    raise ckpt_lib.CheckpointError(
+        f"no checkpoint in {workdir} ("
+        f"{'no step folder' if storage.path(workdir).is_dir() else 'no such folder'}"
+        "): give the --workdir of a trained run (it has checkpoints/) or an "
+        "exported folder.")
   if step is None:
     return path
   step_dir = os.path.join(path, str(step))
   if not storage.path(step_dir).is_dir():
-    steps = sorted(int(d.name) for d in storage.path(path).iterdir()
-                   if d.name.isdigit())
     raise FileNotFoundError(f"no checkpoint step {step} in {path}; steps "
                             f"there: {steps}.")
   return step_dir
@@ -99,9 +117,13 @@ def load_params(config: ml_collections.ConfigDict, workdir: str,
 
 def export_params(config: ml_collections.ConfigDict, workdir: str,
                   output: str, step: int | None = None) -> str:
-  """Writes the parameters of ``workdir``'s checkpoint to ``output``."""
+  """Writes the parameters of ``workdir``'s checkpoint to ``output``, with
+  the config and the vocabulary that ``--mode=evaluate|predict`` of
+  ``output`` read (``run_config.write``)."""
   params, found = load_params(config, workdir, step)
   write_params(output, params, found)
+  if jax.process_index() == 0:
+    run_config.write(config, output, vocabulary=True)
   n = sum(x.size for x in jax.tree.leaves(params))
   logging.info("exported %d parameters (step %d) of %s to %s", n, found,
                workdir, output)
@@ -117,73 +139,100 @@ CLASSIFIER_HEADS = tuple(n for n, h in heads.HEADS.items()
 MODEL_KWARGS = heads.MODEL_KWARGS
 
 
-def _input_rows(path: str, columns: list[tuple[str, ...]]) -> list[list[str]]:
-  """Texts of each example: ``.txt`` (fields separated by tabs) or
-  ``.tsv`` / ``.jsonl`` with the task's columns (``columns[i]``: aliases)."""
-  import csv  # pylint: disable=g-import-not-at-top
-  import json  # pylint: disable=g-import-not-at-top
+BLANK = "blank line"
+
+
+def _read_lines(path: str) -> list[str]:
+  with epath.Path(path).open("r", encoding="utf-8") as f:
+    return [line.rstrip("\r\n") for line in f]
+
+
+def _input_rows(path: str, columns: list[tuple[str, ...]]
+                ) -> list[list[str] | None]:
+  """Texts of each example, one entry per input line (``None``: a blank
+  line): a ``.txt`` (fields separated by tabs), or a ``.tsv`` (after its
+  header line) / ``.jsonl`` with the task's columns (``columns[i]``:
+  aliases)."""
+  from hypermixer_jax.data.sources import DataError  # pylint: disable=g-import-not-at-top
+  lines = _read_lines(path)
+  if path.endswith((".jsonl", ".json")):
+    records = [(i, json.loads(l) if l.strip() else None)
+               for i, l in enumerate(lines, 1)]
+  elif path.endswith(".tsv"):
+    header = lines[0].split("\t") if lines else []
+    records = [(i, dict(zip(header, l.split("\t"))) if l.strip() else None)
+               for i, l in enumerate(lines[1:], 2)]
+  else:
+    rows = []
+    for i, line in enumerate(lines, 1):
+      if not line.strip():
+        rows.append(None)
+        continue
+      fields = line.split("\t")
+      if len(fields) != len(columns):
+        raise DataError(
+            f"{path}:{i}: {len(fields)} tab-separated field(s), the task "
+            f"needs {len(columns)} ({', '.join(c[0] for c in columns)}).")
+      rows.append(fields)
+    return rows
   rows = []
-  with storage.path(path).open("r") as f:
-    if path.endswith((".jsonl", ".json")):
-      records = [(i, json.loads(l)) for i, l in enumerate(f, 1) if l.strip()]
-    elif path.endswith(".tsv"):
-      records = list(enumerate(csv.DictReader(f, delimiter="\t",
-                                              quoting=csv.QUOTE_NONE), 2))
-    else:
-      records = []
-      for i, line in enumerate(f, 1):
-        if line.strip():
-          fields = line.rstrip("\n").split("\t")
-          if len(fields) != len(columns):
-            raise ValueError(
-                f"{path}:{i}: {len(fields)} tab-separated field(s), the task "
-                f"needs {len(columns)} ({', '.join(c[0] for c in columns)}).")
-          rows.append(fields)
-      return rows
   for i, rec in records:
+    if rec is None:
+      rows.append(None)
+      continue
     texts = []
     for aliases in columns:
       found = [a for a in aliases if a in rec]
       if not found:
-        raise ValueError(f"{path}:{i}: none of the columns {list(aliases)} "
-                         f"(has {sorted(rec)}).")
+        raise DataError(f"{path}:{i}: none of the columns {list(aliases)} "
+                        f"(has {sorted(rec)}).")
       texts.append(str(rec[found[0]]))
     rows.append(texts)
   return rows
 
 
 def _prediction_data(config, input_path: str, tmpdir: str):
-  """(data config reading the input as split 'predict', input records)."""
-  import json  # pylint: disable=g-import-not-at-top
+  """(data config reading the input as split 'predict', one record per
+  input line: its columns, ``None`` for a blank line)."""
   from hypermixer_jax.data import tasks  # pylint: disable=g-import-not-at-top
   data = ml_collections.ConfigDict(config.data.to_dict())
   task = data.task
   if task in tasks.CLASSIFICATION:
     spec = tasks.CLASSIFICATION[task]
+    names = [c[0] for c in spec.columns]
     rows = _input_rows(input_path, list(spec.columns))
     local = os.path.join(tmpdir, "predict.jsonl")
-    names = [c[0] for c in spec.columns]
     with open(local, "w", encoding="utf-8") as f:
-      for texts in rows:   # the label is unused; the reader needs one
+      for texts in filter(None, rows):   # the label is unused; the reader needs one
         f.write(json.dumps({**dict(zip(names, texts)), "label": 0}) + "\n")
-    records = [dict(zip(names, texts)) for texts in rows]
   elif task.startswith("imagenet_patches"):
-    [files] = zip(*_input_rows(input_path, [("filename", "file_name")]))
+    names = ["filename"]
+    rows = _input_rows(input_path, [("filename", "file_name")])
     root = (os.path.dirname(os.path.abspath(input_path))
             if storage.is_local(input_path) else input_path.rsplit("/", 1)[0])
     local = os.path.join(tmpdir, "predict.tsv")
     with open(local, "w", encoding="utf-8") as f:
       f.write("filename\tlabel\n")
-      for name in files:
+      for [name] in filter(None, rows):
         f.write(f"{os.path.join(root, name)}\t0\n")
-    records = [{"filename": n} for n in files]
   else:
-    raise ValueError(f"--mode=predict for data.task={task!r}: classifiers "
-                     f"read a GLUE/SNLI or image task's columns; for masked "
-                     f"LM give a .txt with {MASK_MARKER} marks.")
+    raise config_checks.ConfigError(
+        f"--mode=predict for data.task={task!r}: classifiers read a "
+        f"GLUE/SNLI or image task's columns; for masked LM give a .txt with "
+        f"{MASK_MARKER} marks.")
   with data.unlocked():
     data.local_files = ml_collections.ConfigDict({"predict": local})
-  return data, records
+  return data, [None if r is None else dict(zip(names, r)) for r in rows]
+
+
+def _needed_tokens(config, records: list[dict | None]) -> list[int]:
+  """Length of each text example's row before truncation: [CLS] a [SEP]
+  (b [SEP]), as ``preprocessors.encode_pair`` builds it."""
+  from hypermixer_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  vocab = vocab_lib.get_vocabulary(config.data.vocab_path,
+                                   config.data.extra_ids)
+  return [1 + sum(len(vocab.encode(t)) + 1 for t in rec.values())
+          for rec in records if rec is not None]
 
 
 def _padded(batch: dict, size: int) -> dict:
@@ -196,47 +245,48 @@ def _padded(batch: dict, size: int) -> dict:
   return {k: np.asarray(v)[idx] for k, v in batch.items()}
 
 
-def _mlm_batches(config, input_path: str, batch_size: int):
-  """(batches, records) of ``.txt`` lines with ``[MASK]`` marks."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
+def _mlm_rows(config, input_path: str):
+  """One ``(record, ids)`` per line of a ``.txt`` with ``[MASK]`` marks;
+  ``ids`` is None for a line that cannot be predicted (the record says why),
+  and a line longer than ``data.seq_len`` is cut (``truncated``) when its
+  marks stay inside."""
   from hypermixer_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   vocab_lib.check_vocab_path(config.data.vocab_path)
   vocab = vocab_lib.get_vocabulary(config.data.vocab_path,
                                    config.data.extra_ids)
   mask_id = vocab_lib.special_ids(vocab).mask
   n = int(config.data.seq_len)
-  records, rows = [], []
-  with storage.path(input_path).open("r") as f:
-    for i, line in enumerate(f, 1):
-      text = line.rstrip("\n")
-      if not text.strip():
-        continue
-      pieces = text.split(MASK_MARKER)
-      if len(pieces) < 2:
-        raise ValueError(f"{input_path}:{i}: no {MASK_MARKER} to fill in.")
-      ids = []
-      for j, piece in enumerate(pieces):
-        if j:
-          ids.append(mask_id)
-        if piece.strip():
-          ids.extend(vocab.encode(piece.strip()))
-      if len(ids) > n:
-        raise ValueError(f"{input_path}:{i}: {len(ids)} tokens, more than "
-                         f"data.seq_len={n}; shorten the line.")
-      rows.append(ids)
-      records.append({"text": text})
-  batches = []
-  for start in range(0, len(rows), batch_size):
-    chunk = rows[start:start + batch_size]
-    inputs = np.zeros((len(chunk), n), np.int32)
-    segments = np.zeros((len(chunk), n), np.int32)
-    for r, ids in enumerate(chunk):
-      inputs[r, :len(ids)] = ids
-      segments[r, :len(ids)] = 1
-    positions = np.broadcast_to(np.arange(n, dtype=np.int32), inputs.shape)
-    batches.append({"inputs": inputs, "segment_ids": segments,
-                    "positions": positions.copy()})
-  return batches, records, vocab, mask_id
+  rows = []
+  for text in _read_lines(input_path):
+    pieces = text.split(MASK_MARKER)
+    ids = []
+    for j, piece in enumerate(pieces):
+      if j:
+        ids.append(mask_id)
+      if piece.strip():
+        ids.extend(vocab.encode(piece.strip()))
+    why = (BLANK if not text.strip() else
+           f"no {MASK_MARKER} to fill in" if len(pieces) < 2 else
+           f"{len(ids)} tokens and a {MASK_MARKER} after data.seq_len={n}"
+           if mask_id in ids[n:] else None)
+    if why:
+      rows.append(({"text": text, "filled": None, "masks": None,
+                    "reason": why}, None))
+    else:
+      rows.append(({"text": text, "truncated": len(ids) > n}, ids[:n]))
+  return rows, vocab, mask_id
+
+
+def _mlm_batch(rows: list[list[int]], n: int) -> dict:
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  inputs = np.zeros((len(rows), n), np.int32)
+  segments = np.zeros((len(rows), n), np.int32)
+  for r, ids in enumerate(rows):
+    inputs[r, :len(ids)] = ids
+    segments[r, :len(ids)] = 1
+  positions = np.broadcast_to(np.arange(n, dtype=np.int32), inputs.shape)
+  return {"inputs": inputs, "segment_ids": segments,
+          "positions": positions.copy()}
 
 
 def predict_file(config: ml_collections.ConfigDict, workdir: str,
@@ -244,27 +294,35 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str,
                  step: int | None = None, top_k: int = 5) -> int:
   """Predictions of ``workdir``'s checkpoint for ``input_path``, as JSONL.
 
-  Classifiers (``classify``, ``pair_classify``, ``image``): one line per
-  example, ``{..input columns.., "label": name, "label_id": k,
-  "probabilities": {name: p}}``; the input is a ``.txt`` (one example a
-  line, the two texts of a pair separated by a tab; image paths for image
-  tasks), or a ``.tsv``/``.jsonl`` with the task's columns. It goes through
-  the task's own evaluation preprocessing (tokenisation, truncation, image
-  crop). Masked LM: a ``.txt`` whose lines hold ``[MASK]`` marks; each line
-  gives ``{"text", "filled": text with the top-1 tokens, "masks": [{"position",
-  "top": [{"token", "id", "probability"}] x top_k}]}``.
+  Output line k answers input line k (``.tsv``: data row k after the
+  header); a line that cannot be predicted (blank; masked LM: no or a
+  cut-off ``[MASK]``) gives nulls and a ``reason``. Text is written as is
+  (UTF-8). The output appears only when complete (written under a
+  temporary name, renamed at the end).
+
+  Classifiers (``classify``, ``pair_classify``, ``image``): ``{..input
+  columns.., "label": name, "label_id": k, "probabilities": {name: p}}``,
+  plus ``"truncated"`` for text (the row was cut to ``data.seq_len``); the
+  input is a ``.txt`` (one example a line, the two texts of a pair separated
+  by a tab; image paths for image tasks), or a ``.tsv``/``.jsonl`` with the
+  task's columns. It goes through the task's own evaluation preprocessing
+  (tokenisation, truncation, image crop). Masked LM: a ``.txt`` whose lines
+  hold ``[MASK]`` marks; each line gives ``{"text", "truncated", "filled":
+  text with the top-1 tokens, "masks": [{"position", "top": [{"token", "id",
+  "probability"}] x top_k}]}``.
 
   Runs on the devices of process 0 (other processes return at once).
-  Returns the number of examples written.
+  Returns the number of examples predicted.
   """
-  import json  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   head = models.model_facts(config.model).head
   if head not in CLASSIFIER_HEADS + ("mlm",):
-    raise ValueError(f"--mode=predict supports the heads "
-                     f"{CLASSIFIER_HEADS + ('mlm',)}, not {head!r}.")
+    raise config_checks.ConfigError(
+        f"--mode=predict supports the heads "
+        f"{', '.join(CLASSIFIER_HEADS + ('mlm',))}, not model.head={head!r} "
+        "of this checkpoint; use --mode=evaluate for its metrics.")
   if jax.process_index() != 0:
     return 0
   mesh = sharding.build_mesh(config.mesh, devices=jax.local_devices())
@@ -287,54 +345,76 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str,
                  or k in MODEL_KWARGS}, batch_size), mesh, rules)
     return np.asarray(jax.device_get(forward(params, global_batch)))[:n]
 
-  written = 0
-  storage.path(output_path).parent.mkdir(parents=True, exist_ok=True)
-  with tempfile.TemporaryDirectory() as tmp, storage.path(output_path).open(
-      "w") as out:
-    if head == "mlm":
-      batches, records, vocab, mask_id = _mlm_batches(config, input_path,
-                                                      batch_size)
-      for batch in batches:
-        probs = jax.nn.softmax(run(batch), axis=-1)
-        for r in range(len(batch["inputs"])):
-          rec = records[written]
-          ids = batch["inputs"][r]
-          masks = []
-          filled = rec["text"]
-          for pos in np.flatnonzero(ids == mask_id):
-            p = np.asarray(probs[r, pos])
-            top = np.argsort(-p)[:top_k]
-            masks.append({"position": int(pos), "top": [
-                {"token": vocab.decode([int(t)]), "id": int(t),
-                 "probability": float(p[t])} for t in top]})
-            filled = filled.replace(MASK_MARKER, masks[-1]["top"][0]["token"],
-                                    1)
-          out.write(json.dumps({**rec, "filled": filled, "masks": masks})
-                    + "\n")
-          written += 1
-    else:
-      from hypermixer_jax.data import tasks  # pylint: disable=g-import-not-at-top
+  out_path = epath.Path(output_path)
+  out_path.parent.mkdir(parents=True, exist_ok=True)
+  partial = out_path.parent / f".{out_path.name}.partial-{os.getpid()}"
+  lines: list[dict] = []
+  if head == "mlm":
+    rows, vocab, mask_id = _mlm_rows(config, input_path)
+    todo = [(rec, ids) for rec, ids in rows if ids is not None]
+    for start in range(0, len(todo), batch_size):
+      chunk = todo[start:start + batch_size]
+      batch = _mlm_batch([ids for _, ids in chunk], int(config.data.seq_len))
+      probs = jax.nn.softmax(run(batch), axis=-1)
+      for r, (rec, ids) in enumerate(chunk):
+        masks = []
+        filled = rec["text"]
+        for pos in np.flatnonzero(np.asarray(ids) == mask_id):
+          p = np.asarray(probs[r, pos])
+          top = np.argsort(-p)[:top_k]
+          masks.append({"position": int(pos), "top": [
+              {"token": vocab.decode([int(t)]), "id": int(t),
+               "probability": float(p[t])} for t in top]})
+          filled = filled.replace(MASK_MARKER, masks[-1]["top"][0]["token"], 1)
+        rec.update(filled=filled, masks=masks)
+    lines = [rec for rec, _ in rows]
+    written = len(todo)
+  else:
+    from hypermixer_jax.data import tasks  # pylint: disable=g-import-not-at-top
+    with tempfile.TemporaryDirectory() as tmp:
       data, records = _prediction_data(config, input_path, tmp)
       spec = tasks.CLASSIFICATION.get(data.task)
       names = (list(spec.label_names) if spec else
                [str(k) for k in range(config.model.num_classes)])
+      needed = iter(_needed_tokens(config, records) if spec else [])
       pipe = data_lib.build_pipeline(data, "predict", batch_size=batch_size,
                                      seed=config.seed, repeat=False,
                                      shuffle=False)
-      for batch in pipe:
-        probs = np.asarray(jax.nn.softmax(run(batch), axis=-1))
-        for p in probs:
-          k = int(np.argmax(p))
-          out.write(json.dumps({
-              **records[written], "label": names[k], "label_id": k,
-              "probabilities": {names[j]: float(p[j])
-                                for j in range(len(p))}}) + "\n")
-          written += 1
-      if written != len(records):
-        raise RuntimeError(f"{written} predictions for {len(records)} "
-                           "inputs: the input pipeline dropped examples.")
-  logging.info("wrote %d predictions of %s (step %d) to %s", written, workdir,
-               found, output_path)
+      predicted = [np.asarray(jax.nn.softmax(run(batch), axis=-1))
+                   for batch in pipe]
+    probs = iter(np.concatenate(predicted) if predicted else [])
+    written = 0
+    for rec in records:
+      if rec is None:
+        lines.append({**({c[0]: "" for c in spec.columns} if spec else
+                         {"filename": ""}), "label": None, "label_id": None,
+                      "probabilities": None, "reason": BLANK})
+        continue
+      p = next(probs, None)
+      if p is None:
+        raise RuntimeError(f"{written} predictions for "
+                           f"{sum(r is not None for r in records)} inputs: "
+                           "the input pipeline dropped examples.")
+      k = int(np.argmax(p))
+      lines.append({**rec, "label": names[k], "label_id": k,
+                    "probabilities": {names[j]: float(p[j])
+                                      for j in range(len(p))},
+                    **({"truncated": next(needed) > int(config.data.seq_len)}
+                       if spec else {})})
+      written += 1
+  try:
+    with partial.open("w", encoding="utf-8") as out:
+      for line in lines:
+        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+    partial.replace(out_path)
+  finally:
+    if partial.exists():
+      partial.unlink()
+  cut = sum(bool(line.get("truncated")) for line in lines)
+  logging.info("wrote %d predictions of %s (step %d) to %s (%d input lines; "
+               "%d not predicted, %d truncated to data.seq_len)", written,
+               workdir, found, output_path, len(lines), len(lines) - written,
+               cut)
   return written
 
 

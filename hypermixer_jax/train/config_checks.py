@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from absl import logging
 import ml_collections
 
 
@@ -34,6 +35,11 @@ def _in(lo: float, hi: float, *, hi_open: bool = False, lo_open: bool = False
     return ((v > lo if lo_open else v >= lo)
             and (v < hi if hi_open else v <= hi))
   return check
+
+
+def _image_normalization(v) -> bool:
+  from hypermixer_jax.data import config as data_config  # pylint: disable=g-import-not-at-top
+  return v in data_config.IMAGE_NORMALIZATIONS
 
 
 _POS = (_positive_int, "a positive integer")
@@ -92,6 +98,8 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.patch_size": _POS,
     "data.min_crop_area": (_in(0, 1, lo_open=True), "in (0, 1]"),
     "data.crop_fraction": (_in(0, 1, lo_open=True), "in (0, 1]"),
+    "data.image_normalization": (_image_normalization,
+                                 "'imagenet' or 'inception'"),
     "data.num_classes": _POS,
 }
 
@@ -130,10 +138,38 @@ def problems(config: ml_collections.ConfigDict) -> list[str]:
   return out
 
 
+def doubts(config: ml_collections.ConfigDict) -> list[str]:
+  """Valid settings that probably do not do what was meant (warned)."""
+  flat = _flatten(config)
+  steps = flat.get("num_train_steps")
+  out = []
+  if not isinstance(steps, int):
+    return out
+  warmup = flat.get("warmup_steps")
+  accum = flat.get("grad_accum_steps", 1)
+  updates = steps // accum if isinstance(accum, int) and accum > 0 else steps
+  if isinstance(warmup, int) and warmup > updates and "learning_rate" in flat:
+    from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
+    top = float(optim.make_schedule(config)(max(updates - 1, 0)))
+    out.append(f"warmup_steps={warmup} > the run's {updates} optimiser "
+               f"updates: the learning rate only reaches {top:.3g}, not "
+               f"learning_rate={flat['learning_rate']:g}. Set "
+               f"--config.warmup_steps={max(updates // 10, 1)} (or fewer).")
+  log_every = flat.get("log_every")
+  if isinstance(log_every, int) and log_every > steps:
+    out.append(f"log_every={log_every} > num_train_steps={steps}: the only "
+               f"train log line comes at the end. Set --config.log_every="
+               f"{max(steps // 10, 1)} to see progress.")
+  return out
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises ``ConfigError`` listing every invalid field (before compiling)."""
+  """Raises ``ConfigError`` listing every invalid field (before compiling);
+  logs a warning for each of ``doubts``."""
   found = problems(config)
   if found:
     raise ConfigError(
         "Invalid config (fix with --config.<field>=...):\n  "
         + "\n  ".join(found))
+  for doubt in doubts(config):
+    logging.warning("%s", doubt)

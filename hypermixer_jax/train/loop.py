@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import time
 from typing import Any, Callable
 
 from absl import logging
@@ -46,6 +47,7 @@ from hypermixer_jax.train import evaluation
 from hypermixer_jax.train import metrics as metrics_lib
 from hypermixer_jax.train import optim
 from hypermixer_jax.train import profiling
+from hypermixer_jax.train import run_config
 from hypermixer_jax.train import steps
 from hypermixer_jax.train import storage
 from hypermixer_jax.train import workdir as workdir_lib
@@ -111,6 +113,10 @@ def _poison(batch: dict) -> dict:
 
 class _NonFinite(FloatingPointError):
   pass
+
+
+# A run that has logged nothing this long after its first step says so once.
+QUIET_SECONDS = 60.0
 
 
 @dataclasses.dataclass
@@ -181,6 +187,8 @@ def _restore(run: _Run, ck: ckpt_lib.Checkpointer, train_pipe) -> str:
                  ck.directory, latest)
     return "workdir"
   if config.init_checkpoint:
+    for line in run_config.input_mismatches(config):
+      logging.warning("%s", line)
     reinit = [r for r in config.init_reinit.split(",") if r]
     params = ckpt_lib.load_pretrained(config.init_checkpoint,
                                       run.state.params, reinit)
@@ -291,6 +299,7 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
   total = int(config.num_train_steps)
   throughput.start(progress.step)
   it = iter(train_pipe)
+  quiet_until = time.monotonic() + QUIET_SECONDS  # None once a line is out
   for step in range(progress.step + 1, total + 1):
     local = next(it)
     if step == config.debug.nan_at_step:
@@ -303,6 +312,15 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
     progress.all_finite = jnp.logical_and(progress.all_finite, m["is_finite"])
     if step % config.log_every == 0 or step == total:
       _log(run, progress, ck, m, step, writer, bar, throughput)
+      quiet_until = None
+    elif quiet_until is not None and time.monotonic() > quiet_until:
+      if run.is_main:
+        logging.warning(
+            "step %d/%d, no log line in %.0f s: the first comes at step %d "
+            "(log_every=%d); pass a smaller --config.log_every to see "
+            "progress sooner.", step, total, QUIET_SECONDS,
+            min(config.log_every, total), config.log_every)
+      quiet_until = None
     progress.preempted = ck.reached_preemption(step)
     _save(run, progress, ck, train_pipe, step, step == total)
     if progress.preempted:

@@ -39,15 +39,17 @@ def save_png(maps: Mapping[str, np.ndarray], path: str, *,
 
   ``inputs``/``targets`` (``[N]``) are drawn above the maps when given.
   """
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  # An explicit Figure drawn by the Agg canvas: pyplot and matplotlib's
+  # global backend are left alone (a notebook's inline plots keep working).
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 
   names = list(maps)
   rows = 2 if inputs is not None else 1
-  fig, axes = plt.subplots(
-      rows, len(names), figsize=(3.2 * len(names), 3.2 * rows + 0.4),
-      squeeze=False, gridspec_kw={"height_ratios": [1, 3][-rows:]})
+  fig = Figure(figsize=(3.2 * len(names), 3.2 * rows + 0.4))
+  FigureCanvasAgg(fig)
+  axes = fig.subplots(rows, len(names), squeeze=False,
+                      gridspec_kw={"height_ratios": [1, 3][-rows:]})
   for col, name in enumerate(names):
     m = np.asarray(maps[name], np.float64)
     m = m / np.maximum(m.max(axis=1, keepdims=True), 1e-12)
@@ -69,7 +71,6 @@ def save_png(maps: Mapping[str, np.ndarray], path: str, *,
   fig.tight_layout()
   buffer = io.BytesIO()
   fig.savefig(buffer, format="png", dpi=100)
-  plt.close(fig)
   storage.path(path).write_bytes(buffer.getvalue())
 
 

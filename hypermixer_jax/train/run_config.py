@@ -1,0 +1,417 @@
+"""A run's own config: what ``--mode=evaluate|predict|export`` and a resumed
+run start from, and the command line's config errors in one line.
+
+Every training run writes its resolved config to ``WORKDIR/config.json``
+(``workdir.save_config``); an exported folder holds one too, beside a copy of
+the SentencePiece vocabulary (``vocab/``) and ``vocabulary.json`` (the
+original path and the file's SHA-256). As in t5x and big_vision, a later
+command on that folder starts from the saved config: ``--config=FILE`` is
+optional there, ``--config.field=value`` overrides go on top and each
+difference is logged. An override that changes the parameters' shapes, or
+the vocabulary (which gives the embedding rows their meaning), is refused
+naming the fields: the checkpoint could not be read into it.
+
+A saved config may also be partial: a converted official checkpoint records
+only its model and its image normalisation (``models.official_mixer``);
+``--config=FILE`` then gives the rest.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+from absl import logging
+from etils import epath
+import ml_collections
+from ml_collections import config_dict
+
+from hypermixer_jax.train import config_checks
+
+CONFIG_FILE = "config.json"
+VOCAB_RECORD = "vocabulary.json"
+VOCAB_DIR = "vocab"
+# Model families that read token ids (the others have no vocabulary).
+TOKEN_FAMILIES = ("text", "smlp")
+# Fields that give the token ids their meaning (no shape depends on them).
+VOCAB_FIELDS = ("data.vocab_path", "data.extra_ids")
+# Subtrees a saved config does not pass on: the test hooks of the command
+# that set them (a resumed run must not be killed again at the same step).
+PER_COMMAND = ("debug",)
+# Subtrees replaced whole by a saved config of another ``family`` (their
+# fields depend on it); the rest, and these within one family, merged field
+# by field.
+BY_FAMILY = ("model",)
+
+
+class ConfigFlagError(config_checks.ConfigError):
+  """A bad ``--config`` / ``--config.field`` flag, or a saved config that
+  cannot serve; the message is one line."""
+
+
+# ---------------------------------------------------------------------------
+# Saved configs.
+# ---------------------------------------------------------------------------
+def find(workdir: str | os.PathLike) -> epath.Path | None:
+  """The saved config of a workdir, its checkpoints folder, a step folder or
+  an exported folder; None when there is none."""
+  path = epath.Path(workdir)
+  candidates = [path]
+  if path.name == "checkpoints" or path.name.isdigit():
+    candidates.append(path.parent)
+    if path.name.isdigit() and path.parent.name == "checkpoints":
+      candidates.append(path.parent.parent)
+  for folder in candidates:
+    if (folder / CONFIG_FILE).exists():
+      return folder / CONFIG_FILE
+  return None
+
+
+def has_checkpoint(workdir: str | os.PathLike) -> bool:
+  """Whether ``workdir/checkpoints`` holds a step folder (a run to resume)."""
+  folder = epath.Path(workdir) / "checkpoints"
+  return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+
+
+def _tuples(x: Any) -> Any:
+  """JSON lists back to the tuples the configs hold."""
+  if isinstance(x, dict):
+    return {k: _tuples(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return tuple(_tuples(v) for v in x)
+  return x
+
+
+def _typed(saved: dict, template: Mapping | None) -> dict:
+  """``saved`` with its ``None`` leaves typed like ``template``'s (an unset
+  path stays overridable from the command line: ``placeholder(str)``)."""
+  out = {}
+  for k, v in saved.items():
+    t = template.get(k) if isinstance(template, Mapping) else None
+    if isinstance(v, dict):
+      out[k] = _typed(v, t)
+    elif v is None:
+      kind = type(t) if t is not None and not isinstance(t, Mapping) else str
+      out[k] = config_dict.placeholder(kind)
+    else:
+      out[k] = v
+  return out
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+  """The saved config at ``path`` as nested dicts (tuples restored), with
+  an exported folder's own copy of its vocabulary, without the
+  ``PER_COMMAND`` subtrees."""
+  path = epath.Path(path)
+  try:
+    saved = _tuples(json.loads(path.read_text()))
+  except ValueError as e:
+    raise ConfigFlagError(f"{path} is not a readable saved config ({e}); "
+                          "pass --config=FILE instead.") from e
+  for key in PER_COMMAND:
+    saved.pop(key, None)
+  record = path.parent / VOCAB_RECORD
+  if record.exists():
+    vocab = json.loads(record.read_text())
+    copy = path.parent / vocab["file"] if vocab.get("file") else None
+    if copy is not None and copy.exists():
+      saved.setdefault("data", {})["vocab_path"] = os.fspath(copy)
+    elif vocab.get("sha256") and epath.Path(vocab["path"]).exists():
+      # The copy is gone: the original serves only if it is the same file.
+      found = hashlib.sha256(epath.Path(vocab["path"]).read_bytes())
+      if found.hexdigest() != vocab["sha256"]:
+        raise ConfigFlagError(
+            f"{vocab['path']} is not the vocabulary the parameters of "
+            f"{path.parent} were trained with (SHA-256 {found.hexdigest()[:12]}"
+            f"..., {VOCAB_RECORD} says {vocab['sha256'][:12]}...); restore "
+            f"{copy} or pass --config.data.vocab_path=THE_RIGHT_FILE.")
+  return saved
+
+
+def load_complete(path: str | os.PathLike) -> dict[str, Any]:
+  """``load(path)`` of a config that can run on its own (a training run's or
+  an export's), not a converted checkpoint's model alone."""
+  saved = load(path)
+  if "num_train_steps" not in saved or "task" not in saved.get("data", {}):
+    raise ConfigFlagError(
+        f"{path} records only part of a config (a converted checkpoint's "
+        "model); pass --config=FILE for the rest.")
+  return saved
+
+
+def get_config(workdir: str) -> ml_collections.ConfigDict:
+  """``--config=<this file>:WORKDIR``: the saved config of ``WORKDIR``
+  (what ``main.py`` passes when ``--config`` is absent)."""
+  path = find(workdir)
+  if path is None:
+    raise ConfigFlagError(f"{workdir} holds no {CONFIG_FILE}; pass "
+                          "--config=FILE.")
+  return resolve(path, {})
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """``{'a.b.c': leaf}`` of a config or nested dicts."""
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, (Mapping, ml_collections.ConfigDict)):
+      out.update(flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def differences(a: Mapping, b: Mapping) -> dict[str, tuple[Any, Any]]:
+  """``{field: (a's, b's)}`` where two configs differ (absent: ``'-'``)."""
+  fa, fb = flatten(_tuples(_plain(a))), flatten(_tuples(_plain(b)))
+  return {k: (fa.get(k, "-"), fb.get(k, "-"))
+          for k in sorted(set(fa) | set(fb)) if fa.get(k, "-") != fb.get(k, "-")}
+
+
+def _plain(tree: Mapping) -> dict:
+  return tree.to_dict() if isinstance(tree, ml_collections.ConfigDict) else (
+      dict(tree))
+
+
+def _merge(base: dict, saved: Mapping, top: bool = True) -> dict:
+  out = dict(base)
+  for k, v in saved.items():
+    mine = out.get(k)
+    if isinstance(v, Mapping) and isinstance(mine, Mapping) and not (
+        top and k in BY_FAMILY
+        and v.get("family", mine.get("family")) != mine.get("family")):
+      out[k] = _merge(mine, v, top=False)
+    else:
+      out[k] = v
+  return out
+
+
+def _param_shapes(model: Mapping) -> dict[str, tuple[int, ...]]:
+  import jax  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.models import common  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.models import zoo  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  variables = nn.unbox(zoo.abstract_variables(ml_collections.ConfigDict(
+      _plain(model))))
+  return {common.path_str(p): tuple(x.shape) for p, x in
+          jax.tree_util.tree_flatten_with_path(variables.get("params", {}))[0]}
+
+
+def shape_fields(saved: Mapping, config: Mapping) -> list[str]:
+  """The fields of ``config`` that give the parameters other shapes than
+  ``saved``'s (or another vocabulary); empty when the checkpoint fits."""
+  diff = differences(saved, config)
+  family = _plain(config).get("model", {}).get("family")
+  fields = ([k for k in VOCAB_FIELDS if k in diff]
+            if family in TOKEN_FAMILIES else [])
+  changed = [k for k in diff if k.startswith("model.")]
+  if not changed:
+    return fields
+  saved_model = _plain(saved)["model"]
+  new_model = _plain(config)["model"]
+  before = _param_shapes(saved_model)
+  if _param_shapes(new_model) == before:
+    return fields
+  # Name the fields that change the shapes on their own (each tried alone);
+  # when only their combination does, all of the changed ones.
+  alone = []
+  new_flat = flatten(new_model)
+  for k in changed:
+    one = _merge(_tuples(saved_model), _unflatten(
+        {k[len("model."):]: new_flat.get(k[len("model."):])}), top=False)
+    try:
+      if _param_shapes(one) != before:
+        alone.append(k)
+    except Exception:  # pylint: disable=broad-except
+      alone.append(k)  # a field the family cannot build with alone
+  return fields + (alone or changed)
+
+
+def _unflatten(flat: Mapping[str, Any]) -> dict:
+  out: dict = {}
+  for k, v in flat.items():
+    node = out
+    *parents, leaf = k.split(".")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = v
+  return out
+
+
+def _show(v: Any) -> str:
+  text = repr(v)
+  return text if len(text) <= 80 else text[:77] + "..."
+
+
+def resolve(saved_path: str | os.PathLike, overrides: Mapping[str, Any], *,
+            given: ml_collections.ConfigDict | None = None
+            ) -> ml_collections.ConfigDict:
+  """The config of a command on a folder with a saved config.
+
+  Args:
+    saved_path: the folder's ``config.json`` (``find``).
+    overrides: the command line's ``--config.field=value`` values
+      (``config_flags.get_override_values``), applied last.
+    given: the ``--config=FILE`` config when one was passed: fields the saved
+      config lacks come from it (a partial or an older saved config), the
+      saved ones replace its values (logged).
+
+  Raises:
+    ConfigFlagError: an override changes the parameters' shapes or the
+      vocabulary (naming the fields), or a partial saved config has no
+      ``--config`` to complete it.
+  """
+  if given is None:
+    saved = load_complete(saved_path)
+    from hypermixer_jax.train import config as train_config  # pylint: disable=g-import-not-at-top
+    base = train_config.base_config().to_dict()
+  else:
+    saved = load(saved_path)
+    base = given.to_dict()
+    replaced = differences(base, _merge(base, saved))
+    if replaced:
+      logging.info("The saved config %s replaces %d field(s) of --config: %s",
+                   saved_path, len(replaced), "; ".join(
+                       f"{k}: {_show(a)} -> {_show(b)}"
+                       for k, (a, b) in replaced.items()))
+  merged = _merge(_tuples(base), saved)
+  config = ml_collections.ConfigDict(_typed(merged, base))
+  if overrides:
+    config.update_from_flattened_dict(dict(overrides))
+  reference = ml_collections.ConfigDict(_typed(merged, base))
+  changed = differences(reference, config)
+  if changed:
+    logging.info("Config of %s with the command line's overrides: %s",
+                 saved_path, "; ".join(f"{k}: {_show(a)} -> {_show(b)}"
+                                       for k, (a, b) in changed.items()))
+  refused = shape_fields(reference, config)
+  if refused:
+    raise ConfigFlagError(
+        f"--config.{refused[0]}"
+        + "".join(f", --config.{k}" for k in refused[1:])
+        + f" would change the shapes or the vocabulary of the parameters "
+        f"saved with {os.fspath(epath.Path(saved_path).parent)} (see its "
+        f"{CONFIG_FILE}); drop the override(s), or train a new run in "
+        "another --workdir.")
+  config.lock()
+  return config
+
+
+def write(config: ml_collections.ConfigDict | Mapping[str, Any],
+          folder: str | os.PathLike, *, vocabulary: bool = False) -> None:
+  """Writes ``folder/config.json``; with ``vocabulary``, also a copy of the
+  config's SentencePiece model under ``folder/vocab/`` and
+  ``vocabulary.json`` (its original path and SHA-256; path and digest alone
+  when it cannot be read)."""
+  folder = epath.Path(folder)
+  folder.mkdir(parents=True, exist_ok=True)
+  tree = _plain(config)
+  (folder / CONFIG_FILE).write_text(
+      json.dumps(tree, indent=1, sort_keys=True, default=str) + "\n")
+  path = tree.get("data", {}).get("vocab_path") if vocabulary else None
+  if not path or tree.get("model", {}).get("family") not in TOKEN_FAMILIES:
+    return
+  record = {"path": path, "extra_ids": tree["data"].get("extra_ids")}
+  try:
+    content = epath.Path(path).read_bytes()
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning("Vocabulary %s not copied into %s (%s); the export "
+                    "records its path only.", path, folder, e)
+  else:
+    name = epath.Path(path).name
+    (folder / VOCAB_DIR).mkdir(exist_ok=True)
+    (folder / VOCAB_DIR / name).write_bytes(content)
+    record.update(file=f"{VOCAB_DIR}/{name}",
+                  sha256=hashlib.sha256(content).hexdigest())
+  (folder / VOCAB_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def input_mismatches(config: ml_collections.ConfigDict) -> list[str]:
+  """How ``config``'s inputs differ from those ``config.init_checkpoint``
+  was trained on, as far as its saved config records them (one line each)."""
+  path = find(config.init_checkpoint) if config.get("init_checkpoint") else None
+  if path is None:
+    return []
+  saved, ours = flatten(load(path)), flatten(config)
+  key = "data.image_normalization"
+  if key in saved and key in ours and saved[key] != ours[key]:
+    return [f"init_checkpoint {config.init_checkpoint} was trained on "
+            f"{key}={saved[key]!r} inputs, this run feeds {ours[key]!r}: pass "
+            f"--config.{key}={saved[key]}."]
+  return []
+
+
+# ---------------------------------------------------------------------------
+# The command line.
+# ---------------------------------------------------------------------------
+def flag_value(argv: Sequence[str], name: str) -> str | None:
+  """The last ``--name=value`` / ``--name value`` of ``argv`` (no parsing
+  of the other flags, which may still be undefined)."""
+  value = None
+  for i, arg in enumerate(argv):
+    if arg.startswith(f"--{name}="):
+      value = arg.split("=", 1)[1]
+    elif arg == f"--{name}" and i + 1 < len(argv):
+      value = argv[i + 1]
+  return value
+
+
+def check_config_file(spec: str, configs_dir: str | os.PathLike) -> None:
+  """One line naming the configs there when ``--config=FILE[:arg]`` has no
+  file (config_flags would only fail when the config is first read)."""
+  path = spec.split(":", 1)[0]
+  if epath.Path(path).is_file():
+    return
+  folder = epath.Path(path).parent if path and epath.Path(
+      path).parent.is_dir() and any(epath.Path(path).parent.glob("*.py")) \
+      else epath.Path(configs_dir)
+  names = sorted(p.name for p in folder.glob("*.py")) if folder.is_dir() else []
+  close = difflib.get_close_matches(epath.Path(path).name, names, n=1)
+  hint = f" Did you mean {os.fspath(folder / close[0])}?" if close else ""
+  raise ConfigFlagError(
+      f"--config={spec}: no config file {path!r}.{hint} The configs in "
+      f"{os.fspath(folder)}: {', '.join(names) or 'none'}.")
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """``get_config(arg)`` of ``--config=FILE[:arg]``, as config_flags does."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path, *arg = spec.split(":", 1)
+  module_spec = importlib.util.spec_from_file_location("config_file", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(*arg)
+
+
+def unknown_fields(config: ml_collections.ConfigDict,
+                   argv: Sequence[str]) -> str | None:
+  """One line for the first ``--config.field`` that ``config`` lacks, with
+  the closest existing names; None when every one exists."""
+  flat = flatten(config)
+  names = set(flat)
+  for k in flat:   # intermediate nodes are valid targets too
+    parts = k.split(".")
+    names.update(".".join(parts[:i]) for i in range(1, len(parts)))
+  for arg in argv:
+    if not arg.startswith(("--config.", "--noconfig.")):
+      continue
+    field = arg.split("=", 1)[0].split(".", 1)[1]
+    if field in names:
+      continue
+    parts = field.split(".")
+    candidates = sorted(names - {".".join(parts[:i])
+                                 for i in range(1, len(parts))})
+    close = difflib.get_close_matches(field, candidates, n=3, cutoff=0.6)
+    parent, _, leaf = field.rpartition(".")
+    siblings = sorted({n[len(parent) + 1 if parent else 0:].split(".")[0]
+                       for n in names
+                       if not parent or n.startswith(parent + ".")})
+    if not close:   # a misspelt leaf under a right parent, e.g. model.d_mdl
+      close = [f"{parent}.{c}" if parent else c for c in
+               difflib.get_close_matches(leaf, siblings, n=3, cutoff=0.5)]
+    hint = (f"; did you mean {' or '.join(f'--config.{c}' for c in close)}?"
+            if close else f"; {'config.' + parent if parent else 'it'} has "
+            f"{', '.join(siblings)}")
+    return f"--config.{field}: the config has no field {field!r}{hint}"
+  return None

@@ -1,0 +1,199 @@
+"""A run's saved config as the base of later commands, and the one-line
+errors of the ``--config`` flags."""
+import hashlib
+import importlib.util
+import json
+import os
+
+import pytest
+
+from hypermixer_jax.train import config_checks
+from hypermixer_jax.train import run_config
+from hypermixer_jax.train import workdir as workdir_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name, arg=""):
+  spec = importlib.util.spec_from_file_location(
+      f"cfg_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+def _tiny_glue(vocab_path):
+  config = _load("glue", "sst2,hypermixer")
+  config.model.update(num_layers=1, d_model=16, d_ffn=32, max_len=24)
+  config.model.mixer_kwargs.hyper_dim = 8
+  config.data.update(seq_len=24, vocab_path=vocab_path)
+  config.eval_steps = 7
+  return config
+
+
+@pytest.fixture
+def saved(tmp_path, shared_data):
+  """A workdir whose run saved its (tiny SST-2) config."""
+  config = _tiny_glue(str(shared_data / "t5_spm" / "sentencepiece.model"))
+  workdir_lib.save_config(config, str(tmp_path / "run"), 0)
+  return config, tmp_path / "run"
+
+
+def test_saved_config_round_trips_with_its_types(saved):
+  config, workdir = saved
+  path = run_config.find(workdir)
+  assert path == workdir / "config.json"
+  # A checkpoints folder or a step folder finds its run's config too.
+  (workdir / "checkpoints" / "8").mkdir(parents=True)
+  assert run_config.find(workdir / "checkpoints") == path
+  assert run_config.find(workdir / "checkpoints" / "8") == path
+  resolved = run_config.resolve(path, {})
+  assert resolved.to_dict() == config.to_dict()     # tuples are tuples again
+  assert resolved.model.conv_stem == config.model.conv_stem == ()
+  # An unset path saved as null can still be overridden from the command line.
+  assert config.data.local_files.test is None
+  again = run_config.resolve(path, {"data.local_files.test": "t.tsv"})
+  assert again.data.local_files.test == "t.tsv"
+
+
+def test_overrides_apply_and_are_logged(saved, caplog):
+  config, workdir = saved
+  caplog.set_level("INFO")
+  out = run_config.resolve(workdir / "config.json",
+                           {"eval_steps": 3, "model.dropout_rate": 0.25})
+  assert (out.eval_steps, out.model.dropout_rate) == (3, 0.25)
+  assert out.model.d_model == 16 and out.is_locked
+  [line] = [r.getMessage() for r in caplog.records
+            if "overrides" in r.getMessage()]
+  assert line.endswith("eval_steps: 7 -> 3; model.dropout_rate: "
+                       f"{config.model.dropout_rate!r} -> 0.25")
+
+
+def test_shape_and_vocabulary_changes_are_refused_by_name(saved):
+  _, workdir = saved
+  path = workdir / "config.json"
+  with pytest.raises(config_checks.ConfigError) as e:
+    run_config.resolve(path, {"model.d_model": 32, "eval_steps": 3,
+                              "model.dropout_rate": 0.5})
+  assert str(e.value) == (
+      f"--config.model.d_model would change the shapes or the vocabulary of "
+      f"the parameters saved with {workdir} (see its config.json); drop the "
+      "override(s), or train a new run in another --workdir.")
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"^--config.data.vocab_path, "
+                     r"--config.model.num_layers would change"):
+    run_config.resolve(path, {"data.vocab_path": "other.model",
+                              "model.num_layers": 2})
+
+
+def test_a_given_config_file_fills_in_a_partial_saved_config(tmp_path):
+  """A converted checkpoint records its model and input scaling only: the
+  --config file gives the rest, the saved fields win (model whole)."""
+  given = _load("imagenet", "mixer_b16")
+  partial = {"model": {**given.model.to_dict(), "num_layers": 2,
+                       "approximate_gelu": True},
+             "data": {"image_normalization": "inception"}}
+  run_config.write(partial, tmp_path)
+  path = tmp_path / "config.json"
+  with pytest.raises(config_checks.ConfigError,
+                     match="records only part of a config \\(a converted "
+                     "checkpoint's model\\); pass --config=FILE for the rest"):
+    run_config.resolve(path, {})
+  out = run_config.resolve(path, {"batch_size": 8}, given=given)
+  assert (out.model.num_layers, out.model.approximate_gelu,
+          out.data.image_normalization, out.batch_size) == (
+              2, True, "inception", 8)
+  assert out.data.task == given.data.task == "imagenet_patches"
+
+
+def test_export_folder_carries_its_vocabulary(saved, tmp_path):
+  config, _ = saved
+  run_config.write(config, tmp_path / "export", vocabulary=True)
+  original = config.data.vocab_path
+  copy = tmp_path / "export" / "vocab" / "sentencepiece.model"
+  record = json.loads((tmp_path / "export" / "vocabulary.json").read_text())
+  with open(original, "rb") as f:
+    digest = hashlib.sha256(f.read()).hexdigest()
+  assert record == {"path": original, "extra_ids": 100,
+                    "file": "vocab/sentencepiece.model", "sha256": digest}
+  assert hashlib.sha256(copy.read_bytes()).hexdigest() == digest
+  # Read back from anywhere: the copy is the vocabulary, not the original.
+  moved = tmp_path / "moved"
+  (tmp_path / "export").rename(moved)
+  loaded = run_config.get_config(str(moved))
+  assert loaded.data.vocab_path == str(moved / "vocab" /
+                                       "sentencepiece.model")
+  assert run_config.resolve(moved / "config.json", {}).data.vocab_path == (
+      loaded.data.vocab_path)
+  # Without its copy, an export falls back to the original path only while
+  # that is still the same file.
+  original_copy = tmp_path / "spm.model"
+  original_copy.write_bytes(
+      (moved / "vocab" / "sentencepiece.model").read_bytes())
+  config.data.vocab_path = str(original_copy)
+  run_config.write(config, tmp_path / "e2", vocabulary=True)
+  (tmp_path / "e2" / "vocab" / "spm.model").unlink()
+  assert run_config.get_config(str(tmp_path / "e2")).data.vocab_path == str(
+      original_copy)
+  original_copy.write_bytes(b"another vocabulary")
+  with pytest.raises(config_checks.ConfigError,
+                     match=f"^{original_copy} is not the vocabulary the "
+                     "parameters of .*e2 were trained with"):
+    run_config.get_config(str(tmp_path / "e2"))
+
+
+def test_missing_config_file_lists_the_configs(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)   # no configs/ here: the package's are listed
+  with pytest.raises(config_checks.ConfigError) as e:
+    run_config.check_config_file("configs/defualt.py:x",
+                                 os.path.join(ROOT, "configs"))
+  names = sorted(f for f in os.listdir(os.path.join(ROOT, "configs"))
+                 if f.endswith(".py"))
+  assert str(e.value) == (
+      f"--config=configs/defualt.py:x: no config file 'configs/defualt.py'. "
+      f"Did you mean {os.path.join(ROOT, 'configs', 'default.py')}? The "
+      f"configs in {os.path.join(ROOT, 'configs')}: {', '.join(names)}.")
+  run_config.check_config_file(os.path.join(ROOT, "configs", "glue.py:sst2"),
+                               str(tmp_path))   # exists: no error
+  # Beside a folder of configs, that folder is listed.
+  (tmp_path / "mine").mkdir()
+  (tmp_path / "mine" / "sst2_small.py").write_text("")
+  with pytest.raises(config_checks.ConfigError) as e:
+    run_config.check_config_file("mine/sst2_smal.py", "elsewhere")
+  assert str(e.value) == (
+      "--config=mine/sst2_smal.py: no config file 'mine/sst2_smal.py'. Did "
+      "you mean mine/sst2_small.py? The configs in mine: sst2_small.py.")
+
+
+def test_unknown_fields_name_the_closest():
+  config = _load("default")
+  argv = ["prog", "--config=x", "--config.num_train_steps=3"]
+  assert run_config.unknown_fields(config, argv) is None
+  assert run_config.unknown_fields(
+      config, argv + ["--config.num_train_step=3"]) == (
+          "--config.num_train_step: the config has no field "
+          "'num_train_step'; did you mean --config.num_train_steps?")
+  assert run_config.unknown_fields(config, ["--config.model.d_mdl=3"]) == (
+      "--config.model.d_mdl: the config has no field 'model.d_mdl'; did you "
+      "mean --config.model.d_model or --config.model.d_ffn or "
+      "--config.model.family?")
+  line = run_config.unknown_fields(config, ["--config.mesh.zzz=1"])
+  assert line == ("--config.mesh.zzz: the config has no field 'mesh.zzz'; "
+                  "config.mesh has data, expert, fsdp, tensor")
+
+
+def test_doubts_warn_about_warmup_and_silent_runs():
+  config = _load("glue", "sst2,hypermixer")
+  config.update(num_train_steps=20, log_every=100, warmup_steps=1000)
+  assert config_checks.doubts(config) == [
+      "warmup_steps=1000 > the run's 20 optimiser updates: the learning rate "
+      "only reaches 1.9e-06, not learning_rate=0.0001. Set "
+      "--config.warmup_steps=2 (or fewer).",
+      "log_every=100 > num_train_steps=20: the only train log line comes at "
+      "the end. Set --config.log_every=2 to see progress."]
+  config.update(warmup_steps=2, log_every=5)
+  assert config_checks.doubts(config) == []
+  config.data.image_normalization = "imagenet21k"
+  assert config_checks.problems(config) == [
+      "data.image_normalization='imagenet21k': must be 'imagenet' or "
+      "'inception'"]
