@@ -8,13 +8,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _extras():
+  """setup.py's EXTRAS_REQUIRE, from its top-level assignments alone (the
+  ``setuptools.setup`` call is not run)."""
   tree = ast.parse(open(os.path.join(ROOT, "setup.py"), encoding="utf-8").read())
-  for node in tree.body:
-    if (isinstance(node, ast.Assign)
-        and node.targets[0].id == "EXTRAS_REQUIRE"):
-      src = ast.unparse(node.value).replace("TESTS_REQUIRE", "[]")
-      return ast.literal_eval(src)
-  raise AssertionError("EXTRAS_REQUIRE not found in setup.py")
+  assigns = ast.Module([n for n in tree.body if isinstance(n, ast.Assign)], [])
+  namespace = {}
+  exec(compile(assigns, "setup.py", "exec"), namespace)  # pylint: disable=exec-used
+  if "EXTRAS_REQUIRE" not in namespace:
+    raise AssertionError("EXTRAS_REQUIRE not found in setup.py")
+  return namespace["EXTRAS_REQUIRE"]
 
 
 def _constraints():
