@@ -223,7 +223,15 @@ def _out_proj(y: Array, d: int, dtype, param_dtype) -> Array:
 
 
 class SelfAttention(nn.Module):
-  """Multi-head softmax self-attention token mixer (``positions`` unused)."""
+  """Multi-head softmax self-attention token mixer (``positions`` unused).
+
+  ``implementation`` and ``block_size`` choose the attention computation
+  (``dot_product_attention``: by default block-wise on CPU for rows longer
+  than ``block_size``, ``jax.nn.dot_product_attention`` elsewhere; on CPU
+  XLA's cost analysis then counts the block scan's body once, so a logged
+  MFU under-counts long rows). ``dropout_rate`` drops attention
+  probabilities in training, which materialises them (explicit path).
+  """
   num_heads: int
   head_dim: int | None = None
   causal: bool = False
