@@ -119,9 +119,12 @@ class TorchTimed:
                                  stdout=subprocess.PIPE, text=True)
 
   def _ask(self, cmd: str) -> str:
-    self.proc.stdin.write(cmd + "\n")
-    self.proc.stdin.flush()
-    answer = self.proc.stdout.readline()
+    try:
+      self.proc.stdin.write(cmd + "\n")
+      self.proc.stdin.flush()
+      answer = self.proc.stdout.readline()
+    except BrokenPipeError:
+      answer = ""
     if not answer:
       raise RuntimeError("the torch worker ended (its error is above); is "
                          "torch installed for the given interpreter?")
@@ -134,7 +137,10 @@ class TorchTimed:
     return float(self._ask("round"))
 
   def close(self) -> None:
-    self.proc.stdin.close()
+    try:
+      self.proc.stdin.close()
+    except BrokenPipeError:
+      pass  # the child has ended already
     self.proc.wait()
 
 

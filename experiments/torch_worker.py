@@ -15,6 +15,7 @@ Workloads (JSON keys):
   (``official``: a checkout of idiap/hypermixing, imported from there, never
   copied) with ``hyper_dim``, self-mixing, forward in inference mode, or
   forward + backward of ``sum(y^2)`` to the parameters and the input.
+* ``sleep``: sleeps ``seconds`` (tests the protocol without torch).
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ import time
 
 
 def build(workload: str, cfg: dict):
+  """The call to time, built from ``cfg`` (see the module doc)."""
+  if workload == "sleep":  # the protocol's own test: no torch needed
+    return lambda: time.sleep(cfg["seconds"])
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(1)
   torch.manual_seed(0)

@@ -235,9 +235,14 @@ CORE_CASES = CASES + [("packed_padded", False, None, PACKED),
                       ("causal_packed_padded", True, None, PACKED)]
 
 
-@pytest.mark.parametrize("impl,block", [("xla", 256), ("blockwise", 3)])
-@pytest.mark.parametrize("name,causal,mask,seg", CORE_CASES,
-                         ids=[c[0] for c in CORE_CASES])
+# The library path's values are also checked by test_matches_numpy.
+CORE_RUNS = [("blockwise", 3) + c for c in CORE_CASES] + [
+    ("xla", 256) + c for c in CORE_CASES if c[0] in
+    ("mask", "causal_segments", "packed_padded")]
+
+
+@pytest.mark.parametrize("impl,block,name,causal,mask,seg", CORE_RUNS,
+                         ids=[f"{r[0]}-{r[2]}" for r in CORE_RUNS])
 def test_dot_product_attention_matches_einsum(impl, block, name, causal,
                                               mask, seg):
   """Values and gradients of each implementation against the reference;
