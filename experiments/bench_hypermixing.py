@@ -17,7 +17,11 @@ Two tables, both measured in this process on this device:
    the official function (no hypernetwork biases, input x sqrt(d), positions
    from 1). Training-path MFU: XLA-counted FLOPs of our gradient step over
    the ceiling.
-3. ``--causal_memory``: XLA's ``memory_analysis()`` of the compiled causal
+3. ``--packing_segments=1,2,4,8 --lengths=128``: packed rows (that many
+   segments each, ``max_segments`` = that number, one TM-MLP hidden layer
+   per segment) against the same rows unpacked: XLA FLOPs and time,
+   HyperMixing and the MLP-Mixer token MLP: what packing costs them.
+4. ``--causal_memory``: XLA's ``memory_analysis()`` of the compiled causal
    mixer (forward, and forward + backward) for N = 512 ... 8192: temporary
    bytes and their ratio to one [B, N, d] activation. The chunked scan keeps
    the forward's temporaries flat in N beyond the O(B N d) inputs/outputs;
@@ -147,6 +151,42 @@ def official_table(args):
   return text, dict(rows=results)
 
 
+def packing_table(args):
+  """XLA FLOPs (and time) of packed rows against the same rows unpacked."""
+  from hypermixer_jax.models.mlp_mixer import MlpMixerTokenMixing  # pylint: disable=g-import-not-at-top
+  n = args.lengths[0]
+  x = jax.random.normal(jax.random.key(0), (args.batch, n, args.d))
+  rows, results = [], []
+  for slots in args.packing_segments:
+    # `slots` equal segments per row, as many slots.
+    ids = jnp.broadcast_to(1 + jnp.arange(n) * slots // n, (args.batch, n))
+    for name, make in (
+        ("HyperMixing", lambda k: _module(args, n, max_segments=k)),
+        ("Mixer token MLP", lambda k: MlpMixerTokenMixing(
+            n, args.hyper_dim, max_segments=k))):
+      module = make(slots)
+      params = jax.jit(module.init)(jax.random.key(1), x)
+      calls = dict(
+          unpacked=jax.jit(module.apply).lower(params, x).compile(),
+          packed=jax.jit(lambda p, x: module.apply(
+              p, x, segment_ids=ids)).lower(params, x).compile())
+      flops = {k: bc.xla_flops(c) for k, c in calls.items()}
+      times = {k: bc.time_call(c, params, x, repeats=args.repeats)
+               for k, c in calls.items()}
+      rows.append((name, slots, flops["unpacked"] / 1e9,
+                   flops["packed"] / 1e9, flops["packed"] / flops["unpacked"],
+                   times["packed"] / times["unpacked"]))
+      results.append(dict(mixer=name, segments=slots, flops=flops,
+                          seconds=times))
+      print(rows[-1], flush=True)
+  text = (f"Packed rows against unpacked, B={args.batch} N={n} d={args.d} "
+          f"d'={args.hyper_dim}, forward, float32; {bc.device_name()}; FLOPs "
+          "per row (XLA), time best of rounds\n\n" + bc.markdown_table(
+              ("mixer", "segments per row", "unpacked GFLOP", "packed GFLOP",
+               "packed / unpacked FLOPs", "packed / unpacked time"), rows))
+  return text, dict(rows=results)
+
+
 def causal_memory_table(args):
   rows, results = [], []
   for n in args.lengths:
@@ -193,6 +233,10 @@ def main():
   ap.add_argument("--min_seconds", type=float, default=0.5,
                   help="least duration of one round of one workload")
   ap.add_argument("--causal_memory", action="store_true")
+  ap.add_argument("--packing_segments", default="",
+                  help="e.g. 1,2,4,8: packed rows with that many segments "
+                  "against unpacked rows (FLOPs and time), at the first "
+                  "--lengths")
   ap.add_argument("--official", default="",
                   help="checkout of the official PyTorch HyperMixing "
                   "(idiap/hypermixing): compare with it")
@@ -210,8 +254,11 @@ def main():
   args.lengths = [int(v) for v in (args.lengths or default).split(",")]
   if args.official and not args.torch_python:
     ap.error("--official needs --torch_python (an interpreter with torch).")
+  args.packing_segments = [int(v) for v in args.packing_segments.split(",")
+                           if v]
   name, table = (("causal_memory", causal_memory_table) if args.causal_memory
                  else ("official", official_table) if args.official
+                 else ("packing", packing_table) if args.packing_segments
                  else ("hypermixing_forward", forward_table))
   text, results = table(args)
   print(text)

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from hypermixer_jax.models.mlp_mixer import MlpMixerTokenMixing
-from hypermixer_jax.models import mlp_mixer
 from hypermixer_jax.models.mlp_mixer import token_mixing_mlp
 
 B, N, D, D_S, MAX_LEN = 2, 7, 11, 5, 13
@@ -157,76 +156,19 @@ def test_bfloat16_forward_backward():
                              atol=0.05 * np.abs(g32[1]).max(), rtol=0.1)
 
 
-def slot_einsum(w_in, w_out, v, key_ids, query_ids, slots, bias):
-  """The reference: one hidden layer per slot, every slot over every token."""
-  k = jax.nn.one_hot(key_ids - 1, slots)                      # [B, N, S]
-  q = jax.nn.one_hot(query_ids - 1, slots)
-  hidden = jnp.einsum("bns,bnhk,bnhf->bshfk", k, w_in, v) + bias
-  return jnp.einsum("bms,bmhk,bshfk->bmhf", q, w_out,
-                    jax.nn.gelu(hidden, approximate=False))
-
-
-# Row 0: padding in the middle, a segment of one token, a segment id that
-# comes back later (one hidden layer for both of its runs); row 1: three
-# segments and trailing padding. N = 23 is not a multiple of the chunks.
-IDS = np.zeros((2, 23), int)
-IDS[0, :4], IDS[0, 4:6], IDS[0, 6], IDS[0, 7:15], IDS[0, 15:20] = 1, 0, 2, 3, 1
-IDS[1, :9], IDS[1, 9:10], IDS[1, 10:21] = 1, 2, 3
-
-
-@pytest.mark.parametrize("chunk", [3, 16])
-def test_packed_token_mixing_matches_slot_einsum(chunk):
-  keys = jax.random.split(jax.random.key(4), 4)
-  w_in, w_out = (jax.random.normal(k, (2, 23, 2, 5)) for k in keys[:2])
-  v = jax.random.normal(keys[2], (2, 23, 2, 7))
-  bias = jnp.linspace(-1.0, 1.0, 5)
-  ids = jnp.asarray(IDS)
-
-  def ours(*a):
-    return mlp_mixer.packed_token_mixing(*a, ids, ids, 3, bias,
-                                         chunk=chunk)[0]
-
-  ref = lambda *a: slot_einsum(*a, ids, ids, 3, bias)  # noqa: E731
-  chex.assert_trees_all_close(jax.jit(ours)(w_in, w_out, v),
-                              ref(w_in, w_out, v), rtol=1e-5, atol=1e-5)
-  assert not mlp_mixer.packed_token_mixing(w_in, w_out, v, ids, ids, 3,
-                                           chunk=chunk)[1].any()
-  cot = jax.random.normal(keys[3], v.shape)
-  grad = lambda f: jax.grad(  # noqa: E731
-      lambda *a: jnp.sum(f(*a) * cot), argnums=(0, 1, 2))(w_in, w_out, v)
-  chex.assert_trees_all_close(grad(ours), grad(ref), rtol=1e-4, atol=1e-4)
-
-
-def test_packed_token_mixing_flags_overflow():
-  """More runs than the static piece count, or an id without a slot."""
-  w = jnp.ones((1, 8, 1, 2))
-  alternating = jnp.asarray([[1, 2, 1, 2, 1, 2, 1, 2]])  # 8 runs > 4 + 2 + 1
-  _, overflow = mlp_mixer.packed_token_mixing(w, w, w, alternating,
-                                              alternating, 2, chunk=4)
-  assert np.asarray(overflow).all()
-  ids = jnp.asarray([[1, 1, 2, 2, 3, 3, 0, 0]])
-  y, overflow = mlp_mixer.packed_token_mixing(w, w, w, ids, ids, 2, chunk=4)
-  np.testing.assert_array_equal(overflow[0], ids[0] > 2)
-  # Segment 3 has no slot: its tokens neither feed nor read segment 2's.
-  y2, _ = mlp_mixer.packed_token_mixing(w, w, w, ids.at[0, 4:].set(0),
-                                        ids.at[0, 4:].set(0), 2, chunk=4)
-  chex.assert_trees_all_close(y[:, :4], y2[:, :4])
-
-
 @pytest.mark.parametrize("approximate", [False, True])
-def test_one_slot_path_equals_packed_path(approximate):
-  # One segment: the two plain matmuls and the pieces' grouped matmuls
-  # (chunks of 3 over N = 7) must agree, for both GELUs.
+def test_one_slot_fast_path_equals_the_slot_einsum(approximate):
+  # S = 1 takes two plain matmuls; the same numbers through the general
+  # S-slot einsum (a second, empty slot) must agree, for both GELUs.
   keys = jax.random.split(jax.random.key(3), 4)
   w_in = jax.random.normal(keys[0], (2, 7, 3, 5))
   w_out = jax.random.normal(keys[1], (2, 7, 3, 5))
   v = jax.random.normal(keys[2], (2, 7, 3, 11))
   mask = (jax.random.uniform(keys[3], (2, 7, 1)) > 0.3).astype(jnp.float32)
+  two = jnp.concatenate([mask, jnp.zeros_like(mask)], axis=-1)
   bias = jnp.linspace(-1.0, 1.0, 5)
   fast = token_mixing_mlp(w_in, w_out, v, mask, mask, bias, approximate)
-  ids = mask[..., 0].astype(jnp.int32)
-  packed, _ = mlp_mixer.packed_token_mixing(w_in, w_out, v, ids, ids, 2,
-                                            bias, approximate, chunk=3)
-  np.testing.assert_allclose(fast, packed, rtol=1e-5, atol=1e-5)
+  slow = token_mixing_mlp(w_in, w_out, v, two, two, bias, approximate)
+  np.testing.assert_allclose(fast, slow, rtol=1e-5, atol=1e-5)
   other = token_mixing_mlp(w_in, w_out, v, mask, mask, bias, not approximate)
   assert np.abs(np.asarray(fast - other)).max() > 1e-4

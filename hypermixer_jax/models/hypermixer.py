@@ -35,8 +35,7 @@ flag so the official behaviour is one setting away:
 Padding: rows of W1 (keys) and W2 (queries) of padded tokens are zero, so a
 padded batch gives exactly the unpadded outputs; padded output rows are zero.
 Packed rows (``segment_ids``): each segment has its own TM-MLP hidden layer
-(up to ``max_segments``; grouped matmuls over the row's pieces,
-``packed_token_mixing``) and its own ``positions``.
+(``max_segments`` slots) and its own ``positions``.
 Causal (beyond the paper, which lists it as open): the hidden layer of query m
 is the prefix sum over keys n <= m of the same segment run,
     out_m = W2_m · GELU(S_m),   S_m = sum_{n<=m} W1_n v_n^T   # S_m: [d, d']
@@ -53,10 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from hypermixer_jax.models import common
-from hypermixer_jax.models.mlp_mixer import packed_token_mixing
-from hypermixer_jax.models.mlp_mixer import real_segment_ids
-from hypermixer_jax.models.mlp_mixer import segment_one_hot
-from hypermixer_jax.models.mlp_mixer import token_mixing_mlp
+from hypermixer_jax.models.mlp_mixer import segment_one_hot, token_mixing_mlp
 
 Array = jax.Array
 POSITIONS = ("sinusoidal", "learned", "none")
@@ -247,10 +243,8 @@ class HyperMixing(nn.Module):
     causal_chunk_size: tokens per step of the causal scan (memory per layer
       grows with it, the number of sequential steps shrinks).
     max_segments: most packed examples per row when ``segment_ids`` is given
-      (non-causal); each has its own TM-MLP hidden layer, and the matmuls
-      grow only by the row's pieces (``packed_token_mixing``). Tokens of a
-      segment id above it get NaN outputs, so an overflow cannot pass
-      silently.
+      (non-causal); each costs one TM-MLP hidden layer. Tokens of a segment
+      id above it get NaN outputs, so an overflow cannot pass silently.
     hyper_bias: biases in the hypernetworks' two layers (the official
       implementation has none; the paper does not say).
     input_scale: multiply the hypernetworks' input by sqrt(d) before adding
@@ -334,18 +328,12 @@ class HyperMixing(nn.Module):
                               self._heads(context), segment_ids,
                               self.causal_chunk_size)
       return self._finish(y.reshape(b, m, d), q_mask, None)
-    if not one_slot:  # one hidden layer per packed segment
-      w1 = net_in(hyp_in)                                 # [B, N, H, d']
-      y, overflow = packed_token_mixing(
-          w1, w1 if same else net_out(hyp_out), self._heads(context),
-          real_segment_ids(context_segment_ids, k_mask),
-          real_segment_ids(segment_ids, q_mask), self.max_segments)
-      return self._finish(y.reshape(b, m, d), q_mask, overflow)
-    k_seg, _ = segment_one_hot(context, k_mask, context_segment_ids, 1,
-                               self.dtype)               # [B, N, 1]
-    q_seg, overflow = segment_one_hot(x, q_mask, segment_ids, 1,
-                                      self.dtype)        # [B, M, 1]
-    if pieces > 1:
+    slots = 1 if one_slot else self.max_segments
+    k_seg, _ = segment_one_hot(context, k_mask, context_segment_ids, slots,
+                               self.dtype)               # [B, N, S]
+    q_seg, overflow = segment_one_hot(x, q_mask, segment_ids, slots,
+                                      self.dtype)        # [B, M, S]
+    if one_slot and pieces > 1:
       y = two_pass_token_mixing(net_in, net_out, hyp_in, hyp_out,
                                 self._heads(context), k_seg, q_seg, pieces,
                                 same)

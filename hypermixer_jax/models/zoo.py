@@ -350,7 +350,7 @@ def facts(cfg: dict[str, Any]) -> common.ModelFacts:
         "row with more examples would give NaN; set "
         "--config.data.packing=False, or "
         "--config.model.mixer_kwargs.max_segments=K with K at least the "
-        "examples per row.")
+        "examples per row (compute grows with K).")
   return common.ModelFacts(head=head, packing_error=error,
                            packing_options={"max_segments": slots})
 
