@@ -101,6 +101,49 @@ class Timed:
     return (self.clock() - t0) / self.inner
 
 
+class TorchTimed:
+  """``Timed``'s warm/round for a PyTorch workload in a child process.
+
+  The child (``experiments/torch_worker.py``, run by ``python``: an
+  interpreter with torch) builds ``workload`` from ``cfg`` and answers each
+  round, so ``interleave`` can alternate its rounds with this process's.
+  Started under ``taskset``, the child inherits the parent's core.
+  """
+
+  def __init__(self, python: str, workload: str, cfg: Mapping[str, Any]):
+    import subprocess  # pylint: disable=g-import-not-at-top
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          "torch_worker.py")
+    self.proc = subprocess.Popen([python, worker, workload, json.dumps(cfg)],
+                                 stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+
+  def _ask(self, cmd: str) -> str:
+    try:
+      self.proc.stdin.write(cmd + "\n")
+      self.proc.stdin.flush()
+      answer = self.proc.stdout.readline()
+    except BrokenPipeError:
+      answer = ""
+    if not answer:
+      raise RuntimeError("the torch worker ended (its error is above); is "
+                         "torch installed for the given interpreter?")
+    return answer.strip()
+
+  def warm(self) -> None:
+    self._ask("warm")
+
+  def round(self) -> float:
+    return float(self._ask("round"))
+
+  def close(self) -> None:
+    try:
+      self.proc.stdin.close()
+    except BrokenPipeError:
+      pass  # the child has ended already
+    self.proc.wait()
+
+
 def interleave(ceiling: Timed, workloads: Mapping[str, Timed], rounds: int
                ) -> tuple[list[float], dict[str, list[float]]]:
   """Seconds per call, round by round: ceiling, each workload, ..., ceiling.

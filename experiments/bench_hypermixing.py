@@ -9,7 +9,19 @@ Two tables, both measured in this process on this device:
    (``bench_common.interleave``): minimum and median times, and the
    scaling ratio both from the minima and as the median of per-round
    ratios.
-2. ``--causal_memory``: XLA's ``memory_analysis()`` of the compiled causal
+2. ``--official=CHECKOUT --torch_python=PY``: against the official PyTorch
+   HyperMixing (a checkout of idiap/hypermixing, imported by a child process
+   under the interpreter PY, never copied: ``torch_worker.py``), forward and
+   forward + backward (gradients of sum(y^2) to the parameters and the
+   input), one core each, rounds interleaved with the ceiling; ours set to
+   the official function (no hypernetwork biases, input x sqrt(d), positions
+   from 1). Training-path MFU: XLA-counted FLOPs of our gradient step over
+   the ceiling.
+3. ``--packing_segments=1,2,4,8 --lengths=128``: packed rows (that many
+   segments each, ``max_segments`` = that number, one TM-MLP hidden layer
+   per segment) against the same rows unpacked: XLA FLOPs and time,
+   HyperMixing and the MLP-Mixer token MLP: what packing costs them.
+4. ``--causal_memory``: XLA's ``memory_analysis()`` of the compiled causal
    mixer (forward, and forward + backward) for N = 512 ... 8192: temporary
    bytes and their ratio to one [B, N, d] activation. The chunked scan keeps
    the forward's temporaries flat in N beyond the O(B N d) inputs/outputs;
@@ -17,6 +29,8 @@ Two tables, both measured in this process on this device:
 
     taskset -c 1 python experiments/bench_hypermixing.py
     taskset -c 1 python experiments/bench_hypermixing.py --causal_memory
+    taskset -c 1 python experiments/bench_hypermixing.py \
+        --official=HYPERMIXING_CHECKOUT --torch_python=TORCHENV/bin/python
     python experiments/bench_hypermixing.py --quick     # small sizes
 """
 from __future__ import annotations
@@ -37,11 +51,11 @@ import bench_common as bc  # noqa: E402
 from hypermixer_jax.models.hypermixer import HyperMixing  # noqa: E402
 
 
-def _module(args, n, causal=False, dtype=jnp.float32):
+def _module(args, n, causal=False, dtype=jnp.float32, **kw):
   return HyperMixing(args.hyper_dim, num_heads=args.num_heads,
                      max_len=max(n, 512), causal=causal,
                      causal_chunk_size=args.chunk_size,
-                     chunk_tokens=args.chunk_tokens, dtype=dtype)
+                     chunk_tokens=args.chunk_tokens, dtype=dtype, **kw)
 
 
 def forward_table(args):
@@ -81,6 +95,96 @@ def forward_table(args):
               rows))
   return text, dict(ceiling_seconds=ceil_times, ceiling_flops=ceiling_flops,
                     rows=results)
+
+
+def official_table(args):
+  """Ours and the official code, forward and training, per N (own rounds)."""
+  rows, results = [], []
+  for n in args.lengths:
+    ceiling, ceiling_flops = bc.ceiling_timer(min_seconds=args.min_seconds)
+    module = _module(args, n, hyper_bias=False, input_scale=True,
+                     position_offset=1)
+    x = jax.random.normal(jax.random.key(0), (args.batch, n, args.d))
+    params = jax.jit(module.init)(jax.random.key(1), x)
+    fwd = jax.jit(module.apply).lower(params, x).compile()
+    grad = jax.jit(jax.grad(
+        lambda p, x: jnp.sum(module.apply(p, x, deterministic=False) ** 2),
+        argnums=(0, 1))).lower(params, x).compile()
+    flops = dict(fwd=bc.xla_flops(fwd), train=bc.xla_flops(grad))
+    cfg = dict(batch=args.batch, n=n, d=args.d, heads=args.num_heads,
+               hyper_dim=args.hyper_dim, official=args.official,
+               min_seconds=args.min_seconds)
+    timers = dict(
+        fwd=bc.Timed(lambda: fwd(params, x), flops=flops["fwd"],
+                     min_seconds=args.min_seconds),
+        official_fwd=bc.TorchTimed(args.torch_python, "hypermixing", cfg),
+        train=bc.Timed(lambda: grad(params, x), flops=flops["train"],
+                       min_seconds=args.min_seconds),
+        official_train=bc.TorchTimed(args.torch_python, "hypermixing_train",
+                                     cfg))
+    try:
+      ceil_times, times = bc.interleave(ceiling, timers, args.repeats)
+    finally:
+      timers["official_fwd"].close()
+      timers["official_train"].close()
+    row = [n]
+    for kind in ("fwd", "train"):
+      s = bc.summarize(ceil_times, ceiling_flops, times[kind], flops[kind])
+      theirs = times["official_" + kind]
+      row += [s.min_s * 1e3, min(theirs) * 1e3, min(theirs) / s.min_s,
+              float(np.median(np.divide(theirs, times[kind]))),
+              100 * s.mfu_paired]
+      results.append(dict(n=n, kind=kind, flops=flops[kind],
+                          official_times=theirs, **dataclasses.asdict(s)))
+    rows.append(tuple(row))
+    print(rows[-1], flush=True)
+  text = (f"HyperMixing against the official PyTorch code, B={args.batch} "
+          f"d={args.d} d'={args.hyper_dim} heads={args.num_heads} float32; "
+          f"{bc.device_name()}; {args.repeats} interleaved rounds per N, "
+          "torch (one thread) in a child process on the same core\n\n"
+          + bc.markdown_table(
+              ("N", "fwd ms", "official fwd ms", "speed-up (min/min)",
+               "speed-up (median of rounds)", "fwd % of ceiling (paired)",
+               "fwd+bwd ms", "official fwd+bwd ms", "speed-up (min/min)",
+               "speed-up (median of rounds)",
+               "fwd+bwd % of ceiling (paired)"), rows))
+  return text, dict(rows=results)
+
+
+def packing_table(args):
+  """XLA FLOPs (and time) of packed rows against the same rows unpacked."""
+  from hypermixer_jax.models.mlp_mixer import MlpMixerTokenMixing  # pylint: disable=g-import-not-at-top
+  n = args.lengths[0]
+  x = jax.random.normal(jax.random.key(0), (args.batch, n, args.d))
+  rows, results = [], []
+  for slots in args.packing_segments:
+    # `slots` equal segments per row, as many slots.
+    ids = jnp.broadcast_to(1 + jnp.arange(n) * slots // n, (args.batch, n))
+    for name, make in (
+        ("HyperMixing", lambda k: _module(args, n, max_segments=k)),
+        ("Mixer token MLP", lambda k: MlpMixerTokenMixing(
+            n, args.hyper_dim, max_segments=k))):
+      module = make(slots)
+      params = jax.jit(module.init)(jax.random.key(1), x)
+      calls = dict(
+          unpacked=jax.jit(module.apply).lower(params, x).compile(),
+          packed=jax.jit(lambda p, x: module.apply(
+              p, x, segment_ids=ids)).lower(params, x).compile())
+      flops = {k: bc.xla_flops(c) for k, c in calls.items()}
+      times = {k: bc.time_call(c, params, x, repeats=args.repeats)
+               for k, c in calls.items()}
+      rows.append((name, slots, flops["unpacked"] / 1e9,
+                   flops["packed"] / 1e9, flops["packed"] / flops["unpacked"],
+                   times["packed"] / times["unpacked"]))
+      results.append(dict(mixer=name, segments=slots, flops=flops,
+                          seconds=times))
+      print(rows[-1], flush=True)
+  text = (f"Packed rows against unpacked, B={args.batch} N={n} d={args.d} "
+          f"d'={args.hyper_dim}, forward, float32; {bc.device_name()}; FLOPs "
+          "per row (XLA), time best of rounds\n\n" + bc.markdown_table(
+              ("mixer", "segments per row", "unpacked GFLOP", "packed GFLOP",
+               "packed / unpacked FLOPs", "packed / unpacked time"), rows))
+  return text, dict(rows=results)
 
 
 def causal_memory_table(args):
@@ -129,6 +233,15 @@ def main():
   ap.add_argument("--min_seconds", type=float, default=0.5,
                   help="least duration of one round of one workload")
   ap.add_argument("--causal_memory", action="store_true")
+  ap.add_argument("--packing_segments", default="",
+                  help="e.g. 1,2,4,8: packed rows with that many segments "
+                  "against unpacked rows (FLOPs and time), at the first "
+                  "--lengths")
+  ap.add_argument("--official", default="",
+                  help="checkout of the official PyTorch HyperMixing "
+                  "(idiap/hypermixing): compare with it")
+  ap.add_argument("--torch_python", default="",
+                  help="python interpreter with torch, for --official")
   ap.add_argument("--quick", action="store_true",
                   help="small sizes for a fast check")
   ap.add_argument("--out", default="", help="folder for the table and json")
@@ -139,11 +252,17 @@ def main():
   default = "512,1024,2048,4096,8192" if args.causal_memory else \
       "128,512,2048,8192"
   args.lengths = [int(v) for v in (args.lengths or default).split(",")]
-  text, results = (causal_memory_table if args.causal_memory
-                   else forward_table)(args)
+  if args.official and not args.torch_python:
+    ap.error("--official needs --torch_python (an interpreter with torch).")
+  args.packing_segments = [int(v) for v in args.packing_segments.split(",")
+                           if v]
+  name, table = (("causal_memory", causal_memory_table) if args.causal_memory
+                 else ("official", official_table) if args.official
+                 else ("packing", packing_table) if args.packing_segments
+                 else ("hypermixing_forward", forward_table))
+  text, results = table(args)
   print(text)
-  bc.write_outputs(args.out, "causal_memory" if args.causal_memory
-                   else "hypermixing_forward", text, results)
+  bc.write_outputs(args.out, name, text, results)
 
 
 if __name__ == "__main__":

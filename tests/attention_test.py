@@ -175,7 +175,8 @@ def test_dropout_only_when_not_deterministic():
   v = _init(module, x)
   apply = jax.jit(module.apply, static_argnames="deterministic")
   det = apply(v, x)
-  chex.assert_trees_all_close(det, attention.SelfAttention(H).apply(v, x))
+  chex.assert_trees_all_close(det, attention.SelfAttention(H).apply(v, x),
+                              rtol=1e-5, atol=1e-6)
   drop = apply(v, x, deterministic=False,
                rngs={"dropout": jax.random.key(7)})
   assert jnp.isfinite(drop).all() and not np.allclose(drop, det)
@@ -209,3 +210,116 @@ def test_bfloat16_forward_backward(cls):
   np.testing.assert_allclose(l16, l32, rtol=5e-2)
   scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g32))
   chex.assert_trees_all_close(g16, g32, rtol=0.1, atol=0.05 * scale)
+
+
+def einsum_attention(q, k, v, allowed):
+  """The materialised reference: [B, H, N, N] float32 probabilities."""
+  logits = jnp.einsum("bnhd,bmhd->bhnm", q, k,
+                      preferred_element_type=jnp.float32) / math.sqrt(
+                          q.shape[-1])
+  logits = jnp.where(allowed[:, None], logits, -jnp.inf)
+  probs = jnp.exp(logits - logits.max(-1, keepdims=True))
+  probs = jnp.where(allowed[:, None], probs, 0.0)
+  probs = probs / jnp.maximum(probs.sum(-1, keepdims=True), 1e-30)
+  return jnp.einsum("bhnm,bmhd->bnhd", probs, v.astype(jnp.float32))
+
+
+def _allowed_np(mask, seg, causal, b=B, n=N):
+  return np.array([[[_allowed(r, i, j, mask, seg, causal) for j in range(n)]
+                    for i in range(n)] for r in range(b)])
+
+
+# Packed rows with padding at the end and in the middle of a row.
+PACKED = np.array([[1, 1, 2, 2, 2, 3, 0], [1, 1, 1, 0, 2, 2, 2]])
+CORE_CASES = CASES + [("packed_padded", False, None, PACKED),
+                      ("causal_packed_padded", True, None, PACKED)]
+
+
+# The library path's values are also checked by test_matches_numpy.
+CORE_RUNS = [("blockwise", 3) + c for c in CORE_CASES] + [
+    ("xla", 256) + c for c in CORE_CASES if c[0] in
+    ("mask", "causal_segments", "packed_padded")]
+
+
+@pytest.mark.parametrize("impl,block,name,causal,mask,seg", CORE_RUNS,
+                         ids=[f"{r[0]}-{r[2]}" for r in CORE_RUNS])
+def test_dot_product_attention_matches_einsum(impl, block, name, causal,
+                                              mask, seg):
+  """Values and gradients of each implementation against the reference;
+  block 3 pads N=7 to 9 (three query and key blocks)."""
+  del name
+  q, k, v = (jax.random.normal(key, (B, N, H, DH)) for key in
+             jax.random.split(jax.random.key(5), 3))
+  real = None if mask is None else jnp.asarray(mask)
+  if seg is not None:
+    real = jnp.asarray(seg > 0) if real is None else real & (seg > 0)
+  allowed = jnp.asarray(_allowed_np(None if real is None else np.asarray(real),
+                                    seg, causal))
+  seg = None if seg is None else jnp.asarray(seg)
+
+  def ours(q, k, v):
+    return attention.dot_product_attention(
+        q, k, v, mask=real, segment_ids=seg, causal=causal,
+        implementation=impl, block_size=block)
+
+  chex.assert_trees_all_close(jax.jit(ours)(q, k, v),
+                              einsum_attention(q, k, v, allowed),
+                              rtol=1e-5, atol=1e-5)
+  cot = jax.random.normal(jax.random.key(9), q.shape)
+  loss = lambda f: lambda *a: jnp.sum(f(*a) * cot)  # noqa: E731
+  grads = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2)))(q, k, v)
+  want = jax.grad(loss(lambda *a: einsum_attention(*a, allowed)),
+                  argnums=(0, 1, 2))(q, k, v)
+  chex.assert_trees_all_close(grads, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["xla", "blockwise"])
+def test_dot_product_attention_bfloat16(impl):
+  q, k, v = (jax.random.normal(key, (B, N, H, DH)) for key in
+             jax.random.split(jax.random.key(6), 3))
+  seg = jnp.asarray(PACKED)
+  y = attention.dot_product_attention(
+      *(t.astype(jnp.bfloat16) for t in (q, k, v)), segment_ids=seg,
+      mask=seg > 0, causal=True, implementation=impl, block_size=3)
+  assert y.dtype == jnp.bfloat16
+  want = einsum_attention(q, k, v, jnp.asarray(
+      _allowed_np(PACKED > 0, PACKED, True)))
+  chex.assert_trees_all_close(y.astype(jnp.float32), want, atol=0.05)
+
+
+@pytest.mark.parametrize("name,causal,mask,seg", [CASES[1], CASES[-1]],
+                         ids=[CASES[1][0], CASES[-1][0]])
+def test_blockwise_module_matches_numpy(name, causal, mask, seg):
+  del name
+  module = attention.SelfAttention(H, causal=causal,
+                                   implementation="blockwise", block_size=3)
+  x = _x()
+  v = _init(module, x)
+  y = jax.jit(module.apply)(v, x, mask=mask, segment_ids=seg)
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), v)["params"]
+  real = np.ones(x.shape[:2], bool)
+  for m in (mask, None if seg is None else seg > 0):
+    real = real if m is None else real & m
+  ref = np_softmax_attention(np.asarray(x, np.float64), p, causal=causal,
+                             mask=real, seg=seg)
+  np.testing.assert_allclose(y[real], ref[real], rtol=1e-4, atol=1e-4)
+
+
+def test_automatic_implementation_is_blockwise_for_long_rows():
+  module = attention.SelfAttention(H, causal=True, block_size=3)
+  x = _x()
+  v = _init(module, x)
+  text = jax.jit(module.apply).lower(v, x).as_text()
+  # The blocks' scan is a while loop; the library's path has none.
+  assert "while" in text
+  short = attention.SelfAttention(H, causal=True, block_size=N)
+  assert "while" not in jax.jit(short.apply).lower(v, x).as_text()
+  chex.assert_trees_all_close(module.apply(v, x), short.apply(v, x),
+                              rtol=1e-5, atol=1e-5)
+
+
+def test_bad_implementation():
+  with pytest.raises(ValueError, match=r"attention implementation='flash'; "
+                     r"expected None \(automatic\) or one of"):
+    attention.SelfAttention(H, implementation="flash").init(
+        jax.random.key(0), _x())

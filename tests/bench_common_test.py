@@ -291,3 +291,21 @@ def _fmt(cpus):
       parts.append(f"{start}-{a}" if a != start else f"{a}")
       start = b
   return ",".join(parts)
+
+
+def test_torch_timed_protocol_and_a_dead_worker():
+  """The child answers warm/round in seconds per call; a child that cannot
+  build its workload ends, and the parent says so instead of hanging."""
+  timer = bc.TorchTimed(sys.executable, "sleep",
+                        dict(seconds=0.02, min_seconds=0.05))
+  try:
+    timer.warm()
+    rounds = [timer.round() for _ in range(2)]
+  finally:
+    timer.close()
+  assert all(t >= 0.02 for t in rounds)
+  dead = bc.TorchTimed(sys.executable, "no_such_workload",
+                       dict(min_seconds=0.05))
+  with pytest.raises(RuntimeError, match="the torch worker ended"):
+    dead.warm()
+  dead.close()

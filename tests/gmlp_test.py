@@ -145,6 +145,20 @@ def test_sgu_matches_numpy(name, kw):
   np.testing.assert_allclose(y[mask], ref[mask], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiny_attention_blockwise_packed_matches_numpy(causal):
+  """aMLP's attention on the block-wise path (block 3: N=7 pads to 9)."""
+  module = gmlp.TinyAttention(5, D_ATTN, causal=causal,
+                              implementation="blockwise", block_size=3)
+  x = _x(b=1)
+  v = _init(module, x)
+  y = jax.jit(module.apply)(v, x, segment_ids=SEG)
+  real = SEG > 0
+  ref = np_tiny_attention(np.asarray(x, np.float64), _np(v)["params"],
+                          causal=causal, mask=real, seg=SEG)
+  np.testing.assert_allclose(y[real], ref[real], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("toeplitz,causal", [(False, False), (True, False),
                                              (False, True), (True, True)])
 def test_spatial_projection_packed_matches_numpy(toeplitz, causal):

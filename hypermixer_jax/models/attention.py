@@ -14,6 +14,8 @@ nothing: the public JAX reference ignores the padding mask, this one does not.
 """
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -23,8 +25,11 @@ from hypermixer_jax.models import common
 Array = common.Array
 
 
+IMPLEMENTATIONS = ("xla", "cudnn", "blockwise")
+
+
 def attention_weights(q: Array, k: Array, allowed: Array | None) -> Array:
-  """Softmax attention probabilities in float32.
+  """Softmax attention probabilities in float32 (the explicit path).
 
   Args:
     q: ``[B, N, H, D]`` queries, already scaled.
@@ -42,6 +47,148 @@ def attention_weights(q: Array, k: Array, allowed: Array | None) -> Array:
   logits = jnp.where(allowed, logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1)
   return jnp.where(allowed, probs, 0.0)
+
+
+def dot_product_attention(q: Array, k: Array, v: Array, *,
+                          mask: Array | None = None,
+                          segment_ids: Array | None = None,
+                          causal: bool = False,
+                          implementation: str | None = None,
+                          block_size: int = 256,
+                          dropout=None) -> Array:
+  """softmax(q k^T / sqrt(D) + M) v per head, M masking disallowed pairs.
+
+  Query i may read key j when j is a real token (``mask``), of i's segment
+  (``segment_ids``, packed rows: a block-diagonal mask) and, if ``causal``,
+  j <= i. A query with no allowed key gets a zero output.
+
+  Args:
+    q, k, v: ``[B, N, H, D]`` (unscaled queries).
+    mask: ``[B, N]`` bool, True for real tokens (keys), or None.
+    segment_ids: ``[B, N]`` int, or None.
+    causal: only keys j <= i.
+    implementation: None picks ``blockwise`` on CPU when N > block_size and
+      the library's ``jax.nn.dot_product_attention`` otherwise; ``xla`` /
+      ``cudnn`` are that function's implementations (cuDNN flash attention
+      on GPU); ``blockwise`` is ``blockwise_attention``.
+    block_size: query and key block of ``blockwise``.
+    dropout: a function applied to the ``[B, H, N, N]`` probabilities
+      (training-time attention dropout); it needs them materialised, so it
+      takes the explicit path whatever ``implementation`` says.
+
+  Returns:
+    ``[B, N, H, D]`` in the dtype of ``v``.
+  """
+  if implementation not in (None,) + IMPLEMENTATIONS:
+    raise ValueError(f"attention implementation={implementation!r}; expected "
+                     f"None (automatic) or one of {IMPLEMENTATIONS}.")
+  n, dh = q.shape[1], q.shape[-1]
+  if dropout is not None:
+    q = q * jnp.asarray(dh ** -0.5, q.dtype)
+    allowed = common.pair_mask(mask, segment_ids, causal, n, n)
+    probs = dropout(attention_weights(q, k, allowed))         # [B, H, N, N]
+    return jnp.einsum("bhnm,bmhd->bnhd", probs.astype(v.dtype), v)
+  if implementation is None:
+    long = n > block_size and jax.default_backend() == "cpu"
+    implementation = "blockwise" if long else "xla"
+  if implementation == "blockwise":
+    return blockwise_attention(q, k, v, mask=mask, segment_ids=segment_ids,
+                               causal=causal, block_size=block_size)
+  if mask is None and segment_ids is None:
+    # Causality alone is the library's is_causal (cuDNN skips the blocks).
+    return jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                        implementation=implementation)
+  allowed = common.pair_mask(mask, segment_ids, causal, n, n)  # [B, N, N]
+  y = jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None],
+                                   implementation=implementation)
+  # The library spreads a row with no allowed key evenly over all keys.
+  return jnp.where(allowed.any(-1)[:, :, None, None], y, 0).astype(v.dtype)
+
+
+def blockwise_attention(q: Array, k: Array, v: Array, *,
+                        mask: Array | None = None,
+                        segment_ids: Array | None = None,
+                        causal: bool = False, block_size: int = 256
+                        ) -> Array:
+  """Softmax attention over [C, C] blocks with an online softmax.
+
+  The [N, N] probabilities never exist: for each block of C queries a scan
+  over key blocks carries the running maximum m, normaliser l and output
+  (Milakov & Gimelshein 2018; Dao et al. 2022):
+      m' = max(m, max_j s_j),  l' = l e^{m-m'} + sum_j e^{s_j-m'},
+      o' = o e^{m-m'} + sum_j e^{s_j-m'} v_j,  y = o / l.
+  On a CPU a block's logits stay in cache, where the library's XLA path
+  writes and rereads [B, H, N, N] float32 several times
+  (experiments/bench_attention.py measures both). Each scan step is
+  rematerialised, so the backward pass stores only the carries. Causal key
+  blocks past the query block are skipped. Logits, m, l and o are float32
+  whatever the compute dtype. Same arguments as ``dot_product_attention``.
+  """
+  b, n, h, dh = q.shape
+  c = max(1, min(block_size, n))
+  pad = -n % c
+  ok = jnp.ones((b, n), bool) if mask is None else mask
+  if pad:  # padded keys are masked, padded queries dropped
+    zeros = lambda t: jnp.pad(t, ((0, 0), (0, pad), (0, 0), (0, 0)))  # noqa: E731
+    q, k, v = zeros(q), zeros(k), zeros(v)
+    ok = jnp.pad(ok, ((0, 0), (0, pad)))
+    if segment_ids is not None:
+      segment_ids = jnp.pad(segment_ids, ((0, 0), (0, pad)))
+  nb = (n + pad) // c
+  # [nb, B, H, C, D]: each block's matmuls read contiguous tiles.
+  blocks = lambda t: t.reshape(b, nb, c, h, dh).transpose(1, 0, 3, 2, 4)  # noqa: E731
+  q = q * jnp.asarray(dh ** -0.5, q.dtype)
+  qb, kb, vb = blocks(q), blocks(k), blocks(v)
+  okb = ok.reshape(b, nb, c).swapaxes(0, 1)                   # [nb, B, C]
+  segb = None if segment_ids is None else \
+      segment_ids.reshape(b, nb, c).swapaxes(0, 1)
+  pos = jnp.arange(c)
+  masked = mask is not None or segment_ids is not None or causal or pad > 0
+  low = jnp.finfo(jnp.float32).min
+
+  def query_block(xs):
+    qi, i, seg_i = xs                                         # [B, H, C, D]
+
+    def step(carry, ys):
+      kj, vj, ok_j, seg_j, j = ys
+      m, l, o = carry
+      s = jnp.einsum("bhqd,bhkd->bhqk", qi, kj,
+                     preferred_element_type=jnp.float32)     # [B, H, C, C]
+      if masked:
+        allowed = ok_j[:, None, None, :]
+        if seg_i is not None:
+          allowed = allowed & (seg_i[:, None, :, None] ==
+                               seg_j[:, None, None, :])
+        if causal:
+          allowed = allowed & (i * c + pos[:, None] >= j * c + pos[None, :])
+        s = jnp.where(allowed, s, low)
+      m_new = jnp.maximum(m, s.max(-1))
+      p = jnp.exp(s - m_new[..., None])
+      if masked:  # exact zeros, also where a row has seen no key yet
+        p = jnp.where(allowed, p, 0.0)
+      corr = jnp.exp(m - m_new)
+      o = o * corr[..., None] + jnp.einsum(
+          "bhqk,bhkd->bhqd", p.astype(vj.dtype), vj,
+          preferred_element_type=jnp.float32)
+      return (m_new, l * corr + p.sum(-1), o), None
+
+    def maybe(carry, ys):
+      if not causal:
+        return step(carry, ys)
+      # Key blocks after the query block hold no allowed key.
+      return jax.lax.cond(ys[-1] > i, lambda: (carry, None),
+                          lambda: step(carry, ys))
+
+    init = (jnp.full((b, h, c), low), jnp.zeros((b, h, c)),
+            jnp.zeros((b, h, c, dh)))
+    (_, l, o), _ = jax.lax.scan(
+        jax.checkpoint(maybe), init,
+        (kb, vb, okb, segb, jnp.arange(nb)))
+    return o / jnp.where(l > 0, l, 1.0)[..., None]           # [B, H, C, D]
+
+  y = jax.lax.map(query_block, (qb, jnp.arange(nb), segb))   # [nb, B, H, C, D]
+  y = y.transpose(1, 0, 3, 2, 4).reshape(b, nb * c, h, dh)
+  return y[:, :n].astype(v.dtype)
 
 
 def _head_dim(module: str, d: int, num_heads: int, head_dim: int | None) -> int:
@@ -76,11 +223,21 @@ def _out_proj(y: Array, d: int, dtype, param_dtype) -> Array:
 
 
 class SelfAttention(nn.Module):
-  """Multi-head softmax self-attention token mixer (``positions`` unused)."""
+  """Multi-head softmax self-attention token mixer (``positions`` unused).
+
+  ``implementation`` and ``block_size`` choose the attention computation
+  (``dot_product_attention``: by default block-wise on CPU for rows longer
+  than ``block_size``, ``jax.nn.dot_product_attention`` elsewhere; on CPU
+  XLA's cost analysis then counts the block scan's body once, so a logged
+  MFU under-counts long rows). ``dropout_rate`` drops attention
+  probabilities in training, which materialises them (explicit path).
+  """
   num_heads: int
   head_dim: int | None = None
   causal: bool = False
   dropout_rate: float = 0.0
+  implementation: str | None = None
+  block_size: int = 256
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
@@ -93,12 +250,21 @@ class SelfAttention(nn.Module):
     mask = common.resolve_mask(x, mask, segment_ids)
     x = common.constrain(x, (common.BATCH, common.LENGTH, common.EMBED))
     q, k, v = _qkv(x, self.num_heads, dh, self.dtype, self.param_dtype)
-    q = q * jnp.asarray(dh ** -0.5, q.dtype)
-    allowed = common.pair_mask(mask, segment_ids, self.causal, n, n)
-    probs = attention_weights(q, k, allowed)                  # [B, H, N, N]
-    probs = nn.Dropout(self.dropout_rate)(probs, deterministic=deterministic)
-    y = jnp.einsum("bhnm,bmhd->bnhd", probs.astype(v.dtype), v)  # [B, N, H, Dh]
-    return _out_proj(y, d, self.dtype, self.param_dtype)
+    y = dot_product_attention(
+        q, k, v, mask=mask, segment_ids=segment_ids, causal=self.causal,
+        implementation=self.implementation, block_size=self.block_size,
+        dropout=probability_dropout(self.dropout_rate, deterministic))
+    return _out_proj(y, d, self.dtype, self.param_dtype)        # y: [B, N, H, Dh]
+
+
+def probability_dropout(rate: float, deterministic: bool):
+  """Dropout on attention probabilities, or None when it does nothing.
+
+  Call it inside a module's compact method: the Dropout binds to that module.
+  """
+  if deterministic or not rate:
+    return None
+  return functools.partial(nn.Dropout(rate), deterministic=False)
 
 
 def _segmented_cumsum(x: Array, starts: Array) -> Array:

@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from hypermixer_jax.models import common
-from hypermixer_jax.models.attention import attention_weights
+from hypermixer_jax.models.attention import dot_product_attention
+from hypermixer_jax.models.attention import probability_dropout
 
 Array = common.Array
 
@@ -126,23 +127,24 @@ class TinyAttention(nn.Module):
   d_attn: int = 64
   causal: bool = False
   dropout_rate: float = 0.0
+  implementation: str | None = None  # attention.dot_product_attention's
+  block_size: int = 256
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x, *, mask=None, segment_ids=None, positions=None,
                deterministic=True):
-    n = x.shape[1]
     mask = common.resolve_mask(x, mask, segment_ids)
     qkv = common.Dense(3 * self.d_attn, (common.EMBED, common.KV),
                        dtype=self.dtype, param_dtype=self.param_dtype,
                        name="qkv")(x)                          # [B, N, 3 d_attn]
     q, k, v = jnp.split(qkv[:, :, None], 3, axis=-1)           # [B, N, 1, d_attn]
-    q = q * jnp.asarray(self.d_attn ** -0.5, q.dtype)
-    allowed = common.pair_mask(mask, segment_ids, self.causal, n, n)
-    probs = attention_weights(q, k, allowed)[:, 0]             # [B, N, N]
-    probs = nn.Dropout(self.dropout_rate)(probs, deterministic=deterministic)
-    y = jnp.einsum("bnm,bmd->bnd", probs.astype(v.dtype), v[:, :, 0])
+    y = dot_product_attention(
+        q, k, v, mask=mask, segment_ids=segment_ids, causal=self.causal,
+        implementation=self.implementation, block_size=self.block_size,
+        dropout=probability_dropout(self.dropout_rate, deterministic))
+    y = y[:, :, 0]                                             # [B, N, d_attn]
     return common.Dense(self.d_out, (common.KV, common.MLP), dtype=self.dtype,
                         param_dtype=self.param_dtype, name="out")(y)
 

@@ -293,16 +293,63 @@ class HyperMixing(nn.Module):
                context_mask: Array | None = None,
                context_segment_ids: Array | None = None,
                context_positions: Array | None = None) -> Array:
-    """Mixes ``x`` (queries [B, M, d]) with ``context`` (keys/values, or x)."""
-    # No dropout inside the token mixer; ``deterministic`` (not training)
-    # only picks the automatic chunking below.
-    common.check_width(x, None, "HyperMixing")
-    b, m, d = x.shape
+    """Mixes ``x`` (queries [B, M, d]) with ``context`` (keys/values, or x).
+
+    Algorithm 1's steps: the hypernetworks' inputs and networks
+    (``hypernetworks``), then the TM-MLP with the generated weights, in one
+    pass (``token_mixing``), in two passes over token chunks
+    (``two_pass_token_mixing``) or causally (``causal_token_mixing``), then
+    LayerNorm (``_finish``). No dropout inside the token mixer;
+    ``deterministic`` (not training) only picks the automatic chunking.
+    """
     self_mixing = context is None
-    if context is None:
+    if self_mixing:
       context, context_mask = x, mask
       context_segment_ids, context_positions = segment_ids, positions
+    self._check(x, context, self_mixing, segment_ids, context_segment_ids)
+    b, m, d = x.shape
+    n = context.shape[1]
+    q_mask = common.resolve_mask(x, mask, segment_ids)
+    k_mask = common.resolve_mask(context, context_mask, context_segment_ids)
+    x, context = x.astype(self.dtype), context.astype(self.dtype)
+    net_in, net_out, hyp_in, hyp_out = self.hypernetworks(
+        x, context, positions, context_positions)
+    # Self-mixing with one hypernetwork: the same tokens and positions feed
+    # both sides, so W2 = W1.
+    same = self.tied and self_mixing
+    one_slot = (segment_ids is None and context_segment_ids is None) or \
+        self.max_segments == 1
+    pieces = self._chunks(b, n, m, deterministic)
+    if self.causal:
+      w1 = net_in(hyp_in)                                 # [B, N, H, d']
+      if k_mask is not None:
+        w1 = w1 * k_mask[..., None, None].astype(self.dtype)
+      y = causal_token_mixing(w1, w1 if same else net_out(hyp_out),
+                              self._heads(context), segment_ids,
+                              self.causal_chunk_size)
+      return self._finish(y.reshape(b, m, d), q_mask, None)
+    slots = 1 if one_slot else self.max_segments
+    k_seg, _ = segment_one_hot(context, k_mask, context_segment_ids, slots,
+                               self.dtype)               # [B, N, S]
+    q_seg, overflow = segment_one_hot(x, q_mask, segment_ids, slots,
+                                      self.dtype)        # [B, M, S]
+    if one_slot and pieces > 1:
+      y = two_pass_token_mixing(net_in, net_out, hyp_in, hyp_out,
+                                self._heads(context), k_seg, q_seg, pieces,
+                                same)
     else:
+      w1 = net_in(hyp_in)                                 # [B, N, H, d']
+      w2 = w1 if same else net_out(hyp_out)               # [B, M, H, d']
+      y = token_mixing_mlp(w1, w2, self._heads(context), k_seg, q_seg)
+    return self._finish(y.reshape(b, m, d), q_mask, overflow)
+
+  def _check(self, x: Array, context: Array, self_mixing: bool,
+             segment_ids: Array | None, context_segment_ids: Array | None
+             ) -> None:
+    """One-line errors naming the argument or field and the fix."""
+    common.check_width(x, None, "HyperMixing")
+    b, m, d = x.shape
+    if not self_mixing:
       if context.ndim != 3 or context.shape[::2] != (b, d):
         raise ValueError(
             f"HyperMixing: context has shape {tuple(context.shape)} but x is "
@@ -326,12 +373,24 @@ class HyperMixing(nn.Module):
       raise ValueError(f"HyperMixing: sequence length {max(n, m)} exceeds "
                        f"max_len={self.max_len} of the learned positions; "
                        "raise max_len or truncate the inputs.")
-    q_mask = common.resolve_mask(x, mask, segment_ids)
-    k_mask = common.resolve_mask(context, context_mask, context_segment_ids)
-    x, context = x.astype(self.dtype), context.astype(self.dtype)
 
+  def _heads(self, t: Array) -> Array:
+    """``[B, N, H * w] -> [B, N, H, w]``."""
+    return t.reshape(t.shape[:2] + (self.num_heads, -1))
+
+  def hypernetworks(self, x: Array, context: Array,
+                    positions: Array | None, context_positions: Array | None):
+    """Algorithm 1's hypernetworks and their inputs (token + position).
+
+    Returns ``(net_in, net_out, hyp_in, hyp_out)``: ``net_in(hyp_in)`` is
+    W1 ``[B, N, H, d']`` and ``net_out(hyp_out)`` is W2 ``[B, M, H, d']``
+    (the same network when tied). The networks map any chunk of tokens of
+    their input, so the two-pass mixing can call them chunk by chunk.
+    """
+    d = x.shape[-1]
     table = None  # [max_len + position_offset, d]
-    rows = max(self.max_len, n, m) + self.position_offset
+    rows = max(self.max_len, context.shape[1], x.shape[1]) + \
+        self.position_offset
     if self.position == "learned":
       table = self.param(
           "position_embedding",
@@ -344,23 +403,19 @@ class HyperMixing(nn.Module):
     def hyper_input(t, pos):
       if self.input_scale:
         t = t * jnp.asarray(d ** 0.5, self.dtype)
-      if table is None:
-        return t
-      if pos is None:
-        pos = jnp.arange(t.shape[1])[None]
-      return t + jnp.take(table, pos + self.position_offset,
-                          axis=0).astype(self.dtype)
+      if table is not None:
+        if pos is None:
+          pos = jnp.arange(t.shape[1])[None]
+        t = t + jnp.take(table, pos + self.position_offset,
+                         axis=0).astype(self.dtype)
+      # Head h's own network reads [B, *, H, d/H]; the shared one [B, *, d].
+      return self._heads(t) if self.head_slices else t
 
-    split = lambda t: t.reshape(  # noqa: E731
-        t.shape[:2] + (self.num_heads, -1))
-    hyp_in = hyper_input(context, context_positions)     # [B, N, d]
-    hyp_out = hyper_input(x, positions)                  # [B, M, d]
     if self.head_slices:
       make = lambda name: HeadHyperNetworks(  # noqa: E731
           self.hidden_dim or d // self.num_heads, self.hyper_dim,
           self.hyper_bias, dtype=self.dtype, param_dtype=self.param_dtype,
           name=name)
-      hyp_in, hyp_out = split(hyp_in), split(hyp_out)    # [B, *, H, d/H]
     else:
       make = lambda name: HyperNetwork(  # noqa: E731
           self.hidden_dim or d, self.num_heads * self.hyper_dim,
@@ -370,38 +425,10 @@ class HyperMixing(nn.Module):
       net_in = net_out = make("hypernetwork")
     else:
       net_in, net_out = make("hypernetwork_in"), make("hypernetwork_out")
-    # Self-mixing with one hypernetwork: the same tokens and positions feed
-    # both sides, so W2 = W1.
-    same = self.tied and self_mixing
-    one_slot = (segment_ids is None and context_segment_ids is None) or \
-        self.max_segments == 1
-    pieces = self._chunks(b, n, m, deterministic)
-    if not self.causal and one_slot and pieces > 1:
-      k_seg, _ = segment_one_hot(context, k_mask, context_segment_ids,
-                                 1, self.dtype)  # [B, N, 1]
-      q_seg, overflow = segment_one_hot(x, q_mask, segment_ids, 1,
-                                        self.dtype)
-      y = two_pass_token_mixing(
-          lambda t: split(net_in(t)), lambda t: split(net_out(t)),
-          hyp_in, hyp_out, split(context), k_seg, q_seg, pieces, same)
-      return self._finish(y.reshape(b, m, d), q_mask, overflow)
-    w1 = net_in(hyp_in)                            # [B, N, H * d']
-    w2 = w1 if same else net_out(hyp_out)          # [B, M, H * d']
-    w1, w2, v = split(w1), split(w2), split(context)  # v: [B, N, H, d/H]
-
-    overflow = None
-    if self.causal:
-      if k_mask is not None:
-        w1 = w1 * k_mask[..., None, None].astype(self.dtype)
-      y = causal_token_mixing(w1, w2, v, segment_ids,
-                              self.causal_chunk_size)
-    else:
-      k_seg, _ = segment_one_hot(context, k_mask, context_segment_ids,
-                                 self.max_segments, self.dtype)  # [B, N, S]
-      q_seg, overflow = segment_one_hot(x, q_mask, segment_ids,
-                                        self.max_segments, self.dtype)
-      y = token_mixing_mlp(w1, w2, v, k_seg, q_seg)  # [B, M, H, d/H]
-    return self._finish(y.reshape(b, m, d), q_mask, overflow)
+    return (lambda t: self._heads(net_in(t)),
+            lambda t: self._heads(net_out(t)),
+            hyper_input(context, context_positions),
+            hyper_input(x, positions))
 
   def _chunks(self, b: int, n: int, m: int, deterministic: bool = True
               ) -> int:
