@@ -1,61 +1,33 @@
 r"""Input pipeline throughput on this machine, against the model's consumption.
 
-For each pipeline (local sample data from ../shared/data, no download) prints
-examples/s and tokens/s (patches/s for images, positions/s for the synthetic
-task) over ``--batches`` batches after one warm-up batch, and, with
-``--model``, the examples/s that a small model's training step (forward and
-backward, jitted, on this machine's default JAX device) consumes on the same
-batches: the pipeline keeps up when its rate is above the model's.
+For each pipeline (local sample data from ../shared/data, no download) prints,
+over ``--batches`` batches after ``--warmup_batches`` untimed ones (tracing,
+shuffle buffer fill, tf.data autotuning):
+
+* examples/s and tokens/s (patches/s for images, positions/s for the
+  synthetic task) of the whole process;
+* the cores it kept busy (CPU-seconds of all its threads per second) and
+  examples/s per core (examples per CPU-second): what one host core of this
+  kind supplies;
+* with ``--model MIXER``, the loop's train step (forward, backward, AdamW;
+  ``bench_train_step.build_step``, one device) of the task's model
+  (``glue_<MIXER>`` with the task's head, ``--model_layers`` deep; a
+  ``--image_model`` for the image pipeline) at the same batch and length:
+  its steps/s, the examples/s a host must supply to keep it busy, and the
+  host cores that takes at the pipeline's rate per core (``cores to feed``).
+  The pipeline keeps up when ``pipeline / model`` is above 1.
 
   python experiments/bench_input.py --shared=../shared/data --batch_size=32 \
-      --batches=20 --model
+      --batches=20 --model hypermixer
 
-With ``--scaling``, each pipeline runs in fresh child processes pinned with
-``taskset`` to ``--one_core`` (default CPU 1) and to ``--two_cores`` (default
-0,1), in ``--repeats`` rounds whose order alternates (1, 2 | 2, 1 | 1, 2 ...)
-so that a slow drift of the machine's load hits both sides alike. Each child
-excludes ``--warmup_batches`` batches (tracing, shuffle buffer fill, tf.data
-autotuning) from its timing and reports examples/s (wall), CPU-seconds per
-example (all its threads; on a shared core this rises when the run is
-disturbed, e.g. by cache thrashing, so contention is visible), the
-involuntary context switches per second, and the largest share of its CPU
-time spent by one thread (a stage that runs on one thread bounds the speed-up
-at 1 / share: Amdahl). The table gives, per configuration, the best and
-median examples/s, examples/s per core, CPU-s per 1k examples, and the
-1 -> 2 core speed-up as best/best and as the median of the per-round ratios.
-A speed-up above 2 cannot come from the second core; it is flagged, with the
-CPU-s per example that shows which side paid more per example (a disturbed
-1-core run, or tf.data's threads time-slicing one core).
+On a shared host, pin the process (``taskset -c 1 python ...``): the rate is
+then one core's, and examples/s per core is the figure to compare across
+runs. ``--shards K`` reads each text sample as K shards (links to the file),
+the layout of a real corpus, which tf.data reads several files at a time;
+measure in steady state, well past autotuning:
 
-Before each child, a control runs for ``--control_seconds`` on the same CPUs:
-one process per CPU multiplying 128^2 matrices (``control_measure``). Its
-1 -> 2 core speed-up (``machine``) is what this virtual machine gave a
-second core in that round (its neighbours on the host take a varying
-share), and ``of it`` is the median over rounds of the pipeline's speed-up
-over the control's in the same round.
-
-``--shards K`` reads each text sample as K shards (links to the file), the
-layout of a real corpus, which tf.data reads several files at a time;
-measure in steady state, well past autotuning (the command of
-experiments/README.md):
-
-  python experiments/bench_input.py --scaling --shards=8 --batch_size=64 \
-      --batches=300 --warmup_batches=30 --repeats=3
-
-``--switching`` measures the same 1 -> 2 core speed-up inside one process
-instead: a child started on ``--two_cores`` moves all its threads between
-``--one_core`` and ``--two_cores`` every ``--slice_seconds`` (after
-``--settle_seconds`` untimed), in ``--slices`` pairs ordered 1,2 | 2,1 | ...,
-so each pair's two rates are taken seconds apart, with the same tf.data
-autotuning and buffers; separate children are minutes apart, and on a
-shared host that moves a child's rate by more than the second core does.
-A pair that crosses an epoch boundary (a new seqio dataset) is dropped.
-The table gives the median over pairs of the speed-up with its quartiles,
-and the CPU-s per example on each side (what the second core costs per
-example: hand-offs between threads on two CPUs):
-
-  python experiments/bench_input.py --switching --shards=8 --batch_size=64 \
-      --warmup_batches=30 --slices=16
+  python experiments/bench_input.py --shards=8 --batch_size=64 \
+      --batches=300 --warmup_batches=30
 
 ``--state`` times what a checkpoint costs the pipeline instead: saving its
 position (against TF's own eager save of the same iterator, in the same
@@ -72,15 +44,14 @@ import argparse
 import json
 import os
 import pathlib
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # keep tf off accelerators
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
@@ -138,301 +109,6 @@ def pipelines(shared: pathlib.Path, seq_len: int, shards: int = 1,
   return out
 
 
-def model_step(cfg, batch):
-  """A jitted fwd+bwd step of a small model of the matching family."""
-  import jax
-  import jax.numpy as jnp
-  from hypermixer_jax import models
-
-  m = models.zoo.default_model_config()
-  m.update(num_layers=2, d_model=128, d_ffn=512, dropout_rate=0.0)
-  if cfg.task.startswith("c4") or cfg.task.startswith("glue"):
-    m.update(max_len=cfg.seq_len, vocab_size=32100,
-             head={"c4_mlm": "mlm", "c4_lm": "causal_lm"}.get(
-                 cfg.task, "classify"), num_classes=3)
-    if cfg.task == "c4_lm":
-      m.mixer_kwargs.causal = True
-      m.mixer = "gmlp"
-      m.block = "gmlp"
-  elif cfg.task == "imagenet_patches":
-    m.update(family="continuous", head="image", num_classes=1000,
-             input_dim=batch["inputs"].shape[-1],
-             max_len=batch["inputs"].shape[1])
-  else:
-    m.update(family="continuous", head="regression", input_dim=1,
-             max_len=batch["inputs"].shape[1])
-  model = models.build_model(m)
-  kwargs = {k: batch[k] for k in ("segment_ids", "positions", "token_type_ids")
-            if k in batch}
-  variables = model.init(jax.random.key(0), batch["inputs"], **kwargs)
-
-  @jax.jit
-  def step(variables, batch):
-    def loss(v):
-      out = model.apply(v, batch["inputs"], **{k: batch[k] for k in kwargs})
-      return jnp.mean(jnp.square(out.astype(jnp.float32)))
-    return jax.grad(loss)(variables)
-
-  jax.block_until_ready(step(variables, batch))
-  return lambda b: jax.block_until_ready(step(variables, b))
-
-
-def time_pipeline(cfg, split, batch_size: int, batches: int):
-  """(examples/s, tokens/s, first batch, CPU-s per s) after a warm-up batch.
-
-  CPU-s per s (all threads of the process over wall time) shows how many
-  cores the pipeline kept busy, a figure that neighbours on a shared machine
-  lower less than they lower the rate.
-  """
-  p = data.build_pipeline(cfg, split, batch_size=batch_size, seed=0,
-                          repeat=True, shuffle=True)
-  it = iter(p)
-  batch = next(it)  # warm-up: tracing, shuffle buffer fill
-  start, cpu = time.perf_counter(), time.process_time()
-  tokens = 0
-  for _ in range(batches):
-    b = next(it)
-    tokens += int((b["segment_ids"] > 0).sum() if "segment_ids" in b
-                  else np.prod(b["inputs"].shape[:2]))
-  dt = time.perf_counter() - start
-  busy = (time.process_time() - cpu) / dt
-  return batches * batch_size / dt, tokens / dt, batch, busy
-
-
-def thread_cpu_seconds() -> dict[str, float]:
-  """CPU-seconds (user + system) of each thread of this process, by name."""
-  out: dict[str, float] = {}
-  tick = os.sysconf("SC_CLK_TCK")
-  for tid in os.listdir("/proc/self/task"):
-    try:
-      with open(f"/proc/self/task/{tid}/stat", encoding="utf-8") as f:
-        stat = f.read()
-    except OSError:  # the thread ended
-      continue
-    name = stat[stat.index("(") + 1:stat.rindex(")")]
-    fields = stat[stat.rindex(")") + 2:].split()
-    # Fields 14 and 15 of stat (utime, stime), counted from the state (3).
-    out[f"{name}/{tid}"] = (int(fields[11]) + int(fields[12])) / tick
-  return out
-
-
-def child_measure(cfg, split, batch_size: int, batches: int, warmup: int
-                  ) -> dict:
-  """One timed run in this process (the child side of ``--scaling``)."""
-  p = data.build_pipeline(cfg, split, batch_size=batch_size, seed=0,
-                          repeat=True, shuffle=True)
-  it = iter(p)
-  for _ in range(warmup):
-    next(it)
-  threads0 = thread_cpu_seconds()
-  usage0 = resource.getrusage(resource.RUSAGE_SELF)
-  start, cpu = time.perf_counter(), time.process_time()
-  tokens = 0
-  for _ in range(batches):
-    b = next(it)
-    tokens += int((b["segment_ids"] > 0).sum() if "segment_ids" in b
-                  else np.prod(b["inputs"].shape[:2]))
-  wall = time.perf_counter() - start
-  cpu = time.process_time() - cpu
-  usage1 = resource.getrusage(resource.RUSAGE_SELF)
-  threads1 = thread_cpu_seconds()
-  per_thread = {k: v - threads0.get(k, 0.0) for k, v in threads1.items()}
-  ranked = sorted(per_thread.items(), key=lambda kv: -kv[1])
-  top = ranked[0]
-  n = batches * batch_size
-  return {"examples_s": n / wall, "tokens_s": tokens / wall,
-          "cpu_s_per_example": cpu / n, "cpu_s_per_s": cpu / wall,
-          "involuntary_switches_s": (usage1.ru_nivcsw - usage0.ru_nivcsw)
-                                    / wall,
-          "top_thread": top[0].rsplit("/", 1)[0],
-          "top_thread_share": top[1] / max(cpu, 1e-9),
-          "threads": [(k.rsplit("/", 1)[0], round(v / max(cpu, 1e-9), 3))
-                      for k, v in ranked[:5]],
-          "cpus": len(os.sched_getaffinity(0))}
-
-
-def pin_threads(cpus: set[int]) -> None:
-  """Moves every thread of this process onto ``cpus`` (threads started
-  later inherit the mask of the thread that starts them)."""
-  for tid in os.listdir("/proc/self/task"):
-    try:
-      os.sched_setaffinity(int(tid), cpus)
-    except (ProcessLookupError, FileNotFoundError):  # the thread ended
-      continue
-
-
-def summarize_switching(slices: list[dict]) -> dict:
-  """Speed-up figures of ``switching_measure``'s slices, taken in pairs.
-
-  ``slices`` alternate as 1,2 | 2,1 | ...; each has ``cores``, ``examples_s``,
-  ``cpu_s_per_example`` and ``epochs`` (the pipeline's epochs it touched).
-  A pair with a slice that touched two epochs (an epoch boundary: a new
-  dataset built and its shuffle buffer filled) is dropped.
-  """
-  if len(slices) % 2:
-    raise ValueError(f"{len(slices)} slices do not make pairs.")
-  ratios, kept = [], {1: [], 2: []}
-  dropped = 0
-  for a, b in zip(slices[0::2], slices[1::2]):
-    if {a["cores"], b["cores"]} != {1, 2}:
-      raise ValueError(f"a pair of {a['cores']} and {b['cores']} cores.")
-    if a["epochs"] > 1 or b["epochs"] > 1:
-      dropped += 1
-      continue
-    one, two = (a, b) if a["cores"] == 1 else (b, a)
-    ratios.append(two["examples_s"] / one["examples_s"])
-    kept[1].append(one)
-    kept[2].append(two)
-  if not ratios:
-    raise ValueError("every pair crossed an epoch boundary: use shorter "
-                     "slices or a larger sample.")
-  q25, q50, q75 = np.percentile(ratios, [25, 50, 75])
-  out = {"pairs": len(ratios), "dropped": dropped, "speedup": float(q50),
-         "speedup_q25": float(q25), "speedup_q75": float(q75),
-         "ratios": ratios}
-  for c in (1, 2):
-    out[c] = {"median": float(np.median([r["examples_s"] for r in kept[c]])),
-              "cpu_ms_per_example": 1e3 * float(np.median(
-                  [r["cpu_s_per_example"] for r in kept[c]]))}
-  return out
-
-
-def switching_measure(cfg, split, batch_size: int, warmup: int,
-                      cpus: dict[int, set[int]], slices: int,
-                      slice_seconds: float, settle_seconds: float,
-                      clock=time.perf_counter, cpu_clock=time.process_time
-                      ) -> list[dict]:
-  """The child side of ``--switching``: ``slices`` pairs of timed slices,
-  the process moved between ``cpus[1]`` and ``cpus[2]`` before each."""
-  p = data.build_pipeline(cfg, split, batch_size=batch_size, seed=0,
-                          repeat=True, shuffle=True)
-  it = iter(p)
-  for _ in range(warmup):
-    next(it)
-  out = []
-  for order in round_order(slices):
-    for cores in order:
-      pin_threads(cpus[cores])
-      t = clock()
-      while clock() - t < settle_seconds:  # buffers refill, threads migrate
-        next(it)
-      first_epoch, n = p.get_state()["epoch"], 0
-      start, cpu = clock(), cpu_clock()
-      while clock() - start < slice_seconds:
-        next(it)
-        n += 1
-      wall, cpu = clock() - start, cpu_clock() - cpu
-      out.append({"cores": cores, "examples_s": n * batch_size / wall,
-                  "cpu_s_per_example": cpu / (n * batch_size),
-                  "epochs": p.get_state()["epoch"] - first_epoch + 1})
-  pin_threads(cpus[2])
-  return out
-
-
-def cpu_set(spec: str) -> set[int]:
-  return {int(c) for c in spec.split(",")}
-
-
-def switching(args, labels):
-  """One child per pipeline, started on the 2 cores; prints the table."""
-  print(f"# 1 core = CPU {args.one_core}, 2 cores = CPUs {args.two_cores}, "
-        f"switched inside one process; batch {args.batch_size}, "
-        f"{args.slices} pairs of {args.slice_seconds} s slices after "
-        f"{args.settle_seconds} s to settle; text samples read as "
-        f"{args.shards} shard(s)")
-  print(f"{'pipeline':24s} {'pairs':>5s} {'1c med':>8s} {'2c med':>8s} "
-        f"{'speed-up':>9s} {'quartiles':>11s} {'CPU ms/ex 1c':>13s} "
-        f"{'2c':>6s}", flush=True)
-  results = {}
-  for label in labels:
-    cmd = ["taskset", "-c", args.two_cores, sys.executable, __file__,
-           "--only", label, "--switch_child", "--batch_size",
-           str(args.batch_size), "--warmup_batches", str(args.warmup_batches),
-           "--seq_len", str(args.seq_len), "--shared", args.shared,
-           "--shards", str(args.shards), "--shard_dir", args.shard_dir,
-           "--one_core", args.one_core, "--two_cores", args.two_cores,
-           "--slices", str(args.slices), "--slice_seconds",
-           str(args.slice_seconds), "--settle_seconds",
-           str(args.settle_seconds)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if out.returncode:
-      raise SystemExit(f"{label} failed:\n{out.stderr[-3000:]}")
-    slices = json.loads(out.stdout.strip().splitlines()[-1])["slices"]
-    s = summarize_switching(slices)
-    results[label] = {"summary": s, "slices": slices}
-    print(f"{label:24s} {s['pairs']:5d} {s[1]['median']:8.0f} "
-          f"{s[2]['median']:8.0f} {s['speedup']:8.2f}x "
-          f"{s['speedup_q25']:5.2f}-{s['speedup_q75']:4.2f} "
-          f"{s[1]['cpu_ms_per_example']:13.3f} "
-          f"{s[2]['cpu_ms_per_example']:6.3f}"
-          + (f"  ({s['dropped']} pairs across an epoch boundary dropped)"
-             if s["dropped"] else ""), flush=True)
-  if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "switching.json"), "w",
-              encoding="utf-8") as f:
-      json.dump(results, f, indent=1)
-
-
-def control_measure(seconds: float, size: int = 128) -> dict:
-  """One core's worth of plain compute: ``size``^2 matrix products
-  (single-threaded BLAS) for ``seconds``, as matmuls/s in ``examples_s``.
-
-  ``--scaling`` runs one of these per CPU, as separate processes (no shared
-  GIL or allocator), beside each round's pipeline runs: their summed rate on
-  2 cores over the rate on 1 is what the machine gives a second core at that
-  moment (below 2 when a neighbour of this virtual machine takes a share of
-  the host), the ceiling the pipeline's speed-up is read against.
-  """
-  rng = np.random.default_rng(0)
-  a = rng.standard_normal((size, size))
-  b = a.copy()
-  n = 0
-  t0, c0 = time.perf_counter(), time.process_time()
-  while time.perf_counter() - t0 < seconds:
-    for _ in range(16):
-      np.dot(a, b, out=b)
-      b *= 1e-2                       # keep the values finite
-    n += 16
-  wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-  return {"examples_s": n / wall, "cpu_s_per_example": cpu / n,
-          "top_thread_share": 1.0}
-
-
-def combine_control(records: list[dict]) -> dict:
-  """One record for the control processes that ran at once, one per CPU:
-  their summed rate, their mean CPU-s per matmul."""
-  return {"examples_s": sum(r["examples_s"] for r in records),
-          "cpu_s_per_example": float(np.mean(
-              [r["cpu_s_per_example"] for r in records])),
-          "top_thread_share": 1.0 / len(records)}
-
-
-def relative_speedup(pipeline: dict, control: dict) -> float:
-  """Median over rounds of the pipeline's 1 -> 2 core speed-up over the
-  control's in the same round (``summarize_scaling`` results): 100% when
-  the pipeline gains from the second core all that the machine gave."""
-  return float(np.median([p / c for p, c in zip(
-      pipeline["round_speedups"], control["round_speedups"])]))
-
-
-def run_control(cpus: str, seconds: float, script: str) -> dict:
-  """``control_measure`` in one process per CPU of ``cpus``, all at once."""
-  procs = [subprocess.Popen(
-      ["taskset", "-c", cpu, sys.executable, script, "--control_child",
-       "--control_seconds", str(seconds)], stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True,
-      env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}) for cpu in cpus.split(",")]
-  records = []
-  for p in procs:
-    out, err = p.communicate()
-    if p.returncode:
-      raise SystemExit(f"control on CPUs {cpus} failed:\n{err[-2000:]}")
-    records.append(json.loads(out.strip().splitlines()[-1]))
-  return combine_control(records)
-
-
 def state_timing(cfg, split, batch_size: int, warmup: int) -> dict:
   """Seconds to save a pipeline's position (ours, and TF's eager
   ``OwnedIterator._save`` of the same iterator, whose format ours writes),
@@ -463,100 +139,75 @@ def state_timing(cfg, split, batch_size: int, warmup: int) -> dict:
           "replayed": restored.batches_replayed}
 
 
-def round_order(repeats: int) -> list[tuple[int, ...]]:
-  """Order of the 1- and 2-core runs in each round: (1, 2), (2, 1), ..."""
-  return [(1, 2) if r % 2 == 0 else (2, 1) for r in range(repeats)]
+def measure_pipeline(cfg, split, batch_size: int, batches: int,
+                     warmup: int = 1) -> dict:
+  """Rates of one pipeline over ``batches`` batches after ``warmup``.
 
-
-def summarize_scaling(runs: dict[int, list[dict]]) -> dict:
-  """Scaling figures from the children's records, per core count.
-
-  ``runs[c][r]`` is round r's record with ``c`` cores. Speed-ups: best
-  2-core rate over best 1-core rate, and the median over rounds of the
-  round's 2-core rate over its 1-core rate. ``superlinear`` is set when
-  the best ratio or any round's exceeds 2 (a 1-core run was slowed by
-  something else).
+  ``cores_busy`` is CPU-seconds (all threads of the process) per second of
+  wall time; ``examples_s_per_core`` is examples per CPU-second.
   """
-  if len(runs[1]) != len(runs[2]) or not runs[1]:
-    raise ValueError(f"unpaired rounds: {len(runs[1])} one-core and "
-                     f"{len(runs[2])} two-core runs.")
-  out = {}
-  for c in (1, 2):
-    rates = [r["examples_s"] for r in runs[c]]
-    out[c] = {"best": max(rates), "median": float(np.median(rates)),
-              "per_core": max(rates) / c,
-              "cpu_ms_per_example": 1e3 * float(np.median(
-                  [r["cpu_s_per_example"] for r in runs[c]])),
-              "top_thread_share": float(np.median(
-                  [r["top_thread_share"] for r in runs[c]]))}
-  ratios = [b["examples_s"] / a["examples_s"]
-            for a, b in zip(runs[1], runs[2])]
-  out["speedup_best"] = out[2]["best"] / out[1]["best"]
-  out["speedup_paired"] = float(np.median(ratios))
-  out["round_speedups"] = ratios
-  out["superlinear"] = max([out["speedup_best"]] + ratios) > 2.0
-  return out
+  p = data.build_pipeline(cfg, split, batch_size=batch_size, seed=0,
+                          repeat=True, shuffle=True)
+  it = iter(p)
+  batch = None
+  for _ in range(warmup):
+    batch = next(it)
+  start, cpu = time.perf_counter(), time.process_time()
+  tokens = 0
+  for _ in range(batches):
+    b = next(it)
+    tokens += int((b["segment_ids"] > 0).sum() if "segment_ids" in b
+                  else np.prod(b["inputs"].shape[:2]))
+  wall = time.perf_counter() - start
+  cpu = time.process_time() - cpu
+  n = batches * batch_size
+  return {"examples_s": n / wall, "tokens_s": tokens / wall,
+          "cores_busy": cpu / wall, "examples_s_per_core": n / max(cpu, 1e-9),
+          "batch": batch if batch is not None else b}
 
 
-def scaling(args, labels):
-  """Child runs under taskset for 1 and 2 cores; prints the table."""
-  cpus = {1: args.one_core, 2: args.two_cores}
-  for c, v in cpus.items():
-    if len(v.split(",")) != c:
-      raise SystemExit(f"--{'one_core' if c == 1 else 'two_cores'}={v} "
-                       f"must list {c} CPU(s).")
-  header = (f"{'pipeline':24s} {'1c best':>8s} {'1c med':>8s} {'2c best':>8s}"
-            f" {'2c med':>8s} {'per core':>9s} {'speed-up':>9s} {'paired':>7s}"
-            f" {'CPU ms/ex 1c':>13s} {'2c':>6s} {'top thread':>11s}"
-            + (f" {'machine':>8s} {'of it':>7s}" if args.control_seconds > 0
-               else ""))
-  print(f"# 1 core = CPU {cpus[1]}, 2 cores = CPUs {cpus[2]}; batch "
-        f"{args.batch_size} x {args.batches} timed batches after "
-        f"{args.warmup_batches} warm-up; {args.repeats} alternating rounds; "
-        f"text samples read as {args.shards} shard(s)")
-  print(header, flush=True)
-  results = {}
-  for label in labels:
-    runs, control = {1: [], 2: []}, {1: [], 2: []}
-    for order in round_order(args.repeats):
-      for cores in order:
-        if args.control_seconds > 0:
-          control[cores].append(run_control(cpus[cores], args.control_seconds,
-                                            __file__))
-        cmd = ["taskset", "-c", cpus[cores], sys.executable, __file__,
-               "--only", label, "--json", "--batch_size",
-               str(args.batch_size), "--batches", str(args.batches),
-               "--warmup_batches", str(args.warmup_batches), "--seq_len",
-               str(args.seq_len), "--shared", args.shared,
-               "--shards", str(args.shards), "--shard_dir", args.shard_dir]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if out.returncode:
-          raise SystemExit(f"{label} on CPUs {cpus[cores]} failed:\n"
-                           f"{out.stderr[-3000:]}")
-        runs[cores].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    s = summarize_scaling(runs)
-    results[label] = {"summary": s, "runs": runs}
-    machine = ""
-    if args.control_seconds > 0:
-      c = summarize_scaling(control)
-      results[label].update(control_summary=c, control_runs=control)
-      relative = relative_speedup(s, c)
-      results[label]["relative_to_control"] = relative
-      machine = f" {c['speedup_paired']:7.2f}x {relative:7.0%}"
-    flag = ("  SUPERLINEAR: a round's 1-core run paid more CPU per example"
-            if s["superlinear"] else "")
-    print(f"{label:24s} {s[1]['best']:8.0f} {s[1]['median']:8.0f} "
-          f"{s[2]['best']:8.0f} {s[2]['median']:8.0f} {s[2]['per_core']:9.0f}"
-          f" {s['speedup_best']:8.2f}x {s['speedup_paired']:6.2f}x "
-          f"{s[1]['cpu_ms_per_example']:13.3f} "
-          f"{s[2]['cpu_ms_per_example']:6.3f} "
-          f"{100 * s[2]['top_thread_share']:10.0f}%{machine}{flag}",
-          flush=True)
-  if args.out:
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "scaling.json"), "w",
-              encoding="utf-8") as f:
-      json.dump(results, f, indent=1)
+# Head of the model a text task's pipeline feeds (configs/c4_*.py, glue.py).
+TEXT_HEADS = {"c4_mlm": "mlm", "c4_lm": "causal_lm", "glue_sst2": "classify",
+              "glue_mnli": "pair_classify"}
+
+
+def task_model(cfg, batch, mixer: str, layers: int, image_model: str):
+  """The model config that the task of data config ``cfg`` trains (as its
+  config file builds it), shaped for ``batch``; None for the synthetic task
+  (its regression model has no train-step benchmark)."""
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train.config import text_model  # pylint: disable=g-import-not-at-top
+  if cfg.task in TEXT_HEADS:
+    m = text_model(mixer, TEXT_HEADS[cfg.task])
+    m.max_len = batch["inputs"].shape[1]
+    if cfg.task == "glue_mnli":
+      m.num_classes = 3
+    if cfg.task.startswith("c4"):
+      m.type_vocab_size = 0
+    if cfg.task == "c4_lm":
+      m.mixer_kwargs.causal = True
+  elif cfg.task == "imagenet_patches":
+    m = models.get_model_config(image_model)
+    m.update(input_dim=batch["inputs"].shape[-1],
+             max_len=batch["inputs"].shape[1], patch_size=0)
+  else:
+    return None
+  if layers:
+    m.num_layers = layers
+  return m
+
+
+def model_consumption(model_cfg, batch_size: int, length: int,
+                      rounds: int = 3, min_seconds: float = 0.5) -> dict:
+  """Steps/s of the loop's train step for ``model_cfg`` (best of ``rounds``
+  timed rounds) and the examples/s a host must supply to keep it busy."""
+  import bench_train_step as bts  # pylint: disable=g-import-not-at-top
+  compiled, state, batch, rng, flops = bts.build_step(model_cfg, batch_size,
+                                                      length)
+  timer = bts.step_timer(compiled, state, batch, rng, flops, min_seconds)
+  timer.warm()
+  seconds = min(timer.round() for _ in range(rounds))
+  return {"steps_s": 1.0 / seconds, "examples_s": batch_size / seconds}
 
 
 def main():
@@ -565,43 +216,22 @@ def main():
       pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
   parser.add_argument("--batch_size", type=int, default=32)
   parser.add_argument("--batches", type=int, default=20)
-  parser.add_argument("--seq_len", type=int, default=128)
-  parser.add_argument("--model", action="store_true",
-                      help="also time a small model's training step")
-  parser.add_argument("--scaling", action="store_true",
-                      help="1 vs 2 cores (taskset) per pipeline")
-  parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--warmup_batches", type=int, default=5,
-                      help="batches taken before timing (--scaling children)")
-  parser.add_argument("--one_core", default="1",
-                      help="CPU of the 1-core runs of --scaling")
-  parser.add_argument("--two_cores", default="0,1",
-                      help="CPUs of the 2-core runs of --scaling")
+                      help="batches taken before timing")
+  parser.add_argument("--seq_len", type=int, default=128)
+  parser.add_argument("--model", default="", metavar="MIXER",
+                      help="also time the train step of the task's "
+                      "glue_<MIXER> model (e.g. hypermixer)")
+  parser.add_argument("--model_layers", type=int, default=2,
+                      help="layers of that model (0: the zoo's depth)")
+  parser.add_argument("--image_model", default="mixer_s16",
+                      help="zoo model fed by the image pipeline")
   parser.add_argument("--shards", type=int, default=1,
                       help="read each text sample as this many shards "
                       "(links to it), as a sharded corpus is read")
   parser.add_argument("--shard_dir", default="",
                       help="where the shard links go (default: a temporary "
                       "folder)")
-  parser.add_argument("--control_seconds", type=float, default=2.0,
-                      help="--scaling: seconds of the machine control (one "
-                      "matmul process per CPU) before each pipeline run; "
-                      "0 = none")
-  parser.add_argument("--control_child", action="store_true",
-                      help=argparse.SUPPRESS)
-  parser.add_argument("--switching", action="store_true",
-                      help="1 vs 2 cores per pipeline, switched inside one "
-                      "process in paired slices")
-  parser.add_argument("--slices", type=int, default=16,
-                      help="--switching: pairs of slices")
-  parser.add_argument("--slice_seconds", type=float, default=1.5,
-                      help="--switching: timed seconds per slice")
-  parser.add_argument("--settle_seconds", type=float, default=0.3,
-                      help="--switching: untimed seconds after each switch")
-  parser.add_argument("--switch_child", action="store_true",
-                      help=argparse.SUPPRESS)
-  parser.add_argument("--out", default="",
-                      help="folder for scaling.json / switching.json")
   parser.add_argument("--only", default="", help="pipelines to run "
                       "(comma-separated labels)")
   parser.add_argument("--state", action="store_true",
@@ -614,9 +244,6 @@ def main():
   parser.add_argument("--json", action="store_true",
                       help="print one JSON line per pipeline")
   args = parser.parse_args()
-  if args.control_child:
-    print(json.dumps(control_measure(args.control_seconds)))
-    return
   if args.shards > 1 and not args.shard_dir:
     args.shard_dir = tempfile.mkdtemp(prefix="bench_input_shards_")
     try:
@@ -633,29 +260,14 @@ def run(args):
                     args.shard_dir)
   if args.only:
     wanted = args.only.split(",")
+    unknown = sorted(set(wanted) - {t[0] for t in table})
+    if unknown:
+      raise SystemExit(f"--only: unknown pipelines {unknown}; choose from "
+                       f"{', '.join(t[0] for t in table)}")
     table = [t for t in table if t[0] in wanted]
   if args.shuffle_buffer_size:
     for _, cfg, _ in table:
       cfg.shuffle_buffer_size = args.shuffle_buffer_size
-  if args.scaling:
-    scaling(args, [t[0] for t in table])
-    return
-  if args.switching:
-    for flag in ("one_core", "two_cores"):
-      want = 1 if flag == "one_core" else 2
-      if len(cpu_set(getattr(args, flag))) != want:
-        raise SystemExit(f"--{flag}={getattr(args, flag)} must list {want} "
-                         "CPU(s).")
-    switching(args, [t[0] for t in table])
-    return
-  if args.switch_child:
-    for label, cfg, split in table:
-      slices = switching_measure(
-          cfg, split, args.batch_size, args.warmup_batches,
-          {1: cpu_set(args.one_core), 2: cpu_set(args.two_cores)},
-          args.slices, args.slice_seconds, args.settle_seconds)
-      print(json.dumps({"pipeline": label, "slices": slices}))
-    return
   if args.state:
     print(f"{'pipeline':26s} {'state MB':>9s} {'save s':>7s} "
           f"{'TF save s':>9s} {'restore->batch s':>16s} "
@@ -668,28 +280,36 @@ def run(args):
             + (f"  (replayed {r['replayed']})" if r["replayed"] else ""),
             flush=True)
     return
-  if args.json:
-    for label, cfg, split in table:
-      rec = child_measure(cfg, split, args.batch_size, args.batches,
-                          args.warmup_batches)
-      print(json.dumps({"pipeline": label, **rec}))
-    return
-  print(f"{'pipeline':26s} {'examples/s':>11s} {'tokens/s':>11s} "
-        f"{'model ex/s':>11s}")
+  if not args.json:
+    print(f"# batch {args.batch_size} x {args.batches} timed batches after "
+          f"{args.warmup_batches} warm-up; {len(os.sched_getaffinity(0))} "
+          f"CPU(s) allowed; text samples read as {args.shards} shard(s)")
+    print(f"{'pipeline':26s} {'examples/s':>11s} {'tokens/s':>11s} "
+          f"{'cores busy':>10s} {'ex/s/core':>10s}"
+          + (f" {'model steps/s':>13s} {'model ex/s':>11s} "
+             f"{'pipeline/model':>14s} {'cores to feed':>13s}"
+             if args.model else ""))
   for label, cfg, split in table:
-    rate, tok, batch, _ = time_pipeline(cfg, split, args.batch_size,
-                                        args.batches)
-    model_rate = ""
+    r = measure_pipeline(cfg, split, args.batch_size, args.batches,
+                         args.warmup_batches)
+    batch = r.pop("batch")
+    model = ""
     if args.model:
-      try:
-        step = model_step(cfg, batch)
-        t0 = time.perf_counter()
-        for _ in range(5):
-          step(batch)
-        model_rate = f"{5 * args.batch_size / (time.perf_counter() - t0):11.1f}"
-      except Exception as e:  # pylint: disable=broad-except
-        model_rate = f"  n/a ({type(e).__name__}: {str(e)[:60]})"
-    print(f"{label:26s} {rate:11.1f} {tok:11.0f} {model_rate}", flush=True)
+      m = task_model(cfg, batch, args.model, args.model_layers,
+                     args.image_model)
+      if m is not None:
+        c = model_consumption(m, args.batch_size, batch["inputs"].shape[1])
+        r.update(model_steps_s=c["steps_s"], model_examples_s=c["examples_s"],
+                 cores_to_feed=c["examples_s"] / r["examples_s_per_core"])
+        model = (f" {c['steps_s']:13.1f} {c['examples_s']:11.1f} "
+                 f"{r['examples_s'] / c['examples_s']:14.2f} "
+                 f"{r['cores_to_feed']:13.2f}")
+    if args.json:
+      print(json.dumps({"pipeline": label, **r}), flush=True)
+    else:
+      print(f"{label:26s} {r['examples_s']:11.1f} {r['tokens_s']:11.0f} "
+            f"{r['cores_busy']:10.2f} {r['examples_s_per_core']:10.1f}"
+            f"{model}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Bookkeeping of the benchmarks' interleaved timing (fake clock, no timing)."""
+"""Bookkeeping of the benchmarks (fake clocks; no timed assertion)."""
 import os
 import sys
 
@@ -88,73 +88,6 @@ def test_profile_self_times_subtract_nested_events():
   assert got == {"Execute": 30, "fusion.1": 30, "sub": 10, "dot.2": 40}
 
 
-def _rec(rate, cpu_per_example=1e-3, share=0.5):
-  return {"examples_s": rate, "cpu_s_per_example": cpu_per_example,
-          "top_thread_share": share}
-
-
-def test_input_scaling_bookkeeping_on_fake_runs():
-  import bench_input as bi  # pylint: disable=g-import-not-at-top
-  assert bi.round_order(4) == [(1, 2), (2, 1), (1, 2), (2, 1)]
-  runs = {1: [_rec(100), _rec(80, 2e-3), _rec(90)],
-          2: [_rec(190, share=0.6), _rec(150), _rec(175, share=0.7)]}
-  s = bi.summarize_scaling(runs)
-  assert s[1]["best"] == 100 and s[1]["median"] == 90
-  assert s[2]["best"] == 190 and s[2]["per_core"] == 95
-  assert s["speedup_best"] == pytest.approx(1.9)
-  # Per round: 1.9, 1.875, 1.944..; median 1.9.
-  assert s["speedup_paired"] == pytest.approx(1.9)
-  assert s[1]["cpu_ms_per_example"] == pytest.approx(1.0)
-  assert s[2]["top_thread_share"] == pytest.approx(0.6)
-  assert not s["superlinear"]
-  # A disturbed one-core round makes a ratio above 2: flagged.
-  runs[1][1] = _rec(40, 5e-3)
-  assert bi.summarize_scaling(runs)["superlinear"]
-  with pytest.raises(ValueError, match="unpaired rounds: 3 one-core and 2"):
-    bi.summarize_scaling({1: runs[1], 2: runs[2][:2]})
-
-
-def test_machine_control_is_read_like_a_pipeline():
-  import bench_input as bi  # pylint: disable=g-import-not-at-top
-  rec = bi.control_measure(0.05, size=32)
-  assert rec["examples_s"] > 0 and rec["cpu_s_per_example"] > 0
-  # Two processes at once (2 cores): summed rate, mean CPU per matmul.
-  both = bi.combine_control([_rec(90, 1e-3), _rec(110, 3e-3)])
-  assert both["examples_s"] == 200
-  assert both["cpu_s_per_example"] == pytest.approx(2e-3)
-  control = bi.summarize_scaling({1: [_rec(100), _rec(100), _rec(100)],
-                                  2: [both, _rec(180), _rec(190)]})
-  assert control["speedup_paired"] == pytest.approx(1.9)
-  pipeline = bi.summarize_scaling({1: [_rec(50), _rec(50), _rec(50)],
-                                   2: [_rec(95), _rec(90), _rec(76)]})
-  # Per round 1.9/2.0, 1.8/1.8, 1.52/1.9: median 0.95.
-  assert bi.relative_speedup(pipeline, control) == pytest.approx(0.95)
-
-
-def test_thread_cpu_seconds_sees_a_busy_thread():
-  import threading  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
-  import bench_input as bi  # pylint: disable=g-import-not-at-top
-  busy, release, tid = threading.Event(), threading.Event(), []
-
-  def spin():
-    tid.append(threading.get_native_id())
-    t = time.thread_time()
-    while time.thread_time() - t < 0.2:
-      pass
-    busy.set()
-    release.wait()            # alive while its /proc entry is read
-  before = bi.thread_cpu_seconds()
-  th = threading.Thread(target=spin)
-  th.start()
-  busy.wait()
-  after = bi.thread_cpu_seconds()
-  release.set()
-  th.join()
-  key = [k for k in after if k.endswith(f"/{tid[0]}")]
-  assert key and after[key[0]] - before.get(key[0], 0.0) >= 0.15
-
-
 def test_sharded_sample_reads_every_row_once_per_shard(tmp_path):
   """``--shards K``: K links whose glob the real local reader reads whole."""
   import collections  # pylint: disable=g-import-not-at-top
@@ -182,115 +115,71 @@ def test_sharded_sample_reads_every_row_once_per_shard(tmp_path):
           for i in range(3)}
 
 
-def test_state_timing_restores_without_replay(tmp_path):
+def test_state_timing_restores_without_replay(mnli):
   """``--state``: the position is saved in TF's own format (checked inside)
   and a restore continues without replaying batches."""
   import bench_input as bi  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax.data import testing  # pylint: disable=g-import-not-at-top
-  path = str(tmp_path / "pairs.tsv")
-  testing.write_pairs_tsv(path, 40)
-  cfg = data.default_data_config()
-  cfg.update(task="glue_mnli", seq_len=16, shuffle_buffer_size=16,
-             vocab_path=testing.tiny_vocab(str(tmp_path / "vocab")))
-  cfg.local_files.train = path
-  r = bi.state_timing(cfg, "train", batch_size=4, warmup=3)
+  r = bi.state_timing(mnli, "train", batch_size=4, warmup=3)
   assert r["replayed"] == 0 and r["state_mb"] > 0
   assert min(r["save_s"], r["tf_save_s"], r["new_first_batch_s"]) > 0
 
 
-def _slice(cores, rate, cpu=1e-4, epochs=1):
-  return {"cores": cores, "examples_s": rate, "cpu_s_per_example": cpu,
-          "epochs": epochs}
+@pytest.fixture(scope="module")
+def mnli(tmp_path_factory):
+  """A data config of the MNLI pipeline on a tiny generated TSV."""
+  from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.data import testing  # pylint: disable=g-import-not-at-top
+  tmp = tmp_path_factory.mktemp("mnli")
+  path = str(tmp / "pairs.tsv")
+  testing.write_pairs_tsv(path, 40)
+  cfg = data.default_data_config()
+  cfg.update(task="glue_mnli", seq_len=64, shuffle_buffer_size=16,
+             vocab_path=testing.tiny_vocab(str(tmp / "vocab")))
+  cfg.local_files.train = path
+  return cfg
 
 
-def test_switching_pairs_slices_and_drops_epoch_boundaries():
-  import bench_input as bi  # pylint: disable=g-import-not-at-top
-  slices = [_slice(1, 100), _slice(2, 180, 1.1e-4),     # 1.8
-            _slice(2, 150, 1.2e-4), _slice(1, 100),     # 1.5
-            _slice(1, 50, epochs=2), _slice(2, 190),    # dropped
-            _slice(2, 190, 1.3e-4), _slice(1, 95, 2e-4)]  # 2.0
-  s = bi.summarize_switching(slices)
-  assert s["pairs"] == 3 and s["dropped"] == 1
-  assert s["ratios"] == pytest.approx([1.8, 1.5, 190 / 95])
-  assert s["speedup"] == pytest.approx(1.8)
-  assert s["speedup_q25"] == pytest.approx(1.65)
-  assert s[1]["median"] == 100 and s[2]["median"] == 180
-  assert s[1]["cpu_ms_per_example"] == pytest.approx(0.1)
-  assert s[2]["cpu_ms_per_example"] == pytest.approx(0.12)
-  with pytest.raises(ValueError, match="3 slices do not make pairs"):
-    bi.summarize_switching(slices[:3])
-  with pytest.raises(ValueError, match="a pair of 1 and 1 cores"):
-    bi.summarize_switching([_slice(1, 1), _slice(1, 1)])
-  with pytest.raises(ValueError, match="every pair crossed an epoch"):
-    bi.summarize_switching([_slice(1, 1, epochs=2), _slice(2, 1)])
-
-
-def _allowed(tid):
-  with open(f"/proc/self/task/{tid}/status", encoding="utf-8") as f:
-    line = [l for l in f if l.startswith("Cpus_allowed_list")][0]
-  return line.split(":")[1].strip()
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"),
-                    reason="needs Linux /proc and sched_setaffinity")
-def test_switching_moves_every_thread_and_times_alternate_slices():
-  """``switching_measure`` on the embedded synthetic pipeline with a fake
-  clock: slices alternate 1,2 | 2,1, and every thread of the process,
-  including one started before, is on the slice's CPUs while it runs."""
-  import threading  # pylint: disable=g-import-not-at-top
+def test_pipeline_rates_count_the_timed_batches(mnli):
+  """Tokens per example is that of the timed batches (the ones after the
+  warm-up, from the same seeded stream), and per core = rate / cores."""
   import bench_input as bi  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
-  original = os.sched_getaffinity(0)
-  first = min(original)
-  cpus = {1: {first}, 2: set(sorted(original)[:2])}
-  release = threading.Event()
-  other = threading.Thread(target=release.wait)
-  other.start()
-  seen = []
-  clock = {"t": 0.0}
+  r = bi.measure_pipeline(mnli, "train", batch_size=4, batches=6, warmup=3)
+  it = iter(data.build_pipeline(mnli, "train", batch_size=4, seed=0,
+                                repeat=True, shuffle=True))
+  stream = [next(it) for _ in range(9)]
+  np.testing.assert_array_equal(r["batch"]["inputs"], stream[2]["inputs"])
+  real = sum(int((b["segment_ids"] > 0).sum()) for b in stream[3:])
+  assert 0 < real < 24 * 64     # padding is not counted
+  assert r["tokens_s"] / r["examples_s"] == pytest.approx(real / 24)
+  assert r["examples_s_per_core"] == pytest.approx(
+      r["examples_s"] / r["cores_busy"])
 
-  def tick():  # each clock read is 10 ms; a timed slice is 5 reads
-    clock["t"] += 0.01
-    tids = os.listdir("/proc/self/task")
-    seen.append({_allowed(t) for t in tids})
-    return clock["t"]
 
-  try:
+def test_task_models_match_their_configs():
+  """The model each pipeline feeds: the head, length and causality of its
+  config file; the image model shaped by the patches."""
+  import bench_input as bi  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  text = {"inputs": np.zeros((2, 24), np.int32)}
+  want = {"c4_mlm": "mlm", "c4_lm": "causal_lm", "glue_sst2": "classify",
+          "glue_mnli": "pair_classify"}
+  for task, head in want.items():
     cfg = data.default_data_config()
-    out = bi.switching_measure(cfg, "train", 8, 1, cpus, slices=3,
-                               slice_seconds=0.04, settle_seconds=0.0,
-                               clock=tick, cpu_clock=lambda: clock["t"] / 2)
-    assert [r["cores"] for r in out] == [1, 2, 2, 1, 1, 2]
-    for r in out:
-      assert r["epochs"] == 1
-      assert r["cpu_s_per_example"] == pytest.approx(
-          r["examples_s"] ** -1 / 2, rel=1e-6)
-      assert r["examples_s"] > 0
-    # At every clock read all threads shared one mask: the running slice's
-    # (runs of equal masks follow the slice order; one run if 1 CPU only).
-    assert all(len(m) == 1 for m in seen), seen[:5]
-    runs = [m for i, m in enumerate(seen) if i == 0 or m != seen[i - 1]]
-    order = [{_fmt(cpus[r["cores"]])} for r in out]
-    want = [m for i, m in enumerate(order) if i == 0 or m != order[i - 1]]
-    assert runs == want
-    assert _allowed(other.native_id) == _fmt(cpus[2])  # left on 2 cores
-  finally:
-    release.set()
-    other.join()
-    bi.pin_threads(original)
-  assert os.sched_getaffinity(0) == original
-
-
-def _fmt(cpus):
-  """``Cpus_allowed_list`` spelling of a CPU set (ranges as a-b)."""
-  cpus = sorted(cpus)
-  parts, start = [], cpus[0]
-  for a, b in zip(cpus, cpus[1:] + [None]):
-    if b != a + 1:
-      parts.append(f"{start}-{a}" if a != start else f"{a}")
-      start = b
-  return ",".join(parts)
+    cfg.task = task
+    m = bi.task_model(cfg, text, "hypermixer", 1, "mixer_s16")
+    assert (models.model_facts(m).head, m.max_len, m.num_layers) == (
+        head, 24, 1), task
+    assert m.mixer_kwargs.get("causal", False) == (task == "c4_lm"), task
+  cfg = data.default_data_config()
+  cfg.task = "imagenet_patches"
+  m = bi.task_model(cfg, {"inputs": np.zeros((2, 49, 48), np.float32)},
+                    "hypermixer", 0, "mixer_s16")
+  assert (m.input_dim, m.max_len, m.patch_size) == (48, 49, 0)
+  assert m.num_layers == models.get_model_config("mixer_s16").num_layers
+  assert bi.task_model(data.default_data_config(), text, "hypermixer", 1,
+                       "mixer_s16") is None    # synthetic: no model
 
 
 def test_torch_timed_protocol_and_a_dead_worker():
@@ -309,3 +198,15 @@ def test_torch_timed_protocol_and_a_dead_worker():
   with pytest.raises(RuntimeError, match="the torch worker ended"):
     dead.warm()
   dead.close()
+
+
+def test_model_consumption_is_steps_times_batch():
+  import bench_input as bi  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train.config import text_model  # pylint: disable=g-import-not-at-top
+  m = text_model("hypermixer", "classify")
+  m.update(num_layers=1, d_model=16, d_ffn=32, max_len=8, vocab_size=64)
+  m.mixer_kwargs.hyper_dim = 8
+  c = bi.model_consumption(m, batch_size=4, length=8, rounds=1,
+                           min_seconds=0.01)
+  assert c["steps_s"] > 0
+  assert c["examples_s"] == pytest.approx(4 * c["steps_s"])

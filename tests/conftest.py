@@ -33,6 +33,30 @@ SHARED_DATA = pathlib.Path(
                    / "shared" / "data"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def subprocess_compilation_cache(tmp_path_factory):
+  """One persistent JAX compilation cache for the commands the tests launch
+  (``python -m hypermixer_jax.main`` ...): many launch the same tiny model,
+  and each launch would compile it again. The test process itself read its
+  JAX settings at import, so this reaches only the processes it starts."""
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    base = base.parent   # the workers' folders share this parent
+  path = base / "jax_cache_subprocesses"
+  path.mkdir(exist_ok=True)
+  keys = ("JAX_COMPILATION_CACHE_DIR",
+          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+  old = {k: os.environ.get(k) for k in keys}
+  os.environ.setdefault(keys[0], str(path))
+  os.environ.setdefault(keys[1], "0")
+  yield
+  for k, v in old.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> pathlib.Path:
   """Path of ``../shared/data``; skips the test when it is absent."""

@@ -77,3 +77,60 @@ def test_console_help_lists_the_flags():
   assert console.stdout == module.stdout.replace(
       f"{os.path.join(ROOT, 'hypermixer_jax', 'main.py')}:",
       "hypermixer-train:")
+
+
+# The package's layers in order (CONTRIBUTING.md, "Layers"): a module may
+# import its own layer and the layers before it, never a later one.
+LAYERS = ("base", "data", "models", "sharding", "train", "entry")
+# Imports of a later layer that CONTRIBUTING.md names as exceptions.
+LAYER_EXCEPTIONS = {("hypermixer_jax/models/official_mixer.py", "train")}
+
+
+def _layer(module: str) -> str:
+  """Layer of ``hypermixer_jax[.a[.b]]`` (a dotted module name)."""
+  parts = module.split(".")
+  top = parts[1] if len(parts) > 1 else ""
+  if top in ("heads", "runtime"):
+    return "base"
+  if top in ("data", "models", "sharding", "train"):
+    return top
+  if top in ("main", "experiment"):
+    return "entry"
+  raise AssertionError(f"{module}: no layer; add it to LAYERS' table in "
+                       "tests/packaging_test.py and to CONTRIBUTING.md")
+
+
+def _package_imports(path: str) -> set[str]:
+  """Every ``hypermixer_jax`` module a file imports, at any depth."""
+  out = set()
+  for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+    if isinstance(node, ast.Import):
+      out |= {a.name for a in node.names if a.name.startswith("hypermixer_jax")}
+    elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+        "hypermixer_jax"):
+      # `from hypermixer_jax import data` imports the module data.
+      out |= ({f"{node.module}.{a.name}" for a in node.names}
+              if node.module == "hypermixer_jax" else {node.module})
+  return out
+
+
+def test_no_layer_imports_a_later_one():
+  package = os.path.join(ROOT, "hypermixer_jax")
+  wrong, seen = [], set()
+  for folder, _, files in os.walk(package):
+    for name in files:
+      if not name.endswith(".py") or name == "__init__.py" and (
+          folder == package):
+        continue
+      path = os.path.join(folder, name)
+      rel = os.path.relpath(path, ROOT)
+      module = rel[:-3].replace(os.sep, ".").removesuffix(".__init__")
+      own = LAYERS.index(_layer(module))
+      for imported in _package_imports(path):
+        layer = _layer(imported)
+        seen.add(layer)
+        if (LAYERS.index(layer) > own
+            and (rel.replace(os.sep, "/"), layer) not in LAYER_EXCEPTIONS):
+          wrong.append(f"{rel} imports {imported} ({layer})")
+  assert not wrong, wrong
+  assert seen == set(LAYERS) - {"entry"}   # the walk found the imports

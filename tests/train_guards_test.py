@@ -65,15 +65,23 @@ def test_bad_label_stops_the_command(vocab, tmp_path):
   assert "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("flag,message", [
-    ("--config.num_train_steps=-5", "num_train_steps=-5: must be a positive"),
-    ("--config.log_every=0", "log_every=0: must be a positive integer"),
-    ("--config.eval_batch_size=0", "eval_batch_size=0: must be a positive"),
-    ("--config.learning_rate=nan", "learning_rate=nan: must be a finite"),
-])
-def test_invalid_config_stops_before_compiling(tmp_path, flag, message):
-  out = _main(tmp_path / "w", f"{CONFIGS}/default.py", *TINY_SYNTH, flag)
-  assert out.returncode == 1 and message in out.stderr, out.stderr[-3000:]
+# Bad values of four fields: one launch, since the command lists every
+# problem of the config at once (train.config_checks).
+BAD_FLAGS = {
+    "--config.num_train_steps=-5": "num_train_steps=-5: must be a positive",
+    "--config.log_every=0": "log_every=0: must be a positive integer",
+    "--config.eval_batch_size=0": "eval_batch_size=0: must be a positive",
+    "--config.learning_rate=nan": "learning_rate=nan: must be a finite",
+}
+
+
+def test_invalid_config_stops_before_compiling(tmp_path):
+  out = _main(tmp_path / "w", f"{CONFIGS}/default.py", *TINY_SYNTH,
+              *BAD_FLAGS)
+  assert out.returncode == 1, out.stderr[-3000:]
+  for message in BAD_FLAGS.values():
+    assert message in out.stderr, (message, out.stderr[-3000:])
+  assert "Traceback" not in out.stderr
   assert not os.path.exists(tmp_path / "w" / "checkpoints")  # nothing built
 
 

@@ -69,7 +69,7 @@ def default_data_config() -> ml_collections.ConfigDict:
       its paragraphs and section headings joined, blank lines and the
       ``= Heading =`` markup dropped, WikiText's tokenization such as
       ``@-@`` and spaces before punctuation undone; see
-      ``sources._rows_wikitext``). Documents are cut into ``seq_len`` rows.
+      ``wikitext.open_wikitext``). Documents are cut into ``seq_len`` rows.
     packing: pack several short examples per row (segment ids mark them).
     shuffle_buffer_size: examples in the seeded shuffle buffer.
     threadpool_size: threads of the tf.data pipelines' private thread pool;

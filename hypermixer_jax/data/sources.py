@@ -12,15 +12,17 @@ checkpointed (``Pipeline`` saves the tf.data iterator state instead of
 replaying the stream). A local reader comes in two halves (``LocalReader``):
 the interleave of files only hands over blocks of raw numbered lines, and
 one parallel map after it checks and parses the rows, so parsing spreads
-over the host's cores however many files there are. JSON lines are read with a small string-op parser for
-flat objects (the C4 / NLI layout): a field's string value, or an integer.
+over the host's cores however many files there are.
 
-Bad rows stop the pipeline with a ``DataError`` naming the file, the line,
-the value and what was expected (see ``data_check``), never a silent drop.
+The parts, by source kind: ``formats`` (JSONL / TSV / text rows as string
+ops), ``wikitext`` (WikiText articles), ``image_reader`` here (labels TSV +
+image files), ``tfds_source`` here (TFDS, read-only); ``checks`` carries a
+bad row's message out of the graph: it stops the pipeline with a
+``DataError`` naming the file, the line, the value and what was expected
+(``data_check``), never a silent drop.
 """
 from __future__ import annotations
 
-import re
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -28,51 +30,15 @@ import seqio
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-# Error messages travel out of tf.data inside an Assert between these markers
-# (``Pipeline`` turns them back into a ``DataError``).
-_OPEN, _CLOSE = "<<HMDATA ", " HMDATA>>"
-_MESSAGE = re.compile(re.escape(_OPEN) + "(.*?)" + re.escape(_CLOSE), re.S)
-
-
-class DataError(ValueError):
-  """Bad input data: the message names the file, line and value."""
-
-
-def data_error_from(error: Exception) -> DataError | None:
-  """The ``DataError`` carried by a tf.data error raised by ``data_check``."""
-  match = _MESSAGE.search(str(getattr(error, "message", error)))
-  if match is None:
-    return None
-  return DataError(match.group(1).replace("\\'", "'").replace('\\"', '"'))
-
-
-def data_check(ok: tf.Tensor, *parts) -> tf.Operation | tf.Tensor:
-  """An in-graph check whose failure becomes a ``DataError(''.join(parts))``.
-
-  ``parts`` are strings or scalar string/int tensors; use the result as a
-  control dependency of what must not run on bad data. For a block of rows,
-  ``ok`` is a vector and the vector ``parts`` give each row's value: the
-  message is that of the first row that fails.
-  """
-  def message(parts):
-    pieces = [p if isinstance(p, str) else
-              (p if p.dtype == tf.string else tf.strings.as_string(p))
-              for p in parts]
-    return tf.strings.join([_OPEN, *pieces, _CLOSE])
-
-  ok = tf.convert_to_tensor(ok)
-  if ok.shape.rank == 0:
-    return tf.debugging.Assert(ok, [message(parts)], summarize=1)
-
-  # A block of rows: the message names the first row that fails (vector
-  # parts are per row; when none fails, index len(ok) picks a padding).
-  first = tf.argmax(tf.cast(tf.concat([tf.logical_not(ok), [True]], 0),
-                            tf.int32), output_type=tf.int32)
-  picked = [p if isinstance(p, str) or p.shape.rank == 0 else
-            tf.gather(tf.concat([p, tf.zeros([1], p.dtype)], 0), first)
-            for p in parts]
-  return tf.debugging.Assert(tf.reduce_all(ok), [message(picked)],
-                             summarize=1)
+from hypermixer_jax.data import formats
+from hypermixer_jax.data import wikitext
+# Re-exported: the names a pipeline stage and its tests use from here.
+from hypermixer_jax.data.checks import DataError  # noqa: F401
+from hypermixer_jax.data.checks import data_check
+from hypermixer_jax.data.checks import data_error_from  # noqa: F401
+from hypermixer_jax.data.formats import json_unescape  # noqa: F401
+from hypermixer_jax.data.wikitext import TEXT_LAYOUTS
+from hypermixer_jax.data.wikitext import wikitext_detokenize  # noqa: F401
 
 
 def file_format(pattern: str) -> str:
@@ -105,337 +71,12 @@ def check_local_files(split_to_pattern: Mapping[str, str]) -> None:
                        "formats; use one of .jsonl, .tsv, .txt per split.")
 
 
-# ---------------------------------------------------------------------------
-# Lines and fields, as string ops.
-# ---------------------------------------------------------------------------
-
-
-def _check_line(path: tf.Tensor, number: tf.Tensor, line: tf.Tensor
-                ) -> tf.Tensor:
-  """``line`` without a final '\\r', checked to be valid UTF-8."""
-  line = tf.strings.regex_replace(line, "\r$", "")
-  valid = tf.equal(tf.strings.unicode_transcode(
-      line, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD), line)
-  with tf.control_dependencies([data_check(
-      valid, path, ":", number, ": the line is not valid UTF-8; re-encode "
-      "the file as UTF-8 (e.g. iconv -f latin1 -t utf-8).")]):
-    return tf.identity(line)
-
-
-def _numbered_lines(path: tf.Tensor) -> tf.data.Dataset:
-  """(line number from 1, checked line) of one file, parsed in this file's
-  own chain (WikiText articles, TSV headers)."""
-  lines = tf.data.TextLineDataset(path).enumerate(start=1)
-  return lines.map(lambda number, line: (number, _check_line(path, number,
-                                                             line)),
-                   num_parallel_calls=tf.data.AUTOTUNE)
-
-
-def _raw_lines(meta: Mapping[str, tf.Tensor], rows: tf.data.Dataset
-               ) -> tf.data.Dataset:
-  """``(meta, (number, line))`` for each of one file's ``rows``.
-
-  No function runs per line here: this is the part of a reader that runs
-  inside the interleave of files, and its rows are checked and parsed by one
-  parallel map after it (``LocalReader``). ``meta`` holds what the parse
-  needs from the file (its path; a TSV's column positions).
-  """
-  return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(meta).repeat(),
-                              rows))
-
-
-def _last_where(cond: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-  """``values[j]`` for the last ``j <= i`` with ``cond[j]``, else -1."""
-  k = tf.cumsum(tf.cast(cond, tf.int32))
-  return tf.gather(tf.concat([[-1], tf.boolean_mask(values, cond)], 0), k)
-
-
-def _hex_value(c: tf.Tensor) -> tf.Tensor:
-  return tf.where(c <= 57, c - 48, tf.where(c <= 70, c - 55, c - 87))
-
-
-_SIMPLE_ESCAPES = {ord("n"): 10, ord("t"): 9, ord("r"): 13, ord("b"): 8,
-                   ord("f"): 12}
-
-
-def json_unescape(raw: tf.Tensor) -> tf.Tensor:
-  """The value of a JSON string body (escapes still in place), as UTF-8.
-
-  Bodies without ``\\u`` escapes take a few literal replacements; the others
-  the general (vectorised) path.
-  """
-  # An escaped backslash first becomes \x01 (JSON strings hold no raw
-  # control characters), so that what follows it is not read as an escape.
-  simple = tf.strings.regex_replace(raw, r"\\\\", "\x01")
-  has_u = tf.strings.regex_full_match(simple, r"(?s).*\\u.*")
-  has_escape = tf.strings.regex_full_match(raw, r"(?s).*\\.*")
-
-  def replace():
-    out = simple
-    for char, code in ((*_SIMPLE_ESCAPES.items(), (ord('"'), ord('"')),
-                        (ord("/"), ord("/")))):
-      out = tf.strings.regex_replace(out, "\\\\" + re.escape(chr(char)),
-                                     chr(code))
-    return tf.strings.regex_replace(out, "\x01", "\\\\")
-
-  if raw.shape.rank == 0:
-    return tf.cond(has_u, lambda: _json_unescape_general(raw),
-                   lambda: tf.cond(has_escape, replace, lambda: raw))
-  # A block: the literal replacements where any body needs them, the general
-  # path for the bodies with \\u only.
-  replaced = tf.cond(tf.reduce_any(has_escape & ~has_u), replace,
-                     lambda: simple)
-  out = tf.where(has_escape, replaced, raw)
-  rows = tf.where(has_u)
-  general = tf.map_fn(_json_unescape_general, tf.gather_nd(raw, rows),
-                      fn_output_signature=tf.string)
-  return tf.tensor_scatter_nd_update(out, rows, general)
-
-
-def _json_unescape_general(raw: tf.Tensor) -> tf.Tensor:
-  """``json_unescape`` for any body, vectorised over code points.
-
-  Vectorised over code points: an escape starts at a backslash preceded by
-  an even run of backslashes; ``\\uXXXX`` (and surrogate pairs) become their
-  code point, ``\\n`` etc. their control character, ``\\x`` becomes ``x``.
-  """
-  cp = tf.strings.unicode_decode(raw, "UTF-8")
-  n = tf.size(cp)
-  idx = tf.range(n)
-  backslash = tf.equal(cp, 92)
-  run = idx - _last_where(~backslash, idx)  # backslashes ending at i
-  start = backslash & tf.equal(run % 2, 1)
-  padded = tf.concat([cp, tf.fill([12], 48)], 0)
-  shifted = lambda x, k: x[k:k + n]  # noqa: E731
-  nxt = shifted(padded, 1)
-  uval = sum(_hex_value(shifted(padded, 2 + k)) * 16 ** (3 - k)
-             for k in range(4))
-  is_u = start & tf.equal(nxt, ord("u"))
-  value = nxt
-  for char, code in _SIMPLE_ESCAPES.items():
-    value = tf.where(tf.equal(nxt, char), code, value)
-  value = tf.where(is_u, uval, value)
-  low = shifted(tf.concat([uval, tf.zeros([6], tf.int32)], 0), 6)
-  low_is_u = shifted(tf.concat([is_u, tf.zeros([6], tf.bool)], 0), 6)
-  pair = (is_u & (uval >= 0xD800) & (uval < 0xDC00) & low_is_u
-          & (low >= 0xDC00) & (low < 0xE000))
-  value = tf.where(pair, 0x10000 + (uval - 0xD800) * 1024 + (low - 0xDC00),
-                   value)
-  out = tf.where(start, value, cp)
-  length = tf.where(is_u, tf.where(pair, 12, 6), 2)
-  covered = tf.maximum(_last_where(start, idx + length), 0)
-  keep = idx >= tf.concat([[0], covered], 0)[:n]
-  return tf.strings.unicode_encode(tf.boolean_mask(out, keep), "UTF-8")
-
-
-_JSON_STRING = r'"((?:[^"\\]|\\.)*)"'
-
-
-def _json_field(line: tf.Tensor, key: str
-                ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-  """(found, is a number, value as written) of top-level ``key`` of a flat
-  JSON object: a string's body still has its escapes (``json_unescape``).
-
-  A key is matched only after ``{`` or ``,`` (a quote inside a string value
-  is escaped, so it cannot start a key); the value is a string or a number.
-  """
-  pattern = (r'^\s*\{(?:.*?,)?\s*"' + re.escape(key) + r'"\s*:\s*(?:'
-             + _JSON_STRING + r'|(-?[0-9][0-9.eE+-]*)|null)\s*[,}].*$')
-  found = tf.strings.regex_full_match(line, pattern)
-  string = tf.strings.regex_replace(line, pattern, r"\1", replace_global=False)
-  number = tf.strings.regex_replace(line, pattern, r"\2", replace_global=False)
-  is_number = found & (tf.strings.length(number) > 0)
-  return found, is_number, tf.where(is_number, number, string)
-
-
-def _label_id(value: tf.Tensor, where: list, label_names: Sequence[str],
-              allow_unlabelled: bool) -> tuple[tf.Tensor, tf.Operation]:
-  """(int64 label, check) of a label column value: a name or an integer."""
-  value = tf.strings.strip(value)
-  names = tf.constant(list(label_names), tf.string)
-  matches = tf.equal(value[..., None], names)   # [..., labels]
-  named = tf.reduce_any(matches, axis=-1)
-  is_int = tf.strings.regex_full_match(value, "-?[0-9]+")
-  as_int = tf.strings.to_number(tf.where(is_int, value, "0"), tf.int64)
-  unlabelled = tf.constant(allow_unlabelled) & (
-      tf.equal(value, "-") | tf.equal(as_int, -1) & is_int)
-  in_range = is_int & (as_int >= 0) & (as_int < len(label_names))
-  ok = named | in_range | unlabelled
-  label = tf.where(named,
-                   tf.argmax(tf.cast(matches, tf.int64), axis=-1,
-                             output_type=tf.int64),
-                   tf.where(in_range, as_int, tf.constant(-1, tf.int64)))
-  allowed = ", ".join(label_names)
-  check = data_check(
-      ok, *where, ": label '", value, "' is not one of the labels ",
-      f"({allowed}) nor an integer in [0, {len(label_names)})"
-      + (" (nor '-' or -1 for unlabelled)" if allow_unlabelled else "")
-      + "; fix or remove the row.")
-  return label, check
-
-
-def _open_lines(path, fields):
-  del fields
-  return _raw_lines({"path": path},
-                    tf.data.TextLineDataset(path).enumerate(start=1))
-
-
-def _parse_jsonl(meta, number, line, fields):
-  path = meta["path"]
-  where = [path, ":", number]
-  line = _check_line(path, number, line)
-  out, checks = {}, []
-  for feat, aliases in fields.items():
-    found, is_number, value = (tf.constant(False), tf.constant(False),
-                               tf.constant(""))
-    for alias in reversed(aliases):  # first alias wins
-      f, n, v = _json_field(line, alias)
-      value, is_number = tf.where(f, v, value), tf.where(f, n, is_number)
-      found = found | f
-    # One unescape per field, after the alias is chosen.
-    value = tf.where(is_number | ~found, tf.where(found, value, ""),
-                     json_unescape(value))
-    checks.append(data_check(
-        found, *where, ": no field ", " or ".join(map(repr, aliases)),
-        " (a string or integer) in this JSON line; each line must be a "
-        "flat JSON object."))
-    out[feat] = value
-  return out, where, checks
-
-
-def _open_tsv(path, fields, extra_meta=None):
-  """A TSV with a header line; its columns are looked up by name."""
-  lines = _numbered_lines(path)
-  header = lines.take(1).reduce(tf.constant(""), lambda _, x: x[1])
-  has_rows = lines.skip(1).take(1).reduce(tf.constant(False),
-                                          lambda *_: tf.constant(True))
-  columns = tf.strings.split(header, "\t")
-  column_of, checks = [], [
-      data_check(tf.strings.length(header) > 0, path,
-                 ": the file is empty; a TSV needs a header line naming its "
-                 f"columns ({', '.join(a[0] for a in fields.values())}) and "
-                 "at least one row."),
-      data_check(has_rows, path, ": the file has a header line and no rows.")]
-  for aliases in fields.values():
-    hits = tf.concat([tf.where(tf.equal(columns, a))[:, 0] for a in aliases]
-                     + [tf.constant([-1], tf.int64)], 0)
-    column_of.append(hits[0])
-    checks.append(data_check(
-        hits[0] >= 0, path, ":1: no column ", " or ".join(map(repr, aliases)),
-        " in the header '", header, "'."))
-  with tf.control_dependencies(checks):
-    meta = {"path": path, "num_columns": tf.size(columns),
-            "columns": tf.stack(column_of), **(extra_meta or {})}
-  return _raw_lines(meta, tf.data.TextLineDataset(path).enumerate(start=1)
-                    .skip(1))
-
-
-def _parse_tsv(meta, number, line, fields):
-  """A block of TSV rows (``line`` a vector) -> one vector per field."""
-  path, num_columns = meta["path"], meta["num_columns"]
-  where = [path, ":", number]
-  cells = tf.strings.split(_check_line(path, number, line), "\t")
-  counts = tf.cast(cells.row_lengths(), tf.int32)
-  count = data_check(
-      tf.equal(counts, num_columns), *where, ": the row has ", counts,
-      " tab-separated fields, the header has ", num_columns, ".")
-  with tf.control_dependencies([count]):
-    table = cells.to_tensor(default_value="", shape=tf.stack(
-        [tf.size(line), num_columns]))
-  out = {feat: table[:, meta["columns"][i]] for i, feat in enumerate(fields)}
-  return out, where, []
-
-
-def _parse_text(meta, number, line, fields):
-  del fields
-  path = meta["path"]
-  return ({"text": _check_line(path, number, line)}, [path, ":", number], [])
-
-
-# ---------------------------------------------------------------------------
-# WikiText (Merity et al. 2016): articles, not lines.
-# ---------------------------------------------------------------------------
-TEXT_LAYOUTS = ("lines", "wikitext")
-
-# A stripped line ``= Title =`` starts an article; ``= = Section = =`` (any
-# depth) is a heading inside it.
-_WIKITEXT_TITLE = r"= [^=](.*[^=])? ="
-_WIKITEXT_HEADING = r"(= )+[^=](.*[^=])?( =)+"
-# WikiText's own tokenization, undone (order matters: number separators
-# before the general punctuation rule).
-_WIKITEXT_DETOKENIZE = (
-    (r" @-@ ", "-"), (r" @,@ ", ","), (r" @\.@ ", "."),
-    (r'" ([^"]*?) "', r'"\1"'),
-    (r"([(\[]) ", r"\1"), (r" ([)\]])", r"\1"),
-    (r" ([.,;:!?%])", r"\1"), (r" '(s|re|ve|ll|d|m|t)\b", r"'\1"),
-    (r"  +", " "),
-)
-
-
-def wikitext_detokenize(text: tf.Tensor) -> tf.Tensor:
-  """A WikiText line as plain text: ``@-@``/``@,@``/``@.@`` joined, no
-  spaces inside brackets and quotes or before punctuation and clitics."""
-  for pattern, rewrite in _WIKITEXT_DETOKENIZE:
-    text = tf.strings.regex_replace(text, pattern, rewrite)
-  return tf.strings.strip(text)
-
-
-def _open_wikitext(path, fields):
-  """One row per WikiText article (``text_layout='wikitext'``).
-
-  WikiText's files hold one paragraph or heading per line with blank lines
-  between them; read line by line, each heading (`` = = History = = ``)
-  would be an example of its own and each paragraph a separate document.
-  Here a top-level `` = Title = `` line starts a new example, blank lines
-  are dropped, headings keep their words without the ``=`` markup, the
-  lines are joined with newlines and detokenized (``wikitext_detokenize``).
-  The row's line number is that of the article's first line.
-  """
-  del fields
-  lines = _numbered_lines(path).map(
-      lambda number, line: (number, line, tf.constant(False)))
-  # A sentinel title after the last line flushes the last article.
-  end = tf.data.Dataset.from_tensors(
-      (tf.constant(0, tf.int64), tf.constant(""), tf.constant(True)))
-
-  def step(state, element):
-    text, first = state
-    number, line, is_end = element
-    stripped = tf.strings.strip(line)
-    blank = tf.equal(tf.strings.length(stripped), 0)
-    title = is_end | tf.strings.regex_full_match(stripped, _WIKITEXT_TITLE)
-    heading = tf.strings.regex_full_match(stripped, _WIKITEXT_HEADING)
-    words = tf.where(heading, tf.strings.regex_replace(
-        stripped, r"^(= )+(.*?)( =)+$", r"\2"), stripped)
-    # Padded, so that a separator at the end of a line (``1932 @,@``) still
-    # has the spaces the rules expect.
-    content = wikitext_detokenize(tf.strings.join([" ", words, " "]))
-    empty = tf.equal(tf.strings.length(text), 0)
-    joined = tf.where(empty, content,
-                      tf.strings.join([text, "\n", content]))
-    new_text = tf.where(title, tf.where(is_end, "", content),
-                        tf.where(blank, text, joined))
-    new_first = tf.where(title | (empty & ~blank), number, first)
-    emit = title & ~empty
-    return (new_text, new_first), (first, text, emit)
-
-  articles = lines.concatenate(end).scan(
-      (tf.constant(""), tf.constant(0, tf.int64)), step)
-  articles = articles.filter(lambda number, text, emit: emit).map(
-      lambda number, text, emit: (number, text))
-  return _raw_lines({"path": path}, articles)
-
-
-def _parse_wikitext(meta, number, text, fields):
-  del fields  # the article's lines were checked in its file's chain
-  return {"text": text}, [meta["path"], ":", number], []
-
-
 # format -> (open, parse, drop blank lines)
-_FORMATS = {"jsonl": (_open_lines, _parse_jsonl, True),
-            "tsv": (_open_tsv, _parse_tsv, False),
-            "text": (_open_lines, _parse_text, True),
-            "wikitext": (_open_wikitext, _parse_wikitext, False)}
+_FORMATS = {"jsonl": (formats.open_lines, formats.parse_jsonl, True),
+            "tsv": (formats.open_tsv, formats.parse_tsv, False),
+            "text": (formats.open_lines, formats.parse_text, True),
+            "wikitext": (wikitext.open_wikitext, wikitext.parse_wikitext,
+                         False)}
 
 
 # Lines per block that a file's chain hands to the interleave of files (the
@@ -513,7 +154,7 @@ def local_reader(fmt: str, fields: Mapping[str, Sequence[str]],
       label, dropped later by the task).
     text_layout: how a text file divides into examples: 'lines' (each
       non-empty line is one ``text``) or 'wikitext' (one per WikiText
-      article, see ``_open_wikitext``). Other formats ignore it.
+      article, see ``wikitext.open_wikitext``). Other formats ignore it.
 
   Every row also carries ``source`` = ``"file:line"`` for later messages.
   """
@@ -533,8 +174,8 @@ def local_reader(fmt: str, fields: Mapping[str, Sequence[str]],
   def to_features(meta, number, line):
     out, where, checks = parse(meta, number, line, fields)
     if "label" in out:
-      label, check = _label_id(out["label"], where, label_names or (),
-                               allow_unlabelled)
+      label, check = formats.label_id(out["label"], where,
+                                      label_names or (), allow_unlabelled)
       out["label"] = label
       checks.append(check)
     with tf.control_dependencies(checks):
@@ -565,11 +206,11 @@ def image_reader(num_classes: int) -> LocalReader:
     images = tf.strings.join([root, "/images"])
     prefix = tf.where(tf.size(tf.io.matching_files(images)) > 0, images,
                       root)
-    return _open_tsv(path, fields, {"prefix": prefix})
+    return formats.open_tsv(path, fields, {"prefix": prefix})
 
   @tf.autograph.experimental.do_not_convert
   def to_features(meta, number, line):
-    out, where, checks = _parse_tsv(meta, number, line, fields)
+    out, where, checks = formats.parse_tsv(meta, number, line, fields)
     label = tf.strings.strip(out["label"])
     is_int = tf.strings.regex_full_match(label, "-?[0-9]{1,9}")
     value = tf.strings.to_number(tf.where(is_int, label, "-1"), tf.int64)
@@ -610,10 +251,10 @@ def local_source(split_to_pattern: Mapping[str, str],
   """
   patterns = {s: split_patterns(p) for s, p in split_to_pattern.items()}
   if by_format:
-    formats = {file_format(p[0]) for p in patterns.values()}
-    if len(formats) > 1:
+    kinds = {file_format(p[0]) for p in patterns.values()}
+    if len(kinds) > 1:
       return _MultiFormatSource(patterns, read_file_fn)
-    read_file_fn = read_file_fn(formats.pop())
+    read_file_fn = read_file_fn(kinds.pop())
   return _file_source(patterns, read_file_fn)
 
 

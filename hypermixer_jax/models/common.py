@@ -278,19 +278,20 @@ def resolve_mask(x: Array, mask: Array | None, segment_ids: Array | None
   does not match ``x``'s ``[B, N]``.
   """
   b, n = x.shape[0], x.shape[1]
-  if mask is not None:
-    if mask.shape != (b, n):
+
+  def check(name, value, what):
+    if value.shape != (b, n):
       raise ValueError(
-          f"mask has shape {tuple(mask.shape)} but x is [B, N, d] = "
-          f"{tuple(x.shape)}; pass a [B, N] = {(b, n)} boolean padding mask "
-          "(True for real tokens).")
+          f"{name} has shape {tuple(value.shape)} but x is [B, N, d] = "
+          f"{tuple(x.shape)}; pass {what.format(bn=(b, n))}.")
+
+  if mask is not None:
+    check("mask", mask, "a [B, N] = {bn} boolean padding mask (True for "
+          "real tokens)")
     mask = mask.astype(bool)
   if segment_ids is not None:
-    if segment_ids.shape != (b, n):
-      raise ValueError(
-          f"segment_ids has shape {tuple(segment_ids.shape)} but x is "
-          f"[B, N, d] = {tuple(x.shape)}; pass [B, N] = {(b, n)} integer "
-          "segment ids (0 for padding).")
+    check("segment_ids", segment_ids, "[B, N] = {bn} integer segment ids "
+          "(0 for padding)")
     seg_mask = segment_ids > 0
     mask = seg_mask if mask is None else jnp.logical_and(mask, seg_mask)
   return mask

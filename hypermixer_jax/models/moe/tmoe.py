@@ -222,20 +222,21 @@ class MoeFeedForward(nn.Module):
     sow_router_aux(self, aux, {"load_balancing_loss": self.load_balancing_weight,
                                "z_loss": self.z_loss_weight})
 
-    w1 = self.param("wi", common.partitioned(
-        nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
-                                         in_axis=1, out_axis=2, batch_axis=0),
-        (common.EXPERT, common.EMBED, common.MLP)), (e, d, f), self.param_dtype)
-    b1 = self.param("bi", common.partitioned(nn.initializers.zeros_init(),
-                                             (common.EXPERT, common.MLP)),
-                    (e, f), self.param_dtype)
-    w2 = self.param("wo", common.partitioned(
-        nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
-                                         in_axis=1, out_axis=2, batch_axis=0),
-        (common.EXPERT, common.MLP, common.EMBED)), (e, f, d), self.param_dtype)
-    b2 = self.param("bo", common.partitioned(nn.initializers.zeros_init(),
-                                             (common.EXPERT, common.EMBED)),
-                    (e, d), self.param_dtype)
+    def layer(kernel, bias, axes, size_in, size_out):
+      """One linear layer per expert: ``[E, in, out]`` kernel, ``[E, out]``
+      bias."""
+      w = self.param(kernel, common.partitioned(
+          nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
+                                           in_axis=1, out_axis=2,
+                                           batch_axis=0),
+          (common.EXPERT, *axes)), (e, size_in, size_out), self.param_dtype)
+      b = self.param(bias, common.partitioned(nn.initializers.zeros_init(),
+                                              (common.EXPERT, axes[1])),
+                     (e, size_out), self.param_dtype)
+      return w, b
+
+    w1, b1 = layer("wi", "bi", (common.EMBED, common.MLP), d, f)
+    w2, b2 = layer("wo", "bo", (common.MLP, common.EMBED), f, d)
     dt = self.dtype
     xe = jnp.einsum("bnec,bnd->becd", dispatch.astype(dt), x.astype(dt))
     def experts(p, xs, _):
