@@ -10,6 +10,10 @@
         --input=sentences.txt --output=predictions.jsonl
     hypermixer-train --mode=export --config=... --workdir=/tmp/sst2 \
         --output=/tmp/sst2_params
+    # compile for a TPU topology without owning it (no --workdir; needs
+    # the [tpu] extra): per-chip memory, FLOPs, collectives, estimated MFU
+    hypermixer-train --mode=compile --config=configs/c4_mlm.py:hypermixer \
+        --topology=v5e:16x16 [--num_slices=2]
 
 The config is locked: ``--config.some_field=value`` must name an existing
 field. A run restarted with the same ``--workdir`` resumes from its latest
@@ -31,7 +35,7 @@ from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-MODES = ("train", "evaluate", "predict", "export")
+MODES = ("train", "evaluate", "predict", "export", "compile")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
@@ -41,7 +45,8 @@ config_flags.DEFINE_config_file(
 flags.DEFINE_enum("mode", "train", MODES,
                   "train | evaluate (a checkpoint of --workdir, no training) "
                   "| predict (--input file -> --output JSONL) | export "
-                  "(parameters alone, to --output).")
+                  "(parameters alone, to --output) | compile (for "
+                  "--topology, without a TPU).")
 flags.DEFINE_integer("step", None, "evaluate/predict/export: checkpoint step "
                      "of --workdir (default: the latest).")
 flags.DEFINE_string("input", None, "predict: input file (.txt one example a "
@@ -55,7 +60,12 @@ flags.DEFINE_string("coordinator_address", None,
                     "HOST:PORT of process 0 (explicit multi-process start).")
 flags.DEFINE_integer("num_processes", None, "Number of processes.")
 flags.DEFINE_integer("process_id", None, "This process's index.")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.DEFINE_string("topology", None, "compile: a Cloud TPU topology, "
+                    "GENERATION:SHAPE (v4:2x2x4, v5e:16x16, v5p:4x4x4, "
+                    "v6e:16x16).")
+flags.DEFINE_integer("num_slices", 1, "compile: slices of --topology joined "
+                     "over the data-center network (multi-slice).")
+flags.mark_flags_as_required(["config"])
 
 
 class _QuietLibraries:
@@ -84,6 +94,11 @@ def main(argv):
   logging.info("JAX process %d/%d (distributed: %s), local devices %s",
                jax.process_index(), jax.process_count(), how or "no",
                jax.local_devices())
+  if FLAGS.mode == "compile":
+    _compile_for_topology()
+    return
+  if not FLAGS.workdir:
+    raise app.UsageError(f"--mode={FLAGS.mode} needs --workdir.")
   if FLAGS.mode in ("predict", "export") and not FLAGS.output:
     raise app.UsageError(f"--mode={FLAGS.mode} needs --output.")
   if FLAGS.mode == "predict" and not FLAGS.input:
@@ -113,6 +128,21 @@ def main(argv):
       raise
     logging.error("%s", e)
     sys.exit(f"Stopped: {e}")
+
+
+def _compile_for_topology():
+  """``--mode=compile``: prints the per-chip report, or stops with why the
+  configuration does not fit and what would."""
+  from hypermixer_jax.train import compile as compile_lib  # pylint: disable=g-import-not-at-top
+  if not FLAGS.topology:
+    raise app.UsageError("--mode=compile needs --topology (e.g. v5e:16x16); "
+                         + compile_lib.GPU_ANSWER)
+  try:
+    report = compile_lib.compile_for_topology(FLAGS.config, FLAGS.topology,
+                                              FLAGS.num_slices)
+  except ValueError as e:
+    sys.exit(f"Stopped: {e}")
+  print(compile_lib.format_report(report))
 
 
 def run():
