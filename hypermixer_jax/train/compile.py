@@ -287,6 +287,7 @@ def report(c: Compiled) -> dict[str, Any]:
       "flops": flops, "bytes_accessed": accessed,
       "collectives": {k: list(v) for k, v in coll.items()},
       "est_step_s": step, "est_limit": max(times, key=times.get),
+      "est_times_s": times,
       "est_mfu": flops / peak / step if step else 0.0,
       "largest_buffers": largest_buffers(hlo),
   }
