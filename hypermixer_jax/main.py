@@ -11,6 +11,10 @@ r"""Trains, evaluates, predicts or exports; the logic lives in ``hypermixer_jax.
         --input=sentences.txt --output=predictions.jsonl
     hypermixer-train --mode=export --workdir=/tmp/sst2 --output=/tmp/sst2_params
     hypermixer-train --mode=evaluate --workdir=/tmp/sst2_params
+    # compile for a TPU topology without owning it (no --workdir; needs
+    # the [tpu] extra): per-chip memory, FLOPs, collectives, estimated MFU
+    hypermixer-train --mode=compile --config=configs/c4_mlm.py:hypermixer \
+        --topology=v5e:16x16 [--num_slices=2]
 
 The config is locked: ``--config.some_field=value`` must name an existing
 field. A run restarted with the same ``--workdir`` resumes from its latest
@@ -57,12 +61,25 @@ def _export(config) -> None:
   artifacts.export_params(config, FLAGS.workdir, FLAGS.output, step=FLAGS.step)
 
 
-# --mode -> (what it does, the flags it needs besides --workdir).
+def _compile(config) -> None:
+  """Prints the per-chip report for ``--topology``, or stops with why the
+  configuration does not fit and what would."""
+  from hypermixer_jax.train import compile as compile_lib  # pylint: disable=g-import-not-at-top
+  try:
+    report = compile_lib.compile_for_topology(config, FLAGS.topology,
+                                              FLAGS.num_slices)
+  except ValueError as e:
+    sys.exit(f"Stopped: {e}")
+  print(compile_lib.format_report(report))
+
+
+# --mode -> (what it does, the flags it needs).
 MODES = {
-    "train": (_train, ()),
-    "evaluate": (_evaluate, ()),
-    "predict": (_predict, ("input", "output")),
-    "export": (_export, ("output",)),
+    "train": (_train, ("workdir",)),
+    "evaluate": (_evaluate, ("workdir",)),
+    "predict": (_predict, ("workdir", "input", "output")),
+    "export": (_export, ("workdir", "output")),
+    "compile": (_compile, ("config", "topology")),
 }
 # Modes that read a checkpoint, and so start from the workdir's saved config
 # (``train`` does when it resumes).
@@ -81,7 +98,8 @@ config_flags.DEFINE_config_file(
 flags.DEFINE_enum("mode", "train", list(MODES),
                   "train | evaluate (a checkpoint of --workdir, no training) "
                   "| predict (--input file -> --output JSONL) | export "
-                  "(parameters, config and vocabulary, to --output).")
+                  "(parameters, config and vocabulary, to --output) | compile "
+                  "(for --topology, without a TPU).")
 flags.DEFINE_integer("step", None, "evaluate/predict/export: checkpoint step "
                      "of --workdir (default: the latest).")
 flags.DEFINE_string("input", None, "predict: input file (.txt one example a "
@@ -95,7 +113,11 @@ flags.DEFINE_string("coordinator_address", None,
                     "HOST:PORT of process 0 (explicit multi-process start).")
 flags.DEFINE_integer("num_processes", None, "Number of processes.")
 flags.DEFINE_integer("process_id", None, "This process's index.")
-flags.mark_flags_as_required(["workdir"])
+flags.DEFINE_string("topology", None, "compile: a Cloud TPU topology, "
+                    "GENERATION:SHAPE (v4:2x2x4, v5e:16x16, v5p:4x4x4, "
+                    "v6e:16x16).")
+flags.DEFINE_integer("num_slices", 1, "compile: slices of --topology joined "
+                     "over the data-center network (multi-slice).")
 
 
 class _QuietLibraries:
@@ -201,9 +223,14 @@ def main(argv):
   run_mode, needs = MODES[FLAGS.mode]
   missing = [f"--{n}" for n in needs if not FLAGS[n].value]
   if missing:
-    raise app.UsageError(f"--mode={FLAGS.mode} needs {' and '.join(missing)}.")
+    hint = ""
+    if FLAGS.mode == "compile":
+      from hypermixer_jax.train import compile as compile_lib  # pylint: disable=g-import-not-at-top
+      hint = " (e.g. --topology=v5e:16x16); " + compile_lib.GPU_ANSWER
+    raise app.UsageError(
+        f"--mode={FLAGS.mode} needs {' and '.join(missing)}.{hint}")
   try:
-    run_mode(_config(FLAGS.mode))
+    run_mode(FLAGS.config if FLAGS.mode == "compile" else _config(FLAGS.mode))
   except FloatingPointError as e:
     sys.exit(f"Training stopped: {e}")
   except Exception as e:  # pylint: disable=broad-except

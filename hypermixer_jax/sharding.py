@@ -366,6 +366,26 @@ def validate_divisibility(abstract_tree: Any, mesh: jax.sharding.Mesh,
         "other mesh axes in config.sharding.rules.")
 
 
+def abstract_init(init_fn: Callable[[jax.Array], Any], key: jax.Array,
+                  mesh: jax.sharding.Mesh, rules: Rules) -> tuple[Any, Any]:
+  """``sharded_init`` without allocating: ``(abstract state, shardings)``.
+
+  The state is the unboxed tree of ``jax.ShapeDtypeStruct``s, each carrying
+  its ``NamedSharding`` (what ``.lower`` takes to compile for the mesh).
+  """
+  # Shapes first, with no rules bound (constraints are no-ops), so that bad
+  # names and sizes get our errors, naming the parameter, before tracing
+  # with the mesh and before any compilation.
+  with nn.logical_axis_rules(()):
+    abstract = jax.eval_shape(init_fn, key)
+  validate_divisibility(abstract, mesh, rules)
+  shardings = logical_shardings(abstract, mesh, rules)
+  state = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      meta.unbox(abstract), shardings)
+  return state, shardings
+
+
 def sharded_init(init_fn: Callable[[jax.Array], Any], key: jax.Array,
                  mesh: jax.sharding.Mesh, rules: Rules) -> tuple[Any, Any]:
   """Initialises ``init_fn(key)`` directly into its sharded layout.
@@ -380,13 +400,7 @@ def sharded_init(init_fn: Callable[[jax.Array], Any], key: jax.Array,
     ``(state, shardings)``: the unboxed state (plain arrays) and the
     matching tree of ``NamedSharding``.
   """
-  # Shapes first, with no rules bound (constraints are no-ops), so that bad
-  # names and sizes get our errors, naming the parameter, before tracing
-  # with the mesh and before any compilation.
-  with nn.logical_axis_rules(()):
-    abstract = jax.eval_shape(init_fn, key)
-  validate_divisibility(abstract, mesh, rules)
-  shardings = logical_shardings(abstract, mesh, rules)
+  _, shardings = abstract_init(init_fn, key, mesh, rules)
   state = jax.jit(within(lambda k: meta.unbox(init_fn(k)), mesh, rules),
                   out_shardings=shardings)(key)
   return state, shardings

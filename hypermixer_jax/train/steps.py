@@ -185,6 +185,23 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation,
     matching tree of ``NamedSharding`` (optimizer moments follow their
     parameters; counters are replicated).
   """
+  return sharding.sharded_init(_state_init_fn(model, tx, sample_batch), key,
+                               mesh, rules)
+
+
+def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation,
+                         sample_batch: Any, mesh: jax.sharding.Mesh,
+                         rules: sharding.Rules) -> tuple[TrainState, Any]:
+  """``create_train_state``'s ``(state, shardings)`` with nothing allocated:
+  the state's leaves are ``jax.ShapeDtypeStruct``s carrying their shardings
+  (what ``jit_train_step(...).lower`` takes to compile for a mesh)."""
+  return sharding.abstract_init(_state_init_fn(model, tx, sample_batch),
+                                jax.random.key(0), mesh, rules)
+
+
+def _state_init_fn(model: nn.Module, tx: optax.GradientTransformation,
+                   sample_batch: Any) -> Callable[[jax.Array], TrainState]:
+  """``rng -> TrainState`` with boxed (logically named) params and moments."""
   spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                       sample_batch)
 
@@ -200,4 +217,4 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation,
                       params=boxed, tx=tx,
                       opt_state=_box_like_params(opt_state, boxed))
 
-  return sharding.sharded_init(init_fn, key, mesh, rules)
+  return init_fn

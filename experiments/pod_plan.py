@@ -1,0 +1,221 @@
+r"""Pod plan: the paper-scale configurations compiled for Cloud TPU topologies.
+
+For each (configuration, sharding preset, topology) cell, the train step is
+compiled for TPU without a TPU (``hypermixer_jax.train.compile``: libtpu's
+compile-only devices, abstract state) and the per-chip report is kept: fits
+or not, HBM per chip, collectives, the roofline estimate of step time and
+MFU, and an estimate of the largest global batch that fits (the batch-
+proportional part of the temporaries extrapolated linearly from the one
+compile; not compiled).
+
+  python experiments/pod_plan.py --out experiments/results/pod_plan
+  python experiments/pod_plan.py --out OUT --only glue_mlm_hypermixer --cells 1
+
+Cells are written to ``OUT/results.json`` one by one and a rerun skips the
+cells already there, so a long grid can be stopped and resumed. ``--table``
+only prints the markdown table of what is there.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+from hypermixer_jax.train import compile as tc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402  pylint: disable=g-import-not-at-top
+
+# Accelerator type -> (libtpu topology, slices).
+TOPOLOGIES = {
+    "v4-32": ("v4:2x2x4", 1), "v5p-128": ("v5p:4x4x4", 1),
+    "v5e-256": ("v5e:16x16", 1), "v6e-256": ("v6e:16x16", 1),
+    "2x v5e-256": ("v5e:16x16", 2), "v5e-16": ("v5e:4x4", 1),
+}
+PRESETS = ("fsdp", "data_parallel", "fsdp_tensor", "expert")
+BERT_BASE = dict(num_layers=12, d_model=768, d_ffn=3072)
+
+
+def _load(path: str, arg: str):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("cfg", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(arg)
+
+
+def _mlm(mixer: str, bert_base: bool = True):
+  c = _load("configs/c4_mlm.py", mixer)
+  if bert_base:
+    c.model.update(BERT_BASE)
+    kw = c.model.mixer_kwargs
+    if "hyper_dim" in kw:          # the GLUE model's 3 d
+      kw.hyper_dim = 3 * c.model.d_model
+    if "num_heads" in kw:
+      kw.num_heads = 12
+    c.batch_size = 2048            # the gMLP paper's BERT setting
+  return c
+
+
+def _glue_mlm_bf16():
+  """The GLUE-size MLM with bf16 compute and 8x the batch: what the roofline
+  says would lift its MFU."""
+  c = _mlm("hypermixer", False)
+  c.model.dtype = "bfloat16"
+  c.batch_size = 2048
+  return c
+
+
+def _smlp():
+  c = _load("configs/smlp_lm.py", "base")
+  c.model.moe.num_experts = 64
+  return c
+
+
+# Name -> (config factory, what it is).
+CONFIGS = {
+    "glue_mlm_hypermixer": (lambda: _mlm("hypermixer", False),
+                            "configs/c4_mlm.py:hypermixer as it is (GLUE size)"),
+    "glue_mlm_hypermixer_bf16": (_glue_mlm_bf16,
+                                 "the same in bf16 at batch 2048"),
+    **{f"bert_mlm_{m}": (lambda m=m: _mlm(m),
+                         f"C4 MLM of glue_{m} at BERT-base width")
+       for m in ("hypermixer", "mlp_mixer", "gmlp", "attention", "fnet",
+                 "linear_attention")},
+    "gmlp_b": (lambda: _load("configs/imagenet.py", "gmlp_b"),
+               "configs/imagenet.py:gmlp_b"),
+    "mixer_b16": (lambda: _load("configs/imagenet.py", "mixer_b16"),
+                  "configs/imagenet.py:mixer_b16"),
+    "smlp_base_64e": (_smlp, "configs/smlp_lm.py:base with 64 experts"),
+    "causal_lm_hypermixer": (lambda: _load("configs/c4_lm.py", "hypermixer"),
+                             "configs/c4_lm.py:hypermixer (N = 1024)"),
+}
+
+
+def set_preset(c, preset: str, chips: int, slices: int) -> bool:
+  """Sets the mesh of ``preset``; False where the preset is meaningless."""
+  experts = c.model.get("moe", {}).get("num_experts", 0) if (
+      c.model.family == "smlp") else 0
+  if preset == "expert" and not experts:
+    return False
+  c.sharding.rules = preset
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor, c.mesh.expert = slices, -1, 1, 1
+  if preset == "data_parallel":
+    c.mesh.data, c.mesh.fsdp = -1, 1
+  elif preset == "fsdp_tensor":
+    c.mesh.tensor = 4
+  elif preset == "expert":
+    c.mesh.expert = math.gcd(experts, chips // slices)
+  return True
+
+
+def cell_order(names, presets, topologies):
+  """Most useful first: fsdp everywhere, then the other presets."""
+  for preset in presets:
+    for topo in topologies:
+      for name in names:
+        yield name, preset, topo
+
+
+def run_cell(name: str, preset: str, topo: str) -> dict:
+  factory, _ = CONFIGS[name]
+  c = factory()
+  topology, slices = TOPOLOGIES[topo]
+  devices = tc.topology_devices(topology, slices)
+  if not set_preset(c, preset, len(devices), slices):
+    return {"skipped": "no experts"}
+  with c.unlocked():
+    mesh = tc.sharding.build_mesh(c.mesh, devices)
+    step = tc.batch_step(mesh, tc.sharding.get_rules(c.sharding))
+    c.batch_size = -(-int(c.batch_size) // step) * step
+  t = time.perf_counter()
+  r = tc.report(tc.compile_steps(c, devices, with_eval=False))
+  r["compile_s"] = time.perf_counter() - t
+  # Temporaries grow with the batch; the state does not.
+  fixed = r["total_bytes"] - r["temp_bytes"]
+  per_example = r["temp_bytes"] / r["batch_size"]
+  room = r["hbm_bytes"] - fixed
+  r["est_max_batch"] = (int(room / per_example) // step * step
+                        if room > 0 else 0)
+  return r
+
+
+def _gib(x):
+  return f"{x / 2**30:.2f}"
+
+
+def table(results: dict) -> str:
+  rows = []
+  for key, r in results.items():
+    name, preset, topo = key.split("|")
+    if "skipped" in r:
+      continue
+    if "error" in r:
+      rows.append([name, preset, topo, "error: " + r["error"][:80]] +
+                  [""] * 6)
+      continue
+    coll = ", ".join(f"{k.replace('collective-', 'c-')} {n}"
+                     for k, (n, _) in r["collectives"].items() if n)
+    coll_bytes = sum(b for _, b in r["collectives"].values())
+    chip = next(c for c in tc.CHIPS.values() if c.name == r["chip"])
+    times = (r["flops"] / tc.metrics_lib.peak_flops(r["chip"]),
+             r["bytes_accessed"] / chip.hbm_bandwidth,
+             coll_bytes / chip.ici_bandwidth)
+    rows.append([
+        name, preset, topo, "yes" if r["fits"] else "**no**",
+        f"{_gib(r['total_bytes'])} / {_gib(r['hbm_bytes'])}",
+        f"{coll} ({_gib(coll_bytes)} GiB)",
+        " / ".join(f"{t * 1e3:.1f}" for t in times),
+        f"{r['est_mfu']:.0%} ({r['est_limit']})",
+        f"{r['batch_size']} / {r['est_max_batch']}"])
+  return bc.markdown_table(
+      ["config", "preset", "topology", "fits", "HBM/chip GiB (of)",
+       "collectives in the HLO (result bytes/chip)",
+       "est. ms: FLOPs / HBM / ICI", "est. MFU (bound)",
+       "batch / est. largest"], rows)
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--out", default="experiments/results/pod_plan")
+  p.add_argument("--only", nargs="*", default=list(CONFIGS))
+  p.add_argument("--presets", nargs="*", default=list(PRESETS))
+  p.add_argument("--topologies", nargs="*",
+                 default=["v5e-256", "v4-32", "v5p-128", "v6e-256",
+                          "2x v5e-256"])
+  p.add_argument("--cells", type=int, default=0, help="stop after N cells")
+  p.add_argument("--table", action="store_true")
+  args = p.parse_args()
+  path = os.path.join(args.out, "results.json")
+  results = {}
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      results = json.load(f)
+  if args.table:
+    print(table(results))
+    return
+  os.makedirs(args.out, exist_ok=True)
+  done = 0
+  for name, preset, topo in cell_order(args.only, args.presets,
+                                       args.topologies):
+    key = f"{name}|{preset}|{topo}"
+    if key in results:
+      continue
+    try:
+      r = run_cell(name, preset, topo)
+    except Exception as e:  # pylint: disable=broad-except
+      r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    results[key] = r
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      json.dump(results, f, indent=1)
+    os.replace(path + ".tmp", path)
+    print(key, r.get("compile_s", r), flush=True)
+    done += 1
+    if args.cells and done >= args.cells:
+      break
+  print(table(results))
+
+
+if __name__ == "__main__":
+  main()

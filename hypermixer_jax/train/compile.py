@@ -1,0 +1,394 @@
+"""Compiles a configuration for a TPU topology without owning one.
+
+``main.py --mode=compile --topology=v5e:16x16 [--num_slices=2]`` (as MaxText's
+``train_compile``): libtpu describes the topology's chips
+(``jax.experimental.topologies.get_topology_desc``, compile-only devices),
+the config's mesh is built on them (``sharding.build_mesh``: several slices
+become an ICI x DCN hybrid mesh), the train state and the batch stay abstract
+(``jax.ShapeDtypeStruct`` with their shardings; nothing is materialised) and
+the loop's own train and eval steps are lowered and compiled by XLA:TPU.
+
+``report`` reads the executables per chip: parameter and optimizer bytes,
+XLA's temporaries, the total against the chip's HBM, FLOPs, the collectives
+of the TPU HLO by kind with the bytes of their results, and a roofline
+*estimate* of the step time (the largest of FLOPs at peak, bytes accessed at
+HBM bandwidth and collective bytes at ICI bandwidth) and of the MFU that
+follows. A configuration that does not fit raises ``DoesNotFit``, naming the
+largest buffers and the largest batch that fits (``largest_batch``: halving,
+then bisection of compiles).
+
+GPU: jax compiles for a GPU only through its CUDA plugin and a GPU target
+description; neither runs without a GPU here, so only TPU topologies are
+accepted.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+
+from hypermixer_jax import heads
+from hypermixer_jax import models
+from hypermixer_jax import sharding
+from hypermixer_jax.data import preprocessors
+from hypermixer_jax.train import checkpoint as ckpt_lib
+from hypermixer_jax.train import evaluation
+from hypermixer_jax.train import metrics as metrics_lib
+from hypermixer_jax.train import optim
+from hypermixer_jax.train import steps
+
+GIB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One TPU generation, per chip (peak FLOP/s: ``metrics.PEAK_FLOPS``)."""
+  name: str
+  hbm_bytes: float
+  hbm_bandwidth: float     # bytes/s
+  ici_bandwidth: float     # bytes/s, bidirectional, all links of one chip
+
+
+# Cloud TPU's chip specifications, one page per generation; the dense bf16
+# peaks are those of ``metrics.PEAK_FLOPS`` (the same pages).
+CHIPS: dict[str, Chip] = {
+    # https://cloud.google.com/tpu/docs/v4: 32 GiB HBM2 at 1,200 GB/s. ICI:
+    # 6 links of 45 GB/s each way (https://jax-ml.github.io/scaling-book/tpus/).
+    "v4": Chip("TPU v4", 32 * GIB, 1.2e12, 6 * 2 * 45e9),
+    # https://cloud.google.com/tpu/docs/v5e: 16 GiB HBM2 at 819 GB/s, ICI
+    # 400 GB/s bidirectional per chip.
+    "v5e": Chip("TPU v5e", 16 * GIB, 819e9, 400e9),
+    # https://cloud.google.com/tpu/docs/v5p: 95 GiB HBM2e at 2,765 GB/s, ICI
+    # 1,200 GB/s bidirectional per chip.
+    "v5p": Chip("TPU v5p", 95 * GIB, 2765e9, 1200e9),
+    # https://cloud.google.com/tpu/docs/v6e: 32 GiB HBM at 1,638 GB/s, ICI
+    # 800 GB/s bidirectional per chip.
+    "v6e": Chip("TPU v6e", 32 * GIB, 1638e9, 800e9),
+}
+# jax.Device.device_kind -> generation.
+_KINDS = {"tpu v4": "v4", "tpu v5 lite": "v5e", "tpu v5e": "v5e",
+          "tpu v5": "v5p", "tpu v5p": "v5p", "tpu v6 lite": "v6e",
+          "tpu v6e": "v6e"}
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
+               "collective-permute")
+GPU_ANSWER = (
+    "GPU meshes cannot be compiled here: jax compiles for a GPU without one "
+    "only through its CUDA plugin (pip install -e '.[cuda12]') and a GPU "
+    "target description, which this mode does not take; compile on a GPU "
+    "host instead.")
+
+
+class DoesNotFit(ValueError):
+  """The configuration needs more HBM per chip than the topology's chips."""
+
+
+def chip_of(device: Any) -> tuple[Chip, float]:
+  """``(Chip, peak bf16 FLOP/s)`` of a TPU device."""
+  kind = device.device_kind.lower()
+  gen = _KINDS.get(kind)
+  peak = metrics_lib.peak_flops(device.device_kind)
+  if gen is None or peak is None:
+    raise ValueError(f"no chip specifications for device kind "
+                     f"{device.device_kind!r}; known: {sorted(_KINDS)}.")
+  return CHIPS[gen], peak
+
+
+def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
+  """The compile-only devices of ``num_slices`` slices of ``topology``.
+
+  ``topology``: libtpu's ``GENERATION:SHAPE`` (``v4:2x2x2``, ``v5e:16x16``,
+  ``v5p:4x4x8``, ``v6e:16x16``); v4 chips count as one device each (megacore,
+  as on a Cloud TPU VM).
+  """
+  gen = topology.split(":")[0].lower()
+  if gen not in CHIPS:
+    hint = GPU_ANSWER if gen in ("gpu", "cuda", "rocm") else (
+        "e.g. v4:2x2x1, v5e:4x4, v5p:2x2x2 or v6e:16x16")
+    raise ValueError(f"--topology={topology!r}: generation {gen!r} is not "
+                     f"one of {sorted(CHIPS)} ({hint}).")
+  if num_slices < 1:
+    raise ValueError(f"--num_slices={num_slices} must be >= 1.")
+  # Several processes (pytest workers, a training job) may load libtpu.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  kwargs = {"chip_config_name": "megacore"} if gen == "v4" else {}
+  try:
+    desc = topologies.get_topology_desc(
+        topology_name=topology, platform="tpu", num_slices=num_slices,
+        **kwargs)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(
+        f"--topology={topology!r} --num_slices={num_slices}: libtpu could "
+        f"not describe it ({str(e).splitlines()[0][:200]}). Install the TPU "
+        "runtime with pip install -e '.[tpu]' -c constraints.txt; shapes are "
+        "those of Cloud TPU (v5e:2x4, v4:2x2x2, ...).") from e
+  return list(desc.devices)
+
+
+def abstract_batch(config: ml_collections.ConfigDict, batch_size: int
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global batch of ``config``'s task as shapes (CONTRIBUTING.md)."""
+  mc, head = config.model, models.model_facts(config.model).head
+  kind = heads.get(head).kind
+  s, i32, f32 = jax.ShapeDtypeStruct, np.int32, np.float32
+  b = batch_size
+  if mc.family == "continuous":
+    n = mc.max_len
+    out = {"inputs": s((b, n, mc.input_dim), f32)}
+  else:
+    n = (config.data.synthetic.seq_len if config.data.task == "synthetic_pairs"
+         else config.data.seq_len)
+    out = {k: s((b, n), i32) for k in ("inputs", "segment_ids", "positions")}
+    if mc.get("type_vocab_size", 0) and kind == "classes":
+      out["token_type_ids"] = s((b, n), i32)
+  if kind == "classes":
+    out["label"] = s((b,), i32)
+  elif kind == "values":
+    out["targets"] = s((b, n, mc.out_dim), f32)
+    out["weights"] = s((b, n), f32)
+  else:
+    out["targets"], out["weights"] = s((b, n), i32), s((b, n), f32)
+  if head == "mlm":
+    p = preprocessors.max_predictions(n, config.data.mlm.select_rate)
+    out["masked_positions"] = s((b, p), i32)
+  return out
+
+
+@dataclasses.dataclass
+class Compiled:
+  """The compiled steps and what they were compiled for."""
+  train: Any
+  eval: Any
+  state: Any                   # abstract TrainState (shapes + shardings)
+  mesh: jax.sharding.Mesh
+  batch_size: int
+
+
+def compile_steps(config: ml_collections.ConfigDict, devices: list[Any], *,
+                  batch_size: int | None = None, with_eval: bool = True
+                  ) -> Compiled:
+  """Lowers and compiles the loop's train (and eval) step on ``devices``."""
+  mesh = sharding.build_mesh(config.mesh, devices)
+  rules = sharding.get_rules(config.sharding)
+  model, facts = models.build_model(config.model), models.model_facts(
+      config.model)
+  tx, _ = optim.make_optimizer(config)
+  b = int(batch_size or config.batch_size)
+  spec = abstract_batch(config, b)
+  state, state_sh = steps.abstract_train_state(model, tx, spec, mesh, rules)
+  batch_sh = sharding.batch_shardings(spec, mesh, rules)
+  train = steps.jit_train_step(
+      steps.make_train_step(model, facts.head,
+                            loss_weights=facts.loss_weights),
+      state_sh, batch_sh, mesh, rules).lower(
+          state, ckpt_lib.abstract_like(spec, batch_sh),
+          jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
+                               sharding=jax.NamedSharding(mesh, jax.P()))
+      ).compile()
+  ev = None
+  if with_eval:
+    espec = abstract_batch(config, int(config.eval_batch_size))
+    esh = sharding.batch_shardings(espec, mesh, rules)
+    ev = steps.jit_eval_step(
+        evaluation.make_eval_step(model, facts.head,
+                                  loss_weights=facts.loss_weights),
+        state_sh, esh, mesh, rules).lower(
+            state, ckpt_lib.abstract_like(espec, esh)).compile()
+  return Compiled(train, ev, state, mesh, b)
+
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2,
+                "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8,
+                "u64": 8, "c64": 8, "c128": 16}
+_SHAPE = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9]\w*)?)\[([0-9,]*)\]")
+_OP = re.compile(r"^\s*(?:ROOT\s+)?%?\S+ = (.+?) (" + "|".join(COLLECTIVES)
+                 + r")(-start|-done)?\(", re.M)
+
+
+def shape_bytes(hlo_type: str) -> int:
+  """Bytes of an HLO result type (an array or a tuple of arrays)."""
+  total = 0
+  for dtype, dims in _SHAPE.findall(hlo_type):
+    size = _DTYPE_BYTES.get(dtype, 1)
+    total += size * math.prod(int(d) for d in dims.split(",") if d)
+  return total
+
+
+def collectives(hlo_text: str) -> dict[str, tuple[int, int]]:
+  """``{kind: (ops, result bytes)}`` of the collectives in an HLO module.
+
+  Asynchronous pairs count once (their ``-done`` result). Counted as written:
+  an op inside a loop body counts once, however often the loop runs.
+  """
+  out = {k: (0, 0) for k in COLLECTIVES}
+  for hlo_type, op, phase in _OP.findall(hlo_text):
+    if phase == "-start":
+      continue
+    n, size = out[op]
+    out[op] = (n + 1, size + shape_bytes(hlo_type))
+  return out
+
+
+def _per_chip_bytes(tree: Any) -> int:
+  return sum(
+      math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+      for x in jax.tree.leaves(tree))
+
+
+def _flops_and_bytes(compiled) -> tuple[float, float]:
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else {}
+  return (float(analysis.get("flops", 0.0)),
+          float(analysis.get("bytes accessed", 0.0)))
+
+
+def largest_buffers(hlo_text: str, k: int = 3) -> list[tuple[int, str]]:
+  """The ``k`` largest distinct array results in an HLO module (per chip)."""
+  found = {}
+  for dtype, dims in _SHAPE.findall(hlo_text):
+    name = f"{dtype}[{dims}]"
+    found[name] = shape_bytes(name)
+  return sorted(((b, n) for n, b in found.items()), reverse=True)[:k]
+
+
+def report(c: Compiled) -> dict[str, Any]:
+  """Per-chip figures of the compiled steps (see the module docstring)."""
+  chip, peak = chip_of(c.mesh.devices.flat[0])
+  mem = c.train.memory_analysis()
+  params = _per_chip_bytes(c.state.params)
+  opt = _per_chip_bytes(c.state.opt_state)
+  # Donated state aliases the outputs: arguments + temporaries + outputs that
+  # are not aliased is what the step holds at once.
+  total = (mem.argument_size_in_bytes + mem.temp_size_in_bytes
+           + mem.output_size_in_bytes - mem.alias_size_in_bytes)
+  flops, accessed = _flops_and_bytes(c.train)
+  hlo = c.train.as_text()
+  coll = collectives(hlo)
+  comm = sum(b for _, b in coll.values())
+  times = {"compute": flops / peak, "hbm": accessed / chip.hbm_bandwidth,
+           "collectives": comm / chip.ici_bandwidth}
+  step = max(times.values())
+  out = {
+      "chip": chip.name, "chips": c.mesh.size, "mesh": dict(c.mesh.shape),
+      "batch_size": c.batch_size,
+      "params": sum(x.size for x in jax.tree.leaves(c.state.params)),
+      "param_bytes": params, "opt_bytes": opt,
+      "argument_bytes": mem.argument_size_in_bytes,
+      "temp_bytes": mem.temp_size_in_bytes, "total_bytes": total,
+      "hbm_bytes": chip.hbm_bytes, "fits": total <= chip.hbm_bytes,
+      "flops": flops, "bytes_accessed": accessed,
+      "collectives": {k: list(v) for k, v in coll.items()},
+      "est_step_s": step, "est_limit": max(times, key=times.get),
+      "est_times_s": times,
+      "est_mfu": flops / peak / step if step else 0.0,
+      "largest_buffers": largest_buffers(hlo),
+  }
+  if c.eval is not None:
+    emem = c.eval.memory_analysis()
+    out["eval_total_bytes"] = (emem.argument_size_in_bytes
+                               + emem.temp_size_in_bytes
+                               + emem.output_size_in_bytes)
+    out["eval_flops"] = _flops_and_bytes(c.eval)[0]
+  return out
+
+
+def batch_step(mesh: jax.sharding.Mesh, rules: sharding.Rules) -> int:
+  """How many devices share the batch axis: the global batch's granularity."""
+  axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+  return math.prod(mesh.shape[a] for a in axes)
+
+
+def largest_batch(fits: Callable[[int], bool], start: int, step: int
+                  ) -> int:
+  """The largest multiple of ``step`` below ``start`` (which does not fit)
+  for which ``fits``.
+
+  Halves until a batch fits, then bisects between it and the smallest that
+  did not; 0 when not even ``step`` fits.
+  """
+  lo, hi = 0, -(-start // step)       # hi * step: known not to fit
+  b = hi // 2
+  while b >= 1:
+    if fits(b * step):
+      lo = b
+      break
+    hi, b = b, b // 2
+  if lo == 0:
+    return 0
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (mid, hi) if fits(mid * step) else (lo, mid)
+  return lo * step
+
+
+def _gib(x: float) -> str:
+  for unit, size in (("GiB", GIB), ("MiB", 2**20)):
+    if x >= size:
+      return f"{x / size:.2f} {unit}"
+  return f"{x / 1024:.1f} KiB"
+
+
+def format_report(r: dict[str, Any]) -> str:
+  """The printed report (one chip)."""
+  coll = ", ".join(f"{k} {n} ({_gib(b)})" for k, (n, b) in
+                   r["collectives"].items() if n)
+  lines = [
+      f"{r['chips']} x {r['chip']}, mesh {r['mesh']}, global batch "
+      f"{r['batch_size']}, {r['params'] / 1e6:.1f}M parameters",
+      f"per chip: parameters {_gib(r['param_bytes'])}, optimizer "
+      f"{_gib(r['opt_bytes'])}, arguments {_gib(r['argument_bytes'])}, "
+      f"temporaries {_gib(r['temp_bytes'])}",
+      f"per chip total {_gib(r['total_bytes'])} of {_gib(r['hbm_bytes'])} "
+      f"HBM: {'fits' if r['fits'] else 'DOES NOT FIT'}",
+      f"train step per chip: {r['flops'] / 1e12:.3f} TFLOP, "
+      f"{_gib(r['bytes_accessed'])} accessed",
+      f"collectives (ops in the HLO, result bytes): {coll or 'none'}",
+      f"estimate (roofline, not a measurement): step {r['est_step_s'] * 1e3:.2f}"
+      f" ms, bound by {r['est_limit']}, MFU {r['est_mfu']:.0%}",
+  ]
+  if "eval_total_bytes" in r:
+    lines.append(f"eval step per chip: total {_gib(r['eval_total_bytes'])}, "
+                 f"{r['eval_flops'] / 1e12:.3f} TFLOP")
+  return "\n".join(lines)
+
+
+def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
+                         num_slices: int = 1) -> dict[str, Any]:
+  """Compiles ``config`` for the topology and returns ``report``'s figures.
+
+  Raises ``DoesNotFit`` (largest buffers, the largest batch that fits) when
+  the train step needs more HBM than a chip has.
+  """
+  devices = topology_devices(topology, num_slices)
+  r = report(compile_steps(config, devices))
+  if r["fits"]:
+    return r
+
+  def fits(b):
+    return report(compile_steps(config, devices, batch_size=b,
+                                with_eval=False))["fits"]
+
+  best = largest_batch(fits, r["batch_size"], batch_step(
+      sharding.build_mesh(config.mesh, devices),
+      sharding.get_rules(config.sharding)))
+  bufs = ", ".join(f"{n} ({_gib(b)})" for b, n in r["largest_buffers"])
+  fix = (f"--config.batch_size={best} fits (with grad_accum_steps for the "
+         "same effective batch)" if best else
+         "no batch fits: shard the parameters (--config.sharding.rules=fsdp "
+         "--config.mesh.fsdp=-1) or use more chips")
+  raise DoesNotFit(
+      f"{config.model.family} model at batch {r['batch_size']} needs "
+      f"{_gib(r['total_bytes'])} per chip on {topology} ({_gib(r['hbm_bytes'])}"
+      f" HBM): parameters {_gib(r['param_bytes'])}, optimizer "
+      f"{_gib(r['opt_bytes'])}, temporaries {_gib(r['temp_bytes'])}; largest "
+      f"buffers {bufs}. {fix}.")
+

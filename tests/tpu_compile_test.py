@@ -1,0 +1,201 @@
+"""Compiling for TPU topologies without a TPU (``train/compile.py``).
+
+The compiles need libtpu (the ``[tpu]`` extra); without it those tests skip
+with the reason. The parser, the batch search and the abstract batch need
+nothing but jax.
+"""
+import importlib.util
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from hypermixer_jax import data
+from hypermixer_jax.models import zoo
+from hypermixer_jax.train import compile as tc
+
+# Compiles for TPU take most of this file's ~60 s: scheduled first.
+pytestmark = pytest.mark.slow
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+
+
+def _config(name: str, arg: str):
+  spec = importlib.util.spec_from_file_location(name, CONFIGS / name)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(arg)
+
+
+def tiny(family: str, preset: str = "fsdp"):
+  """Tiny configs of each family, dimensions distinct multiples of 8."""
+  if family == "text":
+    c = _config("c4_mlm.py", "hypermixer")
+    c.model.update(num_layers=2, d_model=40, d_ffn=56, vocab_size=136,
+                   max_len=24)
+    c.model.mixer_kwargs.hyper_dim = 24
+    c.data.seq_len = 24
+  elif family == "continuous":
+    c = _config("imagenet.py", "gmlp_ti")
+    c.model.update(num_layers=2, d_model=40, d_ffn=48, max_len=16,
+                   input_dim=24, num_classes=8)
+  else:
+    c = _config("smlp_lm.py", "tiny")
+  c.batch_size = c.eval_batch_size = 16
+  c.sharding.rules = preset
+  c.mesh.data, c.mesh.fsdp = (-1, 1) if preset == "data_parallel" else (1, -1)
+  if preset == "expert":
+    c.mesh.fsdp, c.mesh.expert = 2, -1
+  return c
+
+
+_DEVICES = {}
+_COMPILED = {}
+
+
+def devices_of(name: str):
+  """The compile-only devices of ``name``; skips where libtpu cannot load."""
+  if name not in _DEVICES:
+    try:
+      _DEVICES[name] = tc.topology_devices(name)
+    except ValueError as e:
+      pytest.skip(f"libtpu cannot describe TPU topologies here: {e}")
+  return _DEVICES[name]
+
+
+def compiled(name: str, family: str, preset: str = "fsdp", batch: int = 16,
+             with_eval: bool = False) -> tc.Compiled:
+  """``compile_steps`` of a tiny config, shared by the tests (compiles are
+  the slow part)."""
+  key = (name, family, preset, batch, with_eval)
+  if key not in _COMPILED:
+    _COMPILED[key] = tc.compile_steps(tiny(family, preset), devices_of(name),
+                                      batch_size=batch, with_eval=with_eval)
+  return _COMPILED[key]
+
+
+@pytest.mark.parametrize("family,name", [
+    ("text", "v4:2x2x1"), ("continuous", "v4:2x2x1"),
+    ("text", "v5e:2x4"), ("smlp", "v5e:2x4")])
+def test_each_family_compiles_for_tpu(family, name):
+  preset = "expert" if family == "smlp" else "fsdp"
+  # The text model's eval step once (its compile is shared with the next
+  # tests); compiles dominate this file's time.
+  with_eval = (family, name) == ("text", "v5e:2x4")
+  r = tc.report(compiled(name, family, preset, with_eval=with_eval))
+  assert r["chips"] == (4 if name.startswith("v4") else 8)
+  assert r["chip"] == ("TPU v4" if name.startswith("v4") else "TPU v5e")
+  assert r["fits"] and r["flops"] > 0 and r["est_mfu"] > 0
+  # Parameters are sharded: some all-gather before use.
+  assert r["collectives"]["all-gather"][0] > 0
+  assert r["params"] == zoo.count_params(tiny(family).model)
+  if family == "smlp":
+    # Experts over the "expert" axis dispatch with all-to-all on TPU.
+    assert r["collectives"]["all-to-all"][0] > 0
+  if with_eval:
+    assert 0 < r["eval_flops"] < r["flops"]
+
+
+def test_fsdp_holds_an_eighth_data_parallel_all():
+  # Counted from the model's own shapes: every matrix is split 8 ways under
+  # fsdp here, vectors (biases, LayerNorm) may stay whole.
+  params = jax.tree.leaves(zoo.abstract_variables(tiny("text").model))
+  matrices = sum(x.size for x in params if x.ndim >= 2) * 4  # float32
+  vectors = sum(x.size for x in params if x.ndim < 2) * 4
+  full = matrices + vectors
+  dp = tc.report(compiled("v5e:2x4", "text", "data_parallel"))
+  fsdp = tc.report(compiled("v5e:2x4", "text", "fsdp", with_eval=True))
+  assert dp["param_bytes"] == full
+  assert matrices / 8 + vectors / 8 <= fsdp["param_bytes"]
+  assert fsdp["param_bytes"] <= matrices / 8 + vectors
+  # Adam's two moments follow their parameters.
+  assert dp["opt_bytes"] >= 2 * full
+  assert fsdp["opt_bytes"] <= 2 * (matrices / 8 + vectors) + 64
+  # The executable's arguments (state and batch, in TPU tiles that pad
+  # these tiny vectors) hold at least the state, and shrink under fsdp.
+  for r in (dp, fsdp):
+    assert r["param_bytes"] + r["opt_bytes"] <= r["argument_bytes"]
+  assert fsdp["argument_bytes"] < dp["argument_bytes"] / 2
+
+
+def test_oversized_batch_is_refused_with_what_fits(monkeypatch):
+  devices = devices_of("v5e:2x4")
+  total = {b: tc.report(compiled("v5e:2x4", "text", "fsdp", b,
+                                 with_eval=b == 16))["total_bytes"]
+           for b in (8, 16)}
+  assert total[8] < total[16]
+  # A chip between the two: batch 16 does not fit, 8 does (the search
+  # itself: test_largest_batch_matches_brute_force).
+  small = tc.Chip("TPU v5e", (total[8] + total[16]) / 2, 819e9, 400e9)
+  monkeypatch.setitem(tc.CHIPS, "v5e", small)
+  monkeypatch.setattr(tc, "topology_devices", lambda *a: devices)
+  monkeypatch.setattr(
+      tc, "compile_steps", lambda c, d, batch_size=None, with_eval=True:
+      compiled("v5e:2x4", "text", "fsdp", batch_size or 16, with_eval))
+  with pytest.raises(tc.DoesNotFit) as e:
+    tc.compile_for_topology(tiny("text", "fsdp"), "v5e:2x4")
+  msg = str(e.value)
+  assert msg.startswith("text model at batch 16 needs ")
+  assert "largest buffers " in msg
+  assert "--config.batch_size=8 fits" in msg
+
+
+def test_largest_batch_matches_brute_force():
+  for limit in (0, 3, 8, 9, 40, 63, 64, 100):
+    for start, step in ((64, 1), (64, 8), (96, 8), (16, 8), (100, 8)):
+      want = max([b for b in range(step, start, step) if b <= limit],
+                 default=0)
+      calls = []
+
+      def fits(b, limit=limit, calls=calls):
+        calls.append(b)
+        return b <= limit
+      assert tc.largest_batch(fits, start, step) == want, (limit, start, step)
+      assert len(calls) <= 2 * max(1, (start // step).bit_length())
+
+
+HLO = """
+ENTRY %main {
+  %all-gather.4 = bf16[512,256]{0,1:T(8,128)(2,1)} all-gather(%p0), channel_id=53
+  %all-reduce.1 = (f32[768]{0:T(1024)}, /*index=1*/f32[]{:T(128)}) all-reduce(%a, %b), channel_id=2
+  %collective-permute-start = (f32[16,512]{1,0}, f32[16,512]{1,0}, u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%x), channel_id=77
+  %collective-permute-done = f32[16,512]{1,0:T(8,128)S(1)} collective-permute-done(%collective-permute-start)
+  ROOT %all-to-all = s32[3,5,7]{2,1,0} all-to-all(%copy), channel_id=5
+  %fusion.all-gather = f32[9] fusion(%y), kind=kLoop
+}
+"""
+
+
+def test_collectives_parse_kinds_and_bytes():
+  got = tc.collectives(HLO)
+  assert got == {"all-gather": (1, 512 * 256 * 2),
+                 "all-reduce": (1, 768 * 4 + 4),
+                 "reduce-scatter": (0, 0),
+                 "all-to-all": (1, 3 * 5 * 7 * 4),
+                 "collective-permute": (1, 16 * 512 * 4)}
+  assert tc.largest_buffers(HLO, 1) == [(512 * 256 * 2, "bf16[512,256]")]
+
+
+def test_gpu_and_unknown_topologies_are_refused():
+  with pytest.raises(ValueError, match="GPU meshes cannot be compiled here"):
+    tc.topology_devices("gpu:8")
+  with pytest.raises(ValueError, match=r"generation 'v3' is not one of"):
+    tc.topology_devices("v3:4x4")
+
+
+def test_abstract_batch_matches_the_pipeline(shared_data):
+  c = _config("c4_mlm.py", "hypermixer")
+  c.data.update(vocab_path=str(shared_data / "t5_spm/sentencepiece.model"),
+                seq_len=24)
+  c.data.local_files.train = str(
+      shared_data / "c4/c4_en_train_00000_first1000.jsonl")
+  cases = [(c, "train"), (_config("default.py", ""), "validation")]
+  for cfg, split in cases:
+    real = next(iter(data.build_pipeline(cfg.data, split, batch_size=4,
+                                         seed=0, repeat=False,
+                                         shuffle=False)))
+    spec = tc.abstract_batch(cfg, 4)
+    assert sorted(spec) == sorted(real)
+    for k, v in real.items():
+      assert (spec[k].shape, spec[k].dtype) == (v.shape, np.dtype(v.dtype)), k
