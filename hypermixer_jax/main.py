@@ -223,12 +223,12 @@ def main(argv):
   run_mode, needs = MODES[FLAGS.mode]
   missing = [f"--{n}" for n in needs if not FLAGS[n].value]
   if missing:
-    hint = ""
+    hint = "."
     if FLAGS.mode == "compile":
       from hypermixer_jax.train import compile as compile_lib  # pylint: disable=g-import-not-at-top
       hint = " (e.g. --topology=v5e:16x16); " + compile_lib.GPU_ANSWER
     raise app.UsageError(
-        f"--mode={FLAGS.mode} needs {' and '.join(missing)}.{hint}")
+        f"--mode={FLAGS.mode} needs {' and '.join(missing)}{hint}")
   try:
     run_mode(FLAGS.config if FLAGS.mode == "compile" else _config(FLAGS.mode))
   except FloatingPointError as e:
