@@ -221,7 +221,8 @@ class Experiment:
     return self.data["runs"]
 
   def workdir(self, key: str) -> str:
-    return str(self.out / "runs" / key)
+    # Absolute: Orbax refuses relative checkpoint paths.
+    return str((self.out / "runs" / key).resolve())
 
   def reload(self) -> None:
     """Merges in the runs other processes recorded in ``results.json``."""

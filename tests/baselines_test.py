@@ -122,6 +122,18 @@ class HarnessTest(absltest.TestCase):
     self.assertEqual(experiment._portable("/elsewhere/x"), "/elsewhere/x")
     self.assertEqual(experiment._portable(3), 3)
 
+  def test_workdirs_are_absolute(self):
+    # Orbax refuses relative checkpoint paths; --out is often relative.
+    cwd = os.getcwd()
+    os.chdir(tempfile.mkdtemp())
+    try:
+      exp = experiment.Experiment("rel/out")
+      path = exp.workdir("a/b")
+      self.assertTrue(os.path.isabs(path))
+      self.assertEqual(path, os.path.join(os.getcwd(), "rel/out/runs/a/b"))
+    finally:
+      os.chdir(cwd)
+
   def test_small_vocab_is_built_once_with_its_digest(self):
     out = tempfile.mkdtemp()
     text = os.path.join(out, "train.txt")
