@@ -177,7 +177,8 @@ def main() -> None:
   p.add_argument("--report_only", action="store_true",
                  help="write the table and figure from the recorded runs")
   args = experiment.parse(p)
-  exp = experiment.Experiment(args.out, args)
+  # A report keeps the recorded command's arguments.
+  exp = experiment.Experiment(args.out, None if args.report_only else args)
   shared = pathlib.Path(args.shared)
   mixers = args.mixers.split(",")
   seeds = [int(s) for s in args.seeds.split(",")]
@@ -242,7 +243,7 @@ def _report(exp, runs, cells, budget, base, args) -> None:
     headers += [f"{task} dev, final (ours)", f"{task} dev, best eval (ours)",
                 f"{task} test (paper)", "HyperMixer above it?"]
   if args.scale == "small":
-    headers += ["params (embedding / token mixing)"]
+    headers += ["params (embedding / token mixing)", "wall min per run"]
   rows = []
   for mixer in mixers:
     row = [LABELS[mixer]]
@@ -268,12 +269,16 @@ def _report(exp, runs, cells, budget, base, args) -> None:
       row.append(f"{r['params'] / 1e6:.2f}M ({r['params_embedding'] / 1e6:.2f}M"
                  f" / {r['params_token_mixing'] / 1e6:.3f}M)"
                  if "params_embedding" in r else "")
+      walls = [runs[k]["wall_s"] / 60 for k in (
+          experiment.cell_key(budget, c) for c in cells
+          if c["model"] == mixer) if k in runs]
+      row.append(f"{np.mean(walls):.0f}" if walls else "")
     rows.append(row)
   if base:
     for name, label in (("naive_bayes", "Naive Bayes (bag of tokens)"),
                         ("majority", "majority class")):
       rows.append([label, f"{100 * base[name]:.1f}", "", "", ""]
-                  + ([""] if args.scale == "small" else []))
+                  + (["", ""] if args.scale == "small" else []))
   notes = ("Final: dev accuracy at the last step; best eval: the best of the "
            "run's evaluations (selected on dev, so optimistic); mean ± sample "
            "sd over seeds. Paper: test accuracy of the ~11M models. 'agrees' "
@@ -287,7 +292,8 @@ def _report(exp, runs, cells, budget, base, args) -> None:
               f"lr {SMALL['lr']:g}, on {vocab.get('pieces')} SentencePiece "
               f"pieces trained on the SST-2 train phrases (sha256 "
               f"{vocab.get('sha256', '')[:12]}...). Baselines on the same "
-              "tokens and splits.")
+              "tokens and splits. Wall time on one core of a shared 2-core "
+              "machine.")
   exp.write_table(f"GLUE from scratch ({args.scale} scale)",
                   experiment.markdown_table(headers, rows), notes)
   _plot(exp, runs, cells, budget, base, mixers, tasks[0])

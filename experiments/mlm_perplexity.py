@@ -349,7 +349,8 @@ def main() -> None:
   p.add_argument("--report_only", action="store_true",
                  help="write the table and figure from the recorded runs")
   args = experiment.parse(p)
-  exp = experiment.Experiment(args.out, args)
+  # A report keeps the recorded command's arguments.
+  exp = experiment.Experiment(args.out, None if args.report_only else args)
   shared = pathlib.Path(args.shared)
   vocab = None
   if args.scale == "small" and args.vocab == "small":

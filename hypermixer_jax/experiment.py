@@ -215,6 +215,7 @@ class Experiment:
     if args is not None:
       self.data["args"] = {k: _portable(v) for k, v in vars(args).items()}
     self._t0 = time.time()
+    self._ran = False      # whether this process ran a cell (wall_s_total)
 
   @property
   def runs(self) -> dict[str, Any]:
@@ -266,6 +267,7 @@ class Experiment:
       t0 = time.time()
       result = dict(fn())
       result.setdefault("wall_s", time.time() - t0)
+      self._ran = True
       self.runs[key] = result
       self.save()
       print(f"[{self.out.name}] {key}: "
@@ -287,8 +289,9 @@ class Experiment:
     if notes:
       text += f"\n{notes.strip()}\n"
     (self.out / "table.md").write_text(text, encoding="utf-8")
-    self.save(wall_s_total=self.data.get("wall_s_total", 0.0)
-              + time.time() - self._t0)
+    if self._ran:  # a report from recorded runs adds no run time
+      self.save(wall_s_total=self.data.get("wall_s_total", 0.0)
+                + time.time() - self._t0)
     print(text, flush=True)
     return text
 
