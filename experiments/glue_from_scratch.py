@@ -1,26 +1,24 @@
 r"""GLUE from scratch: the HyperMixer paper's main table (Mai et al. 2023, §4.3).
 
 Six equal-size models (HyperMixer, Transformer, Linear Transformer, MLP-Mixer,
-gMLP, FNet), no pretraining, the learning rate picked per model from a grid on
-the validation split.
+gMLP, FNet), no pretraining.
 
   --scale=paper  the ~11M ``glue_<mixer>`` models on SST-2, QNLI, MNLI, QQP and
-                 SNLI from TFDS (``--data_dir``), lr grid {1e-5 ... 1e-3},
-                 50k steps of batch 64, sequence length 128.
-  --scale=small  this 2-core machine: all six on the real SST-2 files in
-                 ``--shared`` (67,349 train phrases, 872 dev sentences), the
-                 same layouts at width 64 (see ``small_model``), sequence
-                 length 64, 300 steps of batch 64, one learning rate. It also
-                 runs the ablation that found why the models did not learn
-                 (issue 9): the same models with BERT's unscaled N(0, 0.02)
-                 token embeddings (``model.scale_embeddings=False``) under
-                 unit-amplitude sinusoidal positions; and HyperMixer with the
-                 official implementation's choices, and untied.
+                 SNLI from TFDS (``--data_dir``) on the 32k T5 vocabulary, lr
+                 grid {1e-5 ... 1e-3}, 50k steps of batch 64, length 128.
+  --scale=small  the real SST-2 files in ``--shared`` (67,349 train phrases,
+                 872 dev sentences) on an 8k SentencePiece vocabulary trained
+                 on the train phrases (built into ``OUT/vocab``), the same
+                 layouts at ``--width`` (see ``small_model``), ``--seq_len``,
+                 ``--steps`` of batch 64, lr 1e-3, seeds ``--seeds``; beside
+                 them a bag-of-words Naive Bayes and the majority class on the
+                 same tokens and splits.
 
-  python experiments/glue_from_scratch.py --scale=small --out=/tmp/glue_small
+  python experiments/glue_from_scratch.py --scale=small \
+      --out=experiments/results/glue_from_scratch
 
 Writes ``results.json``, ``table.md`` and ``glue_curves.png`` (dev accuracy
-against step) into ``--out``.
+against step, mean over seeds) into ``--out``.
 """
 from __future__ import annotations
 
@@ -28,36 +26,33 @@ import importlib.util
 import pathlib
 
 import ml_collections
+import numpy as np
 
+from hypermixer_jax import baselines
 from hypermixer_jax import experiment
 
 # Test accuracy of the paper's table (poster version, 11M, no pretraining).
 PAPER = {
-    "fnet": {"mnli": 59.8, "snli": 75.3, "qqp": 78.4, "qnli": 59.6, "sst2": 80.0},
-    "linear_attention": {"mnli": 66.9, "snli": 83.0, "qqp": 82.3, "qnli": 61.7,
-                         "sst2": 80.8},
+    "hypermixer": {"mnli": 66.1, "snli": 81.7, "qqp": 84.1, "qnli": 77.1,
+                   "sst2": 81.4},
     "attention": {"mnli": 65.8, "snli": 80.7, "qqp": 82.4, "qnli": 73.2,
                   "sst2": 79.4},
+    "linear_attention": {"mnli": 66.9, "snli": 83.0, "qqp": 82.3, "qnli": 61.7,
+                         "sst2": 80.8},
     "mlp_mixer": {"mnli": 62.9, "snli": 80.1, "qqp": 83.5, "qnli": 70.5,
                   "sst2": 81.2},
     "gmlp": {"mnli": 61.2, "snli": 80.9, "qqp": 82.5, "qnli": 60.2, "sst2": 79.5},
-    "hypermixer": {"mnli": 66.1, "snli": 81.7, "qqp": 84.1, "qnli": 77.1,
-                   "sst2": 81.4},
+    "fnet": {"mnli": 59.8, "snli": 75.3, "qqp": 78.4, "qnli": 59.6, "sst2": 80.0},
 }
 LABELS = {"hypermixer": "HyperMixer", "attention": "Transformer",
           "linear_attention": "Linear Transformer", "mlp_mixer": "MLP-Mixer",
           "gmlp": "gMLP", "fnet": "FNet"}
 MIXERS = tuple(PAPER)
-# Small scale: what two shared CPU cores afford for six models and ablations.
-SMALL_WIDTH, SMALL_STEPS = 64, 300
-# name -> (zoo GLUE model, mixer_kwargs overrides)
-VARIANTS = {
-    "ours (tied, biases, no input scale)": ("hypermixer", {}),
-    "official code's choices": ("hypermixer", dict(
-        hyper_bias=False, input_scale=True, position_offset=1)),
-    "untied": ("hypermixer_untied", {}),
-}
 TASKS = ("sst2", "qnli", "mnli", "qqp", "snli")
+PAPER_LRS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
+# Small scale: the budget that lets the best model clear Naive Bayes here.
+SMALL = dict(width=128, steps=1000, seq_len=64, lr=1e-3)
+VOCAB_PIECES = 8000
 _CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -70,8 +65,9 @@ def load_config(file: str, arg: str) -> ml_collections.ConfigDict:
   return module.get_config(arg)
 
 
-def small_model(c: ml_collections.ConfigDict, width: int = 128) -> None:
-  """The GLUE layout at ``width`` (2 layers, d_ffn 2 width, length 64).
+def small_model(c: ml_collections.ConfigDict, width: int = 128,
+                seq_len: int = 64) -> None:
+  """The GLUE layout at ``width`` (2 layers, d_ffn 2 width, ``seq_len``).
 
   Token mixers keep the zoo's sizing rule (each about the Transformer's
   4 d^2 + 4 d parameters per layer): HyperMixer's hypernetwork width d' and
@@ -81,7 +77,7 @@ def small_model(c: ml_collections.ConfigDict, width: int = 128) -> None:
   """
   m = c.model
   zoo_width = m.d_model
-  m.d_model, m.d_ffn, m.num_layers, m.max_len = width, 2 * width, 2, 64
+  m.d_model, m.d_ffn, m.num_layers, m.max_len = width, 2 * width, 2, seq_len
   kw = m.mixer_kwargs
   for field in ("hyper_dim", "d_ffn"):
     if field in kw:
@@ -96,29 +92,34 @@ def glue_config(task: str, mixer: str, scale: str, lr: float,
                 shared: pathlib.Path | None, data_dir: str = "",
                 scale_embeddings: bool = True, steps: int | None = None,
                 train_file: str | None = None, dropout: float | None = None,
-                width: int = 128, seed: int = 0) -> ml_collections.ConfigDict:
+                width: int = 128, seed: int = 0, seq_len: int = 64,
+                vocab: dict | None = None) -> ml_collections.ConfigDict:
   """The training config of one GLUE run (``train_file``: another SST-2
-  train TSV, e.g. a subset, at small scale)."""
+  train TSV, e.g. a subset, at small scale; ``vocab``: an
+  ``experiment.small_vocab`` record, else the T5 vocabulary in ``shared``)."""
   c = load_config("glue.py", f"{task},{mixer}")
   c.learning_rate = lr
   c.seed = seed
   c.model.scale_embeddings = scale_embeddings
   if dropout is not None:
     c.model.dropout_rate = dropout
+  if vocab:
+    c.data.vocab_path = vocab["path"]
+    c.model.vocab_size = vocab["model_vocab_size"]
   if scale == "small":
-    small_model(c, width)
-    c.data.seq_len = 64
-    c.data.vocab_path = experiment.require(
-        shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
+    small_model(c, width, seq_len)
+    c.data.seq_len = seq_len
+    if not vocab:
+      c.data.vocab_path = experiment.require(
+          shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
     c.data.local_files.train = train_file or experiment.require(
         shared / "glue/SST-2/train.tsv", "SST-2 train.tsv")
     c.data.local_files.validation = experiment.require(
         shared / "glue/SST-2/dev.tsv", "SST-2 dev.tsv")
     c.batch_size = 64
-    # 51,200 of the 67,349 phrases (0.76 epoch): what this machine affords.
-    c.num_train_steps = steps or 800
+    c.num_train_steps = steps or SMALL["steps"]
     c.warmup_steps = max(1, c.num_train_steps // 10)
-    c.eval_every = c.num_train_steps // 5
+    c.eval_every = max(1, c.num_train_steps // 5)
     c.checkpoint_every = 0
   else:
     c.data.data_dir = data_dir
@@ -135,141 +136,189 @@ def best_eval(result: dict) -> tuple[float, int]:
   return curve[step]["accuracy"], int(step)
 
 
+def sst2_vocab(out: str, shared: pathlib.Path) -> dict:
+  """The small-scale vocabulary: SentencePiece on the SST-2 train phrases."""
+  return experiment.small_vocab(
+      out, experiment.require(shared / "glue/SST-2/train.tsv",
+                              "SST-2 train.tsv"), ("sentence",), VOCAB_PIECES)
+
+
+def bag_of_words_baselines(config: ml_collections.ConfigDict) -> dict:
+  """Dev accuracy of Naive Bayes and of the majority class on the tokens and
+  splits of ``config`` (what its model is trained and evaluated on)."""
+  train = experiment.pipeline_arrays(config.data, "train")
+  dev = experiment.pipeline_arrays(config.data, config.eval_split)
+  nb = baselines.naive_bayes(train["inputs"], train["label"], dev["inputs"],
+                             vocab_size=config.model.vocab_size,
+                             num_classes=config.model.num_classes)
+  most = baselines.majority(train["label"], len(dev["label"]))
+  return {"naive_bayes": float(np.mean(nb == dev["label"])),
+          "majority": float(np.mean(most == dev["label"])),
+          "train_rows": len(train["label"]), "dev_rows": len(dev["label"])}
+
+
+def param_split(config: ml_collections.ConfigDict) -> dict:
+  """Parameters: total, token embedding, token mixing (all layers)."""
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  return {"params": models.count_params(config.model),
+          "params_embedding": models.count_params(config.model, "token_embed"),
+          "params_token_mixing": models.count_params(config.model,
+                                                     "token_mixing")}
+
+
 def main() -> None:
   p = experiment.parser("glue_from_scratch", __doc__)
   p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
   p.add_argument("--mixers", default=",".join(MIXERS))
-  p.add_argument("--order", choices=("forward", "reverse"), default="forward",
-                 help="reverse: start from the last run, so that a second "
-                 "process on the same --out (another core) meets the first "
-                 "in the middle")
+  p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--width", type=int, default=SMALL["width"])
+  p.add_argument("--steps", type=int, default=SMALL["steps"])
+  p.add_argument("--seq_len", type=int, default=SMALL["seq_len"])
   p.add_argument("--report_only", action="store_true",
                  help="write the table and figure from the recorded runs")
   args = experiment.parse(p)
-  exp = experiment.Experiment(args.out, args)
+  # A report keeps the recorded command's arguments.
+  exp = experiment.Experiment(args.out, None if args.report_only else args)
   shared = pathlib.Path(args.shared)
   mixers = args.mixers.split(",")
+  seeds = [int(s) for s in args.seeds.split(",")]
   if args.scale == "small":
-    tasks, lrs = ("sst2",), (1e-3,)
-    small = dict(width=SMALL_WIDTH, steps=SMALL_STEPS)
-    prefix = f"w{SMALL_WIDTH}s{SMALL_STEPS}/"
+    tasks, lrs = ("sst2",), (SMALL["lr"],)
+    vocab = sst2_vocab(args.out, shared)
+    exp.save(vocab={**vocab, "path": f"vocab/spm{VOCAB_PIECES}.model",
+                    "trained_on": "SST-2 train.tsv (sentence)"})
+    small = dict(width=args.width, steps=args.steps, seq_len=args.seq_len,
+                 vocab=vocab)
+    budget = f"w{args.width}_s{args.steps}_n{args.seq_len}"
   else:
-    tasks, lrs = TASKS, (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
-    small, prefix = {}, ""
+    tasks, lrs, small, budget = TASKS, PAPER_LRS, {}, "paper"
 
-  # Every run of the experiment: (dict it goes to, name there, key, config).
-  plan = []
-  for task in tasks:
-    for mixer in sorted(mixers, key=lambda m: m != "hypermixer"):
-      for lr in lrs:
-        key = f"{prefix}{task}/{mixer}/lr{lr:g}"
-        plan.append(("runs", key, key, glue_config(
-            task, mixer, args.scale, lr, shared, args.data_dir, **small)))
+  base = {}
   if args.scale == "small":
-    for mixer in ("hypermixer", "attention"):
-      plan.append(("ablation", mixer,
-                   f"{prefix}sst2/{mixer}/unscaled_embeddings",
-                   glue_config("sst2", mixer, "small", lrs[0], shared,
-                               scale_embeddings=False, **small)))
-    # HyperMixer as this project builds it against the official code's
-    # choices and the untied ablation; the same budget for each.
-    for name, (mixer, kwargs) in VARIANTS.items():
-      if not kwargs and mixer in MIXERS:  # the main table's run
-        continue
-      cfg = glue_config("sst2", mixer, "small", lrs[0], shared, **small)
-      cfg.model.mixer_kwargs.update(kwargs)
-      plan.append(("variants", name, f"{prefix}sst2/variants/{name}", cfg))
-
-  results = {"runs": {}, "ablation": {}, "variants": {}}
-  for group, name, key, cfg in (plan if args.order == "forward"
-                                else plan[::-1]):
+    cfg = glue_config("sst2", mixers[0], "small", lrs[0], shared, **small)
+    base = exp.data.setdefault("baselines", {}).get(budget)
+    if base is None:
+      base = bag_of_words_baselines(cfg)
+      exp.data["baselines"][budget] = base
+      exp.save()
+  cells = experiment.grid(task=tasks, model=mixers, lr=lrs, seed=seeds)
+  runs = {}
+  for cell in cells:
+    key = experiment.cell_key(budget, cell)
+    cfg = glue_config(cell["task"], cell["model"], args.scale, cell["lr"],
+                      shared, args.data_dir, seed=cell["seed"], **small)
     if args.report_only:
       exp.reload()
       if key in exp.runs:
-        results[group][name] = exp.runs[key]
+        runs[key] = exp.runs[key]
       continue
-    results[group][name] = exp.run(key, lambda c=cfg, k=key: dict(
-        experiment.train(c, exp.workdir(k)), params=_params(c)))
-  runs, ablation, variants = (results[g] for g in ("runs", "ablation",
-                                                   "variants"))
-  for name, (mixer, kwargs) in VARIANTS.items():
-    key = f"{prefix}sst2/{mixer}/lr{lrs[0]:g}"
-    if not kwargs and mixer in MIXERS and key in runs:
-      variants = {name: runs[key], **variants}
+    runs[key] = exp.run(key, lambda c=cfg, k=key: dict(
+        experiment.train(c, exp.workdir(k)), **param_split(c)))
+  _report(exp, runs, cells, budget, base, args)
 
+
+def _accs(runs: dict, budget: str, cells: list, **match) -> dict:
+  """{seed: (final, best) dev accuracy} of the recorded cells matching."""
+  out = {}
+  for cell in cells:
+    key = experiment.cell_key(budget, cell)
+    if key in runs and all(cell[k] == v for k, v in match.items()):
+      r = runs[key]
+      out.setdefault(cell["lr"], {})[cell["seed"]] = (
+          r["eval"]["accuracy"], best_eval(r)[0])
+  if not out:
+    return {}
+  # The learning rate of the grid with the best mean final accuracy.
+  lr = max(out, key=lambda lr: np.mean([a for a, _ in out[lr].values()]))
+  return {"lr": lr, "seeds": out[lr]}
+
+
+def _report(exp, runs, cells, budget, base, args) -> None:
+  tasks = sorted({c["task"] for c in cells}, key=TASKS.index)
+  mixers = list(dict.fromkeys(c["model"] for c in cells))
+  per = {(t, m): _accs(runs, budget, cells, task=t, model=m)
+         for t in tasks for m in mixers}
+  headers = ["model"]
+  for task in tasks:
+    headers += [f"{task} dev, final (ours)", f"{task} dev, best eval (ours)",
+                f"{task} test (paper)", "HyperMixer above it?"]
+  if args.scale == "small":
+    headers += ["params (embedding / token mixing)", "wall min per run"]
   rows = []
   for mixer in mixers:
     row = [LABELS[mixer]]
     for task in tasks:
-      done = [best_eval(runs[f"{prefix}{task}/{mixer}/lr{lr:g}"]) + (lr,)
-              for lr in lrs if f"{prefix}{task}/{mixer}/lr{lr:g}" in runs]
-      best = max(done, key=lambda t: t[0]) if done else None
-      row += [f"{100 * best[0]:.1f} (lr {best[2]:g})" if best else "not run",
-              PAPER[mixer].get(task, "")]
-    if args.scale == "small":
-      main_run = runs.get(f"{prefix}sst2/{mixer}/lr{lrs[0]:g}")
-      row.append(f"{main_run['params'] / 1e6:.2f}M" if main_run else "")
-      if mixer in ablation:
-        row.append(f"{100 * best_eval(ablation[mixer])[0]:.1f}")
-      else:
+      got = per[(task, mixer)]
+      final = [a for a, _ in got.get("seeds", {}).values()]
+      best = [b for _, b in got.get("seeds", {}).values()]
+      row += [experiment.fmt_mean_sd(final, 100) or "not run",
+              experiment.fmt_mean_sd(best, 100), PAPER[mixer][task]]
+      hyper = per.get((task, "hypermixer"), {}).get("seeds", {})
+      if mixer == "hypermixer" or not hyper or not final:
         row.append("")
+      else:
+        paper_higher = PAPER["hypermixer"][task] > PAPER[mixer][task]
+        row.append(f"paper {'yes' if paper_higher else 'no'}; ours " +
+                   experiment.verdict([a for a, _ in hyper.values()], final,
+                                      paper_higher))
+    if args.scale == "small":
+      key = next((experiment.cell_key(budget, c) for c in cells
+                  if c["model"] == mixer
+                  and experiment.cell_key(budget, c) in runs), None)
+      r = runs.get(key, {})
+      row.append(f"{r['params'] / 1e6:.2f}M ({r['params_embedding'] / 1e6:.2f}M"
+                 f" / {r['params_token_mixing'] / 1e6:.3f}M)"
+                 if "params_embedding" in r else "")
+      walls = [runs[k]["wall_s"] / 60 for k in (
+          experiment.cell_key(budget, c) for c in cells
+          if c["model"] == mixer) if k in runs]
+      row.append(f"{np.mean(walls):.0f}" if walls else "")
     rows.append(row)
-  headers = ["model"]
-  for task in tasks:
-    headers += [f"{task} dev (ours)", f"{task} test (paper)"]
+  if base:
+    for name, label in (("naive_bayes", "Naive Bayes (bag of tokens)"),
+                        ("majority", "majority class")):
+      rows.append([label, f"{100 * base[name]:.1f}", "", "", ""]
+                  + (["", ""] if args.scale == "small" else []))
+  notes = ("Final: dev accuracy at the last step; best eval: the best of the "
+           "run's evaluations (selected on dev, so optimistic); mean ± sample "
+           "sd over seeds. Paper: test accuracy of the ~11M models. 'agrees' "
+           "only where the gap of the means exceeds the sum of the two sds "
+           "(final accuracy), else 'not decided'.")
   if args.scale == "small":
-    headers += ["params", "sst2 dev, unscaled embeddings"]
-  notes = (
-      "Ours: best dev accuracy over the run's evaluations, learning rate "
-      "from the grid; paper: test accuracy of the ~11M models.")
-  if args.scale == "small":
-    notes += (f" Small scale: width-{SMALL_WIDTH} 2-layer models (see "
-              f"small_model), sequence length 64, batch 64, {SMALL_STEPS} "
-              f"steps ({SMALL_STEPS * 64 / 67349:.2f} epoch), lr 1e-3; the "
-              "last column is the same run with BERT's unscaled N(0, 0.02) "
-              "token embeddings under unit-amplitude sinusoids.")
-    longer = exp.runs.get("sst2/hypermixer/lr0.001")
-    if longer:  # the first, longer run (width 128, 800 steps)
-      acc, step = best_eval(longer)
-      notes += (f" A longer HyperMixer run (width 128, "
-                f"{longer['params'] / 1e6:.2f}M parameters, 800 steps = 0.76 "
-                f"epoch) reached {100 * acc:.1f}% dev at step {step}.")
-  table = experiment.markdown_table(headers, rows)
-  if variants:
-    table += (f"\n\nHyperMixer variants (width {SMALL_WIDTH}, "
-              f"{SMALL_STEPS} steps, lr 1e-3):\n\n")
-    table += experiment.markdown_table(
-        ["variant", "sst2 dev", "params"],
-        [[name, f"{100 * best_eval(r)[0]:.1f}", f"{r['params'] / 1e6:.2f}M"]
-         for name, r in variants.items()])
-  exp.write_table(f"GLUE from scratch ({args.scale} scale)", table, notes)
-  _plot(exp, runs, ablation, mixers, tasks[0], lrs, prefix)
+    vocab = exp.data.get("vocab", {})
+    notes += (f" Small scale: width-{args.width} 2-layer models (see "
+              f"small_model), sequence length {args.seq_len}, batch 64, "
+              f"{args.steps} steps ({args.steps * 64 / 67349:.2f} epoch), "
+              f"lr {SMALL['lr']:g}, on {vocab.get('pieces')} SentencePiece "
+              f"pieces trained on the SST-2 train phrases (sha256 "
+              f"{vocab.get('sha256', '')[:12]}...). Baselines on the same "
+              "tokens and splits. Wall time on one core of a shared 2-core "
+              "machine.")
+  exp.write_table(f"GLUE from scratch ({args.scale} scale)",
+                  experiment.markdown_table(headers, rows), notes)
+  _plot(exp, runs, cells, budget, base, mixers, tasks[0])
 
 
-def _params(config) -> int:
-  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
-  return models.count_params(config.model)
-
-
-def _plot(exp, runs, ablation, mixers, task, lrs, prefix) -> None:
+def _plot(exp, runs, cells, budget, base, mixers, task) -> None:
   fig, axes = experiment.figure()
   ax = axes[0, 0]
   for mixer in mixers:
-    done = [lr for lr in lrs if f"{prefix}{task}/{mixer}/lr{lr:g}" in runs]
-    if not done:
+    curves = [runs[k]["eval_curve"] for k in (
+        experiment.cell_key(budget, c) for c in cells
+        if c["model"] == mixer and c["task"] == task) if k in runs]
+    if not curves:
       continue
-    best = max(done, key=lambda lr: best_eval(
-        runs[f"{prefix}{task}/{mixer}/lr{lr:g}"])[0])
-    curve = runs[f"{prefix}{task}/{mixer}/lr{best:g}"]["eval_curve"]
-    steps = sorted(curve, key=int)
-    ax.plot([int(s) for s in steps], [100 * curve[s]["accuracy"] for s in steps],
-            marker="o", label=LABELS[mixer])
-  for mixer, result in ablation.items():
-    curve = result["eval_curve"]
-    steps = sorted(curve, key=int)
-    ax.plot([int(s) for s in steps], [100 * curve[s]["accuracy"] for s in steps],
-            ls="--", label=f"{LABELS[mixer]}, unscaled embeddings")
-  ax.axhline(50.9, color="grey", lw=0.8, ls=":", label="majority class")
+    steps = sorted(set.intersection(*[set(map(int, c)) for c in curves]))
+    acc = np.array([[100 * c.get(s, c.get(str(s)))["accuracy"] for s in steps]
+                    for c in curves])
+    ax.errorbar(steps, acc.mean(0), yerr=acc.std(0, ddof=min(1, len(acc) - 1)),
+                marker="o", ms=3, capsize=2,
+                label=f"{LABELS[mixer]} (n={len(curves)})")
+  if base:
+    ax.axhline(100 * base["naive_bayes"], color="k", lw=0.8, ls="--",
+               label="Naive Bayes")
+    ax.axhline(100 * base["majority"], color="grey", lw=0.8, ls=":",
+               label="majority class")
   ax.set_xlabel("step")
   ax.set_ylabel(f"{task} dev accuracy (%)")
   ax.legend(fontsize=7)

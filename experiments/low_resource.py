@@ -8,13 +8,16 @@ the Transformer: ~12-14% at 10% of SNLI/MNLI, < 2% at 100%.
                  fractions 10/20/50/100% of train (``data.tfds_train_split``
                  slices), each model at its best learning rate of the grid.
   --scale=small  the real SST-2 files in ``--shared`` (the only GLUE train split
-                 available offline), width-64 two-layer GLUE models, fractions
-                 10% and 100% of the 67,349 phrases (a fixed random subset per
-                 fraction, written as TSV into ``--out``), 300 steps of batch
-                 64 each (the same compute at every fraction: 2.9 epochs of
-                 the 10% subset, 0.29 epoch of the full set), 2 seeds.
+                 available offline) on the 8k SST-2 vocabulary of
+                 ``glue_from_scratch``, two-layer GLUE models of ``--width``,
+                 fractions 10% and 100% of the 67,349 phrases (a fixed random
+                 subset per fraction, written as TSV into ``--out``),
+                 ``--steps`` of batch 64 each (the same compute at every
+                 fraction), seeds ``--seeds``; a bag-of-words Naive Bayes on
+                 the same subset and tokens beside them.
 
-  python experiments/low_resource.py --scale=small --out=/tmp/low_resource
+  python experiments/low_resource.py --scale=small \
+      --out=experiments/results/low_resource
 
 Writes ``results.json``, ``table.md`` and ``low_resource.png``.
 """
@@ -48,6 +51,9 @@ def subset_tsv(source: str, fraction: float, out: pathlib.Path) -> str:
 def main() -> None:
   p = experiment.parser("low_resource", __doc__)
   p.add_argument("--data_dir", default="")
+  p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--width", type=int, default=glue.SMALL["width"])
+  p.add_argument("--steps", type=int, default=glue.SMALL["steps"])
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
@@ -70,46 +76,60 @@ def main() -> None:
                   f"{task}/{round(100 * fraction)}pct/{mixer}/lr{lr:g}"])[0]
               for lr in PAPER_LRS)
   else:
-    tasks, fractions, seeds = ("sst2",), (0.1, 1.0), (0, 1)
-    steps, lr, width = 300, 1e-3, 64
+    tasks, fractions = ("sst2",), (0.1, 1.0)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    budget = dict(steps=args.steps, width=args.width, seq_len=64)
+    lr = glue.SMALL["lr"]
+    vocab = glue.sst2_vocab(args.out, shared)
+    exp.save(vocab={**vocab, "path": f"vocab/spm{glue.VOCAB_PIECES}.model"})
+    tag = f"w{args.width}_s{args.steps}"
     train = experiment.require(shared / "glue/SST-2/train.tsv", "SST-2 train")
-    for fraction in fractions:
+    bases = exp.data.setdefault("baselines", {})
+    for cell in experiment.grid(fraction=fractions, model=MODELS, seed=seeds):
+      fraction, mixer, seed = cell["fraction"], cell["model"], cell["seed"]
       file = subset_tsv(train, fraction, exp.out)
-      for mixer in MODELS:
-        for seed in seeds:
-          key = f"sst2/{round(100 * fraction)}pct/{mixer}/seed{seed}"
-          cfg = glue.glue_config("sst2", mixer, "small", lr, shared,
-                                 steps=steps, train_file=file, width=width,
-                                 seed=seed)
-          result = exp.run(key, lambda c=cfg, k=key: experiment.train(
-              c, exp.workdir(k)))
-          acc["sst2", fraction, mixer, seed] = result["eval"]["accuracy"]
+      cfg = glue.glue_config("sst2", mixer, "small", lr, shared,
+                             train_file=file, seed=seed, vocab=vocab, **budget)
+      if f"{fraction:g}" not in bases:   # Naive Bayes on the same subset
+        bases[f"{fraction:g}"] = glue.bag_of_words_baselines(cfg)
+        exp.save()
+      result = exp.run(experiment.cell_key(tag, cell),
+                       lambda c=cfg, k=experiment.cell_key(tag, cell):
+                       experiment.train(c, exp.workdir(k)))
+      acc["sst2", fraction, mixer, seed] = result["eval"]["accuracy"]
 
   rows = []
   for task in tasks:
     for fraction in fractions:
-      vals = {m: [acc[task, fraction, m, s] for s in seeds] for m in MODELS}
+      vals = {m: [acc[task, fraction, m, s] for s in seeds
+                  if (task, fraction, m, s) in acc] for m in MODELS}
       mean = {m: float(np.mean(v)) for m, v in vals.items()}
-      spread = {m: float(np.std(v)) for m, v in vals.items()}
       rel = (mean["hypermixer"] - mean["attention"]) / mean["attention"]
+      nb = exp.data.get("baselines", {}).get(f"{fraction:g}")
       rows.append([task, f"{fraction:.0%}"]
-                  + [f"{100 * mean[m]:.1f} ± {100 * spread[m]:.1f}"
-                     for m in MODELS] + [f"{100 * rel:+.1f}%"])
-  setting = (f"mean ± std over seeds {list(seeds)}; width-64 2-layer models, "
-             "300 steps of batch 64, lr 1e-3" if args.scale == "small" else
+                  + [experiment.fmt_mean_sd(vals[m], 100) for m in MODELS]
+                  + [f"{100 * rel:+.1f}%",
+                     experiment.verdict(vals["hypermixer"], vals["attention"],
+                                        True),
+                     f"{100 * nb['naive_bayes']:.1f}" if nb else ""])
+  setting = (f"mean ± sd over seeds {list(seeds)}; width-{args.width} "
+             f"2-layer models on the 8k SST-2 vocabulary, {args.steps} steps "
+             f"of batch 64, lr {glue.SMALL['lr']:g}; Naive Bayes on the same "
+             "subset and tokens" if args.scale == "small" else
              f"best of the lr grid {list(PAPER_LRS)}")
   exp.write_table(
       f"Low resource: dev accuracy ({args.scale} scale)",
       experiment.markdown_table(
           ["task", "train fraction", "HyperMixer", "Transformer",
-           "relative improvement"], rows),
+           "relative improvement", "HyperMixer above (paper: yes)",
+           "Naive Bayes"], rows),
       f"{setting}. Paper: {PAPER_10PCT}.")
   fig, axes = experiment.figure()
   ax = axes[0, 0]
   for task in tasks:
     for mixer in MODELS:
-      ys = [100 * np.mean([acc[task, f, mixer, s] for s in seeds])
-            for f in fractions]
+      ys = [100 * np.mean([acc[task, f, mixer, s] for s in seeds
+                           if (task, f, mixer, s) in acc]) for f in fractions]
       ax.plot([100 * f for f in fractions], ys, marker="o",
               label=f"{glue.LABELS[mixer]} ({task})")
   ax.set_xscale("log")

@@ -19,24 +19,28 @@ size 64, does at least as well as BERT.
                  ``SMALL``): BERT 2 post-LN layers d_ffn 512, 2 heads; gMLP
                  and aMLP 6 layers (the paper's 3:1 depth ratio) with d_ffn
                  set so that each has BERT's parameter count (``match``);
-                 trained on the local C4 sample (1,000 documents), held-out
-                 perplexity on WikiText-2 validation read as articles
+                 an 8k SentencePiece vocabulary trained on the C4 train
+                 sample (``--vocab=t5``: T5's 32k); trained on the local C4
+                 sample (1,000 documents), held-out perplexity on
+                 WikiText-2 validation read as articles
                  (``data.text_layout='wikitext'``): its first 512 rows of
                  128 tokens (the unshuffled split's first 8 batches of 64)
-                 at every evaluation. 200 steps of batch 32 (~4 minutes per
-                 model on one core).
+                 at every evaluation; seeds ``--seeds``; beside them unigram
+                 and add-k bigram perplexity on the same scored positions
+                 (``lm_baselines``). 200 steps of batch 32 (``--steps``).
 
 Every model trains with the same optimizer, schedule, batches and seed, and
 is evaluated on the same held-out rows with the same masked positions (the
 evaluation pipeline is unshuffled and its masking is seeded by
-``config.seed``, equal for all). Perplexity = exp(mean cross-entropy over all
-selected tokens of the held-out set). Our tokens are SentencePiece pieces of
-the T5 vocabulary (32,128 ids), so our perplexities are not comparable in
-absolute value with the paper's (BERT's WordPiece vocabulary, a C4 validation
-set, models trained ~10^4 times longer): only the comparison between the
-models is.
+``config.seed``: equal for all models of one seed). Perplexity = exp(mean
+cross-entropy over all selected tokens of the held-out set). Our tokens are
+SentencePiece pieces, so our perplexities are not comparable in absolute
+value with the paper's (BERT's WordPiece vocabulary, a C4 validation set,
+models trained ~10^4 times longer): only the comparison between the models
+and against the baselines is.
 
-  python experiments/mlm_perplexity.py --scale=small --out=/tmp/mlm_perplexity
+  python experiments/mlm_perplexity.py --scale=small \
+      --out=experiments/results/mlm_perplexity
 
 Writes ``results.json``, ``table.md`` and ``mlm_perplexity.png`` (held-out
 perplexity against step) into ``--out``.
@@ -51,6 +55,7 @@ import ml_collections
 import numpy as np
 
 import glue_from_scratch as glue
+from hypermixer_jax import baselines
 from hypermixer_jax import experiment
 
 MODELS = ("attention", "gmlp", "amlp")
@@ -79,6 +84,7 @@ PAPER_SIZES = dict(d_model=768, bert_layers=12, bert_d_ffn=3072, bert_heads=12,
 TINY_ATTENTION_DIM = 64   # aMLP: one head of size 64 (the paper's MLM models)
 C4_TRAIN = "c4/c4_en_tfds_minimal_train_1000.jsonl"
 WIKITEXT_VALID = "wikitext-2-raw/wiki.valid.raw"
+VOCAB_PIECES = 8000
 
 
 def model_config(mixer: str, *, d_model: int, num_layers: int, d_ffn: int,
@@ -146,8 +152,10 @@ def match(m: ml_collections.ConfigDict, target: int, multiple: int = 16
   return out
 
 
-def model_configs(scale: str) -> dict[str, ml_collections.ConfigDict]:
-  """The three models of ``scale`` (small: the MLPs matched to BERT)."""
+def model_configs(scale: str, vocab: dict | None = None
+                  ) -> dict[str, ml_collections.ConfigDict]:
+  """The three models of ``scale`` (small: the MLPs matched to BERT, on
+  ``vocab``'s embedding size when given)."""
   if scale == "paper":
     s = PAPER_SIZES
     bert = model_config("attention", d_model=s["d_model"],
@@ -166,21 +174,26 @@ def model_configs(scale: str) -> dict[str, ml_collections.ConfigDict]:
                       num_layers=s["bert_layers"], d_ffn=s["bert_d_ffn"],
                       seq_len=s["seq_len"], num_heads=s["bert_heads"],
                       dropout=s["dropout"])
+  if vocab:
+    bert.vocab_size = vocab["model_vocab_size"]
   target = params(bert)["total"]
   out = {"attention": bert}
   for mixer in ("gmlp", "amlp"):
-    out[mixer] = match(model_config(
-        mixer, d_model=s["d_model"], num_layers=s["mlp_layers"],
-        d_ffn=s["bert_d_ffn"], seq_len=s["seq_len"], dropout=s["dropout"]),
-                       target)
+    m = model_config(mixer, d_model=s["d_model"], num_layers=s["mlp_layers"],
+                     d_ffn=s["bert_d_ffn"], seq_len=s["seq_len"],
+                     dropout=s["dropout"])
+    m.vocab_size = bert.vocab_size
+    out[mixer] = match(m, target)
   return out
 
 
 def train_config(model: ml_collections.ConfigDict, scale: str,
                  shared: pathlib.Path | None, data_dir: str = "",
-                 steps: int | None = None) -> ml_collections.ConfigDict:
+                 steps: int | None = None, seed: int = 0,
+                 vocab: dict | None = None) -> ml_collections.ConfigDict:
   """The training config of one run: ``configs/c4_mlm.py``'s BERT setting
-  with ``model``, the same for every model but the model."""
+  with ``model``, the same for every model but the model (and ``seed``);
+  ``vocab``: an ``experiment.small_vocab`` record, else T5's vocabulary."""
   s = SMALL if scale == "small" else PAPER_SIZES
   c = glue.load_config("c4_mlm.py", "attention")
   c.model = model
@@ -199,10 +212,13 @@ def train_config(model: ml_collections.ConfigDict, scale: str,
   # A fixed held-out set: the first eval_batches batches of the unshuffled
   # split (the same rows and masked positions at every evaluation).
   c.eval_steps = s["eval_batches"]
-  c.seed = 0
-  if scale == "small":
+  c.seed = seed
+  if vocab:
+    c.data.vocab_path = vocab["path"]
+  elif scale == "small":
     c.data.vocab_path = experiment.require(
         shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
+  if scale == "small":
     c.data.local_files.train = experiment.require(shared / C4_TRAIN,
                                                   "C4 sample")
     c.data.local_files.validation = experiment.require(
@@ -238,101 +254,195 @@ def held_out(config: ml_collections.ConfigDict) -> dict:
           "digest": digest.hexdigest()[:16]}
 
 
+def held_out_arrays(config: ml_collections.ConfigDict) -> dict:
+  """The held-out batches a run is evaluated on, concatenated."""
+  from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
+  pipeline = data.build_pipeline(
+      config.data, config.eval_split, batch_size=config.eval_batch_size,
+      seed=config.seed, repeat=False, shuffle=False)
+  batches = []
+  for i, b in enumerate(pipeline):
+    if 0 <= config.eval_steps <= i:    # what the training loop evaluates
+      break
+    batches.append(b)
+  return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def lm_baselines(config: ml_collections.ConfigDict,
+                 ks: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)) -> dict:
+  """Unigram and add-k bigram perplexity of the held-out tokens the models
+  are scored on (the selected positions of ``config``'s held-out set),
+  counted on the train split's tokens; the bigram reads the true token
+  before each position (which the model may see masked), k the best of
+  ``ks`` on these positions (both choices favour the baseline)."""
+  train = experiment.pipeline_arrays(config.data, "train")["targets"]
+  held = held_out_arrays(config)
+  scored = held["weights"] > 0
+  previous = np.pad(held["targets"], ((0, 0), (1, 0)))[:, :-1]
+  v = config.model.vocab_size
+  bigram = {k: baselines.bigram_perplexity(
+      train, previous[scored], held["targets"][scored], vocab_size=v, k=k)
+            for k in ks}
+  k = min(bigram, key=bigram.get)
+  return {"unigram": baselines.unigram_perplexity(
+      train, held["targets"][scored], vocab_size=v, k=1.0),
+          "bigram": bigram[k], "bigram_k": k,
+          "scored_tokens": int(scored.sum()),
+          "train_tokens": int((train != 0).sum())}
+
+
 def final_perplexity(run: dict) -> float:
   """Held-out perplexity at the run's last evaluation."""
   return float(run["eval"]["perplexity"])
 
 
-def table_rows(runs: dict, sizes: dict) -> list[list]:
-  """One row per model: ours beside the paper's."""
+def table_rows(runs: dict, sizes: dict, base: dict | None = None
+               ) -> list[list]:
+  """One row per model (``runs``: {model: [run of each seed]}), ours beside
+  the paper's: mean ± sd over seeds, the ratio to the unigram baseline of
+  the same positions, and whether the seeds back the paper's order against
+  BERT."""
   rows = []
+  bert = [final_perplexity(r) for r in runs.get("attention", [])]
   for mixer in MODELS:
     m, p, paper = sizes[mixer]["model"], sizes[mixer]["params"], PAPER[mixer]
-    run = runs.get(mixer)
-    ppl = f"{final_perplexity(run):.1f}" if run else "not run"
+    ppl = [final_perplexity(r) for r in runs.get(mixer, [])]
     paper_ppl = (f"{paper['ppl']} ({paper['layers']} layers, "
                  f"{paper['params'] / 1e6:.0f}M)" if paper["ppl"]
                  else "not in PAPERS.md")
+    ratio = (f"{experiment.mean_sd(ppl)[0] / base['unigram']:.2f}"
+             if ppl and base else "")
+    vs_bert = ""
+    if mixer != "attention" and ppl and bert:
+      # gMLP: slightly higher perplexity than BERT; aMLP: at most BERT's.
+      vs_bert = experiment.verdict(ppl, bert, mixer == "gmlp")
     rows.append([LABELS[mixer], m["num_layers"], m["d_model"], m["d_ffn"],
                  f"{p['total'] / 1e6:.3f}M", f"{p['non_embedding'] / 1e6:.3f}M",
-                 ppl, paper_ppl])
+                 experiment.fmt_mean_sd(ppl) or "not run", ratio, vs_bert,
+                 paper_ppl])
+  if base:
+    rows.append(["unigram (train counts, add-1)", "", "", "", "", "",
+                 f"{base['unigram']:.1f}", "1.00", "", ""])
+    rows.append([f"bigram (add-{base['bigram_k']:g})", "", "", "", "", "",
+                 f"{base['bigram']:.1f}",
+                 f"{base['bigram'] / base['unigram']:.2f}", "", ""])
   return rows
+
+
+def c4_vocab(out: str, shared: pathlib.Path) -> dict:
+  """The small-scale vocabulary: SentencePiece on the C4 train documents."""
+  return experiment.small_vocab(
+      out, experiment.require(shared / C4_TRAIN, "C4 sample"), ("text",),
+      VOCAB_PIECES)
 
 
 def main() -> None:
   p = experiment.parser("mlm_perplexity", __doc__)
   p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
   p.add_argument("--models", default=",".join(MODELS))
+  p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--vocab", choices=("small", "t5"), default="small",
+                 help="small scale: an 8k SentencePiece vocabulary trained on "
+                 "the C4 train sample (built into OUT/vocab), or T5's 32k")
   p.add_argument("--steps", type=int, default=0,
                  help="override the scale's number of training steps")
   p.add_argument("--report_only", action="store_true",
                  help="write the table and figure from the recorded runs")
   args = experiment.parse(p)
-  exp = experiment.Experiment(args.out, args)
+  # A report keeps the recorded command's arguments.
+  exp = experiment.Experiment(args.out, None if args.report_only else args)
   shared = pathlib.Path(args.shared)
-  configs = model_configs(args.scale)
+  vocab = None
+  if args.scale == "small" and args.vocab == "small":
+    vocab = c4_vocab(args.out, shared)
+    exp.save(vocab={**vocab, "path": f"vocab/spm{VOCAB_PIECES}.model",
+                    "trained_on": C4_TRAIN})
+  configs = model_configs(args.scale, vocab)
   sizes = {m: {"model": c.to_dict(), "params": params(c)}
            for m, c in configs.items()}
-  train_cfgs = {m: train_config(c, args.scale, shared, args.data_dir,
-                                args.steps or None)
-                for m, c in configs.items()}
-  steps = train_cfgs["attention"].num_train_steps
-  prefix = f"{args.scale}/s{steps}/"
-  if args.scale == "small":
-    exp.save(held_out=held_out(train_cfgs["attention"]))
-  runs = {}
-  for mixer in args.models.split(","):
-    key = prefix + mixer
+  exp.save(sizes=sizes)
+  seeds = [int(x) for x in args.seeds.split(",")]
+  steps = args.steps or (SMALL if args.scale == "small"
+                         else PAPER_SIZES)["steps"]
+  prefix = f"{args.scale}/s{steps}/vocab={'small' if vocab else 't5'}"
+  runs: dict[str, list] = {}
+  bases = exp.data.setdefault("baselines", {})
+  for cell in experiment.grid(model=args.models.split(","), seed=seeds):
+    key = experiment.cell_key(prefix, cell)
+    cfg = train_config(configs[cell["model"]], args.scale, shared,
+                       args.data_dir, steps, seed=cell["seed"], vocab=vocab)
+    if args.scale == "small" and f"{prefix}/seed={cell['seed']}" not in bases:
+      # The masked positions follow the seed: baselines per seed.
+      bases[f"{prefix}/seed={cell['seed']}"] = dict(
+          lm_baselines(cfg), held_out=held_out(cfg))
+      exp.save()
     if args.report_only:
       exp.reload()
       if key in exp.runs:
-        runs[mixer] = exp.runs[key]
+        runs.setdefault(cell["model"], []).append(exp.runs[key])
       continue
-    runs[mixer] = exp.run(key, lambda c=train_cfgs[mixer], k=key: dict(
-        experiment.train(c, exp.workdir(k)), params=sizes[mixer]["params"],
-        held_out=held_out(c) if args.scale == "small" else None))
-  exp.save(sizes=sizes)
+    runs.setdefault(cell["model"], []).append(exp.run(
+        key, lambda c=cfg, k=key, m=cell["model"]: dict(
+            experiment.train(c, exp.workdir(k)), params=sizes[m]["params"],
+            held_out=held_out(c) if args.scale == "small" else None)))
 
-  c = train_cfgs["attention"]
-  ho = exp.data.get("held_out")
+  c = train_config(configs["attention"], args.scale, shared, args.data_dir,
+                   steps, vocab=vocab)
+  seed_bases = [b for k, b in bases.items() if k.startswith(prefix + "/")]
+  base = ({k: float(np.mean([b[k] for b in seed_bases]))
+           for k in ("unigram", "bigram", "bigram_k")} if seed_bases else None)
   notes = (
       f"Same for all models: AdamW (b1 0.9, b2 0.999, weight decay "
       f"{c.weight_decay}), {c.warmup_steps} warm-up steps to lr "
       f"{c.learning_rate:g} then linear decay to 0, clip norm {c.clip_norm}, "
       f"batch {c.batch_size} x length {c.data.seq_len}, {steps} steps, "
-      f"dropout {c.model.dropout_rate}, seed {c.seed}; 15% of the tokens "
-      "selected (80% [MASK], 10% random, 10% kept), unpacked rows. "
-      "Perplexity = exp(mean cross-entropy over the selected held-out "
-      "tokens).")
-  if ho:
+      f"dropout {c.model.dropout_rate}, seeds {args.seeds} (initialisation, "
+      "data order and the held-out masks); 15% of the tokens selected (80% "
+      "[MASK], 10% random, 10% kept), unpacked rows. Perplexity = exp(mean "
+      "cross-entropy over the selected held-out tokens), mean ± sd over "
+      "seeds; 'vs BERT': whether the seeds back the paper's order (gMLP "
+      "slightly above BERT, aMLP at most BERT) beyond the seed spread. "
+      "Baselines: counts of the train tokens, scored on the same selected "
+      "held-out positions (mean over the seeds' masks).")
+  if seed_bases:
+    ho = seed_bases[0]["held_out"]
+    vocab_text = (f"{VOCAB_PIECES} SentencePiece pieces trained on the C4 "
+                  f"sample (sha256 {vocab['sha256'][:12]}...)" if vocab
+                  else "the T5 SentencePiece vocabulary (32,128 ids)")
     notes += (
         f" Held out: the first {ho['rows']} rows of WikiText-2 validation "
-        f"read as articles, "
-        f"{ho['tokens']:,} SentencePiece tokens of which {ho['scored_tokens']:,}"
-        f" selected and scored (digest {ho['digest']}, equal for every run). "
-        "Trained on the C4 sample "
-        f"({C4_TRAIN}). SentencePiece pieces, a different held-out set and "
-        "~10^4 x less training: our perplexities are not comparable in "
-        "absolute value with the paper's, only between the models.")
+        f"read as articles, {ho['tokens']:,} tokens of which "
+        f"{ho['scored_tokens']:,} selected and scored; {vocab_text}. "
+        f"Trained on the C4 sample ({C4_TRAIN}). Our perplexities are not "
+        "comparable in absolute value with the paper's (another vocabulary "
+        "and held-out set, ~10^4 x less training), only between the models "
+        "and against the baselines.")
   notes += f" Paper, other sizes: {PAPER_OTHER_SIZES}."
   exp.write_table(
       f"MLM perplexity at equal capacity ({args.scale} scale)",
       experiment.markdown_table(
           ["model", "layers", "d", "d_ffn", "params", "non-embedding",
-           "held-out ppl (ours)", "C4 valid ppl (paper)"],
-          table_rows(runs, sizes)), notes)
-  _plot(exp, runs)
+           "held-out ppl (ours)", "/ unigram", "vs BERT",
+           "C4 valid ppl (paper)"],
+          table_rows(runs, sizes, base)), notes)
+  _plot(exp, runs, base)
 
 
-def _plot(exp, runs) -> None:
+def _plot(exp, runs, base) -> None:
   fig, axes = experiment.figure()
   ax = axes[0, 0]
-  for mixer, run in runs.items():
-    curve = run["eval_curve"]
-    steps = sorted(curve, key=int)
-    ax.plot([int(s) for s in steps],
-            [curve[s]["perplexity"] for s in steps], marker="o",
-            label=LABELS[mixer])
+  for mixer, seed_runs in runs.items():
+    for i, run in enumerate(seed_runs):
+      curve = run["eval_curve"]
+      steps = sorted(curve, key=int)
+      ax.plot([int(s) for s in steps],
+              [curve[s]["perplexity"] for s in steps], marker="o", ms=3,
+              color=f"C{MODELS.index(mixer)}",
+              label=LABELS[mixer] if i == 0 else None)
+  if base:
+    ax.axhline(base["unigram"], color="k", ls="--", lw=0.8, label="unigram")
+    ax.axhline(0.6 * base["unigram"], color="grey", ls=":", lw=0.8,
+               label="0.6 x unigram")
   ax.set_yscale("log")
   ax.set_xlabel("step")
   ax.set_ylabel("held-out MLM perplexity")

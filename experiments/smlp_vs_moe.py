@@ -1,11 +1,11 @@
 r"""sMLP against token-routed MoE Transformers at equal FLOPs (Yu et al. 2022).
 
-Experiment 4 (the paper's §4.3, Fig. 5 and Table 4): causal LMs of sMLP
+The main comparison (the paper's §4.3, Fig. 5 and Table 4): causal LMs of sMLP
 (deterministic and partial-prediction sMoE routing, Base Layers tMoE) against
 MoE Transformers with Switch, GShard, Base Layers and Hash token routing and
 against a dense gMLP and a dense Transformer, every model at about the same
 FLOPs per token; validation perplexity curves and tokens/s.
-Experiment 5 (``--ablations``): the number of experts (2, 4, 8) and the
+The ablations (``--ablations``): the number of experts (2, 4, 8) and the
 tMoE router of sMLP (Switch instead of Base Layers).
 
 All models are the ``smlp`` family (``models/smlp.py``): ``token_mixer='sgu'``
@@ -79,7 +79,7 @@ MODELS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 }
 DENSE = ("gmlp", "transformer")
 REFERENCE = "smlp_deterministic"
-# Experiment 5: name -> (label, base model, moe overrides); sMLP's depth.
+# Ablations: name -> (label, base model, moe overrides); sMLP's depth.
 ABLATIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "smlp_e2": ("sMLP det., 2 experts", REFERENCE, dict(num_experts=2)),
     "smlp_e8": ("sMLP det., 8 experts", REFERENCE, dict(num_experts=8)),

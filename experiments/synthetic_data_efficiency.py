@@ -18,12 +18,17 @@ The pseudo-attention map of a model (the paper's Fig. 5c/d, 6) is
 on the largest set (seed 0).
 
   --scale=small  training sets of 500, 5,000 and 50,000 sequences, seeds
-                 {0, 1}, 500 steps of batch 64 (32,000 sequences seen), about
-                 an hour on one loaded CPU core.
+                 {0, 1, 2}, 1,500 steps of batch 64 (96,000 sequences seen;
+                 ``--steps`` to change), ~3-8 min per run on one loaded core.
   --scale=paper  1,000 ... 100,000 sequences (the paper's largest is 100k),
                  5 seeds, 5,000 steps of batch 64.
 
-  python experiments/synthetic_data_efficiency.py --scale=small --out=/tmp/synth
+Beside the models, two trivial predictors on the same test sequences
+(``trivial_baselines``): copying the input, and every position predicting the
+mean target of the training set.
+
+  python experiments/synthetic_data_efficiency.py --scale=small \
+      --out=experiments/results/synthetic_data_efficiency
 
 Writes ``results.json``, ``table.md``, ``data_efficiency.png`` (test MSE
 against training-set size) and ``pseudo_attention.png`` into ``--out``.
@@ -45,7 +50,7 @@ MIXERS = ("none", "mlp_mixer", "hypermixer", "attention")
 LABELS = {"none": "None", "mlp_mixer": "MLP-Mixer", "hypermixer": "HyperMixer",
           "attention": "Attention"}
 SCALES = {
-    "small": dict(sizes=(500, 5_000, 50_000), seeds=(0, 1), steps=500),
+    "small": dict(sizes=(500, 5_000, 50_000), seeds=(0, 1, 2), steps=1_500),
     "paper": dict(sizes=(1_000, 3_000, 10_000, 30_000, 100_000),
                   seeds=(0, 1, 2, 3, 4), steps=5_000),
 }
@@ -109,6 +114,21 @@ def pseudo_attention_map(config: ml_collections.ConfigDict, params,
   return np.asarray(pa.pseudo_attention(apply, jnp.asarray(x)))
 
 
+def trivial_baselines(config: ml_collections.ConfigDict,
+                      train_examples: int = 4096) -> dict[str, float]:
+  """Test MSE of copying the input and of the training set's mean target
+  (over its first ``train_examples`` sequences) on ``config``'s test set."""
+  from hypermixer_jax.data import synthetic  # pylint: disable=g-import-not-at-top
+  opts = config.data.synthetic
+  test = synthetic.generate(
+      opts, "test", np.arange(opts.num_eval_examples))
+  train = synthetic.generate(opts, "train", np.arange(
+      min(train_examples, opts.num_examples or train_examples)))
+  mean = float(train["targets"].mean())
+  return {"copy_input": float(np.mean((test["inputs"] - test["targets"]) ** 2)),
+          "train_mean": float(np.mean((mean - test["targets"]) ** 2))}
+
+
 def run(exp: experiment.Experiment, *, sizes: Sequence[int],
         seeds: Sequence[int], steps: int, mixers: Sequence[str] = MIXERS,
         batch_size: int = 64, eval_examples: int = 1024,
@@ -169,6 +189,14 @@ def run(exp: experiment.Experiment, *, sizes: Sequence[int],
                    else f" ({stats['seeds']} of {len(seeds)} seeds)")
   rows = [[LABELS[m]] + [cell(summary[m][str(s)]) for s in sizes]
           for m in mixers]
+  base = exp.data.get("baselines")
+  if base is None:
+    base = trivial_baselines(run_config(mixers[0], sizes[-1], seeds[0], steps,
+                                        eval_examples=eval_examples))
+    exp.save(baselines=base)
+  rows += [["copy the input"] + [f"{base['copy_input']:.2e}"] * len(sizes),
+           ["train-set mean target"]
+           + [f"{base['train_mean']:.2e}"] * len(sizes)]
   notes = (
       f"Final test MSE ({eval_examples:,} held-out sequences) after {steps} "
       f"steps of batch {batch_size}, mean ± standard deviation over "
@@ -223,10 +251,14 @@ def main() -> None:
                  "without training the runs it lacks")
   p.add_argument("--steps", type=int, default=0,
                  help="training steps per run (0: the scale's)")
+  p.add_argument("--seeds", default="",
+                 help="comma-separated seeds (default: the scale's)")
   args = experiment.parse(p)
   setting = dict(SCALES[args.scale])
   if args.steps:
     setting["steps"] = args.steps
+  if args.seeds:
+    setting["seeds"] = [int(x) for x in args.seeds.split(",")]
   exp = experiment.Experiment(args.out, args)
   run(exp, mixers=args.mixers.split(","), report_only=args.report_only,
       **setting)

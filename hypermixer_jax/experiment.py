@@ -13,15 +13,24 @@ command with the same flags and the same outputs:
 * ``DIR/table.md`` is the Markdown table (with the paper's numbers beside
   ours where the paper has them) and ``DIR/<figure>.png`` the figure.
 
-``Experiment`` is that bookkeeping; ``train`` runs one training job through
-the library's ``train_and_evaluate`` and returns its final evaluation and its
-learning curves (from ``metrics.jsonl``). Nothing here knows a model or a
-task: the scripts declare their runs as configs.
+``Experiment`` is that bookkeeping; ``grid`` the cells of a study (models x
+seeds x budgets x data sizes), each run once under its ``cell_key``;
+``train`` runs one training job through the library's ``train_and_evaluate``
+and returns its final evaluation and its learning curves (from
+``metrics.jsonl``). ``small_vocab`` builds a study's in-domain SentencePiece
+vocabulary (recorded with its digest), ``pipeline_arrays`` reads the tokens a
+model sees (for the trivial baselines of ``hypermixer_jax.baselines``) and
+``mean_sd`` / ``verdict`` turn seeds into the table's cells and words.
+Nothing here knows a model or a task: the scripts declare their runs as
+configs.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import itertools
 import json
+import math
 import os
 import pathlib
 import time
@@ -44,8 +53,9 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
       formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--scale", choices=SCALES, default="small",
                  help="small: this 2-core machine; paper: the paper's setting")
-  p.add_argument("--out", default=f"/tmp/hypermixer_experiments/{name}",
-                 help="output directory (results.json, table.md, PNG, runs/)")
+  p.add_argument("--out", default=f"experiments/results/{name}",
+                 help="output directory (results.json, table.md, PNG; the "
+                 "runs' checkpoints in runs/ are not committed)")
   p.add_argument("--shared", default=str(default_shared_dir()),
                  help="local data samples (SST-2 TSVs, vocabulary, ...)")
   p.add_argument("--compilation_cache", default="",
@@ -89,6 +99,108 @@ def markdown_table(headers: Sequence[str],
   return "\n".join(lines)
 
 
+def grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
+  """Every combination of the named axes, the first axis slowest.
+
+  ``grid(model=("a", "b"), seed=(0, 1))`` ->
+  ``[{'model': 'a', 'seed': 0}, {'model': 'a', 'seed': 1}, ...]``.
+  """
+  for name, values in axes.items():
+    if isinstance(values, (str, bytes)) or not len(values):  # pylint: disable=g-explicit-length-test
+      raise ValueError(f"grid axis {name}={values!r} must be a non-empty "
+                       "sequence of values (e.g. seed=(0, 1, 2)).")
+  names = list(axes)
+  return [dict(zip(names, values))
+          for values in itertools.product(*axes.values())]
+
+
+def cell_key(prefix: str, cell: dict[str, Any]) -> str:
+  """``prefix/name=value/...``: a cell's key in ``results.json``."""
+  parts = [prefix] if prefix else []
+  parts += [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in cell.items()]
+  return "/".join(parts)
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+  """Mean and sample standard deviation (ddof=1; 0 for a single value)."""
+  values = [float(v) for v in values]
+  if not values:
+    raise ValueError("mean_sd needs at least one value.")
+  mean = sum(values) / len(values)
+  if len(values) == 1:
+    return mean, 0.0
+  var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+  return mean, math.sqrt(var)
+
+
+def fmt_mean_sd(values: Sequence[float], scale: float = 1.0,
+                digits: int = 1) -> str:
+  """``'81.3 ± 0.4 (n=3)'`` of ``scale * values``; '' for no values."""
+  if not values:
+    return ""
+  mean, sd = mean_sd([scale * v for v in values])
+  return f"{mean:.{digits}f} ± {sd:.{digits}f} (n={len(values)})"
+
+
+def verdict(ours: Sequence[float], other: Sequence[float],
+            paper_says_higher: bool) -> str:
+  """Whether seeds of two settings back a paper's claim "ours > other"
+  (``paper_says_higher``) or "ours < other".
+
+  'agrees' / 'disagrees' when the difference of the means exceeds the seed
+  spread (the sum of the two sample standard deviations), with at least two
+  seeds on each side; 'not decided' otherwise.
+  """
+  if len(ours) < 2 or len(other) < 2:
+    return "not decided"
+  (m1, s1), (m2, s2) = mean_sd(ours), mean_sd(other)
+  if abs(m1 - m2) <= s1 + s2:
+    return "not decided"
+  return "agrees" if (m1 > m2) == paper_says_higher else "disagrees"
+
+
+def file_digest(path: os.PathLike | str) -> str:
+  """SHA-256 of a file's bytes (hex), recorded beside what it produced."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def small_vocab(out: os.PathLike | str, patterns: str | Sequence[str],
+                fields: Sequence[str], size: int = 8000) -> dict[str, Any]:
+  """An in-domain SentencePiece vocabulary of ``size`` pieces trained on the
+  train text only (``hypermixer_jax.data.train_vocab``), cached as
+  ``out/vocab/spm<size>.model``.
+
+  Returns ``{'path', 'pieces', 'sha256', 'model_vocab_size'}``:
+  ``model_vocab_size`` is the embedding size a model needs (pieces + seqio's
+  100 extra ids, rounded up to a multiple of 128).
+  """
+  from hypermixer_jax.data import train_vocab  # pylint: disable=g-import-not-at-top
+  prefix = pathlib.Path(out) / "vocab" / f"spm{size}"
+  model = prefix.with_suffix(".model")
+  if not model.exists():
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    train_vocab.train(patterns, str(prefix), size, fields=tuple(fields))
+  return {"path": str(model), "pieces": size, "sha256": file_digest(model),
+          "model_vocab_size": -(-(size + 100) // 128) * 128}
+
+
+def pipeline_arrays(data_config, split: str, batch_size: int = 1024
+                    ) -> dict[str, Any]:
+  """One unshuffled epoch of ``split`` as NumPy arrays (the batches the
+  library's pipeline hands a model, concatenated): the tokens and positions
+  the trivial baselines are fitted and scored on."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
+  batches = list(data.build_pipeline(data_config, split, batch_size=batch_size,
+                                     seed=0, repeat=False, shuffle=False))
+  return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
 class Experiment:
   """Results of one experiment directory, saved after every run."""
 
@@ -101,15 +213,17 @@ class Experiment:
     if self.path.exists():
       self.data = json.loads(self.path.read_text(encoding="utf-8"))
     if args is not None:
-      self.data["args"] = {k: v for k, v in vars(args).items()}
+      self.data["args"] = {k: _portable(v) for k, v in vars(args).items()}
     self._t0 = time.time()
+    self._ran = False      # whether this process ran a cell (wall_s_total)
 
   @property
   def runs(self) -> dict[str, Any]:
     return self.data["runs"]
 
   def workdir(self, key: str) -> str:
-    return str(self.out / "runs" / key)
+    # Absolute: Orbax refuses relative checkpoint paths.
+    return str((self.out / "runs" / key).resolve())
 
   def reload(self) -> None:
     """Merges in the runs other processes recorded in ``results.json``."""
@@ -153,6 +267,7 @@ class Experiment:
       t0 = time.time()
       result = dict(fn())
       result.setdefault("wall_s", time.time() - t0)
+      self._ran = True
       self.runs[key] = result
       self.save()
       print(f"[{self.out.name}] {key}: "
@@ -174,13 +289,24 @@ class Experiment:
     if notes:
       text += f"\n{notes.strip()}\n"
     (self.out / "table.md").write_text(text, encoding="utf-8")
-    self.save(wall_s_total=self.data.get("wall_s_total", 0.0)
-              + time.time() - self._t0)
+    if self._ran:  # a report from recorded runs adds no run time
+      self.save(wall_s_total=self.data.get("wall_s_total", 0.0)
+                + time.time() - self._t0)
     print(text, flush=True)
     return text
 
   def figure_path(self, name: str) -> str:
     return str(self.out / f"{name}.png")
+
+
+def _portable(value: Any) -> Any:
+  """A path inside the repository's folder as a path relative to the
+  repository (recorded commands carry no machine's absolute paths)."""
+  if isinstance(value, str) and os.path.isabs(value):
+    rel = os.path.relpath(value, _REPO)
+    if rel.split(os.sep)[:2] != [os.pardir, os.pardir]:
+      return rel
+  return value
 
 
 def _alive(pid: int) -> bool:

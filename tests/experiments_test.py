@@ -128,6 +128,16 @@ class SyntheticDataEfficiencyTest(absltest.TestCase):
     table = (out / "table.md").read_text()
     self.assertIn("| HyperMixer |", table)
     self.assertIn("n=32", table)
+    # The trivial predictors, on the same 32 test sequences.
+    from hypermixer_jax.data import synthetic  # pylint: disable=g-import-not-at-top
+    test = synthetic.generate(sde.run_config("hypermixer", 64, 0, 4,
+                                             eval_examples=32).data
+                              .synthetic, "test", np.arange(32))
+    self.assertAlmostEqual(saved["baselines"]["copy_input"], float(np.mean(
+        (test["inputs"] - test["targets"]) ** 2)), places=6)
+    self.assertGreater(saved["baselines"]["train_mean"], 0)
+    self.assertIn(f"| copy the input | {saved['baselines']['copy_input']:.2e}",
+                  table)
     self.assertIn("±", table)
     self.assertEqual(_png(out / "data_efficiency.png").ndim, 3)
     self.assertEqual(_png(out / "pseudo_attention.png").ndim, 3)

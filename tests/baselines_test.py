@@ -1,0 +1,163 @@
+"""The trivial baselines against hand-computed examples, and the harness's
+grid, seed statistics, verdicts and vocabulary/token plumbing."""
+import math
+import os
+import pathlib
+import tempfile
+
+from absl.testing import absltest
+import numpy as np
+
+from hypermixer_jax import baselines
+from hypermixer_jax import experiment
+from hypermixer_jax.data import testing
+
+
+class NaiveBayesTest(absltest.TestCase):
+  # Vocabulary {0: pad, 1, 2, 3}; class 0 has tokens 1, 1, 1, 3 (4), class 1
+  # has 2, 3 (2). Add-1: P(.|0) = (1, 4, 1, 2) / 8, P(.|1) = (1, 1, 2, 2) / 6;
+  # priors 2/3, 1/3.
+  TRAIN = np.array([[1, 1, 0], [2, 3, 0], [1, 3, 0]])
+  LABELS = np.array([0, 1, 0])
+
+  def test_hand_computed_predictions(self):
+    test = np.array([
+        [3, 0],   # 2/8 * 2/3 = 1/6  vs 2/6 * 1/3 = 1/9   -> 0
+        [2, 3],   # 1/8 * 2/8 * 2/3 = 1/48 vs 2/6 * 2/6 * 1/3 = 1/27 -> 1
+        [2, 0],   # 1/8 * 2/3 = 1/12 vs 2/6 * 1/3 = 1/9   -> 1
+        [0, 0],   # the prior alone                        -> 0
+    ])
+    pred = baselines.naive_bayes(self.TRAIN, self.LABELS, test, vocab_size=4)
+    np.testing.assert_array_equal(pred, [0, 1, 1, 0])
+
+  def test_padding_is_not_a_word(self):
+    # Padding the test rows further changes nothing.
+    test = np.array([[2, 3], [3, 1]])
+    padded = np.pad(test, ((0, 0), (0, 5)))
+    np.testing.assert_array_equal(
+        baselines.naive_bayes(self.TRAIN, self.LABELS, test, vocab_size=4),
+        baselines.naive_bayes(self.TRAIN, self.LABELS, padded, vocab_size=4))
+
+  def test_majority(self):
+    np.testing.assert_array_equal(baselines.majority([1, 0, 1, 2], 3),
+                                  [1, 1, 1])
+
+
+class LanguageModelBaselinesTest(absltest.TestCase):
+
+  def test_unigram_add_one(self):
+    # Counts (pad left out): 1 -> 2, 2 -> 1, 3 -> 0 of 3; add-1 over 4 ids:
+    # P(1) = 3/7, P(3) = 1/7; perplexity of [1, 3] = sqrt(49 / 3).
+    ppl = baselines.unigram_perplexity(np.array([[1, 1, 2, 0]]),
+                                       np.array([1, 3]), vocab_size=4, k=1.0)
+    self.assertAlmostEqual(ppl, math.sqrt(49 / 3))
+
+  def test_unigram_without_data_is_uniform(self):
+    ppl = baselines.unigram_perplexity(np.zeros((2, 3), int),
+                                       np.array([1, 2, 3]), vocab_size=7)
+    self.assertAlmostEqual(ppl, 7.0)
+
+  def test_bigram_add_one(self):
+    # Pairs (1,2), (2,1), (1,2); (2, pad) is dropped. P(2|1) = 3/6,
+    # P(3|1) = 1/6, P(1|2) = 2/5, P(1|3) = 1/4 (3 never precedes).
+    ppl = baselines.bigram_perplexity(
+        np.array([[1, 2, 1, 2, 0]]), np.array([1, 1, 2, 3]),
+        np.array([2, 3, 1, 1]), vocab_size=4, k=1.0)
+    self.assertAlmostEqual(ppl, 120 ** 0.25)
+
+  def test_bigram_matches_dense_counts(self):
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, 9, (20, 12))
+    prev, tgt = rng.integers(1, 9, 50), rng.integers(1, 9, 50)
+    dense = np.zeros((9, 9))
+    for r in rows:
+      for a, b in zip(r[:-1], r[1:]):
+        if a and b:
+          dense[a, b] += 1
+    p = (dense + 0.5) / (dense.sum(1, keepdims=True) + 0.5 * 9)
+    want = np.exp(-np.mean(np.log(p[prev, tgt])))
+    self.assertAlmostEqual(baselines.bigram_perplexity(
+        rows, prev, tgt, vocab_size=9, k=0.5), want)
+
+
+class HarnessTest(absltest.TestCase):
+
+  def test_grid_first_axis_slowest(self):
+    cells = experiment.grid(model=("a", "b"), seed=(0, 1))
+    self.assertEqual([(c["model"], c["seed"]) for c in cells],
+                     [("a", 0), ("a", 1), ("b", 0), ("b", 1)])
+    self.assertEqual(experiment.cell_key("w64", {"model": "a", "lr": 1e-3}),
+                     "w64/model=a/lr=0.001")
+
+  def test_grid_rejects_an_empty_or_string_axis(self):
+    with self.assertRaisesRegex(ValueError, r"grid axis seed=\(\) must be"):
+      experiment.grid(model=("a",), seed=())
+    with self.assertRaisesRegex(ValueError, "grid axis model='ab' must be"):
+      experiment.grid(model="ab")
+
+  def test_mean_sd(self):
+    values = [0.8, 0.82, 0.83]
+    mean, sd = experiment.mean_sd(values)
+    self.assertAlmostEqual(mean, np.mean(values))
+    self.assertAlmostEqual(sd, np.std(values, ddof=1))
+    self.assertEqual(experiment.mean_sd([0.5]), (0.5, 0.0))
+    self.assertEqual(experiment.fmt_mean_sd([0.8, 0.82], 100),
+                     "81.0 ± 1.4 (n=2)")
+
+  def test_verdict_needs_a_gap_beyond_the_seed_spread(self):
+    hi, lo = [0.80, 0.81, 0.82], [0.70, 0.71, 0.72]
+    self.assertEqual(experiment.verdict(hi, lo, True), "agrees")
+    self.assertEqual(experiment.verdict(hi, lo, False), "disagrees")
+    # A gap of 1.0 inside sds of 1.0 + 1.0: not decided either way.
+    self.assertEqual(experiment.verdict([1., 2., 3.], [2., 3., 4.], False),
+                     "not decided")
+    self.assertEqual(experiment.verdict([0.9], [0.1], True), "not decided")
+
+  def test_recorded_paths_are_relative_to_the_repository(self):
+    repo = pathlib.Path(experiment.__file__).resolve().parent.parent
+    self.assertEqual(experiment._portable(str(repo / "experiments/results/x")),
+                     "experiments/results/x")
+    self.assertEqual(experiment._portable(str(repo.parent / "shared/data")),
+                     os.path.join("..", "shared", "data"))
+    self.assertEqual(experiment._portable("/elsewhere/x"), "/elsewhere/x")
+    self.assertEqual(experiment._portable(3), 3)
+
+  def test_workdirs_are_absolute(self):
+    # Orbax refuses relative checkpoint paths; --out is often relative.
+    cwd = os.getcwd()
+    os.chdir(tempfile.mkdtemp())
+    try:
+      exp = experiment.Experiment("rel/out")
+      path = exp.workdir("a/b")
+      self.assertTrue(os.path.isabs(path))
+      self.assertEqual(path, os.path.join(os.getcwd(), "rel/out/runs/a/b"))
+    finally:
+      os.chdir(cwd)
+
+  def test_small_vocab_is_built_once_with_its_digest(self):
+    out = tempfile.mkdtemp()
+    text = os.path.join(out, "train.txt")
+    pathlib.Path(text).write_text("\n".join(testing.sentences(300)) + "\n")
+    vocab = experiment.small_vocab(out, text, ("text",), size=60)
+    self.assertEqual(vocab["path"], os.path.join(out, "vocab", "spm60.model"))
+    self.assertEqual(vocab["sha256"], experiment.file_digest(vocab["path"]))
+    self.assertEqual(vocab["model_vocab_size"], 256)  # 60 + 100 -> 128k
+    mtime = os.path.getmtime(vocab["path"])
+    self.assertEqual(experiment.small_vocab(out, text, ("text",), 60), vocab)
+    self.assertEqual(os.path.getmtime(vocab["path"]), mtime)
+
+  def test_pipeline_arrays_hold_every_row_once(self):
+    from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
+    tmp = tempfile.mkdtemp()
+    labels = testing.write_pairs_tsv(os.path.join(tmp, "pairs.tsv"), 37)
+    cfg = data.default_data_config()
+    cfg.update(task="glue_mnli", seq_len=24,
+               vocab_path=testing.tiny_vocab(tmp))
+    cfg.local_files.train = os.path.join(tmp, "pairs.tsv")
+    arrays = experiment.pipeline_arrays(cfg, "train", batch_size=8)
+    self.assertEqual(arrays["inputs"].shape, (37, 24))
+    np.testing.assert_array_equal(arrays["label"], labels)
+
+
+if __name__ == "__main__":
+  absltest.main()
