@@ -34,8 +34,8 @@ own FLOPs again (reported), and their tokens/s.
                  N2=4, 25k steps; C4 from TFDS (``--data_dir``), WikiText-2
                  valid held out. Not runnable on this machine.
 
-  python experiments/smlp_vs_moe.py --scale=small --out=/tmp/smlp_vs_moe
-  python experiments/smlp_vs_moe.py --scale=small --out=/tmp/smlp_vs_moe --ablations
+  python experiments/smlp_vs_moe.py --scale=small --out=experiments/results/smlp_vs_moe
+  python experiments/smlp_vs_moe.py --scale=small --out=experiments/results/smlp_vs_moe --ablations
 
 (``--models=NAME`` runs one model or ablation, e.g. one per queued job;
 the runs are recorded in ``results.json``, and the last command's table

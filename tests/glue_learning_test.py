@@ -1,4 +1,4 @@
-"""Every GLUE model learns a small separable text task (issue 9).
+"""Every GLUE model learns a small separable text task.
 
 The HyperMixer paper's models are trained from scratch on GLUE; before the
 fix, the shared GLUE setup (unit-amplitude sinusoids over N(0, 0.02) token

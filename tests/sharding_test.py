@@ -417,7 +417,7 @@ def test_global_batch():
 
 
 class _MoeNet(nn.Module):
-  """A stem and the token-routed MoE feed-forward (issue 4's layer)."""
+  """A stem and the token-routed MoE feed-forward layer."""
 
   @nn.compact
   def __call__(self, inputs, *, segment_ids=None, deterministic=True):

@@ -159,7 +159,7 @@ class TextEncoder(nn.Module):
     if self.scale_embeddings:
       # Without it, unit-amplitude sinusoids drown N(0, 0.02) token vectors
       # (~97% of the input variance is position at init) and the GLUE
-      # models did not learn from scratch (issue 9).
+      # models did not learn from scratch.
       x = x * jnp.asarray(self.d_model ** 0.5, x.dtype)
     # The embeddings need positions; the layers get the caller's (None when
     # none were given: mixers default to 0..N-1 themselves, and some take a
