@@ -28,7 +28,7 @@ built by the zoo:
                  parameters outside the spatial weights, the paper's 3:1 layer
                  ratio; sequence 32 ... 4096 (``--lengths`` to change).
 
-  python experiments/gmlp_latency.py --scale=small --out=/tmp/gmlp_latency
+  python experiments/gmlp_latency.py --scale=small --out=experiments/results/gmlp_latency
 
 Writes ``results.json``, ``table.md`` and ``gmlp_latency.png`` (latency
 against length, log-log) into ``--out``. Latencies on a CPU shared with other

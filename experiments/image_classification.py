@@ -22,8 +22,8 @@ recipe, the image task's seqio pipeline (JPEG decode, crop/flip, patches):
                  accuracy on all 10,000 test images. Same recipe for all
                  three.
 
-  python experiments/image_classification.py --scale=small --out=/tmp/img_small \
-      --cifar_dir=/tmp/cifar10_data
+  python experiments/image_classification.py --scale=small --out=experiments/results/image_classification \
+      --cifar_dir=CIFAR_DIR
 
 Writes ``results.json``, ``table.md`` and ``image_curves.png`` (test accuracy
 against step) into ``--out``.

@@ -25,7 +25,7 @@ recorded as such.
   --scale=paper  the same modules, N = 32 ... 16384, 1,000 calls per point
                  (meant for an accelerator).
 
-  taskset -c 1 python experiments/token_mixing_cost.py --scale=small --out=/tmp/tmc
+  taskset -c 1 python experiments/token_mixing_cost.py --scale=small --out=experiments/results/token_mixing_cost
 
 Writes ``results.json``, ``table.md`` and ``token_mixing_cost.png`` (time
 and FLOPs against N, log-log) into ``--out``.

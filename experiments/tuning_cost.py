@@ -14,7 +14,7 @@ needs fewer trials for the same expected accuracy.
   --scale=small  6 trials per model of width-32 two-layer GLUE models on the
                  real SST-2 files in ``--shared``, 150 steps of batch 64 each.
 
-  python experiments/tuning_cost.py --scale=small --out=/tmp/tuning_cost
+  python experiments/tuning_cost.py --scale=small --out=experiments/results/tuning_cost
 
 Writes ``results.json``, ``table.md`` and ``tuning_cost.png``.
 """
