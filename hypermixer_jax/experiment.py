@@ -323,9 +323,10 @@ def train(config, workdir: str, *, with_params: bool = False
           ) -> dict[str, Any]:
   """Trains ``config`` in ``workdir`` and returns what an experiment records.
 
-  ``{'eval': final evaluation metrics, 'step': last step, 'eval_curve':
-  {step: metrics}, 'train_curve': {step: metrics}}``; curves come from the
-  run's ``metrics.jsonl``. A workdir that already holds checkpoints resumes.
+  ``{'eval': final evaluation metrics, 'step': last step, 'source': where
+  the run started from ('scratch', 'init_checkpoint' or 'workdir': resumed),
+  'eval_curve': {step: metrics}, 'train_curve': {step: metrics}}``; curves
+  come from the run's ``metrics.jsonl``. A workdir that already holds checkpoints resumes.
   With ``with_params`` the result also holds ``'params'``, the trained
   parameters (``trained_params``): use them, then drop them before the result
   is recorded (they are not JSON).
@@ -339,7 +340,8 @@ def train(config, workdir: str, *, with_params: bool = False
                     metrics.read_metrics(workdir, split).items()}
             for split in ("train", "eval")}
   out = {"eval": dict(result.eval_metrics), "step": int(result.step),
-         "eval_curve": curves["eval"], "train_curve": curves["train"]}
+         "source": result.source, "eval_curve": curves["eval"],
+         "train_curve": curves["train"]}
   if with_params:
     out["params"] = trained_params(config, workdir, result)
   return out

@@ -1,0 +1,89 @@
+"""experiments/pretrain_finetune.py: the pretraining run's encoder is the
+classifier's encoder (what the fine-tuning arm loads), on the same data."""
+import pathlib
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from hypermixer_jax.models import zoo
+from hypermixer_jax.train import checkpoint
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
+                       / "experiments"))
+import pretrain_finetune as pf  # noqa: E402  pylint: disable=g-import-not-at-top
+
+
+def _shapes(model_config):
+  x = zoo.dummy_inputs(model_config)
+  params = jax.eval_shape(
+      lambda: zoo.build_model(model_config).init(
+          jax.random.key(0), jnp.zeros(x.shape, x.dtype))["params"])
+  flat = checkpoint._flatten(nn.unbox(params))  # pylint: disable=protected-access
+  return {k: tuple(v.shape) for k, v in flat.items()}
+
+
+@pytest.fixture(name="configs", scope="module")
+def _configs(shared_data, tmp_path_factory):
+  tmp_path = tmp_path_factory.mktemp("pretrain_finetune")
+  # Building configs reads no vocabulary: any SentencePiece path will do.
+  vocab = {"path": str(shared_data / "t5_spm/sentencepiece.model"),
+           "model_vocab_size": 8064}
+  out = {}
+  for mixer in pf.MODELS:
+    pre = pf.pretrain_config(mixer, shared_data, vocab, seed=1, steps=30)
+    fine = pf.finetune_config(mixer, shared_data, vocab, lr=1e-3, seed=1,
+                              fraction=0.1, out=tmp_path, steps=20,
+                              init="/ckpt")
+    out[mixer] = pre, fine
+  return out
+
+
+@pytest.mark.parametrize("mixer", pf.MODELS)
+def test_pretrained_encoder_is_the_classifier_encoder(configs, mixer):
+  pre, fine = configs[mixer]
+  a, b = _shapes(pre.model), _shapes(fine.model)
+  enc_a = {k: v for k, v in a.items() if k.startswith("encoder/")}
+  enc_b = {k: v for k, v in b.items() if k.startswith("encoder/")}
+  assert enc_a and enc_a == enc_b
+  # Only the heads differ, and fine-tuning re-initialises exactly them.
+  assert any(k.startswith("mlm_head/") for k in a)
+  assert any(k.startswith("classifier/") for k in b)
+  assert fine.init_reinit == "(?!encoder/)"
+  assert fine.init_checkpoint == "/ckpt"
+  assert pre.model.head == "mlm" and fine.model.head == "classify"
+
+
+def test_same_vocabulary_length_and_seed(configs, shared_data, tmp_path):
+  for pre, fine in configs.values():
+    assert pre.data.vocab_path == fine.data.vocab_path
+    assert pre.data.seq_len == fine.data.seq_len == fine.model.max_len
+    assert pre.seed == fine.seed == 1
+    assert pre.checkpoint_every == pre.num_train_steps == 30
+    train = pre.data.local_files.train.split(",")
+    assert [pathlib.Path(p).name for p in train] == [
+        pathlib.Path(p).name for p in pf.C4_TRAIN_ALL.split(",")]
+    assert "wiki.valid" in pre.data.local_files.validation
+  # 10% of the labels: a fixed subset file, the same for every model and arm.
+  subset = pathlib.Path(configs["attention"][1].data.local_files.train)
+  rows = subset.read_text(encoding="utf-8").splitlines()
+  full = (shared_data / "glue/SST-2/train.tsv").read_text(
+      encoding="utf-8").splitlines()
+  assert rows[0] == full[0] and len(rows) - 1 == round(0.1 * (len(full) - 1))
+  assert set(rows[1:]) <= set(full[1:])
+  scratch = pf.finetune_config("attention", shared_data, {
+      "path": "x.model", "model_vocab_size": 8064}, lr=1e-3, seed=0,
+                               fraction=1.0, out=tmp_path, steps=20)
+  assert not scratch.init_checkpoint
+  assert scratch.data.local_files.train.endswith("SST-2/train.tsv")
+
+
+def test_flops_per_step_from_logged_throughput():
+  run = {"train_curve": {"10": {"tflops_per_device": 9.0,
+                                "steps_per_sec": 1.0},
+                         "20": {"tflops_per_device": 0.06,
+                                "steps_per_sec": 2.0}}}
+  # The last logged step (20, not "10" by string order): 0.06e12 / 2.
+  assert pf.flops_per_step(run) == pytest.approx(3e10)
