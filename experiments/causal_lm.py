@@ -85,7 +85,7 @@ LABELS = {"attention": "Transformer", "hypermixer": "HyperMixer (causal)",
           "gmlp": "gMLP (causal)", "linear_attention": "Linear attention"}
 SMALL = dict(d_model=128, num_layers=4, d_ffn=512, heads=2, gmlp_depth=3,
              hyper_dim=64, chunk=16, seq_len=256, max_len=1024,
-             batch_size=16, steps=400, lr=2e-3, warmup=40, evals=5,
+             batch_size=16, steps=300, lr=2e-3, warmup=30, evals=5,
              eval_batch_size=16, eval_batches=4, eval_rows=48,
              eval_lengths=(256, 512, 1024))
 PAPER_SIZES = dict(d_model=768, num_layers=12, d_ffn=3072, heads=12,
@@ -680,10 +680,10 @@ def main() -> None:
   p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--steps", type=int, default=0,
                  help="override the scale's number of training steps")
-  p.add_argument("--ablate_hyper_dims", default="16,32,128",
+  p.add_argument("--ablate_hyper_dims", default="32,128",
                  help="HyperMixer ablation axis: hypernetwork widths d' (at "
                  "the default chunk)")
-  p.add_argument("--ablate_chunks", default="8,32,64",
+  p.add_argument("--ablate_chunks", default="8,64",
                  help="HyperMixer ablation axis: chunk sizes C (at the "
                  "default d')")
   p.add_argument("--ablation_seeds", type=int, default=1,
@@ -692,7 +692,7 @@ def main() -> None:
                  help="--part=scaling: row lengths N")
   p.add_argument("--rounds", type=int, default=3,
                  help="--part=scaling: interleaved timing rounds")
-  p.add_argument("--max_gib", type=float, default=16.0,
+  p.add_argument("--max_gib", type=float, default=6.0,
                  help="--part=scaling: skip a step needing more memory")
   p.add_argument("--report_only", action="store_true",
                  help="write the table and figure from the recorded runs")
