@@ -496,7 +496,8 @@ def lm_part(args, exp) -> None:
   steps = args.steps or s["steps"]
   prefix = f"{args.scale}/s{steps}"
   lengths = tuple(s["eval_lengths"])
-  base_cfg = train_config(configs["attention"], args.scale, shared, vocab)
+  base_cfg = train_config(configs["attention"], args.scale, shared, vocab,
+                          steps=steps)
   held = {n: held_out_rows(base_cfg, n, max(lengths), s["eval_rows"])
           for n in lengths}
   if len({digest(a) for a in held.values()}) != 1:
