@@ -28,8 +28,9 @@ plus HyperMixer ablations along two axes, the hypernetwork width d'
 (``--ablate_hyper_dims``, at the default C) and the chunk C
 (``--ablate_chunks``, at the default d'; the function does not depend on C,
 only its cost, so at matched FLOPs a smaller C leaves a wider FFN), each
-matched the same way where its mixing leaves an FFN of at least ``MIN_FFN``
-(else it keeps the Transformer's FFN and its larger FLOPs are reported). All are trained on the C4 train sample (unpacked rows of N = 256
+matched the same way where its mixing leaves an FFN of at least
+``MIN_FFN`` (else it keeps the Transformer's FFN and its larger FLOPs are
+reported). All are trained on the C4 train sample (unpacked rows of N = 256
 tokens, the 8k SentencePiece vocabulary trained on that sample), 3 seeds,
 with the same optimiser, schedule and batches, and scored on held-out
 WikiText-2 validation articles (long documents, so that a 1,024-token
@@ -48,6 +49,10 @@ hypernetworks) extrapolate to positions never trained; gMLP's Toeplitz
 weights for offsets >= 256 keep their initial values (|w| <= 1e-3 / 1024),
 so its context stays the trained 256 tokens. A learned position table could
 not run beyond its trained rows and is not used.
+
+``--scale=paper`` declares the paper-size setting (``PAPER_SIZES``, full C4
+from TFDS, N = 1,024) but is not run by this script: train those configs with
+``hypermixer_jax.main`` on a pod.
 
 ``--part=scaling``: time and memory per token of one training step's
 forward + backward (gradient of the LM loss) of each matched model on one
