@@ -90,7 +90,7 @@ LABELS = {"attention": "Transformer", "hypermixer": "HyperMixer (causal)",
           "gmlp": "gMLP (causal)", "linear_attention": "Linear attention"}
 SMALL = dict(d_model=128, num_layers=4, d_ffn=512, heads=2, gmlp_depth=3,
              hyper_dim=64, chunk=16, seq_len=256, max_len=1024,
-             batch_size=16, steps=300, lr=2e-3, warmup=30, evals=5,
+             batch_size=16, steps=400, lr=2e-3, warmup=40, evals=5,
              eval_batch_size=16, eval_batches=4, eval_rows=48,
              eval_lengths=(256, 512, 1024))
 PAPER_SIZES = dict(d_model=768, num_layers=12, d_ffn=3072, heads=12,
