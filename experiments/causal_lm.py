@@ -1,0 +1,714 @@
+r"""A causal HyperMixer language model against Transformer, causal gMLP and
+linear attention, at matched FLOPs per token.
+
+The HyperMixer paper (Mai et al. 2023) leaves causal token mixing open. Here
+query m's TM-MLP hidden layer is the prefix sum over keys n <= m,
+``out_m = W2_m GELU(sum_{n<=m} W1_n v_n^T)``, computed by a chunked scan of
+C tokens per step (``configs/c4_lm.py``, ``HyperMixing.causal``). Each token
+needs its own [d, d'] hidden layer (the GELU sits between the prefix sum and
+the output), so the mixing costs about ``2 C d d'`` FLOPs per token and layer
+(the in-chunk prefix sum is a [C, C] product): its cost per token does not
+grow with N, but a wide hypernetwork (d') or chunk (C) is expensive.
+
+``--part=lm`` (default): four causal LMs of one width, each matched in
+forward FLOPs per token at the training length N to the Transformer's (XLA's
+count of the compiled forward, ``forward_flops``) through its FFN width:
+
+* Transformer: pre-LN blocks, causal softmax attention, sinusoidal positions;
+* HyperMixer: pre-LN blocks, causal HyperMixing (tied hypernetworks, the
+  paper's default; hypernetwork width ``hyper_dim``, chunk ``chunk``),
+  positions only in the hypernetworks (sinusoidal, Algorithm 1);
+* gMLP: gMLP's own blocks (3x the layers, the gMLP paper's depth ratio),
+  causal Toeplitz spatial weights W[i, j] = w[i - j], no position
+  embeddings;
+* linear attention: pre-LN blocks, causal elu+1 kernel attention,
+  sinusoidal positions;
+
+plus HyperMixer ablations along two axes, the hypernetwork width d'
+(``--ablate_hyper_dims``, at the default C) and the chunk C
+(``--ablate_chunks``, at the default d'; the function does not depend on C,
+only its cost, so at matched FLOPs a smaller C leaves a wider FFN), each
+matched the same way where its mixing leaves an FFN of at least
+``MIN_FFN`` (else it keeps the Transformer's FFN and its larger FLOPs are
+reported). All are trained on the C4 train sample (unpacked rows of N = 256
+tokens, the 8k SentencePiece vocabulary trained on that sample), 3 seeds,
+with the same optimiser, schedule and batches, and scored on held-out
+WikiText-2 validation articles (long documents, so that a 1,024-token
+context exists; ``data.text_layout='wikitext'``): every token of the first
+``eval_rows`` rows the unshuffled split gives at N = 1,024, read again as
+rows of 256 and 512 (the documents are cut at multiples of N, so the same
+tokens are scored at every length, only their context differs). Beside them
+unigram and add-k bigram perplexity of the same scored positions, counted on
+the train tokens (the bigram reads the row's previous token; the first token
+of a row, whose previous input is BOS, is scored by the unigram).
+
+Length: every run, trained at N = 256, is evaluated at 256 / 512 / 1,024.
+All four models are built with ``max_len = 1024`` so all can run there:
+sinusoidal positions (Transformer, linear attention, HyperMixer's
+hypernetworks) extrapolate to positions never trained; gMLP's Toeplitz
+weights for offsets >= 256 keep their initial values (|w| <= 1e-3 / 1024),
+so its context stays the trained 256 tokens. A learned position table could
+not run beyond its trained rows and is not used.
+
+``--scale=paper`` declares the paper-size setting (``PAPER_SIZES``, full C4
+from TFDS, N = 1,024) but is not run by this script: train those configs with
+``hypermixer_jax.main`` on a pod.
+
+``--part=scaling``: time and memory per token of one training step's
+forward + backward (gradient of the LM loss) of each matched model on one
+row of N = 256 ... 8,192 tokens: memory from XLA's compiled memory analysis
+(temporaries + arguments + outputs), time the median of interleaved rounds.
+
+  python experiments/causal_lm.py --scale=small \
+      --out=experiments/results/causal_lm
+  python experiments/causal_lm.py --part=scaling \
+      --out=experiments/results/causal_lm_scaling
+
+Writes ``results.json``, ``table.md`` and ``causal_lm.png`` (held-out
+perplexity against step; against evaluation length) into ``--out``
+(``--part=scaling``: ``causal_lm_scaling.png``). The machine's other load
+changes the measured tokens/s and times: compare them only within one run.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import pathlib
+import statistics
+import time
+
+import ml_collections
+import numpy as np
+
+import glue_from_scratch as glue
+import mlm_perplexity as mlm
+from hypermixer_jax import baselines
+from hypermixer_jax import experiment
+
+MODELS = ("attention", "hypermixer", "gmlp", "linear_attention")
+LABELS = {"attention": "Transformer", "hypermixer": "HyperMixer (causal)",
+          "gmlp": "gMLP (causal)", "linear_attention": "Linear attention"}
+SMALL = dict(d_model=128, num_layers=4, d_ffn=512, heads=2, gmlp_depth=3,
+             hyper_dim=64, chunk=16, seq_len=256, max_len=1024,
+             batch_size=16, steps=400, lr=2e-3, warmup=40, evals=5,
+             eval_batch_size=16, eval_batches=4, eval_rows=48,
+             eval_lengths=(256, 512, 1024))
+PAPER_SIZES = dict(d_model=768, num_layers=12, d_ffn=3072, heads=12,
+                   gmlp_depth=3, hyper_dim=256, chunk=64, seq_len=1024,
+                   max_len=4096, batch_size=128, steps=100_000, lr=6e-4,
+                   warmup=2_000, evals=20, eval_batch_size=64,
+                   eval_batches=50, eval_rows=2048,
+                   eval_lengths=(1024, 2048, 4096))
+SCALING_LENGTHS = tuple(2 ** k for k in range(8, 14))      # 256 ... 8192
+MIN_FFN = 64         # ablation cells matched only down to this FFN width
+TARGET_GAP = 0.05    # HyperMixer within 5% of the Transformer's perplexity
+
+
+# ---------------------------------------------------------------------------
+# Models.
+# ---------------------------------------------------------------------------
+def model_config(mixer: str, s: dict, vocab_size: int, *,
+                 hyper_dim: int | None = None, chunk: int | None = None
+                 ) -> ml_collections.ConfigDict:
+  """The causal LM of ``mixer`` at the sizes ``s`` (before FLOP matching)."""
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  m = models.default_model_config()
+  m.update(family="text", head="causal_lm", mixer=mixer,
+           num_layers=s["num_layers"], d_model=s["d_model"],
+           d_ffn=s["d_ffn"], max_len=s["max_len"], vocab_size=vocab_size,
+           type_vocab_size=0, dropout_rate=0.0, block="pre_ln",
+           position_embeddings="sinusoidal")
+  if mixer in ("attention", "linear_attention"):
+    m.mixer_kwargs = ml_collections.ConfigDict(dict(num_heads=s["heads"]))
+  elif mixer == "hypermixer":
+    # Positions enter the hypernetworks only (the zoo's HyperMixer models).
+    m.position_embeddings = "none"
+    m.mixer_kwargs = ml_collections.ConfigDict(dict(
+        hyper_dim=hyper_dim or s["hyper_dim"], tied=True,
+        causal_chunk_size=chunk or s["chunk"]))
+  elif mixer == "gmlp":
+    m.update(block="gmlp", position_embeddings="none",
+             num_layers=s["gmlp_depth"] * s["num_layers"])
+    m.mixer_kwargs = ml_collections.ConfigDict(dict(toeplitz=True))
+  else:
+    raise ValueError(f"mixer {mixer!r}; this experiment compares "
+                     f"{', '.join(MODELS)}.")
+  return m
+
+
+def _counted(m: ml_collections.ConfigDict, n: int):
+  """``(config, length)`` whose XLA FLOP count, divided by its tokens, is
+  ``m``'s forward FLOPs per token at length ``n``.
+
+  XLA's cost analysis counts a loop body once. Causal HyperMixing scans N / C
+  chunks whose work per token does not depend on N, so it is counted on one
+  chunk (length C); attention is counted on its materialised form (the CPU
+  runs long rows block-wise in a scan).
+  """
+  c = ml_collections.ConfigDict(m.to_dict())
+  if c.mixer == "hypermixer":
+    chunk = int(c.mixer_kwargs.causal_chunk_size)
+    if n % chunk:
+      raise ValueError(f"length {n} is not a multiple of the HyperMixer "
+                       f"chunk {chunk}; pick N a multiple of the chunk.")
+    return c, chunk
+  if c.mixer == "attention":
+    c.mixer_kwargs.implementation = "xla"
+  return c, n
+
+
+def forward_flops(m: ml_collections.ConfigDict, n: int) -> float:
+  """XLA's count of ``m``'s forward FLOPs per token on one row of ``n``
+  tokens (all real; the unpacked rows' ``segment_ids`` given, as in
+  training)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import metrics  # pylint: disable=g-import-not-at-top
+  c, length = _counted(m, n)
+  model = models.build_model(c)
+  x = jax.ShapeDtypeStruct((1, length), jnp.int32)
+  params = jax.eval_shape(model.init, jax.random.key(0), x)
+
+  def fwd(p, tokens):
+    return model.apply(p, tokens, segment_ids=jnp.ones_like(tokens),
+                       deterministic=True)
+  flops = metrics.step_flops(jax.jit(fwd).lower(params, x).compile())
+  return float(flops) / length
+
+
+def match_flops(m: ml_collections.ConfigDict, target: float, n: int,
+                multiple: int = 16) -> ml_collections.ConfigDict:
+  """``m`` with the ``d_ffn`` (a multiple of ``multiple``, at least
+  ``multiple``) whose forward FLOPs per token are nearest ``target``.
+
+  FLOPs are affine in d_ffn (the FFN, or gMLP's channel projections, and
+  gMLP's spatial product), so two counts give the line.
+  """
+  def with_ffn(f):
+    c = ml_collections.ConfigDict(m.to_dict())
+    c.d_ffn = int(f)
+    return c
+  lo, hi = 4 * multiple, 16 * multiple
+  f_lo, f_hi = forward_flops(with_ffn(lo), n), forward_flops(with_ffn(hi), n)
+  slope = (f_hi - f_lo) / (hi - lo)
+  f = lo + (target - f_lo) / slope
+  candidates = {max(multiple, multiple * math.floor(f / multiple)),
+                max(multiple, multiple * math.ceil(f / multiple))}
+  return with_ffn(min(candidates, key=lambda c: abs(
+      f_lo + slope * (c - lo) - target)))
+
+
+def model_configs(s: dict, vocab_size: int, mixers=MODELS, hyper_dims=(),
+                  chunks=()) -> dict[str, ml_collections.ConfigDict]:
+  """The matched models: ``{name: config}``, those of ``mixers`` (the
+  Transformer always, the reference) and the HyperMixer ablations
+  ``hypermixer_h<d'>_c<C>``."""
+  bert = model_config("attention", s, vocab_size)
+  target = forward_flops(bert, s["seq_len"])
+  out = {"attention": bert}
+  for mixer in mixers:
+    if mixer != "attention":
+      out[mixer] = match_flops(model_config(mixer, s, vocab_size), target,
+                               s["seq_len"])
+  cells = [(h, s["chunk"]) for h in hyper_dims] + [
+      (s["hyper_dim"], c) for c in chunks]
+  for h, c in cells:
+    if (h, c) == (s["hyper_dim"], s["chunk"]):
+      continue
+    m = model_config("hypermixer", s, vocab_size, hyper_dim=h, chunk=c)
+    matched = match_flops(m, target, s["seq_len"])
+    # A mixing that alone nearly fills the budget keeps the Transformer's
+    # FFN instead of losing it (and is reported with its larger FLOPs).
+    out[f"hypermixer_h{h}_c{c}"] = matched if matched.d_ffn >= MIN_FFN else m
+  return out
+
+
+def sizes_of(m: ml_collections.ConfigDict, n: int) -> dict:
+  """Parameters (total, non-embedding) and forward FLOPs per token at n."""
+  p = mlm.params(m)
+  return {"params": p["total"], "non_embedding": p["non_embedding"],
+          "flops_per_token": forward_flops(m, n)}
+
+
+# ---------------------------------------------------------------------------
+# Training and the held-out set.
+# ---------------------------------------------------------------------------
+def train_config(model: ml_collections.ConfigDict, scale: str,
+                 shared: pathlib.Path | None, vocab: dict | None,
+                 data_dir: str = "", steps: int | None = None, seed: int = 0
+                 ) -> ml_collections.ConfigDict:
+  """``configs/c4_lm.py``'s training config with ``model``: the same for
+  every model but the model (and ``seed``)."""
+  s = SMALL if scale == "small" else PAPER_SIZES
+  c = glue.load_config("c4_lm.py", "attention")
+  c.model = model
+  c.data.seq_len = s["seq_len"]
+  c.batch_size = s["batch_size"]
+  c.eval_batch_size = s["eval_batch_size"]
+  c.num_train_steps = steps or s["steps"]
+  c.learning_rate = s["lr"]
+  c.warmup_steps = min(s["warmup"], c.num_train_steps)
+  c.eval_every = max(1, c.num_train_steps // s["evals"])
+  c.eval_steps = s["eval_batches"]
+  c.seed = seed
+  if scale == "small":
+    # Unpacked rows: each row one document's chunk, the same rows for all.
+    c.data.packing = False
+    c.data.vocab_path = vocab["path"]
+    c.data.local_files.train = experiment.require(shared / mlm.C4_TRAIN,
+                                                  "C4 sample")
+    c.data.local_files.validation = experiment.require(
+        shared / mlm.WIKITEXT_VALID, "WikiText-2 validation")
+    c.data.text_layout = "wikitext"
+    c.log_every = 20
+    c.checkpoint_every = 0
+    c.keep_checkpoints = 1
+  else:
+    c.data.data_dir = data_dir or None
+  return c
+
+
+def held_out_rows(config: ml_collections.ConfigDict, n: int, ref_len: int,
+                  ref_rows: int) -> dict[str, np.ndarray]:
+  """The held-out set at length ``n``: the rows of the unshuffled validation
+  split holding exactly the tokens of its first ``ref_rows`` rows at length
+  ``ref_len`` (documents are cut at multiples of the length, so rows of a
+  length dividing ``ref_len`` tile them). ``{'inputs', 'targets', 'weights',
+  'segment_ids', ...}``."""
+  def rows(length, count=None):
+    c = ml_collections.ConfigDict(config.data.to_dict())
+    c.seq_len = length
+    arrays = experiment.pipeline_arrays(c, config.eval_split, batch_size=64)
+    return {k: v[:count] for k, v in arrays.items()}
+  if ref_len % n:
+    raise ValueError(f"evaluation length {n} must divide the longest, "
+                     f"{ref_len}.")
+  ref = rows(ref_len, ref_rows)
+  if n == ref_len:
+    return ref
+  total = int(ref["weights"].sum())
+  out = rows(n)
+  cum = np.cumsum(out["weights"].sum(1))
+  k = int(np.searchsorted(cum, total)) + 1
+  if k > len(cum) or cum[k - 1] != total:
+    raise ValueError(f"rows of length {n} do not tile the first {ref_rows} "
+                     f"rows of length {ref_len}.")
+  return {key: v[:k] for key, v in out.items()}
+
+
+def digest(arrays: dict[str, np.ndarray]) -> str:
+  """Digest of the scored tokens (targets where weight > 0, in order)."""
+  return hashlib.sha256(np.ascontiguousarray(
+      arrays["targets"][arrays["weights"] > 0]).tobytes()).hexdigest()[:16]
+
+
+def token_nll(model_config_: ml_collections.ConfigDict, params,
+              arrays: dict[str, np.ndarray], batch_size: int = 16
+              ) -> np.ndarray:
+  """``[rows, N]`` negative log-likelihood of every target (0 on padding):
+  the loss the training loop's evaluation sums, kept per position."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import heads  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  model = models.build_model(model_config_)
+
+  @jax.jit
+  def nll(p, batch):
+    inputs, kwargs = heads.model_inputs(batch, "causal_lm")
+    logits = model.apply({"params": p}, inputs, deterministic=True, **kwargs)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+    return -tok * batch["weights"]
+
+  keys = ("inputs", "targets", "weights", "segment_ids", "positions")
+  out = []
+  for i in range(0, len(arrays["inputs"]), batch_size):
+    batch = {k: arrays[k][i:i + batch_size] for k in keys if k in arrays}
+    pad = batch_size - len(batch["inputs"])
+    if pad:  # one compiled shape: zero rows, zero weights
+      batch = {k: np.pad(v, ((0, pad), (0, 0))) for k, v in batch.items()}
+    out.append(np.asarray(nll(params, batch))[:batch_size - pad])
+  return np.concatenate(out)
+
+
+def lm_baselines(train_tokens: np.ndarray, arrays: dict[str, np.ndarray],
+                 vocab_size: int, ks=(1e-3, 1e-2, 1e-1, 1.0)) -> dict:
+  """Unigram and add-k bigram perplexity of the scored targets of
+  ``arrays`` (weights > 0), counted on ``train_tokens`` ([rows, N]).
+
+  The bigram reads each target's input (the previous token of its row);
+  the first target of a row (input BOS = 0, which the counts never hold)
+  is scored by the add-1 unigram. k: the best of ``ks`` on these positions
+  (favours the baseline).
+  """
+  scored = arrays["weights"] > 0
+  targets, previous = arrays["targets"][scored], arrays["inputs"][scored]
+  first = previous == baselines.PAD
+  uni = baselines.unigram_perplexity(train_tokens, targets,
+                                     vocab_size=vocab_size, k=1.0)
+  uni_first = baselines.unigram_perplexity(
+      train_tokens, targets[first], vocab_size=vocab_size, k=1.0) \
+      if first.any() else 1.0
+
+  def bigram(k):
+    rest = baselines.bigram_perplexity(
+        train_tokens, previous[~first], targets[~first],
+        vocab_size=vocab_size, k=k)
+    return float(np.exp((first.sum() * np.log(uni_first)
+                         + (~first).sum() * np.log(rest)) / len(targets)))
+  table = {k: bigram(k) for k in ks}
+  k = min(table, key=table.get)
+  return {"unigram": uni, "bigram": table[k], "bigram_k": k,
+          "scored_tokens": int(scored.sum()),
+          "row_starts": int(first.sum())}
+
+
+def perplexity(nll: np.ndarray, weights: np.ndarray) -> float:
+  return float(np.exp(nll.sum() / weights.sum()))
+
+
+def run_cell(config, workdir: str, held: dict[int, dict], sizes: dict
+             ) -> dict:
+  """Trains one cell and scores it on the held-out tokens at every length."""
+  result = experiment.train(config, workdir, with_params=True)
+  params = result.pop("params")
+  lengths = {}
+  for n, arrays in held.items():
+    c = ml_collections.ConfigDict(config.model.to_dict())
+    nll = token_nll(c, params, arrays, batch_size=max(1, 4096 // n))
+    lengths[str(n)] = {"perplexity": perplexity(nll, arrays["weights"]),
+                       "digest": digest(arrays)}
+  rates = [r["tokens_per_sec"] for s, r in sorted(result["train_curve"].items())
+           if "tokens_per_sec" in r][1:]   # the first window includes compile
+  return dict(result, lengths=lengths, **sizes,
+              train_tokens_per_sec=(statistics.median(rates) if rates
+                                    else float("nan")))
+
+
+# ---------------------------------------------------------------------------
+# Tables and figures.
+# ---------------------------------------------------------------------------
+def _ppl(run: dict, n: int) -> float:
+  return float(run["lengths"][str(n)]["perplexity"])
+
+
+def table_rows(runs: dict, sizes: dict, base: dict | None, n: int) -> list:
+  rows = []
+  ref = [_ppl(r, n) for r in runs.get("attention", [])]
+  for name, seed_runs in runs.items():
+    m, sz = sizes[name]["model"], sizes[name]
+    ppl = [_ppl(r, n) for r in seed_runs]
+    mean = experiment.mean_sd(ppl)[0] if ppl else float("nan")
+    gap = (f"{100 * (mean / experiment.mean_sd(ref)[0] - 1):+.1f}%"
+           if ref and ppl and name != "attention" else "")
+    tps = [r["train_tokens_per_sec"] for r in seed_runs]
+    mixer = m["mixer_kwargs"]
+    extra = (f"d'={mixer['hyper_dim']}, C={mixer['causal_chunk_size']}"
+             if m["mixer"] == "hypermixer" else "")
+    rows.append([_label(name), extra, m["num_layers"], m["d_model"],
+                 m["d_ffn"], f"{sz['params'] / 1e6:.3f}M",
+                 f"{sz['non_embedding'] / 1e6:.3f}M",
+                 f"{sz['flops_per_token'] / 1e6:.2f}M",
+                 f"{statistics.median(tps):.0f}" if tps else "",
+                 experiment.fmt_mean_sd(ppl) or "not run",
+                 f"{mean / base['unigram']:.2f}" if base and ppl else "",
+                 gap])
+  if base:
+    rows.append(["unigram (train counts, add-1)", "", "", "", "", "", "", "",
+                 "", f"{base['unigram']:.1f}", "1.00", ""])
+    rows.append([f"bigram (add-{base['bigram_k']:g})", "", "", "", "", "",
+                 "", "", "", f"{base['bigram']:.1f}",
+                 f"{base['bigram'] / base['unigram']:.2f}", ""])
+  return rows
+
+
+def _label(name: str) -> str:
+  if name in LABELS:
+    return LABELS[name]
+  return "HyperMixer ablation"
+
+
+def length_rows(runs: dict, bases: dict, lengths) -> list:
+  rows = []
+  for name, seed_runs in runs.items():
+    rows.append([_label(name) + (f" ({name})" if name not in LABELS else "")]
+                + [experiment.fmt_mean_sd([_ppl(r, n) for r in seed_runs])
+                   for n in lengths])
+  for kind in ("unigram", "bigram"):
+    rows.append([kind] + [f"{bases[str(n)][kind]:.1f}" for n in lengths])
+  return rows
+
+
+def _plot(exp, runs, base, lengths) -> None:
+  fig, axes = experiment.figure(ncols=2)
+  ax, bx = axes[0, 0], axes[0, 1]
+  for i, (name, seed_runs) in enumerate(runs.items()):
+    color = f"C{i}"
+    for j, run in enumerate(seed_runs):
+      curve = run["eval_curve"]
+      steps = sorted(curve, key=int)
+      ax.plot([int(s) for s in steps], [curve[s]["perplexity"] for s in steps],
+              marker="o", ms=3, color=color, alpha=0.8,
+              label=(_label(name) if name in LABELS else name) if j == 0
+              else None)
+    means = [experiment.mean_sd([_ppl(r, n) for r in seed_runs])[0]
+             for n in lengths]
+    bx.plot(lengths, means, marker="o", color=color)
+  if base:
+    for a in (ax, bx):
+      a.axhline(base["unigram"], color="k", ls="--", lw=0.8, label="unigram")
+      a.axhline(0.6 * base["unigram"], color="grey", ls=":", lw=0.8,
+                label="0.6 x unigram")
+  ax.set_yscale("log")
+  ax.set_xlabel("step")
+  ax.set_ylabel("held-out perplexity (N = 256, curve subset)")
+  ax.legend(fontsize=7)
+  bx.set_xscale("log", base=2)
+  bx.set_yscale("log")
+  bx.set_xlabel("evaluation length N (trained at 256)")
+  bx.set_ylabel("held-out perplexity, mean of seeds")
+  fig.savefig(exp.figure_path("causal_lm"), dpi=120)
+
+
+# ---------------------------------------------------------------------------
+# Parts.
+# ---------------------------------------------------------------------------
+def lm_part(args, exp) -> None:
+  shared = pathlib.Path(args.shared)
+  s = dict(SMALL if args.scale == "small" else PAPER_SIZES)
+  if args.scale == "paper":
+    raise NotImplementedError(
+        "--scale=paper needs the full C4 from TFDS and a pod; its sizes are "
+        "PAPER_SIZES, run them with main.py and configs/c4_lm.py.")
+  vocab = mlm.c4_vocab(args.out, shared)
+  exp.save(vocab={**vocab, "path": f"vocab/spm{mlm.VOCAB_PIECES}.model",
+                  "trained_on": mlm.C4_TRAIN})
+  hyper_dims = [int(x) for x in args.ablate_hyper_dims.split(",") if x]
+  chunks = [int(x) for x in args.ablate_chunks.split(",") if x]
+  configs = model_configs(s, vocab["model_vocab_size"],
+                          [m for m in args.models.split(",") if m],
+                          hyper_dims, chunks)
+  names = [m for m in args.models.split(",") if m] + [
+      k for k in configs if k not in MODELS]
+  sizes = exp.data.get("sizes", {})
+  for name in names:
+    if name not in sizes or sizes[name]["model"] != configs[name].to_dict():
+      sizes[name] = {"model": configs[name].to_dict(),
+                     **sizes_of(configs[name], s["seq_len"])}
+  exp.save(sizes=sizes)
+  steps = args.steps or s["steps"]
+  prefix = f"{args.scale}/s{steps}"
+  lengths = tuple(s["eval_lengths"])
+  base_cfg = train_config(configs["attention"], args.scale, shared, vocab,
+                          steps=steps)
+  held = {n: held_out_rows(base_cfg, n, max(lengths), s["eval_rows"])
+          for n in lengths}
+  if len({digest(a) for a in held.values()}) != 1:
+    raise AssertionError("the held-out lengths score different tokens.")
+  bases = exp.data.setdefault("baselines", {})
+  if prefix not in bases:
+    train_tokens = experiment.pipeline_arrays(base_cfg.data, "train")
+    bases[prefix] = {str(n): dict(lm_baselines(
+        train_tokens["targets"], held[n], vocab["model_vocab_size"]),
+                                  digest=digest(held[n])) for n in lengths}
+    bases[prefix]["train_tokens"] = int(train_tokens["weights"].sum())
+    exp.save()
+  runs: dict[str, list] = {}
+  seeds = [int(x) for x in args.seeds.split(",")]
+  ablation_seeds = seeds[:args.ablation_seeds]
+  for name in names:
+    for seed in (seeds if name in MODELS else ablation_seeds):
+      key = experiment.cell_key(prefix, {"model": name, "seed": seed})
+      if args.report_only:
+        exp.reload()
+        if key in exp.runs:
+          runs.setdefault(name, []).append(exp.runs[key])
+        continue
+      cfg = train_config(configs[name], args.scale, shared, vocab,
+                         steps=steps, seed=seed)
+      sz = {k: v for k, v in sizes[name].items() if k != "model"}
+      runs.setdefault(name, []).append(exp.run(
+          key, lambda c=cfg, k=key, z=sz: run_cell(c, exp.workdir(k), held,
+                                                   z)))
+  base = bases[prefix][str(s["seq_len"])]
+  c = base_cfg
+  verdicts = []
+  if runs.get("attention") and runs.get("hypermixer"):
+    hm = [_ppl(r, s["seq_len"]) for r in runs["hypermixer"]]
+    tf = [_ppl(r, s["seq_len"]) for r in runs["attention"]]
+    gap = experiment.mean_sd(hm)[0] / experiment.mean_sd(tf)[0] - 1
+    verdicts.append(
+        f"Causal HyperMixer / Transformer perplexity - 1 = {100 * gap:+.1f}% "
+        f"(target: within {100 * TARGET_GAP:.0f}%: "
+        f"{'met' if gap <= TARGET_GAP else 'not met'}); HyperMixer better "
+        f"than the Transformer beyond the seed spread: "
+        f"{experiment.verdict([-x for x in hm], [-x for x in tf], True)}.")
+  notes = (
+      f"Same for all models: AdamW (b1 {c.b1}, b2 {c.b2}, weight decay "
+      f"{c.weight_decay}), {c.warmup_steps} warm-up steps to lr "
+      f"{c.learning_rate:g} then cosine decay to {c.end_learning_rate_factor:g}"
+      f" x, clip norm {c.clip_norm}, batch {c.batch_size} x length "
+      f"{c.data.seq_len} (unpacked rows), {steps} steps, no dropout, seeds "
+      f"{args.seeds} (initialisation and data order; HyperMixer ablations: "
+      f"seeds {ablation_seeds}). Every model's forward FLOPs per token at N = "
+      f"{s['seq_len']} (XLA's count) matched to the Transformer's through "
+      "d_ffn. Trained on the C4 sample "
+      f"({mlm.C4_TRAIN}, {bases[prefix]['train_tokens']:,} train tokens); "
+      f"{mlm.VOCAB_PIECES} SentencePiece pieces trained on it (sha256 "
+      f"{vocab['sha256'][:12]}...). Held out: the first "
+      f"{s['eval_rows']} rows of WikiText-2 validation at N = {max(lengths)} "
+      "read "
+      f"as articles, {base['scored_tokens']:,} scored tokens (digest "
+      f"{base['digest']}), the same at every length. Perplexity = exp(mean "
+      "cross-entropy over those tokens), mean ± sd over seeds; 'vs "
+      "Transformer': perplexity / the Transformer's - 1. tokens/s: median "
+      "training throughput of the run (one CPU core shared with other jobs: "
+      "compare within one run only). Baselines: train-token counts scored on "
+      "the same positions. " + " ".join(verdicts))
+  table = experiment.markdown_table(
+      ["model", "mixer", "layers", "d", "d_ffn", "params", "non-embedding",
+       "fwd FLOPs/token", "train tokens/s", "held-out ppl", "/ unigram",
+       "vs Transformer"],
+      table_rows(runs, exp.data["sizes"], base, s["seq_len"]))
+  table += ("\n\n### Trained at N = 256, evaluated at longer N (the same "
+            "tokens)\n\n" + experiment.markdown_table(
+                ["model"] + [f"N = {n}" for n in lengths],
+                length_rows(runs, bases[prefix], lengths)))
+  exp.write_table("Causal language models at matched FLOPs (small scale)",
+                  table, notes + (
+                      " Length: gMLP's Toeplitz weights beyond offset 255 "
+                      "are untrained (near-zero init), so its context stays "
+                      "256 tokens; the sinusoidal models see untrained "
+                      "positions beyond 255."))
+  _plot(exp, runs, base, lengths)
+
+
+def scaling_part(args, exp) -> None:
+  """Time and memory per token of forward + backward against N."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import heads  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  s = dict(SMALL)
+  vocab_size = -(-(mlm.VOCAB_PIECES + 100) // 128) * 128
+  configs = model_configs(s, vocab_size, args.models.split(","))
+  lengths = [int(x) for x in args.lengths.split(",")]
+  prepared = {}
+  rows = []
+  for n in lengths:
+    calls = {}
+    for name in args.models.split(","):
+      m = ml_collections.ConfigDict(configs[name].to_dict())
+      m.max_len = max(n, m.max_len)
+      model = models.build_model(m)
+      tokens = jnp.ones((1, n), jnp.int32)
+      batch = {"inputs": tokens, "targets": tokens,
+               "weights": jnp.ones((1, n), jnp.float32),
+               "segment_ids": tokens}
+      params = jax.jit(model.init)(jax.random.key(0), tokens)["params"]
+
+      def loss(p, b, model=model):
+        inputs, kwargs = heads.model_inputs(b, "causal_lm")
+        logits = model.apply({"params": p}, inputs, deterministic=True,
+                             **kwargs)
+        logp = jax.nn.log_softmax(logits, -1)
+        return -jnp.mean(jnp.take_along_axis(logp, b["targets"][..., None],
+                                             -1))
+      compiled = jax.jit(jax.grad(loss)).lower(params, batch).compile()
+      mem = compiled.memory_analysis()
+      need = sum(getattr(mem, f, 0) or 0 for f in (
+          "temp_size_in_bytes", "argument_size_in_bytes",
+          "output_size_in_bytes"))
+      key = experiment.cell_key("scaling", {"model": name, "n": n})
+      prepared[key] = dict(model=name, n=n, memory_bytes=int(need),
+                           temp_bytes=int(mem.temp_size_in_bytes))
+      if need > args.max_gib * 2 ** 30:
+        prepared[key]["skipped"] = f"needs {need / 2 ** 30:.1f} GiB"
+        continue
+      jax.block_until_ready(compiled(params, batch))
+      calls[key] = (compiled, params, batch)
+    times = {k: [] for k in calls}
+    for _ in range(args.rounds):          # interleaved: same load for all
+      for k, (f, p, b) in calls.items():
+        t = time.perf_counter()
+        jax.block_until_ready(f(p, b))
+        times[k].append(time.perf_counter() - t)
+    for key, rec in prepared.items():
+      if rec["n"] != n:
+        continue
+      if key in times:
+        rec["time_s"] = statistics.median(times[key])
+      exp.runs[key] = rec
+      rows.append([_label(rec["model"]), n,
+                   f"{1e6 * rec['time_s'] / n:.1f}" if "time_s" in rec
+                   else rec.get("skipped", ""),
+                   f"{rec['memory_bytes'] / n / 1024:.1f}"])
+      print(rows[-1], flush=True)
+    exp.save()
+  exp.write_table(
+      "Causal LMs: training step cost per token against N (one row)",
+      experiment.markdown_table(
+          ["model", "N", "fwd+bwd µs / token", "memory KiB / token"], rows),
+      "The small-scale matched models (no training), forward + backward of "
+      "the LM loss on one row of N tokens, float32, on this machine's CPU "
+      f"(shared: compare within this run); time: median of {args.rounds} "
+      "interleaved rounds; memory: XLA's compiled memory analysis "
+      "(temporaries + arguments + outputs) per token.")
+  fig, axes = experiment.figure(ncols=2)
+  for i, name in enumerate(args.models.split(",")):
+    recs = sorted((r for r in exp.runs.values()
+                   if r.get("model") == name and "n" in r),
+                  key=lambda r: r["n"])
+    timed = [r for r in recs if "time_s" in r]
+    axes[0, 0].plot([r["n"] for r in timed],
+                    [1e6 * r["time_s"] / r["n"] for r in timed], marker="o",
+                    color=f"C{i}", label=_label(name))
+    axes[0, 1].plot([r["n"] for r in recs],
+                    [r["memory_bytes"] / r["n"] / 1024 for r in recs],
+                    marker="o", color=f"C{i}", label=_label(name))
+  for ax, ylabel in zip(axes[0], ("fwd+bwd µs per token",
+                                  "memory KiB per token (XLA)")):
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("N")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
+  fig.savefig(exp.figure_path("causal_lm_scaling"), dpi=120)
+
+
+def main() -> None:
+  p = experiment.parser("causal_lm", __doc__)
+  p.add_argument("--part", choices=("lm", "scaling"), default="lm")
+  p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
+  p.add_argument("--models", default=",".join(MODELS))
+  p.add_argument("--seeds", default="0,1,2")
+  p.add_argument("--steps", type=int, default=0,
+                 help="override the scale's number of training steps")
+  p.add_argument("--ablate_hyper_dims", default="32,128",
+                 help="HyperMixer ablation axis: hypernetwork widths d' (at "
+                 "the default chunk)")
+  p.add_argument("--ablate_chunks", default="8,64",
+                 help="HyperMixer ablation axis: chunk sizes C (at the "
+                 "default d')")
+  p.add_argument("--ablation_seeds", type=int, default=1,
+                 help="seeds of each ablation cell (the first of --seeds)")
+  p.add_argument("--lengths", default=",".join(map(str, SCALING_LENGTHS)),
+                 help="--part=scaling: row lengths N")
+  p.add_argument("--rounds", type=int, default=3,
+                 help="--part=scaling: interleaved timing rounds")
+  p.add_argument("--max_gib", type=float, default=6.0,
+                 help="--part=scaling: skip a step needing more memory")
+  p.add_argument("--report_only", action="store_true",
+                 help="write the table and figure from the recorded runs")
+  args = experiment.parse(p)
+  exp = experiment.Experiment(args.out, None if args.report_only else args)
+  if args.part == "scaling":
+    scaling_part(args, exp)
+  else:
+    lm_part(args, exp)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,208 @@
+"""experiments/causal_lm.py: causality of every model as the experiment
+builds it, its FLOP counts against closed forms, one scored token set for
+the models and the baselines at every length, and a toy run that resumes."""
+import argparse
+import json
+import pathlib
+import shutil
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hypermixer_jax import experiment
+from hypermixer_jax import heads
+from hypermixer_jax import models
+from hypermixer_jax.train import artifacts
+from hypermixer_jax.train import evaluation
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
+                       / "experiments"))
+import causal_lm as cl  # noqa: E402  pylint: disable=g-import-not-at-top
+import mlm_perplexity as mlm  # noqa: E402  pylint: disable=g-import-not-at-top
+
+TINY = dict(d_model=32, num_layers=2, d_ffn=64, heads=2, gmlp_depth=1,
+            hyper_dim=8, chunk=4, seq_len=16, max_len=64, batch_size=8,
+            steps=2, lr=1e-3, warmup=1, evals=1, eval_batch_size=8,
+            eval_batches=1, eval_rows=3, eval_lengths=(16, 32, 64))
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+  return cl.model_configs(TINY, VOCAB)
+
+
+@pytest.mark.parametrize("name", cl.MODELS)
+def test_no_position_reads_a_later_token(tiny_models, name):
+  """Changing the tokens after position t leaves the logits up to t
+  unchanged and changes those after it (HyperMixer: t inside a chunk)."""
+  m = tiny_models[name]
+  model = models.build_model(m)
+  n, t = 16, 6
+  rng = np.random.default_rng(0)
+  a = rng.integers(2, VOCAB, (2, n))
+  b = a.copy()
+  b[:, t + 1:] = rng.integers(2, VOCAB, (2, n - t - 1))
+  params = jax.jit(model.init)(jax.random.key(0), jnp.asarray(a))["params"]
+
+  @jax.jit
+  def apply(x):
+    return model.apply({"params": params}, x, segment_ids=jnp.ones_like(x))
+
+  def logits(x):
+    return np.asarray(apply(jnp.asarray(x)))
+  la, lb = logits(a), logits(b)
+  np.testing.assert_allclose(la[:, :t + 1], lb[:, :t + 1], atol=1e-5)
+  assert np.abs(la[:, t + 1:] - lb[:, t + 1:]).max() > 1e-3
+
+
+def test_attention_flops_grow_by_the_score_products():
+  """Per token, doubling N adds attention's QK^T and AV products:
+  layers x 4 n d FLOPs (XLA's count against the closed form)."""
+  m = cl.model_config("attention", TINY, VOCAB)
+  n = 32
+  extra = cl.forward_flops(m, 2 * n) - cl.forward_flops(m, n)
+  want = TINY["num_layers"] * 4 * n * TINY["d_model"]
+  assert abs(extra / want - 1) < 0.15, (extra, want)
+
+
+def test_hypermixer_flops_are_per_chunk():
+  """Causal HyperMixing: the in-chunk prefix sum costs 2 C d d' per token
+  and layer, whatever N (the scan is counted on one chunk)."""
+  def flops(chunk, n):
+    return cl.forward_flops(cl.model_config(
+        "hypermixer", TINY, VOCAB, chunk=chunk), n)
+  extra = flops(8, 32) - flops(4, 32)
+  want = TINY["num_layers"] * 2 * (8 - 4) * TINY["d_model"] * TINY["hyper_dim"]
+  assert abs(extra / want - 1) < 0.1, (extra, want)
+  assert flops(4, 64) == flops(4, 16)
+  with pytest.raises(ValueError, match="not a multiple of the HyperMixer"):
+    flops(4, 18)
+
+
+def test_models_are_matched(tiny_models):
+  target = cl.forward_flops(tiny_models["attention"], TINY["seq_len"])
+  for name in cl.MODELS:
+    got = cl.forward_flops(tiny_models[name], TINY["seq_len"])
+    assert abs(got / target - 1) < 0.1, (name, got, target)
+  # Ablations along d' (at the default C) and C (at the default d'); a
+  # mixing too wide for the budget keeps the Transformer's FFN.
+  ablations = cl.model_configs(TINY, VOCAB, ("attention",), (4, 32), (8,))
+  assert sorted(ablations) == ["attention", "hypermixer_h32_c4",
+                               "hypermixer_h4_c4", "hypermixer_h8_c8"]
+  for name, m in ablations.items():
+    if name != "attention":
+      got = cl.forward_flops(m, TINY["seq_len"])
+      assert (abs(got / target - 1) < 0.1) != (m.d_ffn == TINY["d_ffn"])
+  assert tiny_models["gmlp"].block == "gmlp"
+  assert tiny_models["hypermixer"].position_embeddings == "none"
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+  """A small copy of the shared samples: 40 C4 documents, 6 WikiText-2
+  validation articles, the T5 vocabulary."""
+  from conftest import SHARED_DATA  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("shared")
+  (root / "c4").mkdir()
+  (root / "wikitext-2-raw").mkdir()
+  with open(SHARED_DATA / mlm.C4_TRAIN, encoding="utf-8") as f:
+    lines = [next(f) for _ in range(40)]
+  (root / mlm.C4_TRAIN).write_text("".join(lines), encoding="utf-8")
+  text, articles = [], 0
+  with open(SHARED_DATA / mlm.WIKITEXT_VALID, encoding="utf-8") as f:
+    for line in f:
+      if line.startswith(" = ") and not line.startswith(" = = "):
+        articles += 1
+        if articles > 6:
+          break
+      text.append(line)
+  (root / mlm.WIKITEXT_VALID).write_text("".join(text), encoding="utf-8")
+  shutil.copytree(SHARED_DATA / "t5_spm", root / "t5_spm")
+  return root
+
+
+@pytest.fixture(scope="module")
+def vocab(shared):
+  path = shared / "t5_spm" / "sentencepiece.model"
+  return {"path": str(path), "pieces": 32000,
+          "sha256": experiment.file_digest(path), "model_vocab_size": 32128}
+
+
+def test_held_out_tokens_are_the_same_at_every_length(shared, vocab,
+                                                      tiny_models):
+  cfg = cl.train_config(tiny_models["attention"], "small", shared, vocab)
+  held = {n: cl.held_out_rows(cfg, n, 64, TINY["eval_rows"])
+          for n in TINY["eval_lengths"]}
+  assert len({cl.digest(a) for a in held.values()}) == 1
+  assert held[64]["inputs"].shape == (TINY["eval_rows"], 64)
+  # Shorter rows: more of them, more row starts, the same scored tokens.
+  assert len(held[16]["inputs"]) >= 4 * TINY["eval_rows"] - 3
+  for n, arrays in held.items():
+    np.testing.assert_array_equal(arrays["weights"] > 0,
+                                  arrays["segment_ids"] > 0)
+    base = cl.lm_baselines(held[64]["targets"], arrays, 32128)
+    assert base["scored_tokens"] == int(arrays["weights"].sum())
+    assert base["row_starts"] == int((arrays["inputs"][:, 0] == 0).sum())
+  with pytest.raises(ValueError, match="must divide the longest"):
+    cl.held_out_rows(cfg, 24, 64, 2)
+
+
+def test_token_nll_is_the_training_loops_loss(shared, vocab, tiny_models):
+  """The per-position loss the tables use sums to the loss the library's
+  evaluation reports on the same rows (same positions, same weights)."""
+  m = tiny_models["hypermixer"].copy_and_resolve_references()
+  m.vocab_size = vocab["model_vocab_size"]
+  cfg = cl.train_config(m, "small", shared, vocab)
+  arrays = cl.held_out_rows(cfg, 16, 64, 2)
+  model = models.build_model(m)
+  params = model.init(jax.random.key(1),
+                      jnp.asarray(arrays["inputs"][:2]))["params"]
+  nll = cl.token_nll(m, params, arrays, batch_size=5)
+  assert nll.shape == arrays["inputs"].shape
+  assert (nll[arrays["weights"] == 0] == 0).all()
+  step = evaluation.make_eval_step(model, "causal_lm")
+  keys = ("inputs", "targets", "weights", "segment_ids", "positions")
+  batch = {k: jnp.asarray(v) for k, v in arrays.items() if k in keys}
+  sums = jax.device_get(jax.jit(step)(artifacts.ParamsOnly(params=params),
+                                      batch))
+  want = heads.finalize("causal_lm", sums)["perplexity"]
+  np.testing.assert_allclose(cl.perplexity(nll, arrays["weights"]), want,
+                             rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_toy_run_records_and_resumes(shared, vocab, tmp_path, monkeypatch):
+  monkeypatch.setattr(cl, "SMALL", TINY)
+  monkeypatch.setattr(mlm, "c4_vocab", lambda out, shared: vocab)
+  args = argparse.Namespace(
+      scale="small", out=str(tmp_path / "out"), shared=str(shared),
+      models="attention", seeds="0", steps=0,
+      ablate_hyper_dims="", ablate_chunks="", ablation_seeds=1,
+      report_only=False)
+  cl.lm_part(args, experiment.Experiment(args.out, args))
+  saved = json.loads((tmp_path / "out" / "results.json").read_text())
+  keys = sorted(saved["runs"])
+  assert keys == ["small/s2/model=attention/seed=0"]
+  base = saved["baselines"]["small/s2"]
+  for run in saved["runs"].values():
+    assert run["step"] == 2
+    for n in TINY["eval_lengths"]:
+      assert run["lengths"][str(n)]["digest"] == base[str(n)]["digest"]
+      assert 1 < run["lengths"][str(n)]["perplexity"] < 1e6
+  assert len({base[str(n)]["digest"] for n in TINY["eval_lengths"]}) == 1
+  table = (tmp_path / "out" / "table.md").read_text()
+  for text in ("Transformer", "unigram", "bigram", "N = 64"):
+    assert text in table
+  assert (tmp_path / "out" / "causal_lm.png").exists()
+
+  # A restart with the same --out trains nothing again.
+  def fail(*a, **k):
+    raise AssertionError("a recorded cell was trained again")
+  monkeypatch.setattr(cl, "run_cell", fail)
+  cl.lm_part(args, experiment.Experiment(args.out, args))
+  again = json.loads((tmp_path / "out" / "results.json").read_text())
+  assert again["runs"] == saved["runs"]
