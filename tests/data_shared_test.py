@@ -1,6 +1,7 @@
 """Real text and images from ../shared/data through the pipelines."""
 import csv
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -136,3 +137,12 @@ def test_train_vocab_on_wikitext(shared_data, tmp_path):
   cfg.vocab_path = path
   b = _batches(cfg, "validation", 1, batch_size=4)[0]
   assert b["targets"].max() < 500 and b["inputs"].shape == (4, 32)
+  # The same text in another folder gives the same bytes: the recorded
+  # SHA-256 of an experiment's vocabulary reproduces wherever it is built.
+  (tmp_path / "elsewhere").mkdir()
+  again = train_vocab.train(
+      str(shared_data / "wikitext-2-raw/wiki.valid.raw"),
+      str(tmp_path / "elsewhere" / "wiki"), 500, max_sentences=800)
+  assert pathlib.Path(again).read_bytes() == pathlib.Path(path).read_bytes()
+  assert str(tmp_path) not in pathlib.Path(path).read_bytes().decode(
+      "latin-1")

@@ -18,12 +18,14 @@ import argparse
 import csv
 import itertools
 import json
+import os
 import sys
 from typing import Iterator, Sequence
 
 import seqio
 import tensorflow as tf
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from hypermixer_jax.data import sources
 
@@ -69,7 +71,17 @@ def train(patterns: str | Sequence[str], output_prefix: str, vocab_size: int,
       pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
       normalization_rule_name="nmt_nfkc", max_sentence_length=1 << 16,
       train_extremely_large_corpus=False, minloglevel=2)
-  return output_prefix + ".model"
+  path = output_prefix + ".model"
+  # The trainer writes its output path into the model; keep only the file's
+  # name, so that the same text gives the same bytes (and SHA-256) wherever
+  # the vocabulary is built.
+  proto = sentencepiece_model_pb2.ModelProto()
+  with open(path, "rb") as f:
+    proto.ParseFromString(f.read())
+  proto.trainer_spec.model_prefix = os.path.basename(output_prefix)
+  with open(path, "wb") as f:
+    f.write(proto.SerializeToString())
+  return path
 
 
 def main(argv: Sequence[str] | None = None) -> None:
