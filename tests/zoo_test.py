@@ -3,6 +3,7 @@ from absl.testing import parameterized
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import pytest
 
 from hypermixer_jax import models
 from hypermixer_jax import sharding
@@ -10,6 +11,24 @@ from hypermixer_jax.models import common
 from hypermixer_jax.models import zoo
 
 GLUE = [n for n in models.model_names() if n.startswith("glue_")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def traced_once():
+  """Each configuration's model is traced once for this module: its tests
+  count the same named models again and again (paper sizes, token-mixing
+  budgets, logical axes), and tracing a paper-size init is the slow part."""
+  traced = {}
+  trace = zoo.abstract_variables
+
+  def cached(config):
+    key = config.to_json()
+    if key not in traced:
+      traced[key] = trace(config)
+    return traced[key]
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(zoo, "abstract_variables", cached)
+    yield
 
 
 def params_of(name, under=None):
