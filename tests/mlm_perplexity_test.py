@@ -18,6 +18,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
                        / "experiments"))
 import mlm_perplexity as mlm  # noqa: E402  pylint: disable=g-import-not-at-top
 
+# The tests count the same paper-size and small models again (mlm.params
+# counts each twice): each config is traced once for the module.
+pytestmark = pytest.mark.usefixtures("models_traced_once")
+
 
 def test_paper_scale_is_the_papers_setting():
   cfgs = mlm.model_configs("paper")

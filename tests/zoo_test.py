@@ -13,22 +13,9 @@ from hypermixer_jax.models import zoo
 GLUE = [n for n in models.model_names() if n.startswith("glue_")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def traced_once():
-  """Each configuration's model is traced once for this module: its tests
-  count the same named models again and again (paper sizes, token-mixing
-  budgets, logical axes), and tracing a paper-size init is the slow part."""
-  traced = {}
-  trace = zoo.abstract_variables
-
-  def cached(config):
-    key = config.to_json()
-    if key not in traced:
-      traced[key] = trace(config)
-    return traced[key]
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(zoo, "abstract_variables", cached)
-    yield
+# Each named model is traced once for this module: its tests count the same
+# models again and again (paper sizes, token-mixing budgets, logical axes).
+pytestmark = pytest.mark.usefixtures("models_traced_once")
 
 
 def params_of(name, under=None):
