@@ -57,6 +57,26 @@ def subprocess_compilation_cache(tmp_path_factory):
       os.environ[k] = v
 
 
+@pytest.fixture(scope="module")
+def models_traced_once():
+  """``zoo.abstract_variables`` (what ``count_params`` counts) traces each
+  model config once for the module that uses this fixture: tracing a
+  paper-size init is the slow part of counting, and a module's tests often
+  count the same configs again."""
+  from hypermixer_jax.models import zoo  # pylint: disable=g-import-not-at-top
+  traced = {}
+  trace = zoo.abstract_variables
+
+  def cached(config):
+    key = config.to_json()
+    if key not in traced:
+      traced[key] = trace(config)
+    return traced[key]
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(zoo, "abstract_variables", cached)
+    yield
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> pathlib.Path:
   """Path of ``../shared/data``; skips the test when it is absent."""

@@ -15,6 +15,7 @@ import tempfile
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
+from jax.experimental.compilation_cache import compilation_cache
 import matplotlib.image
 import numpy as np
 import pytest
@@ -102,6 +103,16 @@ class SyntheticDataEfficiencyTest(absltest.TestCase):
   @pytest.mark.slow
   def test_run(self):
     out = pathlib.Path(tempfile.mkdtemp())
+    # As the script's command line does (experiment.parse): the four runs of
+    # one model share their compiled steps through the persistent cache.
+    keys = ("jax_compilation_cache_dir",
+            "jax_persistent_cache_min_compile_time_secs")
+    saved = {k: getattr(jax.config, k) for k in keys}
+    jax.config.update(keys[0], str(out / "jax_cache"))
+    jax.config.update(keys[1], 0)
+    self.addCleanup(compilation_cache.reset_cache)
+    for k, v in saved.items():
+      self.addCleanup(jax.config.update, k, v)
     summary = sde.run(experiment.Experiment(out), sizes=(64, 32),
                       seeds=(0, 1), steps=4, mixers=("hypermixer",),
                       batch_size=16, eval_examples=32)

@@ -44,14 +44,14 @@ def test_hypermixer_lm_trains_at_length_1024(shared_data, tmp_path):
       # The batch splits over data only: one example on each of 2 devices.
       "--config.mesh.data=2", "--config.mesh.tensor=4",
       "--config.batch_size=2", "--config.eval_batch_size=2",
-      "--config.num_train_steps=3", "--config.warmup_steps=1",
+      "--config.num_train_steps=2", "--config.warmup_steps=1",
       "--config.log_every=1", "--config.eval_every=0",
       "--config.eval_steps=1", "--config.checkpoint_every=0")
   config.data.local_files = {"train": c4, "validation": c4}
   result = loop.train_and_evaluate(config, str(tmp_path))
-  assert result.step == 3
+  assert result.step == 2
   train = metrics_lib.read_metrics(str(tmp_path))
-  assert sorted(train) == [1, 2, 3]
+  assert sorted(train) == [1, 2]
   # Packed rows of 1024 tokens, nearly all of them real.
   assert all(r["denominator"] > 1500 and np.isfinite(r["loss"])
              for r in train.values())

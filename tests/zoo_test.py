@@ -3,6 +3,7 @@ from absl.testing import parameterized
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import pytest
 
 from hypermixer_jax import models
 from hypermixer_jax import sharding
@@ -10,6 +11,11 @@ from hypermixer_jax.models import common
 from hypermixer_jax.models import zoo
 
 GLUE = [n for n in models.model_names() if n.startswith("glue_")]
+
+
+# Each named model is traced once for this module: its tests count the same
+# models again and again (paper sizes, token-mixing budgets, logical axes).
+pytestmark = pytest.mark.usefixtures("models_traced_once")
 
 
 def params_of(name, under=None):
