@@ -129,9 +129,11 @@ def run_cell(name: str, preset: str, topo: str) -> dict:
     mesh = tc.sharding.build_mesh(c.mesh, devices)
     step = tc.batch_step(mesh, tc.sharding.get_rules(c.sharding))
     c.batch_size = -(-int(c.batch_size) // step) * step
-  t = time.perf_counter()
+  t, cpu = time.perf_counter(), time.process_time()
   r = tc.report(tc.compile_steps(c, devices, with_eval=False))
+  # Wall time depends on the host's load; CPU seconds (all threads) less so.
   r["compile_s"] = time.perf_counter() - t
+  r["compile_cpu_s"] = time.process_time() - cpu
   # Temporaries grow with the batch; the state does not.
   fixed = r["total_bytes"] - r["temp_bytes"]
   per_example = r["temp_bytes"] / r["batch_size"]
@@ -176,6 +178,20 @@ def table(results: dict) -> str:
        "batch / est. largest"], rows)
 
 
+def missing(results: dict, names, presets, topologies) -> str:
+  """The grid's cells not in ``results``, one line per configuration
+  (presets that do not apply, expert without experts, are left out)."""
+  lines = []
+  for name in names:
+    applies = [p for p in presets if set_preset(CONFIGS[name][0](), p, 256, 1)]
+    left = [f"{preset} {topo}" for preset in applies for topo in topologies
+            if f"{name}|{preset}|{topo}" not in results]
+    if left:
+      lines.append(f"- {name}: " + ("all cells" if len(left) == len(applies)
+                                     * len(topologies) else ", ".join(left)))
+  return "\n".join(lines) or "(none)"
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--out", default="experiments/results/pod_plan")
@@ -194,6 +210,8 @@ def main():
       results = json.load(f)
   if args.table:
     print(table(results))
+    print("\nNot compiled (of the grid asked for):")
+    print(missing(results, args.only, args.presets, args.topologies))
     return
   os.makedirs(args.out, exist_ok=True)
   done = 0
