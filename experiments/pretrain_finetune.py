@@ -93,7 +93,9 @@ def pretrain_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
   c.learning_rate = SMALL["pretrain_lr"]
   c.warmup_steps = max(1, steps // 10)
   c.eval_every = max(1, steps // 5)
-  c.checkpoint_every = steps      # the final checkpoint fine-tuning reads
+  # Periodic checkpoints (an interrupted pretraining resumes); the loop
+  # always saves the last step, the one fine-tuning reads.
+  c.checkpoint_every = max(1, steps // 5)
   return c
 
 
@@ -160,15 +162,18 @@ def main() -> None:
                                   f"{mixer}/seed={seed}", {}).get("eval")))
     return key
 
-  chosen, keys = {}, {}
+  chosen, keys, arms = {}, {}, ("scratch", "pretrained")
   for mixer in models:
     for fraction in fractions:
-      for arm in ("scratch", "pretrained"):
-        first = {lr: finetune(mixer, arm, fraction, lr, seeds[0])
-                 for lr in lrs}
-        lr = max(lrs, key=lambda x: exp.runs[first[x]]["eval"]["accuracy"])
+      # Seed 0 of both arms first (the learning-rate choice, and the first
+      # comparison), then the other seeds at the chosen rates.
+      first = {(arm, lr): finetune(mixer, arm, fraction, lr, seeds[0])
+               for arm in arms for lr in lrs}
+      for arm in arms:
+        lr = max(lrs, key=lambda x, a=arm: exp.runs[first[a, x]]["eval"][
+            "accuracy"])
         chosen[mixer, fraction, arm] = lr
-        keys[mixer, fraction, arm] = [first[lr]] + [
+        keys[mixer, fraction, arm] = [first[arm, lr]] + [
             finetune(mixer, arm, fraction, lr, s) for s in seeds[1:]]
   _report(exp, args, models, fractions, seeds, chosen, keys)
 

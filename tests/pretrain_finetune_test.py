@@ -61,7 +61,8 @@ def test_same_vocabulary_length_and_seed(configs, shared_data, tmp_path):
     assert pre.data.vocab_path == fine.data.vocab_path
     assert pre.data.seq_len == fine.data.seq_len == fine.model.max_len
     assert pre.seed == fine.seed == 1
-    assert pre.checkpoint_every == pre.num_train_steps == 30
+    assert pre.num_train_steps == 30 and pre.checkpoint_every == 6
+    assert pre.keep_checkpoints >= 1
     train = pre.data.local_files.train.split(",")
     assert [pathlib.Path(p).name for p in train] == [
         pathlib.Path(p).name for p in pf.C4_TRAIN_ALL.split(",")]
