@@ -174,8 +174,21 @@ def test_token_nll_is_the_training_loops_loss(shared, vocab, tiny_models):
                              rtol=1e-4)
 
 
+@pytest.fixture(scope="module")
+def toy_vocab(shared):
+  """A 300-piece vocabulary of the 40 sample documents: a small output
+  layer keeps the toy run's steps and baselines cheap."""
+  from hypermixer_jax.data import train_vocab  # pylint: disable=g-import-not-at-top
+  path = train_vocab.train(str(shared / mlm.C4_TRAIN),
+                           str(shared / "toy_spm"), 300)
+  return {"path": path, "pieces": 300, "sha256": experiment.file_digest(path),
+          "model_vocab_size": 512}
+
+
 @pytest.mark.slow
-def test_toy_run_records_and_resumes(shared, vocab, tmp_path, monkeypatch):
+def test_toy_run_records_and_resumes(shared, toy_vocab, tmp_path,
+                                     monkeypatch):
+  vocab = toy_vocab
   monkeypatch.setattr(cl, "SMALL", TINY)
   monkeypatch.setattr(mlm, "c4_vocab", lambda out, shared: vocab)
   args = argparse.Namespace(
