@@ -256,14 +256,8 @@ def train_config(model: ml_collections.ConfigDict, scale: str,
     # Unpacked rows: each row one document's chunk, the same rows for all.
     c.data.packing = False
     c.data.vocab_path = vocab["path"]
-    c.data.local_files.train = experiment.require(shared / mlm.C4_TRAIN,
-                                                  "C4 sample")
-    c.data.local_files.validation = experiment.require(
-        shared / mlm.WIKITEXT_VALID, "WikiText-2 validation")
-    c.data.text_layout = "wikitext"
+    mlm.small_text_data(c, shared)
     c.log_every = 20
-    c.checkpoint_every = 0
-    c.keep_checkpoints = 1
   else:
     c.data.data_dir = data_dir or None
   return c

@@ -219,17 +219,24 @@ def train_config(model: ml_collections.ConfigDict, scale: str,
     c.data.vocab_path = experiment.require(
         shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
   if scale == "small":
-    c.data.local_files.train = experiment.require(shared / C4_TRAIN,
-                                                  "C4 sample")
-    c.data.local_files.validation = experiment.require(
-        shared / WIKITEXT_VALID, "WikiText-2 validation")
-    c.data.text_layout = "wikitext"
+    small_text_data(c, shared)
     c.log_every = 10
-    c.checkpoint_every = 0
-    c.keep_checkpoints = 1
   else:
     c.data.data_dir = data_dir or None
   return c
+
+
+def small_text_data(c: ml_collections.ConfigDict,
+                    shared: pathlib.Path) -> None:
+  """The small scale's text: trains on the local C4 sample, holds out
+  WikiText-2 validation read as articles; no periodic checkpoints."""
+  c.data.local_files.train = experiment.require(shared / C4_TRAIN,
+                                                "C4 sample")
+  c.data.local_files.validation = experiment.require(
+      shared / WIKITEXT_VALID, "WikiText-2 validation")
+  c.data.text_layout = "wikitext"
+  c.checkpoint_every = 0
+  c.keep_checkpoints = 1
 
 
 def held_out(config: ml_collections.ConfigDict) -> dict:
