@@ -1,4 +1,5 @@
 """The experiment harness and the GLUE experiments' own arithmetic."""
+import argparse
 import itertools
 import json
 import os
@@ -102,7 +103,56 @@ class HarnessTest(absltest.TestCase):
     self.assertGreater(os.path.getsize(path), 1000)
     self.assertEqual(matplotlib.get_backend(), backend)
 
+  def test_shared_flags_and_their_errors(self):
+    p = experiment.parser("x", "d", report_only=True, models=("a", "b"),
+                          seeds="0,1", steps=0)
+    args = p.parse_args(["--steps=7"])
+    self.assertEqual((args.models, args.seeds, args.steps, args.report_only),
+                     ("a,b", "0,1", 7, False))
+    self.assertEqual(experiment.split("0,,2", int), [0, 2])
+    self.assertEqual(experiment.split(""), [])
+    with self.assertRaisesRegex(ValueError, "no shared flag --widht; add it"):
+      experiment.parser("x", "d", widht=3)
 
+  def test_a_report_trains_nothing_and_keeps_the_recorded_arguments(self):
+    out = tempfile.mkdtemp()
+    ran = argparse.Namespace(report_only=False, steps=5)
+    exp = experiment.Experiment(out, ran)
+    cells = experiment.grid(model=("a", "b"), seed=(0, 1))
+    got = exp.cells("p", cells[:3], lambda c, k: {"k": k})
+    self.assertEqual({m: [r["k"] for r in rs] for m, rs in got.items()},
+                     {"a": ["p/model=a/seed=0", "p/model=a/seed=1"],
+                      "b": ["p/model=b/seed=0"]})
+    report = experiment.Experiment(
+        out, argparse.Namespace(report_only=True, steps=9))
+    self.assertEqual(
+        {m: [r["k"] for r in rs]
+         for m, rs in report.cells("p", cells, lambda c, k: 1 / 0).items()},
+        {m: [r["k"] for r in rs] for m, rs in got.items()})
+    self.assertIsNone(report.cell("p/model=b/seed=1", lambda: 1 / 0))
+    saved = json.loads((pathlib.Path(out) / "results.json").read_text())
+    self.assertEqual(saved["args"]["steps"], 5)
+
+  def test_table_rows_of_the_baselines(self):
+    headers = ["model", "ppl", "/ unigram", "note"]
+    rows = experiment.perplexity_baseline_rows(
+        headers, {"unigram": 200.0, "bigram": 150.0, "bigram_k": 0.01},
+        "ppl", "/ unigram")
+    self.assertEqual(rows, [["unigram (train counts, add-1)", "200.0", "1.00",
+                             ""],
+                            ["bigram (add-0.01)", "150.0", "0.75", ""]])
+    with self.assertRaisesRegex(ValueError, r"no column \['pp'\]"):
+      experiment.table_row(headers, {"pp": 1})
+
+  def test_mean_curve_keeps_the_steps_every_run_has(self):
+    runs = [{"eval_curve": {2: {"acc": 0.5}, 4: {"acc": 0.7}}},
+            {"eval_curve": {"2": {"acc": 0.6}, "4": {"acc": 0.9},
+                            "6": {"acc": 1.0}}}]
+    steps, values = experiment.mean_curve(runs, "acc", 100)
+    self.assertEqual(steps, [2, 4])
+    np.testing.assert_allclose(values, [[50, 70], [60, 90]])
+    self.assertEqual(experiment.curve(runs[1], "acc"),
+                     ([2, 4, 6], [0.6, 0.9, 1.0]))
 class TuningCostTest(absltest.TestCase):
 
   def test_expected_max_equals_enumeration(self):
@@ -147,7 +197,7 @@ class GlueConfigTest(absltest.TestCase):
     from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
     counts = {}
     for mixer in ("attention", "hypermixer", "mlp_mixer"):
-      c = glue_from_scratch.load_config("glue.py", f"sst2,{mixer}")
+      c = experiment.load_config("glue.py", f"sst2,{mixer}")
       glue_from_scratch.small_model(c, 128)
       counts[mixer] = models.count_params(c.model, under="token_mixing")
     # Each token mixer is within 2% of the Transformer's parameters.
