@@ -72,7 +72,6 @@ changes the measured tokens/s and times: compare them only within one run.
 from __future__ import annotations
 
 import hashlib
-import math
 import pathlib
 import statistics
 
@@ -183,18 +182,9 @@ def match_flops(m: ml_collections.ConfigDict, target: float, n: int,
   FLOPs are affine in d_ffn (the FFN, or gMLP's channel projections, and
   gMLP's spatial product), so two counts give the line.
   """
-  def with_ffn(f):
-    c = ml_collections.ConfigDict(m.to_dict())
-    c.d_ffn = int(f)
-    return c
-  lo, hi = 4 * multiple, 16 * multiple
-  f_lo, f_hi = forward_flops(with_ffn(lo), n), forward_flops(with_ffn(hi), n)
-  slope = (f_hi - f_lo) / (hi - lo)
-  f = lo + (target - f_lo) / slope
-  candidates = {max(multiple, multiple * math.floor(f / multiple)),
-                max(multiple, multiple * math.ceil(f / multiple))}
-  return with_ffn(min(candidates, key=lambda c: abs(
-      f_lo + slope * (c - lo) - target)))
+  return experiment.match_field(
+      m, "d_ffn", lambda c: forward_flops(c, n), target, lo=4 * multiple,
+      hi=16 * multiple, multiple=multiple)
 
 
 def model_configs(s: dict, vocab_size: int, mixers=MODELS, hyper_dims=(),

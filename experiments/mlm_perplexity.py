@@ -48,7 +48,6 @@ perplexity against step) into ``--out``.
 from __future__ import annotations
 
 import hashlib
-import math
 import pathlib
 
 import ml_collections
@@ -136,19 +135,9 @@ def match(m: ml_collections.ConfigDict, target: int, multiple: int = 16
   A gMLP/aMLP block's parameters are affine in d_ffn (U, V, the gate's LN,
   aMLP's output projection), so two counts give the line.
   """
-  def count(f):
-    c = ml_collections.ConfigDict(m.to_dict())
-    c.d_ffn = f
-    return params(c)["total"]
-  lo, hi = 2 * multiple, 4 * multiple
-  slope = (count(hi) - count(lo)) / (hi - lo)
-  f = (target - count(lo)) / slope + lo
-  candidates = {max(multiple, multiple * math.floor(f / multiple)),
-                max(multiple, multiple * math.ceil(f / multiple))}
-  best = min(candidates, key=lambda c: abs(count(c) - target))
-  out = ml_collections.ConfigDict(m.to_dict())
-  out.d_ffn = best
-  return out
+  return experiment.match_field(
+      m, "d_ffn", lambda c: params(c)["total"], target, lo=2 * multiple,
+      hi=4 * multiple, multiple=multiple)
 
 
 def model_configs(scale: str, vocab: dict | None = None

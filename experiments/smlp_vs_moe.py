@@ -222,36 +222,15 @@ def choose_depth(fit: Mapping[str, float], target: float,
 
 def train_step_flops(config: ml_collections.ConfigDict) -> float:
   """FLOPs per token of ``config``'s compiled train step (XLA's cost
-  analysis, the number the training loop's throughput uses), on a batch of
-  the config's shape; single device."""
+  analysis, the number the training loop's throughput uses), compiled by
+  ``train.compile.compile_steps`` for the config's batch on one device."""
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax import sharding  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import compile as compile_lib  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax.train import steps  # pylint: disable=g-import-not-at-top
-  b, n = config.batch_size, config.data.seq_len
-  local = {k: np.zeros((b, n), np.int32)
-           for k in ("inputs", "targets", "segment_ids", "positions")}
-  local["segment_ids"] += 1
-  local["weights"] = np.ones((b, n), np.float32)
-  mesh = sharding.build_mesh(dict(data=1, fsdp=1, tensor=1, expert=1),
-                             jax.devices()[:1])
-  rules = sharding.get_rules(config.sharding)
-  model, facts = models.build_model(config.model), models.model_facts(
-      config.model)
-  tx, _ = optim.make_optimizer(config)
-  key = jax.random.key(0)
-  state, state_sh = steps.create_train_state(model, tx, key, local, mesh,
-                                             rules)
-  step = steps.jit_train_step(
-      steps.make_train_step(model, facts.head, loss_weights=facts.loss_weights),
-      state_sh, sharding.batch_shardings(local, mesh, rules), mesh, rules)
-  compiled = step.lower(state, sharding.make_global_batch(local, mesh, rules),
-                        jax.device_put(key, jax.NamedSharding(mesh, jax.P()))
-                        ).compile()
-  return metrics_lib.step_flops(compiled) / (b * n)
+  compiled = compile_lib.compile_steps(config, jax.devices()[:1],
+                                       with_eval=False)
+  return metrics_lib.step_flops(compiled.train) / (
+      config.batch_size * config.data.seq_len)
 
 
 def heldout_last80(config: ml_collections.ConfigDict, workdir: str

@@ -177,6 +177,28 @@ def perplexity_baseline_rows(headers: Sequence[str], base: dict[str, Any],
                               value: f"{bi:.1f}", ratio: f"{bi / uni:.2f}"})]
 
 
+def match_field(config, field: str, measure: Callable[[Any], float],
+                target: float, *, lo: int, hi: int, multiple: int = 16):
+  """``config`` (a ``ConfigDict``) with ``field`` set to the multiple of
+  ``multiple`` (at least ``multiple``) whose ``measure(config)`` is nearest
+  ``target``: e.g. the FFN width that gives a model another's parameters or
+  FLOPs. ``measure`` must be affine in the field: its values at ``lo`` and
+  ``hi`` give the line."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  def at(value):
+    c = ml_collections.ConfigDict(config.to_dict())
+    c[field] = int(value)
+    return c
+  m_lo, m_hi = measure(at(lo)), measure(at(hi))
+  slope = (m_hi - m_lo) / (hi - lo)
+  best = lo + (target - m_lo) / slope
+  candidates = sorted({max(multiple, multiple * math.floor(best / multiple)),
+                       max(multiple, multiple * math.ceil(best / multiple))})
+  return at(min(candidates,
+                key=lambda v: abs(m_lo + slope * (v - lo) - target)))
+
+
 def grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
   """Every combination of the named axes, the first axis slowest.
 

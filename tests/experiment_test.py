@@ -144,6 +144,23 @@ class HarnessTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r"no column \['pp'\]"):
       experiment.table_row(headers, {"pp": 1})
 
+  def test_match_field_is_the_brute_force_nearest(self):
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    config = ml_collections.ConfigDict(dict(d_ffn=64, width=8))
+    calls = []
+
+    def measure(c):
+      calls.append(c.d_ffn)
+      return 3 * c.d_ffn + 7 * c.width
+    for target in (400.0, 1000.0, 5.0):
+      got = experiment.match_field(config, "d_ffn", measure, target, lo=32,
+                                   hi=64)
+      best = min(range(16, 1025, 16),
+                 key=lambda f: abs(3 * f + 7 * 8 - target))
+      self.assertEqual((got.d_ffn, got.width), (best, 8))
+    self.assertEqual(config.d_ffn, 64)         # the input is left alone
+    self.assertEqual(calls, [32, 64] * 3)      # two measurements a match
+
   def test_mean_curve_keeps_the_steps_every_run_has(self):
     runs = [{"eval_curve": {2: {"acc": 0.5}, 4: {"acc": 0.7}}},
             {"eval_curve": {"2": {"acc": 0.6}, "4": {"acc": 0.9},
