@@ -156,6 +156,18 @@ def param_split(config: ml_collections.ConfigDict) -> dict:
                                                      "token_mixing")}
 
 
+def hypermixer_above(task: str, mixer: str, hyper: list[float],
+                     other: list[float]) -> str:
+  """The table's "HyperMixer above it?" cell: the paper's answer for
+  ``task`` against ``mixer`` and whether our seeds (``hyper``, ``other``:
+  accuracies) agree; '' for HyperMixer itself or without runs."""
+  if mixer == "hypermixer" or not hyper or not other:
+    return ""
+  paper_higher = PAPER["hypermixer"][task] > PAPER[mixer][task]
+  return (f"paper {'yes' if paper_higher else 'no'}; ours "
+          + experiment.verdict(hyper, other, paper_higher))
+
+
 def run_cell(exp: experiment.Experiment, config: ml_collections.ConfigDict,
              key: str) -> dict:
   """One training run in ``exp``'s workdir for ``key``, with its
@@ -234,16 +246,11 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
       got = per[(task, mixer)]
       final = [a for a, _ in got.get("seeds", {}).values()]
       best = [b for _, b in got.get("seeds", {}).values()]
-      row += [experiment.fmt_mean_sd(final, 100) or "not run",
-              experiment.fmt_mean_sd(best, 100), PAPER[mixer][task]]
       hyper = per.get((task, "hypermixer"), {}).get("seeds", {})
-      if mixer == "hypermixer" or not hyper or not final:
-        row.append("")
-      else:
-        paper_higher = PAPER["hypermixer"][task] > PAPER[mixer][task]
-        row.append(f"paper {'yes' if paper_higher else 'no'}; ours " +
-                   experiment.verdict([a for a, _ in hyper.values()], final,
-                                      paper_higher))
+      row += [experiment.fmt_mean_sd(final, 100) or "not run",
+              experiment.fmt_mean_sd(best, 100), PAPER[mixer][task],
+              hypermixer_above(task, mixer, [a for a, _ in hyper.values()],
+                               final)]
     if args.scale == "small":
       mine = [r for c, r in done if c["model"] == mixer]
       r = mine[0] if mine else {}

@@ -127,12 +127,9 @@ def _report(exp, args, tasks, models, budget, acc) -> None:
       final = [r["eval"]["accuracy"] for r in acc.get((task, mixer), [])]
       hyper = [r["eval"]["accuracy"] for r in acc.get((task, "hypermixer"),
                                                       [])]
-      above = glue.PAPER["hypermixer"][task] > glue.PAPER[mixer][task]
       row += [experiment.fmt_mean_sd(final, 100) or "not run",
               glue.PAPER[mixer][task],
-              "" if mixer == "hypermixer" or not final else
-              f"paper {'yes' if above else 'no'}; ours "
-              + experiment.verdict(hyper, final, above)]
+              glue.hypermixer_above(task, mixer, hyper, final)]
     rows.append(row)
   for name, label in (("naive_bayes", "Naive Bayes (bag of tokens)"),
                       ("majority", "majority class")):
