@@ -22,7 +22,6 @@ scan on CPU for N > block size); ``library`` forces
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -37,7 +36,7 @@ from hypermixer_jax.models.attention import SelfAttention  # noqa: E402
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = bc.parser(__doc__)
   ap.add_argument("--torch_python", required=True,
                   help="python interpreter of an environment with torch")
   ap.add_argument("--batch", type=int, default=1)
@@ -46,10 +45,6 @@ def main():
   ap.add_argument("--lengths", default="128,512,2048,8192")
   ap.add_argument("--library_max_n", type=int, default=2048,
                   help="longest N of the materialising library path")
-  ap.add_argument("--repeats", type=int, default=5)
-  ap.add_argument("--min_seconds", type=float, default=0.5)
-  ap.add_argument("--quick", action="store_true")
-  ap.add_argument("--out", default="")
   args = ap.parse_args()
   if args.quick:
     args.lengths, args.repeats, args.min_seconds = "128,512", 2, 0.1

@@ -18,6 +18,7 @@ r (each round's step is compared with the core's speed at that time).
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -206,11 +207,10 @@ def ceiling_timer(dtype=jnp.float32, n: int = 2048, min_seconds: float = 0.5
 
 
 def xla_flops(compiled) -> float:
-  """FLOPs of one call of a compiled executable (XLA's cost analysis)."""
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0]
-  return float(cost.get("flops", 0.0)) if cost else 0.0
+  """FLOPs of one call of a compiled executable (XLA's cost analysis, as the
+  training loop counts them; 0 where the backend gives none)."""
+  from hypermixer_jax.train import metrics  # pylint: disable=g-import-not-at-top
+  return metrics.step_flops(compiled) or 0.0
 
 
 def device_name() -> str:
@@ -219,6 +219,21 @@ def device_name() -> str:
       else os.cpu_count()
   kind = getattr(d, "device_kind", d.platform)
   return f"{d.platform}:{kind} ({cores} host cores visible)"
+
+
+def parser(doc: str, *, rounds: str = "repeats", min_seconds: float = 0.5,
+           quick: str = "small sizes for a fast check"
+           ) -> argparse.ArgumentParser:
+  """The flags every benchmark takes: ``--<rounds>`` (interleaved timing
+  rounds), ``--min_seconds``, ``--quick`` and ``--out``."""
+  ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+  ap.add_argument(f"--{rounds}", type=int, default=5,
+                  help="interleaved timing rounds")
+  ap.add_argument("--min_seconds", type=float, default=min_seconds,
+                  help="least duration of one round of one workload")
+  ap.add_argument("--quick", action="store_true", help=quick)
+  ap.add_argument("--out", default="", help="folder for the table and json")
+  return ap
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]

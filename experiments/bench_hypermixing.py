@@ -35,7 +35,6 @@ Two tables, both measured in this process on this device:
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -217,7 +216,7 @@ def causal_memory_table(args):
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = bc.parser(__doc__)
   ap.add_argument("--batch", type=int, default=8)
   ap.add_argument("--d", type=int, default=256)
   ap.add_argument("--hyper_dim", type=int, default=512)
@@ -228,10 +227,6 @@ def main():
                   help="HyperMixing.chunk_tokens (default: the module's; "
                   "0: one pass)")
   ap.add_argument("--lengths", default="")
-  ap.add_argument("--repeats", type=int, default=5,
-                  help="interleaved timing rounds (ceiling, every N)")
-  ap.add_argument("--min_seconds", type=float, default=0.5,
-                  help="least duration of one round of one workload")
   ap.add_argument("--causal_memory", action="store_true")
   ap.add_argument("--packing_segments", default="",
                   help="e.g. 1,2,4,8: packed rows with that many segments "
@@ -242,9 +237,6 @@ def main():
                   "(idiap/hypermixing): compare with it")
   ap.add_argument("--torch_python", default="",
                   help="python interpreter with torch, for --official")
-  ap.add_argument("--quick", action="store_true",
-                  help="small sizes for a fast check")
-  ap.add_argument("--out", default="", help="folder for the table and json")
   args = ap.parse_args()
   if args.quick:
     args.batch, args.d, args.hyper_dim, args.repeats = 2, 64, 128, 2

@@ -33,7 +33,6 @@ are comparable even when the absolute speed of the core varies.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -206,21 +205,15 @@ def device_peak(dtype: str) -> float | None:
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = bc.parser(__doc__, rounds="rounds", min_seconds=1.0,
+                 quick="2 layers, small sMLP, quarter batches, short timing")
   ap.add_argument("--models", default=",".join(DEFAULT),
                   help=f"comma-separated, from: {', '.join(MODELS)}")
   ap.add_argument("--dtypes", default="float32,bfloat16")
   ap.add_argument("--batch_scale", type=float, default=1.0,
                   help="multiplies every model's batch size")
-  ap.add_argument("--rounds", type=int, default=5,
-                  help="timed rounds, each ceiling then step (interleaved)")
-  ap.add_argument("--min_seconds", type=float, default=1.0,
-                  help="least duration of one round")
-  ap.add_argument("--quick", action="store_true",
-                  help="2 layers, small sMLP, quarter batches, short timing")
   ap.add_argument("--profile", action="store_true",
                   help="print the XLA ops that take each step's time")
-  ap.add_argument("--out", default="", help="folder for the table and json")
   args = ap.parse_args()
   names = [m for m in args.models.split(",") if m]
   unknown = [m for m in names if m not in MODELS]

@@ -72,15 +72,12 @@ changes the measured tokens/s and times: compare them only within one run.
 from __future__ import annotations
 
 import hashlib
-import math
 import pathlib
 import statistics
-import time
 
 import ml_collections
 import numpy as np
 
-import glue_from_scratch as glue
 import mlm_perplexity as mlm
 from hypermixer_jax import baselines
 from hypermixer_jax import experiment
@@ -185,18 +182,9 @@ def match_flops(m: ml_collections.ConfigDict, target: float, n: int,
   FLOPs are affine in d_ffn (the FFN, or gMLP's channel projections, and
   gMLP's spatial product), so two counts give the line.
   """
-  def with_ffn(f):
-    c = ml_collections.ConfigDict(m.to_dict())
-    c.d_ffn = int(f)
-    return c
-  lo, hi = 4 * multiple, 16 * multiple
-  f_lo, f_hi = forward_flops(with_ffn(lo), n), forward_flops(with_ffn(hi), n)
-  slope = (f_hi - f_lo) / (hi - lo)
-  f = lo + (target - f_lo) / slope
-  candidates = {max(multiple, multiple * math.floor(f / multiple)),
-                max(multiple, multiple * math.ceil(f / multiple))}
-  return with_ffn(min(candidates, key=lambda c: abs(
-      f_lo + slope * (c - lo) - target)))
+  return experiment.match_field(
+      m, "d_ffn", lambda c: forward_flops(c, n), target, lo=4 * multiple,
+      hi=16 * multiple, multiple=multiple)
 
 
 def model_configs(s: dict, vocab_size: int, mixers=MODELS, hyper_dims=(),
@@ -241,7 +229,7 @@ def train_config(model: ml_collections.ConfigDict, scale: str,
   """``configs/c4_lm.py``'s training config with ``model``: the same for
   every model but the model (and ``seed``)."""
   s = SMALL if scale == "small" else PAPER_SIZES
-  c = glue.load_config("c4_lm.py", "attention")
+  c = experiment.load_config("c4_lm.py", "attention")
   c.model = model
   c.data.seq_len = s["seq_len"]
   c.batch_size = s["batch_size"]
@@ -297,25 +285,28 @@ def digest(arrays: dict[str, np.ndarray]) -> str:
       arrays["targets"][arrays["weights"] > 0]).tobytes()).hexdigest()[:16]
 
 
+def _nll(model, params, batch):
+  """``[B, N]`` weighted negative log-likelihood of every target."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import heads  # pylint: disable=g-import-not-at-top
+  inputs, kwargs = heads.model_inputs(batch, "causal_lm")
+  logits = model.apply({"params": params}, inputs, deterministic=True,
+                       **kwargs)
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+  return -tok * batch["weights"]
+
+
 def token_nll(model_config_: ml_collections.ConfigDict, params,
               arrays: dict[str, np.ndarray], batch_size: int = 16
               ) -> np.ndarray:
   """``[rows, N]`` negative log-likelihood of every target (0 on padding):
   the loss the training loop's evaluation sums, kept per position."""
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax import heads  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
   model = models.build_model(model_config_)
-
-  @jax.jit
-  def nll(p, batch):
-    inputs, kwargs = heads.model_inputs(batch, "causal_lm")
-    logits = model.apply({"params": p}, inputs, deterministic=True, **kwargs)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    tok = jnp.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
-    return -tok * batch["weights"]
-
+  nll = jax.jit(lambda p, batch: _nll(model, p, batch))
   keys = ("inputs", "targets", "weights", "segment_ids", "positions")
   out = []
   for i in range(0, len(arrays["inputs"]), batch_size):
@@ -401,7 +392,7 @@ def table_rows(runs: dict, sizes: dict, base: dict | None, n: int) -> list:
     mixer = m["mixer_kwargs"]
     extra = (f"d'={mixer['hyper_dim']}, C={mixer['causal_chunk_size']}"
              if m["mixer"] == "hypermixer" else "")
-    rows.append([_label(name), extra, m["num_layers"], m["d_model"],
+    rows.append([label(name), extra, m["num_layers"], m["d_model"],
                  m["d_ffn"], f"{sz['params'] / 1e6:.3f}M",
                  f"{sz['non_embedding'] / 1e6:.3f}M",
                  f"{sz['flops_per_token'] / 1e6:.2f}M",
@@ -410,24 +401,29 @@ def table_rows(runs: dict, sizes: dict, base: dict | None, n: int) -> list:
                  f"{mean / base['unigram']:.2f}" if base and ppl else "",
                  gap])
   if base:
-    rows.append(["unigram (train counts, add-1)", "", "", "", "", "", "", "",
-                 "", f"{base['unigram']:.1f}", "1.00", ""])
-    rows.append([f"bigram (add-{base['bigram_k']:g})", "", "", "", "", "",
-                 "", "", "", f"{base['bigram']:.1f}",
-                 f"{base['bigram'] / base['unigram']:.2f}", ""])
+    rows += experiment.perplexity_baseline_rows(HEADERS, base, "held-out ppl",
+                                                "/ unigram")
   return rows
 
 
-def _label(name: str) -> str:
+HEADERS = ["model", "mixer", "layers", "d", "d_ffn", "params", "non-embedding",
+           "fwd FLOPs/token", "train tokens/s", "held-out ppl", "/ unigram",
+           "vs Transformer"]
+
+
+def label(name: str, ablation_name: bool = False) -> str:
+  """The table's name of a model; an ablation's with its key when
+  ``ablation_name``."""
   if name in LABELS:
     return LABELS[name]
-  return "HyperMixer ablation"
+  return f"HyperMixer ablation ({name})" if ablation_name else (
+      "HyperMixer ablation")
 
 
 def length_rows(runs: dict, bases: dict, lengths) -> list:
   rows = []
   for name, seed_runs in runs.items():
-    rows.append([_label(name) + (f" ({name})" if name not in LABELS else "")]
+    rows.append([label(name, ablation_name=True)]
                 + [experiment.fmt_mean_sd([_ppl(r, n) for r in seed_runs])
                    for n in lengths])
   for kind in ("unigram", "bigram"):
@@ -438,32 +434,23 @@ def length_rows(runs: dict, bases: dict, lengths) -> list:
 def _plot(exp, runs, base, lengths) -> None:
   fig, axes = experiment.figure(ncols=2)
   ax, bx = axes[0, 0], axes[0, 1]
-  for i, (name, seed_runs) in enumerate(runs.items()):
-    color = f"C{i}"
-    for j, run in enumerate(seed_runs):
-      curve = run["eval_curve"]
-      steps = sorted(curve, key=int)
-      ax.plot([int(s) for s in steps], [curve[s]["perplexity"] for s in steps],
-              marker="o", ms=3, color=color, alpha=0.8,
-              label=(_label(name) if name in LABELS else name) if j == 0
-              else None)
+  experiment.plot_curves(ax, runs, "perplexity",
+                         lambda name: LABELS.get(name, name))
+  for i, seed_runs in enumerate(runs.values()):
     means = [experiment.mean_sd([_ppl(r, n) for r in seed_runs])[0]
              for n in lengths]
-    bx.plot(lengths, means, marker="o", color=color)
+    bx.plot(lengths, means, marker="o", color=f"C{i}")
   if base:
     for a in (ax, bx):
-      a.axhline(base["unigram"], color="k", ls="--", lw=0.8, label="unigram")
-      a.axhline(0.6 * base["unigram"], color="grey", ls=":", lw=0.8,
-                label="0.6 x unigram")
-  ax.set_yscale("log")
-  ax.set_xlabel("step")
-  ax.set_ylabel("held-out perplexity (N = 256, curve subset)")
-  ax.legend(fontsize=7)
-  bx.set_xscale("log", base=2)
-  bx.set_yscale("log")
-  bx.set_xlabel("evaluation length N (trained at 256)")
-  bx.set_ylabel("held-out perplexity, mean of seeds")
-  fig.savefig(exp.figure_path("causal_lm"), dpi=120)
+      experiment.baseline_lines(a, {"unigram": base["unigram"],
+                                    "0.6 x unigram": 0.6 * base["unigram"]})
+  experiment.style_axes(ax, "step",
+                        "held-out perplexity (N = 256, curve subset)",
+                        yscale="log")
+  experiment.style_axes(bx, "evaluation length N (trained at 256)",
+                        "held-out perplexity, mean of seeds", xscale="log2",
+                        yscale="log", legend=0)
+  exp.save_figure(fig, "causal_lm")
 
 
 # ---------------------------------------------------------------------------
@@ -476,16 +463,12 @@ def lm_part(args, exp) -> None:
     raise NotImplementedError(
         "--scale=paper needs the full C4 from TFDS and a pod; its sizes are "
         "PAPER_SIZES, run them with main.py and configs/c4_lm.py.")
-  vocab = mlm.c4_vocab(args.out, shared)
-  exp.save(vocab={**vocab, "path": f"vocab/spm{mlm.VOCAB_PIECES}.model",
-                  "trained_on": mlm.C4_TRAIN})
-  hyper_dims = [int(x) for x in args.ablate_hyper_dims.split(",") if x]
-  chunks = [int(x) for x in args.ablate_chunks.split(",") if x]
-  configs = model_configs(s, vocab["model_vocab_size"],
-                          [m for m in args.models.split(",") if m],
-                          hyper_dims, chunks)
-  names = [m for m in args.models.split(",") if m] + [
-      k for k in configs if k not in MODELS]
+  vocab = mlm.c4_vocab(exp, shared)
+  models = experiment.split(args.models)
+  configs = model_configs(s, vocab["model_vocab_size"], models,
+                          experiment.split(args.ablate_hyper_dims, int),
+                          experiment.split(args.ablate_chunks, int))
+  names = models + [k for k in configs if k not in MODELS]
   sizes = exp.data.get("sizes", {})
   for name in names:
     if name not in sizes or sizes[name]["model"] != configs[name].to_dict():
@@ -510,22 +493,18 @@ def lm_part(args, exp) -> None:
     bases[prefix]["train_tokens"] = int(train_tokens["weights"].sum())
     exp.save()
   runs: dict[str, list] = {}
-  seeds = [int(x) for x in args.seeds.split(",")]
+  seeds = experiment.split(args.seeds, int)
   ablation_seeds = seeds[:args.ablation_seeds]
+
+  def run(cell, key):
+    name = cell["model"]
+    cfg = train_config(configs[name], args.scale, shared, vocab,
+                       steps=steps, seed=cell["seed"])
+    return run_cell(cfg, exp.workdir(key), held, {
+        k: v for k, v in sizes[name].items() if k != "model"})
   for name in names:
-    for seed in (seeds if name in MODELS else ablation_seeds):
-      key = experiment.cell_key(prefix, {"model": name, "seed": seed})
-      if args.report_only:
-        exp.reload()
-        if key in exp.runs:
-          runs.setdefault(name, []).append(exp.runs[key])
-        continue
-      cfg = train_config(configs[name], args.scale, shared, vocab,
-                         steps=steps, seed=seed)
-      sz = {k: v for k, v in sizes[name].items() if k != "model"}
-      runs.setdefault(name, []).append(exp.run(
-          key, lambda c=cfg, k=key, z=sz: run_cell(c, exp.workdir(k), held,
-                                                   z)))
+    runs.update(exp.cells(prefix, experiment.grid(
+        model=[name], seed=seeds if name in MODELS else ablation_seeds), run))
   base = bases[prefix][str(s["seq_len"])]
   c = base_cfg
   verdicts = []
@@ -562,10 +541,7 @@ def lm_part(args, exp) -> None:
       "compare within one run only). Baselines: train-token counts scored on "
       "the same positions. " + " ".join(verdicts))
   table = experiment.markdown_table(
-      ["model", "mixer", "layers", "d", "d_ffn", "params", "non-embedding",
-       "fwd FLOPs/token", "train tokens/s", "held-out ppl", "/ unigram",
-       "vs Transformer"],
-      table_rows(runs, exp.data["sizes"], base, s["seq_len"]))
+      HEADERS, table_rows(runs, exp.data["sizes"], base, s["seq_len"]))
   table += ("\n\n### Trained at N = 256, evaluated at longer N (the same "
             "tokens)\n\n" + experiment.markdown_table(
                 ["model"] + [f"N = {n}" for n in lengths],
@@ -583,17 +559,15 @@ def scaling_part(args, exp) -> None:
   """Time and memory per token of forward + backward against N."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax import heads  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
-  s = dict(SMALL)
   vocab_size = -(-(mlm.VOCAB_PIECES + 100) // 128) * 128
-  configs = model_configs(s, vocab_size, args.models.split(","))
-  lengths = [int(x) for x in args.lengths.split(",")]
+  names = experiment.split(args.models)
+  configs = model_configs(dict(SMALL), vocab_size, names)
   prepared = {}
   rows = []
-  for n in lengths:
+  for n in experiment.split(args.lengths, int):
     calls = {}
-    for name in args.models.split(","):
+    for name in names:
       m = ml_collections.ConfigDict(configs[name].to_dict())
       m.max_len = max(n, m.max_len)
       model = models.build_model(m)
@@ -602,40 +576,28 @@ def scaling_part(args, exp) -> None:
                "weights": jnp.ones((1, n), jnp.float32),
                "segment_ids": tokens}
       params = jax.jit(model.init)(jax.random.key(0), tokens)["params"]
-
-      def loss(p, b, model=model):
-        inputs, kwargs = heads.model_inputs(b, "causal_lm")
-        logits = model.apply({"params": p}, inputs, deterministic=True,
-                             **kwargs)
-        logp = jax.nn.log_softmax(logits, -1)
-        return -jnp.mean(jnp.take_along_axis(logp, b["targets"][..., None],
-                                             -1))
-      compiled = jax.jit(jax.grad(loss)).lower(params, batch).compile()
-      mem = compiled.memory_analysis()
-      need = sum(getattr(mem, f, 0) or 0 for f in (
-          "temp_size_in_bytes", "argument_size_in_bytes",
-          "output_size_in_bytes"))
+      compiled = jax.jit(jax.grad(
+          lambda p, b, model=model: jnp.mean(_nll(model, p, b)))).lower(
+              params, batch).compile()
+      need = experiment.compiled_bytes(compiled)
       key = experiment.cell_key("scaling", {"model": name, "n": n})
-      prepared[key] = dict(model=name, n=n, memory_bytes=int(need),
-                           temp_bytes=int(mem.temp_size_in_bytes))
+      prepared[key] = dict(
+          model=name, n=n, memory_bytes=need,
+          temp_bytes=int(compiled.memory_analysis().temp_size_in_bytes))
       if need > args.max_gib * 2 ** 30:
         prepared[key]["skipped"] = f"needs {need / 2 ** 30:.1f} GiB"
         continue
       jax.block_until_ready(compiled(params, batch))
-      calls[key] = (compiled, params, batch)
-    times = {k: [] for k in calls}
-    for _ in range(args.rounds):          # interleaved: same load for all
-      for k, (f, p, b) in calls.items():
-        t = time.perf_counter()
-        jax.block_until_ready(f(p, b))
-        times[k].append(time.perf_counter() - t)
+      calls[key] = (lambda f=compiled, p=params, b=batch:
+                    jax.block_until_ready(f(p, b)))
+    times = experiment.time_rounds(calls, args.rounds)
     for key, rec in prepared.items():
       if rec["n"] != n:
         continue
       if key in times:
         rec["time_s"] = statistics.median(times[key])
       exp.runs[key] = rec
-      rows.append([_label(rec["model"]), n,
+      rows.append([label(rec["model"]), n,
                    f"{1e6 * rec['time_s'] / n:.1f}" if "time_s" in rec
                    else rec.get("skipped", ""),
                    f"{rec['memory_bytes'] / n / 1024:.1f}"])
@@ -651,35 +613,28 @@ def scaling_part(args, exp) -> None:
       "interleaved rounds; memory: XLA's compiled memory analysis "
       "(temporaries + arguments + outputs) per token.")
   fig, axes = experiment.figure(ncols=2)
-  for i, name in enumerate(args.models.split(",")):
+  for i, name in enumerate(names):
     recs = sorted((r for r in exp.runs.values()
                    if r.get("model") == name and "n" in r),
                   key=lambda r: r["n"])
     timed = [r for r in recs if "time_s" in r]
     axes[0, 0].plot([r["n"] for r in timed],
                     [1e6 * r["time_s"] / r["n"] for r in timed], marker="o",
-                    color=f"C{i}", label=_label(name))
+                    color=f"C{i}", label=label(name))
     axes[0, 1].plot([r["n"] for r in recs],
                     [r["memory_bytes"] / r["n"] / 1024 for r in recs],
-                    marker="o", color=f"C{i}", label=_label(name))
+                    marker="o", color=f"C{i}", label=label(name))
   for ax, ylabel in zip(axes[0], ("fwd+bwd µs per token",
                                   "memory KiB per token (XLA)")):
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("N")
-    ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7)
-  fig.savefig(exp.figure_path("causal_lm_scaling"), dpi=120)
+    experiment.style_axes(ax, "N", ylabel, xscale="log2", yscale="log")
+  exp.save_figure(fig, "causal_lm_scaling")
 
 
 def main() -> None:
-  p = experiment.parser("causal_lm", __doc__)
+  p = experiment.parser("causal_lm", __doc__, report_only=True, data_dir="",
+                        models=MODELS, seeds="0,1,2", steps=0,
+                        lengths=SCALING_LENGTHS)
   p.add_argument("--part", choices=("lm", "scaling"), default="lm")
-  p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
-  p.add_argument("--models", default=",".join(MODELS))
-  p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--steps", type=int, default=0,
-                 help="override the scale's number of training steps")
   p.add_argument("--ablate_hyper_dims", default="32,128",
                  help="HyperMixer ablation axis: hypernetwork widths d' (at "
                  "the default chunk)")
@@ -688,16 +643,12 @@ def main() -> None:
                  "default d')")
   p.add_argument("--ablation_seeds", type=int, default=1,
                  help="seeds of each ablation cell (the first of --seeds)")
-  p.add_argument("--lengths", default=",".join(map(str, SCALING_LENGTHS)),
-                 help="--part=scaling: row lengths N")
   p.add_argument("--rounds", type=int, default=3,
                  help="--part=scaling: interleaved timing rounds")
   p.add_argument("--max_gib", type=float, default=6.0,
                  help="--part=scaling: skip a step needing more memory")
-  p.add_argument("--report_only", action="store_true",
-                 help="write the table and figure from the recorded runs")
   args = experiment.parse(p)
-  exp = experiment.Experiment(args.out, None if args.report_only else args)
+  exp = experiment.Experiment(args.out, args)
   if args.part == "scaling":
     scaling_part(args, exp)
   else:

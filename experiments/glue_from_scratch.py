@@ -22,7 +22,6 @@ against step, mean over seeds) into ``--out``.
 """
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 
 import ml_collections
@@ -53,16 +52,6 @@ PAPER_LRS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
 # Small scale: the budget that lets the best model clear Naive Bayes here.
 SMALL = dict(width=128, steps=1000, seq_len=64, lr=1e-3)
 VOCAB_PIECES = 8000
-_CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
-
-
-def load_config(file: str, arg: str) -> ml_collections.ConfigDict:
-  """``configs/<file>``'s ``get_config(arg)``."""
-  spec = importlib.util.spec_from_file_location(
-      f"_config_{file[:-3]}", _CONFIGS / file)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
 
 
 def small_model(c: ml_collections.ConfigDict, width: int = 128,
@@ -97,7 +86,7 @@ def glue_config(task: str, mixer: str, scale: str, lr: float,
   """The training config of one GLUE run (``train_file``: another SST-2
   train TSV, e.g. a subset, at small scale; ``vocab``: an
   ``experiment.small_vocab`` record, else the T5 vocabulary in ``shared``)."""
-  c = load_config("glue.py", f"{task},{mixer}")
+  c = experiment.load_config("glue.py", f"{task},{mixer}")
   c.learning_rate = lr
   c.seed = seed
   c.model.scale_embeddings = scale_embeddings
@@ -136,11 +125,12 @@ def best_eval(result: dict) -> tuple[float, int]:
   return curve[step]["accuracy"], int(step)
 
 
-def sst2_vocab(out: str, shared: pathlib.Path) -> dict:
-  """The small-scale vocabulary: SentencePiece on the SST-2 train phrases."""
-  return experiment.small_vocab(
-      out, experiment.require(shared / "glue/SST-2/train.tsv",
-                              "SST-2 train.tsv"), ("sentence",), VOCAB_PIECES)
+def sst2_vocab(exp: experiment.Experiment, shared: pathlib.Path) -> dict:
+  """The small-scale vocabulary: SentencePiece on the SST-2 train phrases,
+  built into and recorded by ``exp``."""
+  return exp.vocab(experiment.require(shared / "glue/SST-2/train.tsv",
+                                      "SST-2 train.tsv"), ("sentence",),
+                   VOCAB_PIECES, trained_on="SST-2 train.tsv (sentence)")
 
 
 def bag_of_words_baselines(config: ml_collections.ConfigDict) -> dict:
@@ -166,64 +156,72 @@ def param_split(config: ml_collections.ConfigDict) -> dict:
                                                      "token_mixing")}
 
 
+def hypermixer_above(task: str, mixer: str, hyper: list[float],
+                     other: list[float]) -> str:
+  """The table's "HyperMixer above it?" cell: the paper's answer for
+  ``task`` against ``mixer`` and whether our seeds (``hyper``, ``other``:
+  accuracies) agree; '' for HyperMixer itself or without runs."""
+  if mixer == "hypermixer" or not hyper or not other:
+    return ""
+  paper_higher = PAPER["hypermixer"][task] > PAPER[mixer][task]
+  return (f"paper {'yes' if paper_higher else 'no'}; ours "
+          + experiment.verdict(hyper, other, paper_higher))
+
+
+def run_cell(exp: experiment.Experiment, config: ml_collections.ConfigDict,
+             key: str) -> dict:
+  """One training run in ``exp``'s workdir for ``key``, with its
+  parameter counts (``param_split``)."""
+  return dict(experiment.train(config, exp.workdir(key)),
+              **param_split(config))
+
+
 def main() -> None:
-  p = experiment.parser("glue_from_scratch", __doc__)
-  p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
-  p.add_argument("--mixers", default=",".join(MIXERS))
-  p.add_argument("--seeds", default="0,1,2")
+  p = experiment.parser("glue_from_scratch", __doc__, report_only=True,
+                        data_dir="", mixers=MIXERS, seeds="0,1,2",
+                        steps=SMALL["steps"])
   p.add_argument("--width", type=int, default=SMALL["width"])
-  p.add_argument("--steps", type=int, default=SMALL["steps"])
   p.add_argument("--seq_len", type=int, default=SMALL["seq_len"])
-  p.add_argument("--report_only", action="store_true",
-                 help="write the table and figure from the recorded runs")
   args = experiment.parse(p)
-  # A report keeps the recorded command's arguments.
-  exp = experiment.Experiment(args.out, None if args.report_only else args)
+  exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
-  mixers = args.mixers.split(",")
-  seeds = [int(s) for s in args.seeds.split(",")]
+  mixers = experiment.split(args.mixers)
   if args.scale == "small":
     tasks, lrs = ("sst2",), (SMALL["lr"],)
-    vocab = sst2_vocab(args.out, shared)
-    exp.save(vocab={**vocab, "path": f"vocab/spm{VOCAB_PIECES}.model",
-                    "trained_on": "SST-2 train.tsv (sentence)"})
     small = dict(width=args.width, steps=args.steps, seq_len=args.seq_len,
-                 vocab=vocab)
+                 vocab=sst2_vocab(exp, shared))
     budget = f"w{args.width}_s{args.steps}_n{args.seq_len}"
   else:
     tasks, lrs, small, budget = TASKS, PAPER_LRS, {}, "paper"
 
+  def config(cell):
+    return glue_config(cell["task"], cell["model"], args.scale, cell["lr"],
+                       shared, args.data_dir, seed=cell.get("seed", 0),
+                       **small)
   base = {}
   if args.scale == "small":
-    cfg = glue_config("sst2", mixers[0], "small", lrs[0], shared, **small)
     base = exp.data.setdefault("baselines", {}).get(budget)
     if base is None:
-      base = bag_of_words_baselines(cfg)
+      base = bag_of_words_baselines(config(dict(task="sst2", model=mixers[0],
+                                                lr=lrs[0])))
       exp.data["baselines"][budget] = base
       exp.save()
-  cells = experiment.grid(task=tasks, model=mixers, lr=lrs, seed=seeds)
-  runs = {}
-  for cell in cells:
+  # (cell, result) of each recorded cell, in grid order.
+  done = []
+  for cell in experiment.grid(task=tasks, model=mixers, lr=lrs,
+                              seed=experiment.split(args.seeds, int)):
     key = experiment.cell_key(budget, cell)
-    cfg = glue_config(cell["task"], cell["model"], args.scale, cell["lr"],
-                      shared, args.data_dir, seed=cell["seed"], **small)
-    if args.report_only:
-      exp.reload()
-      if key in exp.runs:
-        runs[key] = exp.runs[key]
-      continue
-    runs[key] = exp.run(key, lambda c=cfg, k=key: dict(
-        experiment.train(c, exp.workdir(k)), **param_split(c)))
-  _report(exp, runs, cells, budget, base, args)
+    result = exp.cell(key, lambda c=config(cell), k=key: run_cell(exp, c, k))
+    if result is not None:
+      done.append((cell, result))
+  _report(exp, done, tasks, mixers, base, args)
 
 
-def _accs(runs: dict, budget: str, cells: list, **match) -> dict:
+def _accs(done: list, **match) -> dict:
   """{seed: (final, best) dev accuracy} of the recorded cells matching."""
   out = {}
-  for cell in cells:
-    key = experiment.cell_key(budget, cell)
-    if key in runs and all(cell[k] == v for k, v in match.items()):
-      r = runs[key]
+  for cell, r in done:
+    if all(cell[k] == v for k, v in match.items()):
       out.setdefault(cell["lr"], {})[cell["seed"]] = (
           r["eval"]["accuracy"], best_eval(r)[0])
   if not out:
@@ -233,11 +231,8 @@ def _accs(runs: dict, budget: str, cells: list, **match) -> dict:
   return {"lr": lr, "seeds": out[lr]}
 
 
-def _report(exp, runs, cells, budget, base, args) -> None:
-  tasks = sorted({c["task"] for c in cells}, key=TASKS.index)
-  mixers = list(dict.fromkeys(c["model"] for c in cells))
-  per = {(t, m): _accs(runs, budget, cells, task=t, model=m)
-         for t in tasks for m in mixers}
+def _report(exp, done, tasks, mixers, base, args) -> None:
+  per = {(t, m): _accs(done, task=t, model=m) for t in tasks for m in mixers}
   headers = ["model"]
   for task in tasks:
     headers += [f"{task} dev, final (ours)", f"{task} dev, best eval (ours)",
@@ -251,34 +246,25 @@ def _report(exp, runs, cells, budget, base, args) -> None:
       got = per[(task, mixer)]
       final = [a for a, _ in got.get("seeds", {}).values()]
       best = [b for _, b in got.get("seeds", {}).values()]
-      row += [experiment.fmt_mean_sd(final, 100) or "not run",
-              experiment.fmt_mean_sd(best, 100), PAPER[mixer][task]]
       hyper = per.get((task, "hypermixer"), {}).get("seeds", {})
-      if mixer == "hypermixer" or not hyper or not final:
-        row.append("")
-      else:
-        paper_higher = PAPER["hypermixer"][task] > PAPER[mixer][task]
-        row.append(f"paper {'yes' if paper_higher else 'no'}; ours " +
-                   experiment.verdict([a for a, _ in hyper.values()], final,
-                                      paper_higher))
+      row += [experiment.fmt_mean_sd(final, 100) or "not run",
+              experiment.fmt_mean_sd(best, 100), PAPER[mixer][task],
+              hypermixer_above(task, mixer, [a for a, _ in hyper.values()],
+                               final)]
     if args.scale == "small":
-      key = next((experiment.cell_key(budget, c) for c in cells
-                  if c["model"] == mixer
-                  and experiment.cell_key(budget, c) in runs), None)
-      r = runs.get(key, {})
+      mine = [r for c, r in done if c["model"] == mixer]
+      r = mine[0] if mine else {}
       row.append(f"{r['params'] / 1e6:.2f}M ({r['params_embedding'] / 1e6:.2f}M"
                  f" / {r['params_token_mixing'] / 1e6:.3f}M)"
                  if "params_embedding" in r else "")
-      walls = [runs[k]["wall_s"] / 60 for k in (
-          experiment.cell_key(budget, c) for c in cells
-          if c["model"] == mixer) if k in runs]
-      row.append(f"{np.mean(walls):.0f}" if walls else "")
+      row.append(f"{np.mean([r['wall_s'] / 60 for r in mine]):.0f}"
+                 if mine else "")
     rows.append(row)
   if base:
     for name, label in (("naive_bayes", "Naive Bayes (bag of tokens)"),
                         ("majority", "majority class")):
-      rows.append([label, f"{100 * base[name]:.1f}", "", "", ""]
-                  + (["", ""] if args.scale == "small" else []))
+      rows.append(experiment.table_row(headers, {
+          "model": label, headers[1]: f"{100 * base[name]:.1f}"}))
   notes = ("Final: dev accuracy at the last step; best eval: the best of the "
            "run's evaluations (selected on dev, so optimistic); mean ± sample "
            "sd over seeds. Paper: test accuracy of the ~11M models. 'agrees' "
@@ -296,33 +282,20 @@ def _report(exp, runs, cells, budget, base, args) -> None:
               "machine.")
   exp.write_table(f"GLUE from scratch ({args.scale} scale)",
                   experiment.markdown_table(headers, rows), notes)
-  _plot(exp, runs, cells, budget, base, mixers, tasks[0])
-
-
-def _plot(exp, runs, cells, budget, base, mixers, task) -> None:
   fig, axes = experiment.figure()
   ax = axes[0, 0]
   for mixer in mixers:
-    curves = [runs[k]["eval_curve"] for k in (
-        experiment.cell_key(budget, c) for c in cells
-        if c["model"] == mixer and c["task"] == task) if k in runs]
-    if not curves:
-      continue
-    steps = sorted(set.intersection(*[set(map(int, c)) for c in curves]))
-    acc = np.array([[100 * c.get(s, c.get(str(s)))["accuracy"] for s in steps]
-                    for c in curves])
-    ax.errorbar(steps, acc.mean(0), yerr=acc.std(0, ddof=min(1, len(acc) - 1)),
-                marker="o", ms=3, capsize=2,
-                label=f"{LABELS[mixer]} (n={len(curves)})")
+    mine = [r for c, r in done if c["model"] == mixer and c["task"] == tasks[0]]
+    if mine:
+      steps, acc = experiment.mean_curve(mine, "accuracy", 100)
+      ax.errorbar(steps, acc.mean(0),
+                  yerr=acc.std(0, ddof=min(1, len(acc) - 1)), marker="o",
+                  ms=3, capsize=2, label=f"{LABELS[mixer]} (n={len(mine)})")
   if base:
-    ax.axhline(100 * base["naive_bayes"], color="k", lw=0.8, ls="--",
-               label="Naive Bayes")
-    ax.axhline(100 * base["majority"], color="grey", lw=0.8, ls=":",
-               label="majority class")
-  ax.set_xlabel("step")
-  ax.set_ylabel(f"{task} dev accuracy (%)")
-  ax.legend(fontsize=7)
-  fig.savefig(exp.figure_path("glue_curves"), dpi=120)
+    experiment.baseline_lines(ax, {"Naive Bayes": 100 * base["naive_bayes"],
+                                   "majority class": 100 * base["majority"]})
+  experiment.style_axes(ax, "step", f"{tasks[0]} dev accuracy (%)")
+  exp.save_figure(fig, "glue_curves")
 
 
 if __name__ == "__main__":

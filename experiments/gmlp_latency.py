@@ -134,16 +134,10 @@ def measure_many(configs: dict[str, ml_collections.ConfigDict], *,
     calls[name] = call
     out[name] = {"compile_s": clock() - t0, "params": count,
                  "params_non_embedding": non_embed, "batch": batch,
-                 "length": config.max_len, "times_ms": []}
-  rounds = 0
-  while rounds < repeats or any(sum(r["times_ms"]) < 1e3 * min_seconds
-                                for r in out.values()):
-    for name, call in calls.items():
-      t0 = clock()
-      call()
-      out[name]["times_ms"].append(1e3 * (clock() - t0))
-    rounds += 1
-  for r in out.values():
+                 "length": config.max_len}
+  times = experiment.time_rounds(calls, repeats, min_seconds, clock)
+  for name, r in out.items():
+    r["times_ms"] = [1e3 * t for t in times[name]]
     r["median_ms"] = statistics.median(r["times_ms"])
     r["min_ms"] = min(r["times_ms"])
   return out
@@ -170,9 +164,7 @@ def table_rows(runs: dict[str, Any], lengths: Sequence[int],
 
 
 def main() -> None:
-  p = experiment.parser("gmlp_latency", __doc__)
-  p.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
-                 help="comma-separated sequence lengths")
+  p = experiment.parser("gmlp_latency", __doc__, lengths=LENGTHS)
   p.add_argument("--repeats", type=int, default=5,
                  help="timed calls per point (after one warm-up call)")
   p.add_argument("--min_seconds", type=float, default=1.0,
@@ -180,7 +172,7 @@ def main() -> None:
   p.add_argument("--batch", type=int, default=1)
   args = p.parse_args()
   import jax  # pylint: disable=g-import-not-at-top
-  lengths = [int(x) for x in args.lengths.split(",") if x]
+  lengths = experiment.split(args.lengths, int)
   exp = experiment.Experiment(args.out, args)
   device = jax.devices()[0]
   exp.save(device=f"{device.platform}: {device.device_kind}",
@@ -224,12 +216,9 @@ def _plot(exp, runs, lengths) -> None:
   if paper:
     ax.plot(*zip(*paper), marker="s", ls="--", color="grey",
             label="gMLP-base, V100 (paper)")
-  ax.set_xscale("log", base=2)
-  ax.set_yscale("log")
-  ax.set_xlabel("sequence length")
-  ax.set_ylabel("forward latency (ms)")
-  ax.legend(fontsize=7)
-  fig.savefig(exp.figure_path("gmlp_latency"), dpi=120)
+  experiment.style_axes(ax, "sequence length", "forward latency (ms)",
+                        xscale="log2", yscale="log")
+  exp.save_figure(fig, "gmlp_latency")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ against step) into ``--out``.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import pathlib
 
@@ -66,16 +65,6 @@ SMALL_STEPS, SMALL_BATCH, SMALL_EVALS = 300, 128, 5
 # The curves' test subset: the first 200 test images of each class (file
 # names sorted), the images of the shared cifar10_test_2000.npz.
 SUBSET_PER_CLASS = 200
-_CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
-
-
-def load_config(file: str, arg: str) -> ml_collections.ConfigDict:
-  """``configs/<file>``'s ``get_config(arg)``."""
-  spec = importlib.util.spec_from_file_location(
-      f"_config_{file[:-3]}", _CONFIGS / file)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
 
 
 def cifar_tsvs(shared: pathlib.Path, cifar_dir: str) -> dict[str, str]:
@@ -107,13 +96,13 @@ def image_config(family: str, scale: str, *, tsvs: dict[str, str] | None
                  ) -> ml_collections.ConfigDict:
   """The training config of one run."""
   if scale == "paper":
-    c = load_config("imagenet.py", PAPER_MODELS[family])
+    c = experiment.load_config("imagenet.py", PAPER_MODELS[family])
     c.data.data_dir = data_dir or None
     if steps:
       c.num_train_steps = steps
     c.seed = seed
     return c
-  c = load_config("cifar10.py", CIFAR_MODELS[family])
+  c = experiment.load_config("cifar10.py", CIFAR_MODELS[family])
   sizes = dict(SMALL[family])
   c.model.mixer_kwargs.update(sizes.pop("mixer_kwargs", {}))
   c.model.update(sizes)
@@ -161,21 +150,16 @@ def final_accuracy(r: dict) -> float:
 
 
 def main() -> None:
-  p = experiment.parser("image_classification", __doc__)
-  p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
+  p = experiment.parser("image_classification", __doc__, report_only=True,
+                        data_dir="", families=tuple(LABELS), steps=0)
   p.add_argument("--cifar_dir", default="",
                  help="where CIFAR-10 is (or gets) extracted, with its "
                  "train.tsv/test.tsv (default OUT/cifar10_data)")
-  p.add_argument("--families", default="gmlp,vit,mixer")
-  p.add_argument("--steps", type=int, default=0,
-                 help="override the number of training steps")
   p.add_argument("--batch_size", type=int, default=SMALL_BATCH,
                  help="small scale: training batch")
-  p.add_argument("--report_only", action="store_true",
-                 help="write the table and figure from the recorded runs")
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
-  families = args.families.split(",")
+  families = experiment.split(args.families)
   tsvs = None
   if args.scale == "small" and not args.report_only:
     tsvs = cifar_tsvs(pathlib.Path(args.shared),
@@ -187,15 +171,11 @@ def main() -> None:
 
   runs = {}
   for family in families:
-    key = prefix + family
-    if args.report_only:
-      exp.reload()
-      if key in exp.runs:
-        runs[family] = exp.runs[key]
-      continue
-    cfg = image_config(family, args.scale, tsvs=tsvs, data_dir=args.data_dir,
-                       steps=args.steps or None, batch_size=args.batch_size)
-    runs[family] = exp.run(key, lambda c=cfg, k=key: _run(exp, c, k))
+    result = exp.cell(prefix + family, lambda f=family: _run(exp, image_config(
+        f, args.scale, tsvs=tsvs, data_dir=args.data_dir,
+        steps=args.steps or None, batch_size=args.batch_size), prefix + f))
+    if result is not None:
+      runs[family] = result
 
   dataset = "CIFAR-10 test" if args.scale == "small" else "ImageNet-1k val"
   rows = []
@@ -236,17 +216,13 @@ def main() -> None:
 def _plot(exp, runs) -> None:
   fig, axes = experiment.figure()
   ax = axes[0, 0]
-  for family, r in runs.items():
-    curve = r["eval_curve"]
-    steps = sorted(curve, key=int)
-    ax.plot([int(s) for s in steps],
-            [100 * curve[s]["accuracy"] for s in steps], marker="o",
-            label=f"{LABELS[family]} ({r['params'] / 1e6:.2f}M)")
-  ax.axhline(10, color="grey", lw=0.8, ls=":", label="chance")
-  ax.set_xlabel("step")
-  ax.set_ylabel(f"test accuracy (%), {10 * SUBSET_PER_CLASS} images")
-  ax.legend(fontsize=7)
-  fig.savefig(exp.figure_path("image_curves"), dpi=120)
+  experiment.plot_curves(
+      ax, {f: [r] for f, r in runs.items()}, "accuracy",
+      lambda f: f"{LABELS[f]} ({runs[f]['params'] / 1e6:.2f}M)", scale=100)
+  experiment.baseline_lines(ax, {"chance": 10})
+  experiment.style_axes(
+      ax, "step", f"test accuracy (%), {10 * SUBSET_PER_CLASS} images")
+  exp.save_figure(fig, "image_curves")
 
 
 if __name__ == "__main__":

@@ -49,11 +49,9 @@ def subset_tsv(source: str, fraction: float, out: pathlib.Path) -> str:
 
 
 def main() -> None:
-  p = experiment.parser("low_resource", __doc__)
-  p.add_argument("--data_dir", default="")
-  p.add_argument("--seeds", default="0,1,2")
+  p = experiment.parser("low_resource", __doc__, data_dir="", seeds="0,1,2",
+                        steps=glue.SMALL["steps"])
   p.add_argument("--width", type=int, default=glue.SMALL["width"])
-  p.add_argument("--steps", type=int, default=glue.SMALL["steps"])
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
@@ -77,11 +75,10 @@ def main() -> None:
               for lr in PAPER_LRS)
   else:
     tasks, fractions = ("sst2",), (0.1, 1.0)
-    seeds = [int(x) for x in args.seeds.split(",")]
+    seeds = experiment.split(args.seeds, int)
     budget = dict(steps=args.steps, width=args.width, seq_len=64)
     lr = glue.SMALL["lr"]
-    vocab = glue.sst2_vocab(args.out, shared)
-    exp.save(vocab={**vocab, "path": f"vocab/spm{glue.VOCAB_PIECES}.model"})
+    vocab = glue.sst2_vocab(exp, shared)
     tag = f"w{args.width}_s{args.steps}"
     train = experiment.require(shared / "glue/SST-2/train.tsv", "SST-2 train")
     bases = exp.data.setdefault("baselines", {})
@@ -132,11 +129,9 @@ def main() -> None:
                            if (task, f, mixer, s) in acc]) for f in fractions]
       ax.plot([100 * f for f in fractions], ys, marker="o",
               label=f"{glue.LABELS[mixer]} ({task})")
-  ax.set_xscale("log")
-  ax.set_xlabel("% of SST-2 train")
-  ax.set_ylabel("dev accuracy (%)")
-  ax.legend()
-  fig.savefig(exp.figure_path("low_resource"), dpi=120)
+  experiment.style_axes(ax, "% of SST-2 train", "dev accuracy (%)",
+                        xscale="log", legend=10)
+  exp.save_figure(fig, "low_resource")
 
 
 if __name__ == "__main__":

@@ -48,13 +48,11 @@ perplexity against step) into ``--out``.
 from __future__ import annotations
 
 import hashlib
-import math
 import pathlib
 
 import ml_collections
 import numpy as np
 
-import glue_from_scratch as glue
 from hypermixer_jax import baselines
 from hypermixer_jax import experiment
 
@@ -137,19 +135,9 @@ def match(m: ml_collections.ConfigDict, target: int, multiple: int = 16
   A gMLP/aMLP block's parameters are affine in d_ffn (U, V, the gate's LN,
   aMLP's output projection), so two counts give the line.
   """
-  def count(f):
-    c = ml_collections.ConfigDict(m.to_dict())
-    c.d_ffn = f
-    return params(c)["total"]
-  lo, hi = 2 * multiple, 4 * multiple
-  slope = (count(hi) - count(lo)) / (hi - lo)
-  f = (target - count(lo)) / slope + lo
-  candidates = {max(multiple, multiple * math.floor(f / multiple)),
-                max(multiple, multiple * math.ceil(f / multiple))}
-  best = min(candidates, key=lambda c: abs(count(c) - target))
-  out = ml_collections.ConfigDict(m.to_dict())
-  out.d_ffn = best
-  return out
+  return experiment.match_field(
+      m, "d_ffn", lambda c: params(c)["total"], target, lo=2 * multiple,
+      hi=4 * multiple, multiple=multiple)
 
 
 def model_configs(scale: str, vocab: dict | None = None
@@ -195,7 +183,7 @@ def train_config(model: ml_collections.ConfigDict, scale: str,
   with ``model``, the same for every model but the model (and ``seed``);
   ``vocab``: an ``experiment.small_vocab`` record, else T5's vocabulary."""
   s = SMALL if scale == "small" else PAPER_SIZES
-  c = glue.load_config("c4_mlm.py", "attention")
+  c = experiment.load_config("c4_mlm.py", "attention")
   c.model = model
   c.data.seq_len = s["seq_len"]
   # Unpacked rows for every model: one document chunk per row, so every
@@ -239,28 +227,6 @@ def small_text_data(c: ml_collections.ConfigDict,
   c.keep_checkpoints = 1
 
 
-def held_out(config: ml_collections.ConfigDict) -> dict:
-  """The held-out set a run is evaluated on: rows, real tokens, selected
-  (scored) tokens, and a digest of its inputs, targets and weights (equal
-  digests: the same rows with the same masked positions)."""
-  from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
-  digest = hashlib.sha256()
-  rows = tokens = scored = 0
-  pipeline = data.build_pipeline(
-      config.data, config.eval_split, batch_size=config.eval_batch_size,
-      seed=config.seed, repeat=False, shuffle=False)
-  for i, b in enumerate(pipeline):
-    if 0 <= config.eval_steps <= i:    # what the training loop evaluates
-      break
-    for key in ("inputs", "targets", "weights", "masked_positions"):
-      digest.update(np.ascontiguousarray(b[key]).tobytes())
-    rows += len(b["inputs"])
-    tokens += int((b["segment_ids"] > 0).sum())
-    scored += int(b["weights"].sum())
-  return {"rows": rows, "tokens": tokens, "scored_tokens": scored,
-          "digest": digest.hexdigest()[:16]}
-
-
 def held_out_arrays(config: ml_collections.ConfigDict) -> dict:
   """The held-out batches a run is evaluated on, concatenated."""
   from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
@@ -273,6 +239,22 @@ def held_out_arrays(config: ml_collections.ConfigDict) -> dict:
       break
     batches.append(b)
   return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def held_out(config: ml_collections.ConfigDict) -> dict:
+  """The held-out set a run is evaluated on: rows, real tokens, selected
+  (scored) tokens, and a digest of its inputs, targets and weights (equal
+  digests: the same rows with the same masked positions)."""
+  arrays = held_out_arrays(config)
+  digest = hashlib.sha256()
+  bs = config.eval_batch_size
+  for i in range(0, len(arrays["inputs"]), bs):    # batch by batch
+    for key in ("inputs", "targets", "weights", "masked_positions"):
+      digest.update(np.ascontiguousarray(arrays[key][i:i + bs]).tobytes())
+  return {"rows": len(arrays["inputs"]),
+          "tokens": int((arrays["segment_ids"] > 0).sum()),
+          "scored_tokens": int(arrays["weights"].sum()),
+          "digest": digest.hexdigest()[:16]}
 
 
 def lm_baselines(config: ml_collections.ConfigDict,
@@ -328,73 +310,65 @@ def table_rows(runs: dict, sizes: dict, base: dict | None = None
                  experiment.fmt_mean_sd(ppl) or "not run", ratio, vs_bert,
                  paper_ppl])
   if base:
-    rows.append(["unigram (train counts, add-1)", "", "", "", "", "",
-                 f"{base['unigram']:.1f}", "1.00", "", ""])
-    rows.append([f"bigram (add-{base['bigram_k']:g})", "", "", "", "", "",
-                 f"{base['bigram']:.1f}",
-                 f"{base['bigram'] / base['unigram']:.2f}", "", ""])
+    rows += experiment.perplexity_baseline_rows(
+        HEADERS, base, "held-out ppl (ours)", "/ unigram")
   return rows
 
 
-def c4_vocab(out: str, shared: pathlib.Path) -> dict:
-  """The small-scale vocabulary: SentencePiece on the C4 train documents."""
-  return experiment.small_vocab(
-      out, experiment.require(shared / C4_TRAIN, "C4 sample"), ("text",),
-      VOCAB_PIECES)
+HEADERS = ["model", "layers", "d", "d_ffn", "params", "non-embedding",
+           "held-out ppl (ours)", "/ unigram", "vs BERT",
+           "C4 valid ppl (paper)"]
+
+
+def c4_vocab(exp: experiment.Experiment, shared: pathlib.Path) -> dict:
+  """The small-scale vocabulary: SentencePiece on the C4 train documents,
+  built into and recorded by ``exp``."""
+  return exp.vocab(experiment.require(shared / C4_TRAIN, "C4 sample"),
+                   ("text",), VOCAB_PIECES, trained_on=C4_TRAIN)
 
 
 def main() -> None:
-  p = experiment.parser("mlm_perplexity", __doc__)
-  p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
-  p.add_argument("--models", default=",".join(MODELS))
-  p.add_argument("--seeds", default="0,1,2")
+  p = experiment.parser("mlm_perplexity", __doc__, report_only=True,
+                        data_dir="", models=MODELS, seeds="0,1,2", steps=0)
   p.add_argument("--vocab", choices=("small", "t5"), default="small",
                  help="small scale: an 8k SentencePiece vocabulary trained on "
                  "the C4 train sample (built into OUT/vocab), or T5's 32k")
-  p.add_argument("--steps", type=int, default=0,
-                 help="override the scale's number of training steps")
-  p.add_argument("--report_only", action="store_true",
-                 help="write the table and figure from the recorded runs")
   args = experiment.parse(p)
-  # A report keeps the recorded command's arguments.
-  exp = experiment.Experiment(args.out, None if args.report_only else args)
+  exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   vocab = None
   if args.scale == "small" and args.vocab == "small":
-    vocab = c4_vocab(args.out, shared)
-    exp.save(vocab={**vocab, "path": f"vocab/spm{VOCAB_PIECES}.model",
-                    "trained_on": C4_TRAIN})
+    vocab = c4_vocab(exp, shared)
   configs = model_configs(args.scale, vocab)
   sizes = {m: {"model": c.to_dict(), "params": params(c)}
            for m, c in configs.items()}
   exp.save(sizes=sizes)
-  seeds = [int(x) for x in args.seeds.split(",")]
+  seeds = experiment.split(args.seeds, int)
   steps = args.steps or (SMALL if args.scale == "small"
                          else PAPER_SIZES)["steps"]
   prefix = f"{args.scale}/s{steps}/vocab={'small' if vocab else 't5'}"
-  runs: dict[str, list] = {}
-  bases = exp.data.setdefault("baselines", {})
-  for cell in experiment.grid(model=args.models.split(","), seed=seeds):
-    key = experiment.cell_key(prefix, cell)
-    cfg = train_config(configs[cell["model"]], args.scale, shared,
-                       args.data_dir, steps, seed=cell["seed"], vocab=vocab)
-    if args.scale == "small" and f"{prefix}/seed={cell['seed']}" not in bases:
-      # The masked positions follow the seed: baselines per seed.
-      bases[f"{prefix}/seed={cell['seed']}"] = dict(
-          lm_baselines(cfg), held_out=held_out(cfg))
-      exp.save()
-    if args.report_only:
-      exp.reload()
-      if key in exp.runs:
-        runs.setdefault(cell["model"], []).append(exp.runs[key])
-      continue
-    runs.setdefault(cell["model"], []).append(exp.run(
-        key, lambda c=cfg, k=key, m=cell["model"]: dict(
-            experiment.train(c, exp.workdir(k)), params=sizes[m]["params"],
-            held_out=held_out(c) if args.scale == "small" else None)))
 
-  c = train_config(configs["attention"], args.scale, shared, args.data_dir,
-                   steps, vocab=vocab)
+  def config(model, seed=0):
+    return train_config(configs[model], args.scale, shared, args.data_dir,
+                        steps, seed=seed, vocab=vocab)
+  bases = exp.data.setdefault("baselines", {})
+  for seed in seeds:
+    if args.scale == "small" and f"{prefix}/seed={seed}" not in bases:
+      # The masked positions follow the seed: baselines per seed.
+      c = config("attention", seed)
+      bases[f"{prefix}/seed={seed}"] = dict(lm_baselines(c),
+                                            held_out=held_out(c))
+      exp.save()
+
+  def run(cell, key):
+    c = config(cell["model"], cell["seed"])
+    return dict(experiment.train(c, exp.workdir(key)),
+                params=sizes[cell["model"]]["params"],
+                held_out=held_out(c) if args.scale == "small" else None)
+  runs = exp.cells(prefix, experiment.grid(
+      model=experiment.split(args.models), seed=seeds), run)
+
+  c = config("attention")
   seed_bases = [b for k, b in bases.items() if k.startswith(prefix + "/")]
   base = ({k: float(np.mean([b[k] for b in seed_bases]))
            for k in ("unigram", "bigram", "bigram_k")} if seed_bases else None)
@@ -427,34 +401,17 @@ def main() -> None:
   notes += f" Paper, other sizes: {PAPER_OTHER_SIZES}."
   exp.write_table(
       f"MLM perplexity at equal capacity ({args.scale} scale)",
-      experiment.markdown_table(
-          ["model", "layers", "d", "d_ffn", "params", "non-embedding",
-           "held-out ppl (ours)", "/ unigram", "vs BERT",
-           "C4 valid ppl (paper)"],
-          table_rows(runs, sizes, base)), notes)
-  _plot(exp, runs, base)
-
-
-def _plot(exp, runs, base) -> None:
+      experiment.markdown_table(HEADERS, table_rows(runs, sizes, base)),
+      notes)
   fig, axes = experiment.figure()
   ax = axes[0, 0]
-  for mixer, seed_runs in runs.items():
-    for i, run in enumerate(seed_runs):
-      curve = run["eval_curve"]
-      steps = sorted(curve, key=int)
-      ax.plot([int(s) for s in steps],
-              [curve[s]["perplexity"] for s in steps], marker="o", ms=3,
-              color=f"C{MODELS.index(mixer)}",
-              label=LABELS[mixer] if i == 0 else None)
+  experiment.plot_curves(ax, runs, "perplexity", LABELS.get)
   if base:
-    ax.axhline(base["unigram"], color="k", ls="--", lw=0.8, label="unigram")
-    ax.axhline(0.6 * base["unigram"], color="grey", ls=":", lw=0.8,
-               label="0.6 x unigram")
-  ax.set_yscale("log")
-  ax.set_xlabel("step")
-  ax.set_ylabel("held-out MLM perplexity")
-  ax.legend()
-  fig.savefig(exp.figure_path("mlm_perplexity"), dpi=120)
+    experiment.baseline_lines(ax, {"unigram": base["unigram"],
+                                   "0.6 x unigram": 0.6 * base["unigram"]})
+  experiment.style_axes(ax, "step", "held-out MLM perplexity", yscale="log",
+                        legend=10)
+  exp.save_figure(fig, "mlm_perplexity")
 
 
 if __name__ == "__main__":

@@ -80,18 +80,16 @@ def task_config(task: str, mixer: str, split: dict, vocab: dict,
 
 
 def main() -> None:
-  p = experiment.parser("nli_splits", __doc__)
+  p = experiment.parser("nli_splits", __doc__, models=MODELS, seeds="0,1,2",
+                        steps=SMALL["steps"])
   p.add_argument("--tasks", default=",".join(FILES))
-  p.add_argument("--models", default=",".join(MODELS))
-  p.add_argument("--seeds", default="0,1,2")
   p.add_argument("--width", type=int, default=SMALL["width"])
-  p.add_argument("--steps", type=int, default=SMALL["steps"])
   p.add_argument("--seq_len", type=int, default=SMALL["seq_len"])
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
-  tasks, models = args.tasks.split(","), args.models.split(",")
-  seeds = [int(s) for s in args.seeds.split(",")]
+  tasks, models = experiment.split(args.tasks), experiment.split(args.models)
+  seeds = experiment.split(args.seeds, int)
   budget = f"w{args.width}_s{args.steps}_n{args.seq_len}"
   splits, bases = exp.data.setdefault("splits", {}), exp.data.setdefault(
       "baselines", {})
@@ -104,18 +102,20 @@ def main() -> None:
                                    VOCAB_PIECES)
     splits[task] = dict(split, vocab=vocab["sha256"], source=file)
     exp.save()
-    for cell in experiment.grid(model=models, seed=seeds):
-      cfg = task_config(task, cell["model"], split, vocab, shared,
-                        seed=cell["seed"],
-                        width=args.width, steps=args.steps,
-                        seq_len=args.seq_len)
-      if f"{task}/{budget}" not in bases:
-        bases[f"{task}/{budget}"] = glue.bag_of_words_baselines(cfg)
-        exp.save()
-      key = experiment.cell_key(f"{budget}/task={task}", cell)
-      run = exp.run(key, lambda c=cfg, k=key: dict(
-          experiment.train(c, exp.workdir(k)), **glue.param_split(c)))
-      acc.setdefault((task, cell["model"]), []).append(run)
+
+    def config(model, seed, task=task, split=split, vocab=vocab):
+      return task_config(task, model, split, vocab, shared, seed=seed,
+                         width=args.width, steps=args.steps,
+                         seq_len=args.seq_len)
+    if f"{task}/{budget}" not in bases:
+      bases[f"{task}/{budget}"] = glue.bag_of_words_baselines(
+          config(models[0], seeds[0]))
+      exp.save()
+    runs = exp.cells(
+        f"{budget}/task={task}", experiment.grid(model=models, seed=seeds),
+        lambda cell, key, config=config: glue.run_cell(
+            exp, config(cell["model"], cell["seed"]), key))
+    acc.update({(task, model): r for model, r in runs.items()})
   _report(exp, args, tasks, models, budget, acc)
 
 
@@ -127,12 +127,9 @@ def _report(exp, args, tasks, models, budget, acc) -> None:
       final = [r["eval"]["accuracy"] for r in acc.get((task, mixer), [])]
       hyper = [r["eval"]["accuracy"] for r in acc.get((task, "hypermixer"),
                                                       [])]
-      above = glue.PAPER["hypermixer"][task] > glue.PAPER[mixer][task]
       row += [experiment.fmt_mean_sd(final, 100) or "not run",
               glue.PAPER[mixer][task],
-              "" if mixer == "hypermixer" or not final else
-              f"paper {'yes' if above else 'no'}; ours "
-              + experiment.verdict(hyper, final, above)]
+              glue.hypermixer_above(task, mixer, hyper, final)]
     rows.append(row)
   for name, label in (("naive_bayes", "Naive Bayes (bag of tokens)"),
                       ("majority", "majority class")):
@@ -164,23 +161,17 @@ def _report(exp, args, tasks, models, budget, acc) -> None:
   fig, axes = experiment.figure(ncols=len(tasks))
   for ax, task in zip(axes[0], tasks):
     for i, mixer in enumerate(models):
-      curves = [r["eval_curve"] for r in acc.get((task, mixer), [])]
-      if not curves:
-        continue
-      steps = sorted(set.intersection(*[set(map(int, c)) for c in curves]))
-      mean = [100 * np.mean([c.get(s, c.get(str(s)))["accuracy"]
-                             for c in curves]) for s in steps]
-      ax.plot(steps, mean, marker="o", ms=3, color=f"C{i}",
-              label=f"{glue.LABELS[mixer]} (n={len(curves)})")
+      if acc.get((task, mixer)):
+        steps, values = experiment.mean_curve(acc[task, mixer], "accuracy",
+                                              100)
+        ax.plot(steps, values.mean(0), marker="o", ms=3, color=f"C{i}",
+                label=f"{glue.LABELS[mixer]} (n={len(values)})")
     b = exp.data["baselines"].get(f"{task}/{budget}")
     if b:
-      ax.axhline(100 * b["naive_bayes"], color="k", ls="--", lw=0.8,
-                 label="Naive Bayes")
-    ax.set_title(task)
-    ax.set_xlabel("step")
-    ax.set_ylabel("test accuracy (%)")
-    ax.legend(fontsize=6)
-  fig.savefig(exp.figure_path("nli_splits"), dpi=120)
+      experiment.baseline_lines(ax, {"Naive Bayes": 100 * b["naive_bayes"]})
+    experiment.style_axes(ax, "step", "test accuracy (%)", title=task,
+                          legend=6)
+  exp.save_figure(fig, "nli_splits")
 
 
 if __name__ == "__main__":

@@ -125,9 +125,7 @@ def main() -> None:
                      "TASK,MIXER,finetune with --config.init_checkpoint.")
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
-  vocab = mlm.c4_vocab(args.out, shared)
-  exp.save(vocab={**vocab, "path": f"vocab/spm{mlm.VOCAB_PIECES}.model",
-                  "trained_on": mlm.C4_TRAIN})
+  vocab = mlm.c4_vocab(exp, shared)
   models = args.models.split(",")
   seeds = [int(s) for s in args.seeds.split(",")]
   fractions = [float(f) for f in args.fractions.split(",")]
@@ -242,20 +240,16 @@ def _plot(exp, models, fractions, keys) -> None:
   for ax, fraction in zip(axes[0], fractions):
     for i, mixer in enumerate(models):
       for arm, style in (("scratch", "--"), ("pretrained", "-")):
-        curves = [exp.runs[k]["eval_curve"]
-                  for k in keys[mixer, fraction, arm] if k in exp.runs]
-        if not curves:
-          continue
-        steps = sorted(set.intersection(*[set(map(int, c)) for c in curves]))
-        acc = np.array([[100 * c.get(s, c.get(str(s)))["accuracy"]
-                         for s in steps] for c in curves])
-        ax.plot(steps, acc.mean(0), style, marker="o", ms=3, color=f"C{i}",
-                label=f"{glue.LABELS[mixer]} {arm} (n={len(curves)})")
-    ax.set_title(f"SST-2, {fraction:.0%} of the labels")
-    ax.set_xlabel("fine-tuning step")
-    ax.set_ylabel("dev accuracy (%)")
-    ax.legend(fontsize=6)
-  fig.savefig(exp.figure_path("pretrain_finetune"), dpi=120)
+        runs = [exp.runs[k] for k in keys[mixer, fraction, arm]
+                if k in exp.runs]
+        if runs:
+          steps, acc = experiment.mean_curve(runs, "accuracy", 100)
+          ax.plot(steps, acc.mean(0), style, marker="o", ms=3, color=f"C{i}",
+                  label=f"{glue.LABELS[mixer]} {arm} (n={len(runs)})")
+    experiment.style_axes(ax, "fine-tuning step", "dev accuracy (%)",
+                          title=f"SST-2, {fraction:.0%} of the labels",
+                          legend=6)
+  exp.save_figure(fig, "pretrain_finetune")
 
 
 if __name__ == "__main__":

@@ -106,19 +106,6 @@ SCALES = {
                   eval_steps=50, max_layers=48),
 }
 FLOP_TOLERANCE = 0.10
-_CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
-
-
-# ---------------------------------------------------------------------------
-# Configs.
-# ---------------------------------------------------------------------------
-def _smlp_lm_config(arg: str) -> ml_collections.ConfigDict:
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.spec_from_file_location("_smlp_lm_config",
-                                                _CONFIGS / "smlp_lm.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
 
 
 def model_config(name: str, scale: str, depth: tuple[int, int],
@@ -130,7 +117,7 @@ def model_config(name: str, scale: str, depth: tuple[int, int],
     raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}.")
   _, fields, moe_fields = MODELS[name]
   s = SCALES[scale]
-  c = _smlp_lm_config("base").model
+  c = experiment.load_config("smlp_lm.py", "base").model
   n1, n2 = depth
   if name in DENSE and n2:
     raise ValueError(f"{name} is dense: depth {depth} must have N2 = 0.")
@@ -161,7 +148,7 @@ def train_config(model: ml_collections.ConfigDict, scale: str,
   the scale's schedule; one document per row (no packing) for every model,
   since partial routing reads each row's own first 20%."""
   s = SCALES[scale]
-  c = _smlp_lm_config("base")
+  c = experiment.load_config("smlp_lm.py", "base")
   c.model = model
   c.data.seq_len = s["seq_len"]
   c.data.packing = False
@@ -235,36 +222,15 @@ def choose_depth(fit: Mapping[str, float], target: float,
 
 def train_step_flops(config: ml_collections.ConfigDict) -> float:
   """FLOPs per token of ``config``'s compiled train step (XLA's cost
-  analysis, the number the training loop's throughput uses), on a batch of
-  the config's shape; single device."""
+  analysis, the number the training loop's throughput uses), compiled by
+  ``train.compile.compile_steps`` for the config's batch on one device."""
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax import sharding  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import compile as compile_lib  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax.train import steps  # pylint: disable=g-import-not-at-top
-  b, n = config.batch_size, config.data.seq_len
-  local = {k: np.zeros((b, n), np.int32)
-           for k in ("inputs", "targets", "segment_ids", "positions")}
-  local["segment_ids"] += 1
-  local["weights"] = np.ones((b, n), np.float32)
-  mesh = sharding.build_mesh(dict(data=1, fsdp=1, tensor=1, expert=1),
-                             jax.devices()[:1])
-  rules = sharding.get_rules(config.sharding)
-  model, facts = models.build_model(config.model), models.model_facts(
-      config.model)
-  tx, _ = optim.make_optimizer(config)
-  key = jax.random.key(0)
-  state, state_sh = steps.create_train_state(model, tx, key, local, mesh,
-                                             rules)
-  step = steps.jit_train_step(
-      steps.make_train_step(model, facts.head, loss_weights=facts.loss_weights),
-      state_sh, sharding.batch_shardings(local, mesh, rules), mesh, rules)
-  compiled = step.lower(state, sharding.make_global_batch(local, mesh, rules),
-                        jax.device_put(key, jax.NamedSharding(mesh, jax.P()))
-                        ).compile()
-  return metrics_lib.step_flops(compiled) / (b * n)
+  compiled = compile_lib.compile_steps(config, jax.devices()[:1],
+                                       with_eval=False)
+  return metrics_lib.step_flops(compiled.train) / (
+      config.batch_size * config.data.seq_len)
 
 
 def heldout_last80(config: ml_collections.ConfigDict, workdir: str
@@ -361,20 +327,13 @@ HEADERS = ["model", "blocks N1+N2", "params", "MFLOPs/token (train step)",
 
 
 def main() -> None:
-  p = experiment.parser("smlp_vs_moe", __doc__)
-  p.add_argument("--data_dir", default="", help="TFDS data_dir (paper scale)")
+  p = experiment.parser("smlp_vs_moe", __doc__, report_only=True,
+                        data_dir="", models=MODELS, steps=0)
   p.add_argument("--ablations", action="store_true",
                  help="experiment 5 too: the expert-count and router "
                  "ablations of sMLP (names in ABLATIONS)")
-  p.add_argument("--models", default=",".join(MODELS),
-                 help="models (MODELS) and/or ablations (ABLATIONS) to run")
-  p.add_argument("--steps", type=int, default=0,
-                 help="train steps instead of the scale's (a smoke or "
-                 "timing run; use another --out)")
   p.add_argument("--plan_only", action="store_true",
                  help="measure FLOPs and choose depths, train nothing")
-  p.add_argument("--report_only", action="store_true",
-                 help="write the table and figure from the recorded runs")
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
@@ -382,7 +341,7 @@ def main() -> None:
     SCALES[args.scale]["steps"] = args.steps
   s = SCALES[args.scale]
   tokens_per_step = s["batch_size"] * s["seq_len"]
-  names = [n for n in args.models.split(",") if n]
+  names = experiment.split(args.models)
   if args.ablations:
     names += [n for n in ABLATIONS if n not in names]
   unknown = [n for n in names if n not in MODELS and n not in ABLATIONS]
@@ -425,20 +384,13 @@ def main() -> None:
   for name, pl in plan.items():
     key = f"{args.scale}/runs/{name}"
     cfg = config(name, tuple(pl["depth"]))
-    last80_key = f"{args.scale}/last80/{name}"
-    if args.report_only:
-      exp.reload()
-      if key not in exp.runs:
-        continue
-      result = exp.runs[key]
-      last80 = exp.runs.get(last80_key)
-    else:
-      result = exp.run(key, lambda c=cfg, k=key: experiment.train(
-          c, exp.workdir(k)))
-      last80 = exp.run(last80_key, lambda c=cfg, k=key: heldout_last80(
-          c, exp.workdir(k)))
-    runs[name] = {**result, **run_summary(result, tokens_per_step),
-                  "last80": last80}
+    result = exp.cell(key, lambda c=cfg, k=key: experiment.train(
+        c, exp.workdir(k)))
+    if result is not None:
+      last80 = exp.cell(f"{args.scale}/last80/{name}", lambda c=cfg, k=key:
+                        heldout_last80(c, exp.workdir(k)))
+      runs[name] = {**result, **run_summary(result, tokens_per_step),
+                    "last80": last80}
 
   plan.setdefault(REFERENCE, dict(
       depth=s["smlp_depth"], layer_flops=target,
@@ -478,23 +430,16 @@ def main() -> None:
 def _plot(exp, runs, labels) -> None:
   fig, axes = experiment.figure(ncols=2)
   for name, r in runs.items():
-    curve = r["eval_curve"]
-    steps = sorted(curve, key=int)
-    ppl = [curve[s]["perplexity"] for s in steps]
+    steps, ppl = experiment.curve(r, "perplexity")
     ls = "--" if name in ABLATIONS else "-"
-    axes[0, 0].plot([int(s) for s in steps], ppl, ls=ls, marker="o",
-                    label=labels[name])
+    axes[0, 0].plot(steps, ppl, ls=ls, marker="o", label=labels[name])
     # Time axis: the step's share of the run's measured training time.
-    total = r["train_seconds"]
-    last = int(steps[-1])
-    axes[0, 1].plot([total * int(s) / last for s in steps], ppl, ls=ls,
-                    marker="o", label=labels[name])
+    axes[0, 1].plot([r["train_seconds"] * s / steps[-1] for s in steps], ppl,
+                    ls=ls, marker="o", label=labels[name])
   for ax, x in zip(axes[0], ("step", "training time (s)")):
-    ax.set_xlabel(x)
-    ax.set_ylabel("WikiText-2 valid perplexity")
-    ax.set_yscale("log")
-  axes[0, 0].legend(fontsize=7)
-  fig.savefig(exp.figure_path("smlp_vs_moe"), dpi=120)
+    experiment.style_axes(ax, x, "WikiText-2 valid perplexity", yscale="log",
+                          legend=7 if x == "step" else 0)
+  exp.save_figure(fig, "smlp_vs_moe")
 
 
 if __name__ == "__main__":

@@ -35,8 +35,6 @@ against training-set size) and ``pseudo_attention.png`` into ``--out``.
 """
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 from typing import Sequence
 
 import jax
@@ -60,23 +58,13 @@ PAPER_CLAIM = (
     "HyperMixer and attention are about equal at 100k examples, HyperMixer "
     "more data-efficient below; HyperMixer's pseudo-attention resembles "
     "attention's, MLP-Mixer's is weaker.")
-_CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
-
-
-def base_config(mixer: str) -> ml_collections.ConfigDict:
-  """``configs/default.py``'s config for ``mixer``."""
-  spec = importlib.util.spec_from_file_location("_config_default",
-                                                _CONFIGS / "default.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(mixer)
 
 
 def run_config(mixer: str, num_examples: int, seed: int, steps: int, *,
                batch_size: int = 64, eval_examples: int = 1024
                ) -> ml_collections.ConfigDict:
   """One run: ``mixer`` on ``num_examples`` training sequences."""
-  c = base_config(mixer)
+  c = experiment.load_config("default.py", mixer)
   c.seed = seed
   c.data.synthetic.num_examples = int(num_examples)
   c.data.synthetic.data_seed = seed
@@ -223,13 +211,10 @@ def _plot_mse(exp, summary, sizes, seeds, mixers) -> None:
       mses = [exp.runs[k]["mse"] for k in (f"{mixer}/n{s}/seed{i}"
                                             for i in seeds) if k in exp.runs]
       ax.scatter([s] * len(mses), mses, color=line.get_color(), s=8)
-  ax.set_xscale("log")
-  ax.set_yscale("log")
-  ax.set_xlabel("training sequences")
-  ax.set_ylabel("test MSE")
-  ax.set_title(f"mean of {len(seeds)} seeds, band: min-max")
-  ax.legend(fontsize=8)
-  fig.savefig(exp.figure_path("data_efficiency"), dpi=120)
+  experiment.style_axes(ax, "training sequences", "test MSE", xscale="log",
+                        yscale="log", legend=8,
+                        title=f"mean of {len(seeds)} seeds, band: min-max")
+  exp.save_figure(fig, "data_efficiency")
 
 
 def _plot_maps(exp, mixers, size, seed, example) -> None:
@@ -244,24 +229,17 @@ def _plot_maps(exp, mixers, size, seed, example) -> None:
 
 
 def main() -> None:
-  p = experiment.parser("synthetic_data_efficiency", __doc__)
-  p.add_argument("--mixers", default=",".join(MIXERS))
-  p.add_argument("--report_only", action="store_true",
-                 help="draw the table and figures from --out's results.json "
-                 "without training the runs it lacks")
-  p.add_argument("--steps", type=int, default=0,
-                 help="training steps per run (0: the scale's)")
-  p.add_argument("--seeds", default="",
-                 help="comma-separated seeds (default: the scale's)")
+  p = experiment.parser("synthetic_data_efficiency", __doc__,
+                        report_only=True, mixers=MIXERS, seeds="", steps=0)
   args = experiment.parse(p)
   setting = dict(SCALES[args.scale])
   if args.steps:
     setting["steps"] = args.steps
-  if args.seeds:
-    setting["seeds"] = [int(x) for x in args.seeds.split(",")]
+  if args.seeds:   # default: the scale's
+    setting["seeds"] = experiment.split(args.seeds, int)
   exp = experiment.Experiment(args.out, args)
-  run(exp, mixers=args.mixers.split(","), report_only=args.report_only,
-      **setting)
+  run(exp, mixers=experiment.split(args.mixers),
+      report_only=args.report_only, **setting)
 
 
 if __name__ == "__main__":

@@ -106,10 +106,7 @@ def measure(mixer: str, n: int, *, repeats: int, min_repeats: int = 1,
   t0 = time.perf_counter()
   compiled = fwd.lower(params, x).compile()
   compile_s = time.perf_counter() - t0
-  mem = compiled.memory_analysis()
-  need = sum(getattr(mem, f, 0) or 0 for f in (
-      "temp_size_in_bytes", "argument_size_in_bytes",
-      "output_size_in_bytes")) if mem is not None else 0
+  need = experiment.compiled_bytes(compiled)
   cost = _cost(compiled if counted is module else jax.jit(
       counted.apply).lower(params, x).compile())
   out = dict(mixer=mixer, n=n, d=d, flops=float(cost.get("flops", np.nan)),
@@ -201,14 +198,12 @@ def _plot(exp, series, mixers) -> None:
              if r.get(key) is not None and np.isfinite(r.get(key))]
       if pts:
         ax.plot(*zip(*pts), marker="o", ms=3, label=LABELS[m])
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length N")
-    ax.set_ylabel(label)
+    experiment.style_axes(ax, "sequence length N", label, xscale="log2",
+                          yscale="log", legend=0)
   axes[0, 0].legend(fontsize=7)
   axes[0, 0].set_title(f"one example, {jax.default_backend()}")
   axes[0, 1].set_title("token mixing, d=256")
-  fig.savefig(exp.figure_path("token_mixing_cost"), dpi=120)
+  exp.save_figure(fig, "token_mixing_cost")
 
 
 def main() -> None:

@@ -95,10 +95,9 @@ def main() -> None:
   for mixer in MODELS:
     ax.plot(ns, [100 * v for v in curves[mixer]], marker="o",
             label=glue.LABELS[mixer])
-  ax.set_xlabel("random-search trials")
-  ax.set_ylabel("expected best dev accuracy (%)")
-  ax.legend()
-  fig.savefig(exp.figure_path("tuning_cost"), dpi=120)
+  experiment.style_axes(ax, "random-search trials",
+                        "expected best dev accuracy (%)", legend=10)
+  exp.save_figure(fig, "tuning_cost")
 
 
 if __name__ == "__main__":

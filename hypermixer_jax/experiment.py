@@ -14,15 +14,21 @@ command with the same flags and the same outputs:
   ours where the paper has them) and ``DIR/<figure>.png`` the figure.
 
 ``Experiment`` is that bookkeeping; ``grid`` the cells of a study (models x
-seeds x budgets x data sizes), each run once under its ``cell_key``;
+seeds x budgets x data sizes), each run once under its ``cell_key``
+(``Experiment.cells``: a grid's results grouped by model; with
+``--report_only`` it trains nothing and returns what is recorded);
 ``train`` runs one training job through the library's ``train_and_evaluate``
 and returns its final evaluation and its learning curves (from
-``metrics.jsonl``). ``small_vocab`` builds a study's in-domain SentencePiece
-vocabulary (recorded with its digest), ``pipeline_arrays`` reads the tokens a
-model sees (for the trivial baselines of ``hypermixer_jax.baselines``) and
-``mean_sd`` / ``verdict`` turn seeds into the table's cells and words.
-Nothing here knows a model or a task: the scripts declare their runs as
-configs.
+``metrics.jsonl``). ``parser`` gives the flags every experiment shares,
+``load_config`` the configs of ``configs/`` that runs start from.
+``small_vocab`` builds a study's in-domain SentencePiece vocabulary
+(recorded with its digest), ``pipeline_arrays`` reads the tokens a model
+sees (for the trivial baselines of ``hypermixer_jax.baselines``),
+``mean_sd`` / ``verdict`` turn seeds into the table's cells and words,
+``table_row`` / ``perplexity_baseline_rows`` add the baselines' rows, and
+``curve`` / ``mean_curve`` / ``plot_curves`` / ``baseline_lines`` draw the
+learning curves beside the baselines. Nothing here knows a model or a task:
+the scripts declare their runs as configs.
 """
 from __future__ import annotations
 
@@ -46,8 +52,29 @@ def default_shared_dir() -> pathlib.Path:
   return pathlib.Path(env) if env else _REPO.parent / "shared" / "data"
 
 
-def parser(name: str, description: str) -> argparse.ArgumentParser:
-  """The flags every experiment takes (scripts may add their own)."""
+# The flags several experiments share: name -> (type, help). ``parser``
+# adds those it is given a default for.
+_COMMON_FLAGS = {
+    "data_dir": (str, "TFDS data_dir (paper scale)"),
+    "models": (str, "comma-separated models to run"),
+    "mixers": (str, "comma-separated token mixers to run"),
+    "families": (str, "comma-separated model families to run"),
+    "seeds": (str, "comma-separated seeds (initialisation and data order)"),
+    "steps": (int, "training steps per run (0: the scale's)"),
+    "lengths": (str, "comma-separated sequence lengths"),
+}
+
+
+def parser(name: str, description: str, *, report_only: bool = False,
+           **defaults: Any) -> argparse.ArgumentParser:
+  """The flags every experiment takes (scripts may add their own).
+
+  ``defaults`` adds the shared flags of ``_COMMON_FLAGS`` with these
+  defaults (a sequence of names becomes its comma-separated string), e.g.
+  ``parser(name, __doc__, models=MODELS, seeds="0,1,2", steps=0)``;
+  ``report_only`` adds ``--report_only`` (``Experiment.cell`` then trains
+  nothing).
+  """
   p = argparse.ArgumentParser(
       description=description,
       formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,7 +88,36 @@ def parser(name: str, description: str) -> argparse.ArgumentParser:
   p.add_argument("--compilation_cache", default="",
                  help="JAX persistent compilation cache directory (default "
                  "OUT/../.jax_cache: runs of the same model compile once)")
+  for flag, default in defaults.items():
+    if flag not in _COMMON_FLAGS:
+      raise ValueError(f"parser: no shared flag --{flag}; add it with "
+                       f"p.add_argument (shared: {', '.join(_COMMON_FLAGS)}).")
+    kind, help_text = _COMMON_FLAGS[flag]
+    if not isinstance(default, (str, int)):
+      default = ",".join(map(str, default))
+    p.add_argument(f"--{flag}", type=kind, default=default, help=help_text)
+  if report_only:
+    p.add_argument("--report_only", action="store_true",
+                   help="write the table and figure from the recorded runs, "
+                   "training nothing")
   return p
+
+
+def split(text: str, kind: Callable[[str], Any] = str) -> list[Any]:
+  """A comma-separated flag's values (``'0,1,2'`` -> ``[0, 1, 2]`` with
+  ``kind=int``); empty items are dropped."""
+  return [kind(x) for x in text.split(",") if x]
+
+
+def load_config(file: str, arg: str):
+  """``configs/<file>``'s ``get_config(arg)`` (the configs folder is not a
+  package: experiments start from the same configs as ``main.py``)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location(
+      f"_config_{file[:-3]}", _REPO / "configs" / file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
 
 
 def parse(p: argparse.ArgumentParser) -> argparse.Namespace:
@@ -97,6 +153,50 @@ def markdown_table(headers: Sequence[str],
            "| " + " | ".join("---" for _ in headers) + " |"]
   lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
   return "\n".join(lines)
+
+
+def table_row(headers: Sequence[str], cells: dict[str, Any]) -> list[Any]:
+  """A row of a table with ``headers``: ``cells`` by header, '' elsewhere
+  (the baselines' rows, which fill a few columns)."""
+  unknown = set(cells) - set(headers)
+  if unknown:
+    raise ValueError(f"table_row: no column {sorted(unknown)}; columns: "
+                     f"{list(headers)}.")
+  return [cells.get(h, "") for h in headers]
+
+
+def perplexity_baseline_rows(headers: Sequence[str], base: dict[str, Any],
+                             value: str, ratio: str) -> list[list[Any]]:
+  """The unigram and add-k bigram rows of a language model table: ``base``'s
+  ``unigram`` / ``bigram`` perplexity (``bigram_k`` its k) in column
+  ``value``, their ratio to the unigram in column ``ratio``."""
+  uni, bi = base["unigram"], base["bigram"]
+  return [table_row(headers, {headers[0]: "unigram (train counts, add-1)",
+                              value: f"{uni:.1f}", ratio: "1.00"}),
+          table_row(headers, {headers[0]: f"bigram (add-{base['bigram_k']:g})",
+                              value: f"{bi:.1f}", ratio: f"{bi / uni:.2f}"})]
+
+
+def match_field(config, field: str, measure: Callable[[Any], float],
+                target: float, *, lo: int, hi: int, multiple: int = 16):
+  """``config`` (a ``ConfigDict``) with ``field`` set to the multiple of
+  ``multiple`` (at least ``multiple``) whose ``measure(config)`` is nearest
+  ``target``: e.g. the FFN width that gives a model another's parameters or
+  FLOPs. ``measure`` must be affine in the field: its values at ``lo`` and
+  ``hi`` give the line."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  def at(value):
+    c = ml_collections.ConfigDict(config.to_dict())
+    c[field] = int(value)
+    return c
+  m_lo, m_hi = measure(at(lo)), measure(at(hi))
+  slope = (m_hi - m_lo) / (hi - lo)
+  best = lo + (target - m_lo) / slope
+  candidates = sorted({max(multiple, multiple * math.floor(best / multiple)),
+                       max(multiple, multiple * math.ceil(best / multiple))})
+  return at(min(candidates,
+                key=lambda v: abs(m_lo + slope * (v - lo) - target)))
 
 
 def grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
@@ -212,7 +312,10 @@ class Experiment:
     self.data: dict[str, Any] = {"runs": {}}
     if self.path.exists():
       self.data = json.loads(self.path.read_text(encoding="utf-8"))
-    if args is not None:
+    # A report (--report_only) trains nothing and keeps the recorded
+    # command's arguments.
+    self.report_only = bool(getattr(args, "report_only", False))
+    if args is not None and not self.report_only:
       self.data["args"] = {k: _portable(v) for k, v in vars(args).items()}
     self._t0 = time.time()
     self._ran = False      # whether this process ran a cell (wall_s_total)
@@ -275,6 +378,39 @@ class Experiment:
                           if not isinstance(v, (dict, list))}), flush=True)
     return self.runs[key]
 
+  def cell(self, key: str, fn: Callable[[], dict[str, Any]]
+           ) -> dict[str, Any] | None:
+    """A grid cell's result: ``run(key, fn)``, or in a report
+    (``--report_only``) the recorded result, None where there is none."""
+    if self.report_only:
+      self.reload()
+      return self.runs.get(key)
+    return self.run(key, fn)
+
+  def cells(self, prefix: str, cells: Iterable[dict[str, Any]],
+            fn: Callable[[dict[str, Any], str], dict[str, Any]],
+            by: str = "model") -> dict[Any, list[dict[str, Any]]]:
+    """Every cell under ``cell_key(prefix, cell)`` (``fn(cell, key)`` runs
+    it), grouped by ``cell[by]`` in grid order: ``{value: [result, ...]}``
+    (e.g. each model's seeds); a report leaves out the cells not recorded."""
+    out: dict[Any, list[dict[str, Any]]] = {}
+    for c in cells:
+      key = cell_key(prefix, c)
+      result = self.cell(key, lambda c=c, key=key: fn(c, key))
+      if result is not None:
+        out.setdefault(c[by], []).append(result)
+    return out
+
+  def vocab(self, patterns: str | Sequence[str], fields: Sequence[str],
+            size: int, trained_on: str) -> dict[str, Any]:
+    """``small_vocab`` built in this directory and recorded in
+    ``results.json`` (its path relative to the directory, and what it was
+    trained on)."""
+    vocab = small_vocab(self.out, patterns, fields, size)
+    self.save(vocab={**vocab, "path": f"vocab/spm{size}.model",
+                     "trained_on": trained_on})
+    return vocab
+
   def save(self, **extra) -> None:
     self.data.update(extra)
     self.reload()
@@ -297,6 +433,10 @@ class Experiment:
 
   def figure_path(self, name: str) -> str:
     return str(self.out / f"{name}.png")
+
+  def save_figure(self, fig, name: str) -> None:
+    """Writes ``fig`` as ``<name>.png`` beside the table."""
+    fig.savefig(self.figure_path(name), dpi=120)
 
 
 def _portable(value: Any) -> Any:
@@ -375,3 +515,87 @@ def figure(ncols: int = 1, nrows: int = 1, size=(5.0, 3.6)):
   fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
   axes = fig.subplots(nrows, ncols, squeeze=False)
   return fig, axes
+
+
+def curve(run: dict[str, Any], metric: str, scale: float = 1.0
+          ) -> tuple[list[int], list[float]]:
+  """``(steps, scale * metric)`` of a run's evaluation curve (its steps are
+  ints in a fresh result, strings once read back from ``results.json``)."""
+  points = run["eval_curve"]
+  steps = sorted(points, key=int)
+  return [int(s) for s in steps], [scale * points[s][metric] for s in steps]
+
+
+def mean_curve(runs: Sequence[dict[str, Any]], metric: str,
+               scale: float = 1.0):
+  """``(steps, values [runs, steps])``: the evaluation curves of ``runs``
+  (e.g. the seeds of one model) at the steps all of them evaluated."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  curves = [dict(zip(*curve(r, metric, scale))) for r in runs]
+  steps = sorted(set.intersection(*[set(c) for c in curves]))
+  return steps, np.array([[c[s] for s in steps] for c in curves])
+
+
+def plot_curves(ax, runs: dict[str, Sequence[dict[str, Any]]], metric: str,
+                label: Callable[[str], str], scale: float = 1.0) -> None:
+  """Every run's evaluation curve of ``metric`` against step on ``ax``:
+  ``runs`` is ``{name: [run of each seed]}``, one colour and one legend
+  entry (``label(name)``) per name."""
+  for i, (name, seed_runs) in enumerate(runs.items()):
+    for j, run in enumerate(seed_runs):
+      ax.plot(*curve(run, metric, scale), marker="o", ms=3, color=f"C{i}",
+              alpha=0.8, label=label(name) if j == 0 else None)
+
+
+def baseline_lines(ax, lines: dict[str, float]) -> None:
+  """The trivial baselines as horizontal lines on ``ax`` (``{label: y}``;
+  black dashed, then grey dotted)."""
+  styles = itertools.cycle((("k", "--"), ("grey", ":")))
+  for (name, y), (color, ls) in zip(lines.items(), styles):
+    ax.axhline(y, color=color, ls=ls, lw=0.8, label=name)
+
+
+def style_axes(ax, xlabel: str, ylabel: str, *, xscale: str = "",
+               yscale: str = "", title: str = "", legend: float = 7) -> None:
+  """A figure's axis labels, scales (``'log'``, or ``'log2'`` for base 2),
+  title and legend (font size ``legend``; 0: no legend)."""
+  for scale, set_scale in ((xscale, ax.set_xscale), (yscale, ax.set_yscale)):
+    if scale:
+      set_scale("log", **({"base": 2} if scale == "log2" else {}))
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  if title:
+    ax.set_title(title)
+  if legend:
+    ax.legend(fontsize=legend)
+
+
+def time_rounds(calls: dict[str, Callable[[], Any]], rounds: int,
+                min_seconds: float = 0.0,
+                clock: Callable[[], float] = time.perf_counter
+                ) -> dict[str, list[float]]:
+  """Seconds of every call of ``calls`` (each must block until its result is
+  ready), timed in interleaved rounds, one call of each per round, so that a
+  change of the machine's load hits all of them alike: at least ``rounds``
+  rounds, and more while a call's times add up to less than
+  ``min_seconds``."""
+  times: dict[str, list[float]] = {name: [] for name in calls}
+  done = 0
+  while done < rounds or any(sum(t) < min_seconds for t in times.values()):
+    for name, call in calls.items():
+      t0 = clock()
+      call()
+      times[name].append(clock() - t0)
+    done += 1
+  return times
+
+
+def compiled_bytes(compiled) -> int:
+  """Memory a compiled JAX call needs: XLA's memory analysis, temporaries +
+  arguments + outputs (0 where the backend gives none)."""
+  mem = compiled.memory_analysis()
+  if mem is None:
+    return 0
+  return int(sum(getattr(mem, f, 0) or 0 for f in (
+      "temp_size_in_bytes", "argument_size_in_bytes",
+      "output_size_in_bytes")))

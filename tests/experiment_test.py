@@ -1,4 +1,5 @@
 """The experiment harness and the GLUE experiments' own arithmetic."""
+import argparse
 import itertools
 import json
 import os
@@ -102,7 +103,73 @@ class HarnessTest(absltest.TestCase):
     self.assertGreater(os.path.getsize(path), 1000)
     self.assertEqual(matplotlib.get_backend(), backend)
 
+  def test_shared_flags_and_their_errors(self):
+    p = experiment.parser("x", "d", report_only=True, models=("a", "b"),
+                          seeds="0,1", steps=0)
+    args = p.parse_args(["--steps=7"])
+    self.assertEqual((args.models, args.seeds, args.steps, args.report_only),
+                     ("a,b", "0,1", 7, False))
+    self.assertEqual(experiment.split("0,,2", int), [0, 2])
+    self.assertEqual(experiment.split(""), [])
+    with self.assertRaisesRegex(ValueError, "no shared flag --widht; add it"):
+      experiment.parser("x", "d", widht=3)
 
+  def test_a_report_trains_nothing_and_keeps_the_recorded_arguments(self):
+    out = tempfile.mkdtemp()
+    ran = argparse.Namespace(report_only=False, steps=5)
+    exp = experiment.Experiment(out, ran)
+    cells = experiment.grid(model=("a", "b"), seed=(0, 1))
+    got = exp.cells("p", cells[:3], lambda c, k: {"k": k})
+    self.assertEqual({m: [r["k"] for r in rs] for m, rs in got.items()},
+                     {"a": ["p/model=a/seed=0", "p/model=a/seed=1"],
+                      "b": ["p/model=b/seed=0"]})
+    report = experiment.Experiment(
+        out, argparse.Namespace(report_only=True, steps=9))
+    self.assertEqual(
+        {m: [r["k"] for r in rs]
+         for m, rs in report.cells("p", cells, lambda c, k: 1 / 0).items()},
+        {m: [r["k"] for r in rs] for m, rs in got.items()})
+    self.assertIsNone(report.cell("p/model=b/seed=1", lambda: 1 / 0))
+    saved = json.loads((pathlib.Path(out) / "results.json").read_text())
+    self.assertEqual(saved["args"]["steps"], 5)
+
+  def test_table_rows_of_the_baselines(self):
+    headers = ["model", "ppl", "/ unigram", "note"]
+    rows = experiment.perplexity_baseline_rows(
+        headers, {"unigram": 200.0, "bigram": 150.0, "bigram_k": 0.01},
+        "ppl", "/ unigram")
+    self.assertEqual(rows, [["unigram (train counts, add-1)", "200.0", "1.00",
+                             ""],
+                            ["bigram (add-0.01)", "150.0", "0.75", ""]])
+    with self.assertRaisesRegex(ValueError, r"no column \['pp'\]"):
+      experiment.table_row(headers, {"pp": 1})
+
+  def test_match_field_is_the_brute_force_nearest(self):
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    config = ml_collections.ConfigDict(dict(d_ffn=64, width=8))
+    calls = []
+
+    def measure(c):
+      calls.append(c.d_ffn)
+      return 3 * c.d_ffn + 7 * c.width
+    for target in (400.0, 1000.0, 5.0):
+      got = experiment.match_field(config, "d_ffn", measure, target, lo=32,
+                                   hi=64)
+      best = min(range(16, 1025, 16),
+                 key=lambda f: abs(3 * f + 7 * 8 - target))
+      self.assertEqual((got.d_ffn, got.width), (best, 8))
+    self.assertEqual(config.d_ffn, 64)         # the input is left alone
+    self.assertEqual(calls, [32, 64] * 3)      # two measurements a match
+
+  def test_mean_curve_keeps_the_steps_every_run_has(self):
+    runs = [{"eval_curve": {2: {"acc": 0.5}, 4: {"acc": 0.7}}},
+            {"eval_curve": {"2": {"acc": 0.6}, "4": {"acc": 0.9},
+                            "6": {"acc": 1.0}}}]
+    steps, values = experiment.mean_curve(runs, "acc", 100)
+    self.assertEqual(steps, [2, 4])
+    np.testing.assert_allclose(values, [[50, 70], [60, 90]])
+    self.assertEqual(experiment.curve(runs[1], "acc"),
+                     ([2, 4, 6], [0.6, 0.9, 1.0]))
 class TuningCostTest(absltest.TestCase):
 
   def test_expected_max_equals_enumeration(self):
@@ -143,11 +210,24 @@ class LowResourceTest(absltest.TestCase):
 
 class GlueConfigTest(absltest.TestCase):
 
+  def test_hypermixer_above_cell_reads_the_papers_table(self):
+    above = glue_from_scratch.hypermixer_above
+    # The paper: SST-2, HyperMixer 81.4 above MLP-Mixer's 81.2; MNLI, 66.1
+    # below linear attention's 66.9.
+    self.assertEqual(above("sst2", "mlp_mixer", [0.80, 0.81], [0.70, 0.71]),
+                     "paper yes; ours agrees")
+    self.assertEqual(above("mnli", "linear_attention", [0.80, 0.81],
+                           [0.70, 0.71]), "paper no; ours disagrees")
+    self.assertEqual(above("sst2", "gmlp", [0.8], [0.7]),
+                     "paper yes; ours not decided")
+    self.assertEqual(above("sst2", "hypermixer", [0.8, 0.9], [0.8, 0.9]), "")
+    self.assertEqual(above("sst2", "gmlp", [], [0.7, 0.8]), "")
+
   def test_small_models_keep_the_equal_size_rule(self):
     from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
     counts = {}
     for mixer in ("attention", "hypermixer", "mlp_mixer"):
-      c = glue_from_scratch.load_config("glue.py", f"sst2,{mixer}")
+      c = experiment.load_config("glue.py", f"sst2,{mixer}")
       glue_from_scratch.small_model(c, 128)
       counts[mixer] = models.count_params(c.model, under="token_mixing")
     # Each token mixer is within 2% of the Transformer's parameters.

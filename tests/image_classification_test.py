@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 from hypermixer_jax import data
+from hypermixer_jax import experiment
 from hypermixer_jax import models
 from hypermixer_jax.data import images
 from hypermixer_jax.data import prepare_images
@@ -212,8 +213,8 @@ DATA_AND_LENGTH = {
 
 @pytest.mark.parametrize("model", ["gmlp_ti", "vit_ti16", "mixer_s16"])
 def test_cifar_config_is_one_flag_from_imagenet(model):
-  cifar = ic.load_config("cifar10.py", model)
-  imagenet = ic.load_config("imagenet.py", model)
+  cifar = experiment.load_config("cifar10.py", model)
+  imagenet = experiment.load_config("imagenet.py", model)
   a, b = _flat(cifar), _flat(imagenet)
   assert set(a) == set(b)
   changed = {k for k in a if a[k] != b[k]}
