@@ -15,6 +15,15 @@ bfloat16 compute (``--dtypes``).
     taskset -c 1 python experiments/bench_train_step.py --quick
     python experiments/bench_train_step.py --models glue_hypermixer/mlm \
         --profile     # also the XLA ops that take the time
+    taskset -c 1 python experiments/bench_train_step.py \
+        --linear_attention=64,512,2048 --rounds 3
+
+``--linear_attention=64,512,2048`` instead times, per length and head
+(``--linear_heads``), the steps of the Linear Transformer's implementations
+(``LINEAR_VARIANTS``: the per-position outer products it had, the chunked
+form, the chunked form told that rows are unpacked) and of the softmax
+Transformer in the same interleaved rounds, and prints steps/s and the
+speed ratios to the outer-product form.
 
 Timing: ``--rounds`` rounds alternate the ceiling and the step (ceiling,
 step, ceiling, ..., ceiling; ``bench_common.interleave``), each round at

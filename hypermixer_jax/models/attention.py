@@ -378,9 +378,9 @@ def auto_chunk_size(n: int, dh: int, dv: int, causal: bool,
   (m = 2 causal: one state per chunk and its read; m = 4 non-causal: the
   same forward and backward). So one chunk while N < C + m Dh Dv / (Dh + Dv)
   (Dh = Dv = 64, C = 64: N < 192 non-causal, N < 128 causal). A smaller C
-  needs fewer multiply-adds but runs smaller matmuls: on a CPU core C = 64
-  trained fastest of 32 / 64 / 128 / 256 at N = 512 and 2048
-  (experiments/README.md, GLUE from scratch).
+  needs fewer multiply-adds but runs smaller matmuls; on a CPU core C = 64
+  was the fastest of 32 / 64 / 128 / 256 at N = 512 (experiments/README.md,
+  GLUE from scratch).
   """
   m = 2 if causal else 4
   return n if n < chunk + m * dh * dv / (dh + dv) else chunk
