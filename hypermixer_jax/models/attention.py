@@ -312,11 +312,12 @@ def linear_attention(q: Array, k: Array, v: Array, *,
     C tokens: within a chunk the quadratic form
     ``((q k^T) * same_run [* j <= i]) v`` (N C (Dh + Dv) per head), and
     across chunks only the state [Dh, Dv] of the run that crosses each chunk
-    boundary, carried forward (and, not causal, backward) by a segmented
-    cumsum over the chunks' states (about 4 N Dh Dv non-causal, 2 N Dh Dv
-    causal). Non-causal rows with several chunks are first sorted by
-    segment id (stable), so every segment is one run. The chunk length is
-    ``chunk_size``, by default ``auto_chunk_size``.
+    boundary, carried forward (and, not causal, backward) by a scan over
+    the chunks (about 4 N Dh Dv non-causal, 2 N Dh Dv causal). Non-causal
+    rows with several chunks are first sorted by segment id (stable), so
+    every segment is one run. The largest buffers are the chunks' scores
+    ``[B, N/C, H, C, C]`` and states ``[B, N/C, H, Dh, Dv]``. The chunk
+    length is ``chunk_size``, by default ``auto_chunk_size``.
 
   Args:
     q, k: ``[B, N, H, Dh]`` features (phi already applied; non-negative).
@@ -358,8 +359,8 @@ def linear_attention(q: Array, k: Array, v: Array, *,
     num = jnp.einsum("bnhd,bhde->bnhe", q, state)
     den = jnp.einsum("bnhd,bhd->bnh", q, k.sum(1))
     if segment_ids is not None:  # padding queries read no key (id 0's)
-      real = (segment_ids > 0)[..., None, None]
-      num, den = jnp.where(real, num, 0.0), jnp.where(real[..., 0], den, 0.0)
+      num = jnp.where(real[..., None, None], num, 0.0)
+      den = jnp.where(real[..., None], den, 0.0)
   else:
     num, den = _chunked_sums(q, k, v, segment_ids, causal, chunk_size)
   y = num / (den[..., None] + eps)
