@@ -35,6 +35,10 @@ def get_config(arg: str = "sst2,hypermixer") -> ml_collections.ConfigDict:
   c.model.num_classes = NUM_CLASSES[task]
   c.data.task = f"glue_{task}"
   c.data.seq_len = TEXT_SEQ_LEN
+  # One example per row (data.packing is off); linear attention then sums
+  # each row in one einsum (LinearAttention.packed).
+  if c.model.mixer == "linear_attention":
+    c.model.mixer_kwargs.packed = False
 
   c.mesh.data = -1
   c.sharding.rules = "data_parallel"

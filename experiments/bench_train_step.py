@@ -15,6 +15,15 @@ bfloat16 compute (``--dtypes``).
     taskset -c 1 python experiments/bench_train_step.py --quick
     python experiments/bench_train_step.py --models glue_hypermixer/mlm \
         --profile     # also the XLA ops that take the time
+    taskset -c 1 python experiments/bench_train_step.py \
+        --linear_attention=64,512,2048 --rounds 3
+
+``--linear_attention=64,512,2048`` instead times, per length and head
+(``--linear_heads``), the steps of the Linear Transformer's implementations
+(``LINEAR_VARIANTS``: the per-position outer products it had, the chunked
+form, the chunked form told that rows are unpacked) and of the softmax
+Transformer in the same interleaved rounds, and prints steps/s and the
+speed ratios to the outer-product form.
 
 Timing: ``--rounds`` rounds alternate the ceiling and the step (ceiling,
 step, ceiling, ..., ceiling; ``bench_common.interleave``), each round at
@@ -204,6 +213,55 @@ def device_peak(dtype: str) -> float | None:
   return None
 
 
+# Linear attention's implementations against the softmax Transformer, at the
+# SST-2 experiment's layout (glue_from_scratch: width 128, 2 layers, d_ffn
+# 256, 8k vocabulary); batch 64 at N = 64, the same 4,096 tokens per batch
+# at longer N.
+LINEAR_VARIANTS = {
+    "softmax Transformer": ("attention", {}),
+    "linear, outer (old)": ("linear_attention", dict(implementation="outer")),
+    "linear, chunked": ("linear_attention", {}),
+    "linear, chunked, packed=False": ("linear_attention",
+                                      dict(packed=False)),
+}
+
+
+def linear_attention_table(args) -> None:
+  """Train steps/s of each ``LINEAR_VARIANTS`` entry per length and head,
+  timed in the same interleaved rounds; ratios to the old linear path."""
+  rows, results = [], []
+  ceiling, _ = bc.ceiling_timer(min_seconds=args.min_seconds)
+  for head in args.linear_heads.split(","):
+    for n in (int(v) for v in args.linear_attention.split(",")):
+      batch = 64 if n <= 64 else max(1, 4096 // n)
+      timers = {}
+      for name, (mixer, kwargs) in LINEAR_VARIANTS.items():
+        if head == "causal_lm" and "packed" in kwargs:
+          continue  # packed=False changes only the non-causal path
+        cfg = text_model(mixer, head)
+        cfg.update(dict(d_model=128, d_ffn=256, num_layers=2, max_len=n,
+                        vocab_size=8000))
+        cfg.mixer_kwargs.update(dict(num_heads=2, **kwargs))
+        compiled, state, xs, rng, flops = build_step(cfg, batch, n)
+        timers[name] = step_timer(compiled, state, xs, rng, flops,
+                                  args.min_seconds)
+      _, times = bc.interleave(ceiling, timers, args.rounds)
+      old = times["linear, outer (old)"]
+      for name, t in times.items():
+        rows.append((head, n, batch, name, 1 / min(t),
+                     min(old) / min(t), float(np.median(np.divide(old, t)))))
+        print(rows[-1], flush=True)
+      results.append(dict(head=head, n=n, batch=batch, times=times))
+  text = (f"Train step (fwd + bwd + AdamW) of 2-layer width-128 models, "
+          f"{bc.device_name()}; {args.rounds} interleaved rounds\n\n"
+          + bc.markdown_table(
+              ("head", "N", "batch", "model", "steps/s (best)",
+               "speed / old linear (min/min)",
+               "speed / old linear (median of rounds)"), rows))
+  print(text)
+  bc.write_outputs(args.out, "linear_attention", text, results)
+
+
 def main():
   ap = bc.parser(__doc__, rounds="rounds", min_seconds=1.0,
                  quick="2 layers, small sMLP, quarter batches, short timing")
@@ -214,7 +272,13 @@ def main():
                   help="multiplies every model's batch size")
   ap.add_argument("--profile", action="store_true",
                   help="print the XLA ops that take each step's time")
+  ap.add_argument("--linear_attention", default="",
+                  help="lengths: time linear attention's implementations "
+                  "and the softmax Transformer instead (LINEAR_VARIANTS)")
+  ap.add_argument("--linear_heads", default="classify,causal_lm")
   args = ap.parse_args()
+  if args.linear_attention:
+    return linear_attention_table(args)
   names = [m for m in args.models.split(",") if m]
   unknown = [m for m in names if m not in MODELS]
   if unknown:

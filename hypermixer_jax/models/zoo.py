@@ -329,13 +329,22 @@ def build(cfg: dict[str, Any]) -> encoders.Model:
 def facts(cfg: dict[str, Any]) -> common.ModelFacts:
   """The encoder families' facts.
 
-  HyperMixing and the MLP-Mixer token MLP, when not causal, give each packed
+  Linear attention declared on unpacked rows (``mixer_kwargs.packed=False``)
+  cannot train on packed ones. HyperMixing and the MLP-Mixer token MLP, when not causal, give each packed
   example its own hidden layer (one of ``mixer_kwargs.max_segments`` slots);
   with one slot a packed row would mix its examples through one layer.
   """
   head = _choice("head", cfg["head"], heads.names_for(cfg["family"]))
   mixer = _choice("mixer", cfg["mixer"], tuple(MIXERS))
   fields = _fields(mixer_class(mixer))
+  if "packed" in fields:
+    packed = dict(cfg.get("mixer_kwargs") or {}).get("packed", True)
+    return common.ModelFacts(head=head, packing_error=None if packed else (
+        f"model.mixer={mixer!r} has mixer_kwargs.packed=False (one example "
+        "per row), and tokens of a second packed example would give NaN; "
+        "set --config.data.packing=False, or "
+        "--config.model.mixer_kwargs.packed=True."),
+        packing_options={"packed": packed})
   if "max_segments" not in fields or head == "causal_lm":
     return common.ModelFacts(head=head)
   slots = dict(cfg.get("mixer_kwargs") or {}).get(
