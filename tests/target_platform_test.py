@@ -13,6 +13,7 @@ from hypermixer_jax import sharding
 from hypermixer_jax.models import attention
 from hypermixer_jax.models import common
 from hypermixer_jax.models.hypermixer import HyperMixing
+from hypermixer_jax.train import compile as tc
 
 AUTO = jax.sharding.AxisType.Auto
 
@@ -23,6 +24,11 @@ def tpu_abstract_mesh(size: int = 8) -> jax.sharding.AbstractMesh:
                                        num_cores=1, platform="tpu")
   return jax.sharding.AbstractMesh((size,), ("data",), (AUTO,),
                                    abstract_device=device)
+
+
+def on_tpu_mesh():
+  """Context: ``tpu_abstract_mesh`` in context (as ``sharding.within``)."""
+  return jax.sharding.use_abstract_mesh(tpu_abstract_mesh())
 
 
 def traced_platform(*context) -> str:
@@ -87,7 +93,7 @@ def test_attention_auto_choice_follows_the_traced_platform():
   v = auto.init(jax.random.key(1), x)
   forms = {impl: attention.SelfAttention(implementation=impl, **kw)
            for impl in ("xla", "blockwise")}
-  tpu = lambda: jax.sharding.use_abstract_mesh(tpu_abstract_mesh())  # noqa: E731
+  tpu = on_tpu_mesh
   on_cpu = _jaxpr(auto, v, x)
   on_tpu = _jaxpr(auto, v, x, tpu())
   assert on_cpu == _jaxpr(forms["blockwise"], v, x)
@@ -105,7 +111,7 @@ def test_hypermixing_eval_chunks_only_for_cpu():
   v = auto.init(jax.random.key(1), x)
   one = HyperMixing(16, max_len=512, chunk_tokens=0)
   chunked = HyperMixing(16, max_len=512, chunk_tokens=1024)
-  tpu = lambda: jax.sharding.use_abstract_mesh(tpu_abstract_mesh())  # noqa: E731
+  tpu = on_tpu_mesh
   on_cpu = _jaxpr(auto, v, x)
   on_tpu = _jaxpr(auto, v, x, tpu())
   assert on_cpu == _jaxpr(chunked, v, x) != _jaxpr(one, v, x)
@@ -119,7 +125,6 @@ def test_hypermixing_eval_chunks_only_for_cpu():
 def test_lowered_for_tpu_topology_takes_the_tpu_forms():
   """On libtpu's compile-only devices (``--mode=compile``'s), through
   ``sharding.within`` as the train and eval steps trace."""
-  from hypermixer_jax.train import compile as tc  # pylint: disable=g-import-not-at-top
   try:
     tpu_devices = tc.topology_devices("v5e:2x2")
   except ValueError as e:
