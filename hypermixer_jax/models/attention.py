@@ -67,7 +67,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *,
     mask: ``[B, N]`` bool, True for real tokens (keys), or None.
     segment_ids: ``[B, N]`` int, or None.
     causal: only keys j <= i.
-    implementation: None picks ``blockwise`` on CPU when N > block_size and
+    implementation: None picks ``blockwise`` for CPU when N > block_size and
       the library's ``jax.nn.dot_product_attention`` otherwise; ``xla`` /
       ``cudnn`` are that function's implementations (cuDNN flash attention
       on GPU); ``blockwise`` is ``blockwise_attention``.
@@ -89,7 +89,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *,
     probs = dropout(attention_weights(q, k, allowed))         # [B, H, N, N]
     return jnp.einsum("bhnm,bmhd->bnhd", probs.astype(v.dtype), v)
   if implementation is None:
-    long = n > block_size and jax.default_backend() == "cpu"
+    long = n > block_size and common.target_platform() == "cpu"
     implementation = "blockwise" if long else "xla"
   if implementation == "blockwise":
     return blockwise_attention(q, k, v, mask=mask, segment_ids=segment_ids,

@@ -121,6 +121,26 @@ def constrain(x: Array, axes: Sequence[str | None]) -> Array:
   return nn.with_logical_constraint(x, tuple(axes))
 
 
+def target_platform() -> str:
+  """The platform the code is being traced for: ``cpu``, ``gpu`` or ``tpu``.
+
+  The platform of the devices of the mesh in context, else
+  ``jax.default_backend()``. The mesh is read from
+  ``jax.sharding.get_abstract_mesh()``, which ``jax.set_mesh``,
+  ``jax.sharding.use_abstract_mesh`` and ``sharding.within`` (the train and
+  eval steps) set and which is readable inside ``jax.jit``; an abstract mesh
+  made from a concrete one records its devices' platform. So a step compiled
+  for TPU devices from a CPU host (``--mode=compile --topology=...``,
+  compile-only devices) is traced for ``tpu``, and an ordinary run for its
+  own devices. Automatic implementation choices (block-wise attention,
+  chunked HyperMixing) ask this, never the host's backend. Code jitted for
+  other devices without a mesh in context (explicit shardings only) gets the
+  default backend.
+  """
+  device = jax.sharding.get_abstract_mesh().abstract_device
+  return jax.default_backend() if device is None else device.platform
+
+
 class Dense(nn.Module):
   """``nn.Dense`` whose kernel and bias carry logical axis names.
 

@@ -264,8 +264,9 @@ class HyperMixing(nn.Module):
       backward pass is slower than the one-pass form's (fwd+bwd x1.16 at
       8 x 2048), so the default uses it only for deterministic calls
       (evaluation, prediction), not for training (experiments/README.md,
-      HyperMixing forward). None: that default (1024 tokens on CPU, one pass
-      elsewhere); 0: always one pass; > 0: always chunked.
+      HyperMixing forward). None: that default (1024 tokens when traced for
+      CPU, ``common.target_platform``; one pass elsewhere); 0: always one
+      pass; > 0: always chunked.
   """
   hyper_dim: int
   num_heads: int = 1
@@ -435,7 +436,7 @@ class HyperMixing(nn.Module):
     """Token chunks of the two-pass mixing (1: one pass)."""
     size = self.chunk_tokens
     if size is None:
-      auto = deterministic and jax.default_backend() == "cpu"
+      auto = deterministic and common.target_platform() == "cpu"
       size = 1024 if auto else 0
     if size < 0:
       raise ValueError(f"HyperMixing: chunk_tokens={size} must be >= 0 "
