@@ -223,7 +223,11 @@ def main():
     try:
       r = run_cell(name, preset, topo)
     except Exception as e:  # pylint: disable=broad-except
-      r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+      # The first lines name the cause (e.g. the parameters a mesh axis
+      # does not divide); the tail is the generic advice.
+      lines = str(e).splitlines()
+      r = {"error": f"{type(e).__name__}: " + " / ".join(
+          line.strip() for line in lines[:4])[:600]}
     results[key] = r
     with open(path + ".tmp", "w", encoding="utf-8") as f:
       json.dump(results, f, indent=1)
