@@ -66,7 +66,7 @@ def _translate(error: tf.errors.OpError, identity: dict) -> Exception:
 # default 10k-example shuffle buffer (~10k slices) a save took 3.4 s and
 # blocked the training loop at every checkpoint; these run as one graph
 # (0.2 s, experiments/README.md, Input pipelines).
-@tf.function(reduce_retracing=True)
+@tf.function(reduce_retracing=True, autograph=False)
 def _save_iterator(resource: tf.Tensor, policy: int) -> tf.Tensor:
   state = tf.raw_ops.SerializeIterator(resource_handle=resource,
                                        external_state_policy=policy)
@@ -75,7 +75,7 @@ def _save_iterator(resource: tf.Tensor, policy: int) -> tf.Tensor:
   return tf.strings.reduce_join(tf.io.encode_base64(slices), separator=",")
 
 
-@tf.function(reduce_retracing=True)
+@tf.function(reduce_retracing=True, autograph=False)
 def _restore_iterator(resource: tf.Tensor, blob: tf.Tensor) -> None:
   slices = tf.io.decode_base64(tf.strings.split(blob, ","))
   state = tf.map_fn(lambda x: tf.io.parse_tensor(x, tf.variant), slices,
@@ -325,8 +325,14 @@ def _tf_epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
   options.experimental_external_state_policy = (
       tf.data.experimental.ExternalStatePolicy.IGNORE)
 
+  # The task's maps (readers, seqio's and our preprocessors) are plain graph
+  # code, traced with autograph off: converting them cost each process about
+  # a second of CPU at its first pipeline (seqio's own functions included),
+  # and a step that needs autograph fails loudly when traced here.
+  get_dataset = tf.autograph.experimental.do_not_convert(task.get_dataset)
+
   def make_epoch(epoch: int) -> tf.data.Dataset:
-    ds = task.get_dataset(
+    ds = get_dataset(
         sequence_length=lengths and {k: v for k, v in lengths.items()
                                      if k != "label"}, split=split, shuffle=shuffle,
         shuffle_buffer_size=cfg.shuffle_buffer_size,
