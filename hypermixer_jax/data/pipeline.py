@@ -38,11 +38,6 @@ from hypermixer_jax.data.checks import DataError  # noqa: F401
 Batch = dict[str, np.ndarray]
 
 
-def epoch_seed(seed: int, epoch: int) -> int:
-  """An int32 seed for epoch ``epoch`` of a pipeline seeded with ``seed``."""
-  return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0] >> 1)
-
-
 class Pipeline:
   """An iterable of batches whose position can be saved and restored.
 

@@ -7,6 +7,7 @@ that runs of the synthetic task never import TensorFlow.
 from __future__ import annotations
 
 import ml_collections
+import numpy as np
 import seqio
 import tensorflow as tf
 
@@ -16,7 +17,11 @@ from hypermixer_jax.data import sources
 from hypermixer_jax.data import tasks
 from hypermixer_jax.data import vocab as vocab_lib
 from hypermixer_jax.data.checks import DataError
-from hypermixer_jax.data.pipeline import epoch_seed
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+  """An int32 seed for epoch ``epoch`` of a pipeline seeded with ``seed``."""
+  return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0] >> 1)
 
 
 def translate(error: tf.errors.OpError, identity: dict) -> Exception:
