@@ -205,10 +205,10 @@ def test_position_restores_under_another_threadpool_size(files):
 @pytest.mark.parametrize("size,pool", [(0, None), (5, 5)])
 def test_threadpool_size_sets_the_private_pool(files, size, pool):
   from hypermixer_jax.data import config as config_lib  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax.data import pipeline as pipeline_lib  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.data import seqio_pipeline  # pylint: disable=g-import-not-at-top
   cfg = _configs(files)["glue_mnli"]
   cfg.threadpool_size = size
-  make_epoch = pipeline_lib._tf_epoch_fn(  # pylint: disable=protected-access
+  make_epoch = seqio_pipeline.epoch_fn(
       cfg, "train", batch_size=4, shard_index=0, num_shards=1, seed=0,
       repeat=True, shuffle=True)
   want = pool or config_lib.default_threadpool_size()

@@ -102,3 +102,30 @@ def test_sequence_too_short():
   with pytest.raises(ValueError, match="below the minimum"):
     data.build_pipeline(_config(seq_len=20), "train", batch_size=2, seed=0,
                         repeat=False, shuffle=False)
+
+
+def test_synthetic_runs_import_no_tensorflow():
+  """The synthetic task reads no tf.data pipeline: its runs, the config files
+  and the command line's config checks never import TensorFlow or seqio
+  (about 3 s of CPU per process). Checked in a fresh interpreter."""
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  script = (
+      "import sys, runpy\n"
+      "from hypermixer_jax import data\n"
+      "from hypermixer_jax.train import loop, artifacts, workdir\n"
+      "config = runpy.run_path('configs/default.py')['get_config']()\n"
+      "data.check_fits_model(config.data, config.model)\n"
+      "p = data.build_pipeline(config.data, 'train', batch_size=2, seed=0,\n"
+      "                        repeat=True, shuffle=True)\n"
+      "p.set_state(p.get_state())\n"
+      "assert next(iter(p))['inputs'].shape[0] == 2\n"
+      "assert issubclass(data.DataError, workdir.user_errors())\n"
+      "print(sorted(m for m in ('tensorflow', 'seqio') if m in sys.modules))\n")
+  env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", script], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.splitlines()[-1] == "[]", out.stdout

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import re
 
-import tensorflow as tf
-
 # Error messages travel out of tf.data inside an Assert between these markers
 # (``Pipeline`` turns them back into a ``DataError``).
 _OPEN, _CLOSE = "<<HMDATA ", " HMDATA>>"
@@ -37,6 +35,10 @@ def data_check(ok: tf.Tensor, *parts) -> tf.Operation | tf.Tensor:
   ``ok`` is a vector and the vector ``parts`` give each row's value: the
   message is that of the first row that fails.
   """
+  # Imported here: ``DataError`` above is caught by code that imports no
+  # TensorFlow (the synthetic task's runs, the command line's errors).
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   def message(parts):
     pieces = [p if isinstance(p, str) else
               (p if p.dtype == tf.string else tf.strings.as_string(p))

@@ -49,7 +49,11 @@ class _Converter(seqio.FeatureConverter):
 
   def __call__(self, ds: tf.data.Dataset,
                task_feature_lengths: Mapping[str, int]) -> tf.data.Dataset:
-    ds = super().__call__(ds, task_feature_lengths)
+    convert = super().__call__
+    if not self.pack:
+      # Plain graph code without autograph (seqio's packing loop needs it).
+      convert = tf.autograph.experimental.do_not_convert(convert)
+    ds = convert(ds, task_feature_lengths)
     lengths = self.get_model_feature_lengths(task_feature_lengths)
     for k, spec in ds.element_spec.items():
       if k not in lengths:  # a passthrough feature
@@ -119,12 +123,14 @@ class MLMFeatureConverter(_TokenLMConverter):
   def _convert_features(self, ds, task_feature_lengths):
     # seqio's packer measures each feature by its count of non-zero entries,
     # so 0/1 weights travel as 1/2 and are shifted back after packing.
-    ds = ds.map(lambda ex: {**ex, "weights": ex["weights"] + 1},
+    ds = ds.map(tf.autograph.experimental.do_not_convert(
+        lambda ex: {**ex, "weights": ex["weights"] + 1}),
                 num_parallel_calls=tf.data.AUTOTUNE)
     ds = self._pack_or_pad(ds, task_feature_lengths)
     slots = self.get_model_feature_lengths(
         task_feature_lengths)["masked_positions"]
 
+    @tf.autograph.experimental.do_not_convert
     def convert(ex):
       selected = tf.maximum(ex["weights"] - 1, 0)
       keep = selected * tf.cast(tf.cumsum(selected) <= slots, tf.int32)
@@ -161,6 +167,7 @@ class CausalLMFeatureConverter(_TokenLMConverter):
         pack=self.pack, apply_length_check=self._apply_length_check)(
             ds, task_feature_lengths)
 
+    @tf.autograph.experimental.do_not_convert
     def convert(ex):
       return self._with_segments(
           {"inputs": ex["decoder_input_tokens"],
@@ -196,6 +203,7 @@ class ClassificationFeatureConverter(_Converter):
     lengths = {k: v for k, v in task_feature_lengths.items() if k != "label"}
     ds = self._pack_or_pad(ds, lengths)
 
+    @tf.autograph.experimental.do_not_convert
     def convert(ex):
       return {"inputs": ex["inputs"], "token_type_ids": ex["token_type_ids"],
               "segment_ids": _unpacked_segments(ex, "inputs")["segment_ids"],
