@@ -265,11 +265,12 @@ def get_rules(sharding_config: Any) -> RulesTable:
   Raises ValueError for an unknown preset, logical name, mesh axis or
   ``indivisible`` value.
   """
-  rules, indivisible = sharding_config, "auto"
-  if not isinstance(rules, (str, list, tuple)):
-    get = (rules.get if isinstance(rules, Mapping)
-           else functools.partial(getattr, rules))
-    rules, indivisible = get("rules"), get("indivisible", None) or "auto"
+  rules, indivisible = sharding_config, None
+  if isinstance(rules, Mapping):
+    rules, indivisible = rules["rules"], rules.get("indivisible")
+  elif not isinstance(rules, (str, list, tuple)):
+    rules, indivisible = rules.rules, getattr(rules, "indivisible", None)
+  indivisible = "auto" if indivisible is None else indivisible
   if indivisible not in INDIVISIBLE_CHOICES:
     raise ValueError(
         f"config.sharding.indivisible={indivisible!r} must be one of "

@@ -337,6 +337,15 @@ def test_get_rules_explicit_and_from_config():
                    ("mlp", None))
   cfg = ml_collections.ConfigDict(dict(rules="fsdp"))
   assert sharding.get_rules(cfg) == sharding.RULES_PRESETS["fsdp"]
+  # indivisible: "auto" (or absent) replicates under a preset and stops under
+  # an explicit table; either can be chosen.
+  assert rules.indivisible == "error"
+  assert sharding.get_rules(cfg).indivisible == "replicate"
+  assert sharding.get_rules("fsdp").indivisible == "replicate"
+  for table, choice in (("fsdp", "error"), (list(rules), "replicate")):
+    chosen = sharding.get_rules(dict(rules=table, indivisible=choice))
+    assert chosen.indivisible == choice
+    assert chosen == sharding.get_rules(table)
 
 
 @pytest.mark.parametrize("rules,match", [
@@ -504,7 +513,8 @@ def test_indivisible_tries_the_names_later_rules():
 
 @pytest.mark.parametrize("cfg", [dict(rules="fsdp", indivisible="replicated"),
                                  dict(rules=[("embed", "fsdp")],
-                                      indivisible=True)])
+                                      indivisible=True),
+                                 dict(rules="fsdp", indivisible="")])
 def test_bad_indivisible_option(cfg):
   with pytest.raises(ValueError, match=re.escape(
       f"config.sharding.indivisible={cfg['indivisible']!r} must be one of "
