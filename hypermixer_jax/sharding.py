@@ -13,6 +13,12 @@ and the main activations are constrained with logical names
   still unused by that array (so ``batch`` claims ``fsdp`` on activations
   before ``embed`` can, while parameters, which have no ``batch`` axis, put
   ``embed`` on ``fsdp``);
+* ``config.sharding.indivisible`` says what happens to a parameter dimension
+  that its rule's mesh axes do not divide (e.g. a 196 x 196 SGU matrix on
+  ``fsdp=256``): ``"replicate"`` tries that logical name's later rules and
+  else keeps the dimension replicated (logged at init), ``"error"`` stops
+  naming every such dimension; ``"auto"`` (the default) is ``"replicate"``
+  for a preset and ``"error"`` for an explicit rules table;
 * ``sharded_init`` initialises straight into the sharded layout
   (``jax.eval_shape`` -> specs -> ``jax.jit(init, out_shardings=...)``), so
   the full parameters never sit on one device;
@@ -33,6 +39,7 @@ import functools
 import math
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from absl import logging
 import flax.linen as nn
 from flax.core import meta
 import jax
@@ -50,6 +57,39 @@ Rules = tuple[tuple[str, MeshAxes], ...]
 # tensor parallel. With the expert preset the expert axis also carries data
 # outside the MoE layers (as in MaxText), so no device idles there.
 _BATCH_AXES = ("data", "fsdp", "expert")
+
+# What to do with a parameter dimension its mesh axes do not divide.
+INDIVISIBLE_CHOICES = ("auto", "replicate", "error")
+
+
+class RulesTable(tuple):
+  """A rules table (a tuple of ``(logical_name, mesh_axes)``) that also
+  carries how indivisible parameter dimensions are resolved.
+
+  ``indivisible`` is ``"replicate"`` (try the logical name's later rules,
+  else leave the dimension replicated) or ``"error"`` (Flax's resolution,
+  checked by ``validate_divisibility``). A plain tuple of rules behaves as
+  ``"error"``.
+  """
+  indivisible: str
+
+  def __new__(cls, rules: Any, indivisible: str) -> "RulesTable":
+    if indivisible not in ("replicate", "error"):
+      raise ValueError(f"indivisible={indivisible!r} must be 'replicate' or "
+                       "'error'.")
+    out = super().__new__(cls, rules)
+    out.indivisible = indivisible
+    return out
+
+  def __getnewargs__(self) -> tuple[Any, ...]:  # copy / pickle
+    return tuple(self), self.indivisible
+
+  def __repr__(self) -> str:
+    return f"RulesTable({tuple(self)!r}, indivisible={self.indivisible!r})"
+
+
+def _indivisible(rules: Rules) -> str:
+  return getattr(rules, "indivisible", "error")
 
 
 def _preset(*, fsdp: bool, tensor: bool, expert: bool) -> Rules:
@@ -73,13 +113,14 @@ def _preset(*, fsdp: bool, tensor: bool, expert: bool) -> Rules:
     # ``embed`` axis (SGU's N x N, the Mixer token MLP, the hypernetworks'
     # output layer) fall back to their widest axis. Listed in priority order:
     # token_mlp and hyper (usually multiples of 8) before the sequence axes
-    # (e.g. 196 patches).
+    # (e.g. 196 patches). A dimension none of them divides stays replicated
+    # (the tables are ``indivisible="replicate"``).
     rules += [(common.EMBED, "fsdp"), (common.TOKEN_MLP, "fsdp"),
               (common.HYPER, "fsdp"), (common.SEQ_IN, "fsdp"),
               (common.SEQ_OUT, "fsdp")]
   named = {name for name, _ in rules}
   rules += [(name, None) for name in common.LOGICAL_AXES if name not in named]
-  return tuple(rules)
+  return RulesTable(rules, "replicate")
 
 
 RULES_PRESETS: dict[str, Rules] = {
@@ -210,26 +251,39 @@ def _normalise_mesh_axes(logical: str, axes: Any) -> MeshAxes:
   return names
 
 
-def get_rules(sharding_config: Any) -> Rules:
+def get_rules(sharding_config: Any) -> RulesTable:
   """Returns the validated rules table.
 
   Args:
     sharding_config: a preset name (see ``RULES_PRESETS``), an explicit
       sequence of ``(logical_name, mesh_axes)`` pairs (``mesh_axes`` is None,
       a mesh axis name or a sequence of them), or a config with a ``rules``
-      field holding either.
+      field holding either and an optional ``indivisible`` field (one of
+      ``INDIVISIBLE_CHOICES``; ``"auto"``: ``"replicate"`` for a preset,
+      ``"error"`` for an explicit table).
 
-  Raises ValueError for an unknown preset, logical name or mesh axis.
+  Raises ValueError for an unknown preset, logical name, mesh axis or
+  ``indivisible`` value.
   """
-  rules = sharding_config
-  if not isinstance(rules, (str, list, tuple)):
-    rules = (rules["rules"] if isinstance(rules, Mapping)
-             else getattr(rules, "rules"))
+  rules, indivisible = sharding_config, None
+  if isinstance(rules, Mapping):
+    rules, indivisible = rules["rules"], rules.get("indivisible")
+  elif not isinstance(rules, (str, list, tuple)):
+    rules, indivisible = rules.rules, getattr(rules, "indivisible", None)
+  indivisible = "auto" if indivisible is None else indivisible
+  if indivisible not in INDIVISIBLE_CHOICES:
+    raise ValueError(
+        f"config.sharding.indivisible={indivisible!r} must be one of "
+        f"{', '.join(map(repr, INDIVISIBLE_CHOICES))} (\"replicate\" keeps a "
+        "parameter dimension that its mesh axes do not divide replicated, "
+        "\"error\" stops; \"auto\": replicate for a preset, error for an "
+        "explicit rules table).")
   if isinstance(rules, str):
     if rules not in RULES_PRESETS:
       raise ValueError(f"unknown sharding preset {rules!r}; presets are "
                        f"{sorted(RULES_PRESETS)}.")
-    return RULES_PRESETS[rules]
+    rules = RULES_PRESETS[rules]
+    return rules if indivisible == "auto" else RulesTable(rules, indivisible)
   out = []
   for rule in rules:
     if len(rule) != 2:
@@ -242,7 +296,7 @@ def get_rules(sharding_config: Any) -> Rules:
                        f"{common.LOGICAL_AXES} (hypermixer_jax.models.common)."
                        )
     out.append((logical, _normalise_mesh_axes(logical, axes)))
-  return tuple(out)
+  return RulesTable(out, "error" if indivisible == "auto" else indivisible)
 
 
 @contextlib.contextmanager
@@ -278,7 +332,50 @@ def within(fn: Callable[..., Any], mesh: jax.sharding.Mesh, rules: Rules
 # ---------------------------------------------------------------------------
 # Parameter shardings.
 # ---------------------------------------------------------------------------
-def _box_mesh_axes(path: str, box: Any, rules: Rules) -> jax.P:
+def _axis_names(axes: MeshAxes) -> tuple[str, ...]:
+  if axes is None:
+    return ()
+  return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def _resolve(names: tuple[str | None, ...], shape: Sequence[int],
+             rules: Rules, mesh: jax.sharding.Mesh
+             ) -> tuple[jax.P, list[tuple[int, list[MeshAxes]]]]:
+  """Flax's priority resolution, skipping rules that do not divide.
+
+  As ``nn.logical_to_mesh_axes``: rules are tried top to bottom and one
+  applies to its logical name's dimension if that dimension is still
+  unassigned and its mesh axes are unused by the array; in addition a rule
+  whose mesh axes do not divide the dimension is skipped, so the name's later
+  rules are tried and, when none divides, the dimension stays replicated.
+
+  Returns the spec and ``[(dim, skipped mesh axes)]`` for each dimension
+  left replicated after skipping.
+  """
+  unset = object()
+  result: list[Any] = [unset if isinstance(n, str) else n for n in names]
+  skipped: dict[int, list[MeshAxes]] = {}
+  for logical, axes in rules:
+    if logical not in names:
+      continue
+    pos = names.index(logical)
+    used = {a for r in result if r is not unset for a in _axis_names(r)}
+    if result[pos] is not unset or used & set(_axis_names(axes)):
+      continue
+    if shape[pos] % _axes_size(mesh, axes):
+      skipped.setdefault(pos, []).append(axes)
+      continue
+    result[pos] = axes
+  spec = jax.P(*(None if r is unset else r for r in result))
+  return spec, [(d, a) for d, a in sorted(skipped.items())
+                if spec[d] is None]
+
+
+def _box_mesh_axes(path: str, box: Any, rules: Rules,
+                   mesh: jax.sharding.Mesh | None = None
+                   ) -> tuple[jax.P, list[tuple[int, list[MeshAxes]]]]:
+  """``(spec, replicated fallbacks)`` of one boxed leaf (see ``_resolve``;
+  the fallbacks are only looked for with a mesh and ``"replicate"``)."""
   if isinstance(box, nn.LogicallyPartitioned):
     names = tuple(box.names)
     for n in names:
@@ -293,25 +390,81 @@ def _box_mesh_axes(path: str, box: Any, rules: Rules) -> jax.P:
           f"parameter {path} repeats logical axis names {dups} (names "
           f"{names}); each dimension needs its own name so that the rules "
           "can place it.")
-    return nn.logical_to_mesh_axes(names, rules)
+    if mesh is not None and _indivisible(rules) == "replicate":
+      return _resolve(names, box.value.shape, rules, mesh)
+    return nn.logical_to_mesh_axes(names, rules), []
   if isinstance(box, meta.Partitioned):  # already in mesh axes
-    return jax.P(*box.names)
+    return jax.P(*box.names), []
   raise ValueError(f"parameter {path}: unsupported metadata box "
                    f"{type(box).__name__}.")
 
 
-def logical_specs(abstract_tree: Any, rules: Rules) -> Any:
+def _specs_and_fallbacks(abstract_tree: Any, rules: Rules,
+                         mesh: jax.sharding.Mesh | None) -> tuple[Any, list]:
+  fallbacks = []
+
+  def spec(path, x):
+    if not common.is_box(x):
+      return jax.P()
+    key = jax.tree_util.keystr(path)
+    out, fell = _box_mesh_axes(key, x, rules, mesh)
+    fallbacks.extend((key, x, out, d, axes) for d, axes in fell)
+    return out
+  specs = jax.tree_util.tree_map_with_path(spec, abstract_tree,
+                                           is_leaf=common.is_box)
+  return specs, fallbacks
+
+
+def logical_specs(abstract_tree: Any, rules: Rules,
+                  mesh: jax.sharding.Mesh | None = None) -> Any:
   """Maps each logically-named box to its mesh ``PartitionSpec``.
 
   Leaves without a box (step counters, optimizer scalars) are replicated:
-  ``P()``. Raises ValueError naming the parameter for an unknown logical
+  ``P()``. With ``mesh`` and a ``RulesTable`` whose ``indivisible`` is
+  ``"replicate"``, a rule whose mesh axes do not divide the dimension is
+  skipped (the name's later rules are tried, else the dimension is
+  replicated). Raises ValueError naming the parameter for an unknown logical
   name.
   """
-  def spec(path, x):
-    if common.is_box(x):
-      return _box_mesh_axes(jax.tree_util.keystr(path), x, rules)
-    return jax.P()
-  return jax.tree_util.tree_map_with_path(spec, abstract_tree, is_leaf=common.is_box)
+  return _specs_and_fallbacks(abstract_tree, rules, mesh)[0]
+
+
+def replicated_fallbacks(abstract_tree: Any, mesh: jax.sharding.Mesh,
+                         rules: Rules) -> list[str]:
+  """The dimensions left replicated because no rule's mesh axes divide them.
+
+  One line per dimension: ``path: dim D (logical NAME, size S) not divisible
+  by mesh axes A (sizes)``; empty unless ``rules.indivisible`` is
+  ``"replicate"``.
+  """
+  _, fallbacks = _specs_and_fallbacks(abstract_tree, rules, mesh)
+  return [f"{key}: dim {d} (logical {box.names[d]!r}, size "
+          f"{box.value.shape[d]}) not divisible by mesh axes "
+          + ", ".join(f"{a} ({_axes_size(mesh, a)})" for a in axes)
+          for key, box, _, d, axes in fallbacks]
+
+
+_LOG_NAMES = 12  # arrays named in the log line
+
+
+def _log_fallbacks(abstract_tree: Any, mesh: jax.sharding.Mesh,
+                   rules: Rules) -> None:
+  """One log line: the arrays kept replicated along an indivisible dim."""
+  _, fallbacks = _specs_and_fallbacks(abstract_tree, rules, mesh)
+  arrays = {}
+  for key, box, spec, _, _ in fallbacks:
+    v = box.value
+    arrays[key] = (math.prod(v.shape) * np.dtype(v.dtype).itemsize
+                   // math.prod(_axes_size(mesh, a) for a in spec))
+  if arrays:
+    names = list(arrays)[:_LOG_NAMES] + (
+        [f"... ({len(arrays) - _LOG_NAMES} more)"]
+        if len(arrays) > _LOG_NAMES else [])
+    logging.info(
+        "sharding: %d arrays (%d bytes per chip) kept replicated along a "
+        "dimension that its mesh axes do not divide "
+        "(config.sharding.indivisible='replicate'): %s", len(arrays),
+        sum(arrays.values()), ", ".join(names))
 
 
 def logical_shardings(abstract_tree: Any, mesh: jax.sharding.Mesh,
@@ -322,15 +475,12 @@ def logical_shardings(abstract_tree: Any, mesh: jax.sharding.Mesh,
   where each box (or plain leaf) was.
   """
   return jax.tree.map(lambda s: jax.NamedSharding(mesh, s),
-                      logical_specs(abstract_tree, rules),
+                      logical_specs(abstract_tree, rules, mesh),
                       is_leaf=lambda x: isinstance(x, jax.P))
 
 
 def _axes_size(mesh: jax.sharding.Mesh, axes: MeshAxes) -> int:
-  if axes is None:
-    return 1
-  names = (axes,) if isinstance(axes, str) else tuple(axes)
-  return math.prod(mesh.shape[a] for a in names)
+  return math.prod(mesh.shape[a] for a in _axis_names(axes))
 
 
 def validate_divisibility(abstract_tree: Any, mesh: jax.sharding.Mesh,
@@ -339,9 +489,11 @@ def validate_divisibility(abstract_tree: Any, mesh: jax.sharding.Mesh,
 
   Runs on shapes only (after ``jax.eval_shape``), so a bad mesh or rules
   table fails before anything is compiled. Raises ValueError listing each
-  offending parameter path, dimension, logical name, mesh axes and sizes.
+  offending parameter path, dimension, logical name, mesh axes and sizes
+  (never with ``indivisible="replicate"``, whose specs only use dividing
+  rules).
   """
-  specs = logical_specs(abstract_tree, rules)
+  specs = logical_specs(abstract_tree, rules, mesh)
   leaves = jax.tree_util.tree_flatten_with_path(
       abstract_tree, is_leaf=common.is_box)[0]
   spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.P))
@@ -363,7 +515,8 @@ def validate_divisibility(abstract_tree: Any, mesh: jax.sharding.Mesh,
         "sharding rules do not divide these parameter dimensions (mesh "
         f"{dict(mesh.shape)}):\n" + "\n".join(problems) +
         "\nChange the model sizes, the mesh, or map these logical names to "
-        "other mesh axes in config.sharding.rules.")
+        "other mesh axes in config.sharding.rules (or set "
+        "config.sharding.indivisible='replicate' to keep them replicated).")
 
 
 def abstract_init(init_fn: Callable[[jax.Array], Any], key: jax.Array,
@@ -379,6 +532,7 @@ def abstract_init(init_fn: Callable[[jax.Array], Any], key: jax.Array,
   with nn.logical_axis_rules(()):
     abstract = jax.eval_shape(init_fn, key)
   validate_divisibility(abstract, mesh, rules)
+  _log_fallbacks(abstract, mesh, rules)
   shardings = logical_shardings(abstract, mesh, rules)
   state = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),

@@ -4,8 +4,11 @@ The sharded results are compared with the same model run unsharded on one
 device, and the placements of real arrays are asserted (``.sharding.spec``
 and shard shapes), since a constraint outside a mesh silently does nothing.
 """
+import copy
 import functools
 import math
+import pickle
+import re
 
 import chex
 import flax.linen as nn
@@ -56,7 +59,7 @@ def _model(mixer):
   return models.build_model(_model_config(mixer))
 
 
-def _batch():
+def _batch(N=N):  # noqa: N803
   rng = np.random.default_rng(0)
   lengths = rng.integers(N // 2, N + 1, size=B)
   real = np.arange(N)[None, :] < lengths[:, None]
@@ -334,6 +337,15 @@ def test_get_rules_explicit_and_from_config():
                    ("mlp", None))
   cfg = ml_collections.ConfigDict(dict(rules="fsdp"))
   assert sharding.get_rules(cfg) == sharding.RULES_PRESETS["fsdp"]
+  # indivisible: "auto" (or absent) replicates under a preset and stops under
+  # an explicit table; either can be chosen.
+  assert rules.indivisible == "error"
+  assert sharding.get_rules(cfg).indivisible == "replicate"
+  assert sharding.get_rules("fsdp").indivisible == "replicate"
+  for table, choice in (("fsdp", "error"), (list(rules), "replicate")):
+    chosen = sharding.get_rules(dict(rules=table, indivisible=choice))
+    assert chosen.indivisible == choice
+    assert chosen == sharding.get_rules(table)
 
 
 @pytest.mark.parametrize("rules,match", [
@@ -352,7 +364,8 @@ def test_indivisible_parameter_fails_before_compiling(monkeypatch):
   cfg = _model_config("gmlp")
   cfg.d_model = 12
   model = models.build_model(cfg)
-  mesh, rules = _mesh((1, 8, 1, 1)), sharding.get_rules("fsdp")
+  mesh = _mesh((1, 8, 1, 1))
+  rules = sharding.get_rules(dict(rules="fsdp", indivisible="error"))
 
   def no_jit(*args, **kwargs):
     raise AssertionError("compiled before validating the shardings")
@@ -363,6 +376,150 @@ def test_indivisible_parameter_fails_before_compiling(monkeypatch):
   assert "['encoder']['token_embed']['embedding']: dim 1 (logical 'embed', " \
          "size 12) over mesh axes fsdp of total size 8" in msg
   assert "'fsdp': 8" in msg
+  assert "config.sharding.indivisible='replicate'" in msg
+  # An explicit rules table defaults to the error too.
+  with pytest.raises(ValueError, match=r"\['embedding'\]: dim 1 \(logical "
+                     r"'embed', size 12\) over mesh axes fsdp"):
+    steps.create_train_state(model, TX, KEY, BATCH, mesh,
+                             sharding.get_rules(list(rules)))
+
+
+# (mixer, preset, mesh, config changes, {param: (spec, kept replicated
+# along an indivisible dim)}, arrays in the log line (params + moments),
+# one fallback line). N=6 everywhere.
+_FALLBACK_CASES = {
+    # fsdp=8 divides neither N=6 nor D_S=12: the token MLP stays replicated.
+    "mlp_mixer-fsdp": (
+        "mlp_mixer", "fsdp", (1, 8, 1, 1), dict(token_mlp_dim=12), {
+            "token_embed/embedding": (P(None, "fsdp"), False),
+            "token_mixing/kernel_in": (P(None, None), True),
+            "token_mixing/bias_in": (P(None), True),
+            "token_mixing/kernel_out": (P(None, None), True),
+            "token_mixing/bias_out": (P(None), True),
+            "feature_mixing/wi/dense/kernel": (P("fsdp", None), False)},
+        8, "['token_mixing']['kernel_in']: dim 0 (logical 'seq_in', size 6) "
+           "not divisible by mesh axes fsdp (8)"),
+    "gmlp-fsdp": (
+        "gmlp", "fsdp", (1, 8, 1, 1), {}, {
+            "token_embed/embedding": (P(None, "fsdp"), False),
+            "sgu/spatial/kernel": (P(None, None), True),
+            "sgu/spatial/bias": (P(None), True),
+            "sgu/proj_in/dense/kernel": (P("fsdp", None), False)},
+        4, "['sgu']['spatial']['kernel']: dim 1 (logical 'seq_in', size 6) "
+           "not divisible by mesh axes fsdp (8)"),
+    # d_ffn=10 on tensor=4: U and V keep mlp replicated (their embed is
+    # still on fsdp), while the activations' mlp constraint on tensor is
+    # uneven (XLA pads it): the values must not change.
+    "gmlp-fsdp_tensor": (
+        "gmlp", "fsdp_tensor", (1, 2, 4, 1), dict(d_ffn=10), {
+            "token_embed/embedding": (P("tensor", "fsdp"), False),
+            "sgu/spatial/kernel": (P(None, "fsdp"), False),
+            "sgu/proj_in/dense/kernel": (P("fsdp", None), True),
+            "sgu/proj_in/dense/bias": (P(None), True),
+            "sgu/proj_out/dense/kernel": (P(None, "fsdp"), True)},
+        6, "['sgu']['proj_out']['dense']['kernel']: dim 0 (logical 'mlp', "
+           "size 5) not divisible by mesh axes tensor (4)"),
+}
+
+
+@pytest.mark.parametrize("case", list(_FALLBACK_CASES))
+def test_indivisible_dims_are_replicated_and_train(case, caplog):
+  """Token-mixing sizes (N=6, D_S=12) or widths (d_ffn=10) that the preset's
+  mesh axes do not divide: those dimensions stay replicated, the rest is
+  split, it is logged, and a train step equals the unsharded one."""
+  mixer, preset, shape, changes, expected, count, line = _FALLBACK_CASES[case]
+  n = 6
+  cfg = _model_config(mixer)
+  cfg.max_len = n
+  for k, v in changes.items():
+    if k == "d_ffn":
+      cfg.d_ffn = v
+    else:
+      cfg.mixer_kwargs[k] = v
+  model, batch = models.build_model(cfg), _batch(n)
+  mesh, rules = _mesh(shape), sharding.get_rules(
+      ml_collections.ConfigDict(dict(rules=preset, indivisible="auto")))
+  assert rules.indivisible == "replicate"
+  caplog.set_level("INFO")
+  state, shardings = steps.create_train_state(
+      model, optax.sgd(0.1, momentum=0.9), KEY, batch, mesh, rules)
+  logged = [r.getMessage() for r in caplog.records
+            if "kept replicated" in r.getMessage()]
+  assert len(logged) == 1, logged
+  # The log line counts and names the replicated arrays, only them.
+  assert logged[0].startswith(f"sharding: {count} arrays ("), logged[0]
+  for suffix, (spec, fell_back) in expected.items():
+    [(_, x)] = _find(state.params, suffix)
+    _assert_split(x, spec, mesh)
+    key = "".join(f"['{k}']" for k in suffix.split("/")) + ","
+    assert (key in logged[0] + ",") == fell_back, (suffix, logged[0])
+  _check_all_shards((state.params, state.opt_state), mesh)
+  inputs, kwargs = heads.model_inputs(batch, "mlm")
+  lines = sharding.replicated_fallbacks(jax.eval_shape(
+      lambda k: model.init(k, inputs, **kwargs), KEY), mesh, rules)
+  assert any(x.endswith(line) for x in lines), lines
+
+  step = steps.make_train_step(model, "mlm")
+  rng = jax.random.key(7)
+  ref_new, ref_metrics = jax.jit(step)(jax.device_get(state), batch, rng)
+  new, metrics = steps.jit_train_step(
+      step, shardings, sharding.batch_shardings(batch, mesh, rules), mesh,
+      rules)(state, sharding.make_global_batch(batch, mesh, rules), rng)
+  chex.assert_trees_all_close(jax.device_get(new.params), ref_new.params,
+                              rtol=2e-5, atol=1e-6)
+  for k in ("loss", "accuracy", "grad_norm"):
+    np.testing.assert_allclose(metrics[k], ref_metrics[k], rtol=2e-5)
+  for x, sh in zip(jax.tree.leaves(new), jax.tree.leaves(shardings)):
+    assert x.sharding.spec == sh.spec
+
+
+def test_indivisible_tries_the_names_later_rules():
+  """A rule that does not divide is skipped for the name's next rule; the
+  axis it would have used stays free for the other dimensions."""
+  mesh = _mesh((1, 2, 4, 1))
+  table = [("mlp", "tensor"), ("mlp", "fsdp"), ("embed", "fsdp"),
+           ("embed", "tensor")]
+  boxed = {"w": nn.LogicallyPartitioned(jax.ShapeDtypeStruct((16, 6),
+                                                             jnp.float32),
+                                        ("embed", "mlp")),
+           "v": nn.LogicallyPartitioned(jax.ShapeDtypeStruct((16, 5),
+                                                             jnp.float32),
+                                        ("embed", "mlp"))}
+  rep = sharding.get_rules(dict(rules=table, indivisible="replicate"))
+  # mlp=6: tensor (4) skipped, fsdp (2) divides; embed then takes tensor.
+  # mlp=5: neither divides, so it is replicated and embed takes fsdp.
+  assert sharding.logical_specs(boxed, rep, mesh) == {
+      "w": P("tensor", "fsdp"), "v": P("fsdp", None)}
+  sharding.validate_divisibility(boxed, mesh, rep)
+  assert sharding.replicated_fallbacks(boxed, mesh, rep) == [
+      "['v']: dim 1 (logical 'mlp', size 5) not divisible by mesh axes "
+      "tensor (4), fsdp (2)"]
+  # Without a mesh, or with "error": Flax's resolution, and the error.
+  err = sharding.get_rules(table)
+  assert err.indivisible == "error"
+  assert sharding.logical_specs(boxed, rep) == sharding.logical_specs(
+      boxed, err, mesh) == {"w": P("fsdp", "tensor"),
+                            "v": P("fsdp", "tensor")}
+  with pytest.raises(ValueError, match=re.escape(
+      "  ['v']: dim 1 (logical 'mlp', size 5) over mesh axes tensor of total "
+      "size 4\n  ['w']: dim 1 (logical 'mlp', size 6) over mesh axes tensor "
+      "of total size 4\n")):
+    sharding.validate_divisibility(boxed, mesh, err)
+  assert sharding.replicated_fallbacks(boxed, mesh, err) == []
+  # The option travels with copies of the table.
+  assert copy.deepcopy(rep).indivisible == "replicate"
+  assert pickle.loads(pickle.dumps(rep)) == rep
+
+
+@pytest.mark.parametrize("cfg", [dict(rules="fsdp", indivisible="replicated"),
+                                 dict(rules=[("embed", "fsdp")],
+                                      indivisible=True),
+                                 dict(rules="fsdp", indivisible="")])
+def test_bad_indivisible_option(cfg):
+  with pytest.raises(ValueError, match=re.escape(
+      f"config.sharding.indivisible={cfg['indivisible']!r} must be one of "
+      "'auto', 'replicate', 'error'")):
+    sharding.get_rules(ml_collections.ConfigDict(cfg))
 
 
 class _Named(nn.Module):

@@ -30,9 +30,13 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Device mesh (sizes of the axes; one may be -1 = the rest of the devices)
   # and the logical-to-mesh rules preset (see hypermixer_jax.sharding).
+  # indivisible: a parameter dimension its mesh axes do not divide is kept
+  # replicated ("replicate") or stops the run ("error"); "auto" replicates
+  # under a preset and stops under an explicit rules table.
   c.mesh = ml_collections.ConfigDict(
       dict(data=-1, fsdp=1, tensor=1, expert=1))
-  c.sharding = ml_collections.ConfigDict(dict(rules="data_parallel"))
+  c.sharding = ml_collections.ConfigDict(
+      dict(rules="data_parallel", indivisible="auto"))
 
   # Optimiser: AdamW, linear warm-up then linear / cosine / constant decay.
   c.learning_rate = 1e-3
