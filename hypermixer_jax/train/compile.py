@@ -225,7 +225,10 @@ def collectives(hlo_text: str) -> dict[str, tuple[int, int]]:
   """``{kind: (ops, result bytes)}`` of the collectives in an HLO module.
 
   Asynchronous pairs count once (their ``-done`` result). Counted as written:
-  an op inside a loop body counts once, however often the loop runs.
+  an op inside a loop body counts once, however often the loop runs. Kinds
+  are as XLA wrote them: on some topologies (v5p-128, v6e-256) XLA:TPU
+  gathers fsdp parameters by all-reducing zero-padded shards, so the
+  gathers show under ``all-reduce`` (experiments/README.md, pod plan).
   """
   out = {k: (0, 0) for k in COLLECTIVES}
   for hlo_type, op, phase in _OP.findall(hlo_text):
