@@ -23,7 +23,12 @@ against the same model trained from scratch with the same fine-tuning budget.
                  accuracy, then the other seeds run at that rate; seeds
                  ``--seeds`` (pretraining and fine-tuning seeds equal, so the
                  spread covers both); Naive Bayes on the same tokens and
-                 subset beside them.
+                 subset beside them; the pair task (``--tasks``, SNLI by
+                 default): the 80% train part of ``nli_splits``'s fixed cut
+                 of its dev file, tested on the 20% part, all of its labels,
+                 at the same length 64 (about 1% of SNLI's pairs are longer
+                 in the 8k vocabulary), fine-tuned from the same pretrained
+                 encoders.
 
   python experiments/pretrain_finetune.py --scale=small \
       --out=experiments/results/pretrain_finetune
@@ -44,9 +49,14 @@ import numpy as np
 import glue_from_scratch as glue
 import low_resource
 import mlm_perplexity as mlm
+import nli_splits
 from hypermixer_jax import experiment
 
 MODELS = ("hypermixer", "attention", "gmlp")
+# SST-2 at --fractions of its labels, then a pair task at all of its own.
+TASKS = ("sst2", "snli")
+TASK_LABELS = {"sst2": "SST-2", "mnli": "MNLI-m", "snli": "SNLI",
+               "qnli": "QNLI"}
 SMALL = dict(width=128, seq_len=64, batch_size=64, pretrain_steps=3000,
              pretrain_lr=1e-3, finetune_steps=1000, lrs="3e-4,1e-3",
              fractions="0.1,1.0")
@@ -59,15 +69,35 @@ TARGET_GAIN = 2.0
 
 def finetune_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
                     lr: float, seed: int, fraction: float, out: pathlib.Path,
-                    steps: int, init: str = "") -> ml_collections.ConfigDict:
-  """The SST-2 classifier run: from scratch (``init=''``) or fine-tuned from
-  the pretraining workdir ``init`` (encoder loaded, classifier new)."""
-  train = experiment.require(shared / "glue/SST-2/train.tsv", "SST-2 train")
-  file = train if fraction >= 1 else low_resource.subset_tsv(train, fraction,
-                                                             out)
-  c = glue.glue_config("sst2", mixer, "small", lr, shared, train_file=file,
-                       seed=seed, vocab=vocab, width=SMALL["width"],
-                       seq_len=SMALL["seq_len"], steps=steps)
+                    steps: int, init: str = "",
+                    task: str = "sst2") -> ml_collections.ConfigDict:
+  """The classifier run of ``task``: from scratch (``init=''``) or
+  fine-tuned from the pretraining workdir ``init`` (encoder loaded,
+  classifier new). SST-2 trains on ``fraction`` of its train phrases and is
+  scored on its dev file; a pair task on the train part of ``nli_splits``'s
+  cut of its dev file (written under ``out``), scored on the test part."""
+  if task == "sst2":
+    train = experiment.require(shared / "glue/SST-2/train.tsv", "SST-2 train")
+    file = train if fraction >= 1 else low_resource.subset_tsv(
+        train, fraction, out)
+    c = glue.glue_config("sst2", mixer, "small", lr, shared, train_file=file,
+                         seed=seed, vocab=vocab, width=SMALL["width"],
+                         seq_len=SMALL["seq_len"], steps=steps)
+  elif task in nli_splits.FILES:
+    if fraction < 1:
+      raise ValueError(f"pretrain_finetune: fraction={fraction:g} applies to "
+                       f"sst2 only; the {task} train part (about 8k pairs) "
+                       "is used whole (fraction=1).")
+    file = nli_splits.FILES[task][0]
+    split = nli_splits.split_file(
+        experiment.require(shared / file, f"{task} dev file"), out, task)
+    c = nli_splits.task_config(task, mixer, split, vocab, shared, seed=seed,
+                               width=SMALL["width"], steps=steps,
+                               seq_len=SMALL["seq_len"])
+    c.learning_rate = lr
+  else:
+    raise ValueError(f"pretrain_finetune: unknown task {task!r}; tasks: "
+                     f"sst2, {', '.join(nli_splits.FILES)}.")
   if init:
     c.init_checkpoint = init
     c.init_reinit = "(?!encoder/)"     # configs/glue.py's finetune setting
@@ -110,10 +140,15 @@ def _final(runs: dict, keys: list[str]) -> list[float]:
 
 
 def main() -> None:
-  p = experiment.parser("pretrain_finetune", __doc__)
+  p = experiment.parser("pretrain_finetune", __doc__, report_only=True)
   p.add_argument("--models", default=",".join(MODELS))
   p.add_argument("--seeds", default="0,1,2")
-  p.add_argument("--fractions", default=SMALL["fractions"])
+  p.add_argument("--tasks", default=",".join(TASKS),
+                 help="sst2 and/or a pair task of nli_splits (mnli, snli, "
+                 "qnli)")
+  p.add_argument("--fractions", default=SMALL["fractions"],
+                 help="fractions of SST-2's train phrases (a pair task "
+                 "always uses its whole train part)")
   p.add_argument("--lrs", default=SMALL["lrs"],
                  help="fine-tuning learning rates tried on seed 0")
   p.add_argument("--pretrain_steps", type=int, default=SMALL["pretrain_steps"])
@@ -127,6 +162,7 @@ def main() -> None:
   shared = pathlib.Path(args.shared)
   vocab = mlm.c4_vocab(exp, shared)
   models = args.models.split(",")
+  tasks = experiment.split(args.tasks)
   seeds = [int(s) for s in args.seeds.split(",")]
   fractions = [float(f) for f in args.fractions.split(",")]
   lrs = [float(x) for x in args.lrs.split(",")]
@@ -141,42 +177,64 @@ def main() -> None:
       bases[f"mlm/seed={seed}"] = dict(mlm.lm_baselines(cfg),
                                        held_out=mlm.held_out(cfg))
       exp.save()
-    return exp.workdir(key), exp.run(key, lambda: experiment.train(
+    return exp.workdir(key), exp.cell(key, lambda: experiment.train(
         cfg, exp.workdir(key)))
 
-  def finetune(mixer, arm, fraction, lr, seed) -> str:
-    key = experiment.cell_key(tag, dict(model=mixer, fraction=fraction,
-                                        arm=arm, lr=lr, seed=seed))
+  def finetune(mixer, task, fraction, arm, lr, seed) -> str:
+    # SST-2 cells keep keys without the task (the first recorded ones).
+    cell = dict(model=mixer, fraction=fraction, arm=arm, lr=lr, seed=seed)
+    key = experiment.cell_key(
+        tag, cell if task == "sst2" else dict(task=task, **cell))
     init = pretrain(mixer, seed)[0] if arm == "pretrained" else ""
     cfg = finetune_config(mixer, shared, vocab, lr=lr, seed=seed,
                           fraction=fraction, out=exp.out,
-                          steps=args.finetune_steps, init=init)
-    if f"nb/{fraction:g}" not in bases:
-      bases[f"nb/{fraction:g}"] = glue.bag_of_words_baselines(cfg)
+                          steps=args.finetune_steps, init=init, task=task)
+    if nb_key(task, fraction) not in bases:
+      bases[nb_key(task, fraction)] = glue.bag_of_words_baselines(cfg)
       exp.save()
-    exp.run(key, lambda: dict(experiment.train(cfg, exp.workdir(key)),
+    exp.cell(key, lambda: dict(experiment.train(cfg, exp.workdir(key)),
                               init=exp.runs.get(
                                   f"pretrain/s{args.pretrain_steps}/model="
                                   f"{mixer}/seed={seed}", {}).get("eval")))
     return key
 
   chosen, keys, arms = {}, {}, ("scratch", "pretrained")
+  settings = settings_of(tasks, fractions)
   for mixer in models:
-    for fraction in fractions:
+    for setting in settings:
       # Seed 0 of both arms first (the learning-rate choice, and the first
       # comparison), then the other seeds at the chosen rates.
-      first = {(arm, lr): finetune(mixer, arm, fraction, lr, seeds[0])
+      first = {(arm, lr): finetune(mixer, *setting, arm, lr, seeds[0])
                for arm in arms for lr in lrs}
       for arm in arms:
-        lr = max(lrs, key=lambda x, a=arm: exp.runs[first[a, x]]["eval"][
-            "accuracy"])
-        chosen[mixer, fraction, arm] = lr
-        keys[mixer, fraction, arm] = [first[arm, lr]] + [
-            finetune(mixer, arm, fraction, lr, s) for s in seeds[1:]]
-  _report(exp, args, models, fractions, seeds, chosen, keys)
+        # (A report may find no recorded rate yet: then nothing is chosen.)
+        tried = [x for x in lrs if first[arm, x] in exp.runs]
+        lr = max(tried, key=lambda x, a=arm: exp.runs[first[a, x]]["eval"][
+            "accuracy"], default=None)
+        chosen[mixer, setting, arm] = lr
+        keys[mixer, setting, arm] = [first[arm, lr]] + [
+            finetune(mixer, *setting, arm, lr, s)
+            for s in seeds[1:]] if lr is not None else []
+  _report(exp, args, models, settings, seeds, chosen, keys)
 
 
-def _report(exp, args, models, fractions, seeds, chosen, keys) -> None:
+def settings_of(tasks: list[str], fractions: list[float]
+                ) -> list[tuple[str, float]]:
+  """(task, fraction of its labels) pairs: SST-2 at each fraction, a pair
+  task at all of its train part."""
+  return [(t, f) for t in tasks for f in (fractions if t == "sst2" else [1.0])]
+
+
+def nb_key(task: str, fraction: float) -> str:
+  return f"nb/{fraction:g}" if task == "sst2" else f"nb/{task}"
+
+
+def setting_label(task: str, fraction: float) -> str:
+  return (f"SST-2, {fraction:.0%} of the labels" if task == "sst2" else
+          f"{TASK_LABELS[task]}, 80% split")
+
+
+def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
   runs, bases = exp.runs, exp.data["baselines"]
   rows = []
   for mixer in models:
@@ -186,32 +244,36 @@ def _report(exp, args, models, fractions, seeds, chosen, keys) -> None:
     ppl = [r["eval"]["perplexity"] for r in pre]
     uni = np.mean([bases[f"mlm/seed={s}"]["unigram"] for s in seeds
                    if f"mlm/seed={s}" in bases] or [np.nan])
-    for fraction in fractions:
-      scratch = _final(runs, keys[mixer, fraction, "scratch"])
-      tuned = _final(runs, keys[mixer, fraction, "pretrained"])
+    for setting in settings:
+      scratch = _final(runs, keys[mixer, setting, "scratch"])
+      tuned = _final(runs, keys[mixer, setting, "pretrained"])
       gain = (100 * (np.mean(tuned) - np.mean(scratch))
               if scratch and tuned else None)
-      ft = runs.get(keys[mixer, fraction, "scratch"][0])
+      ft = next((runs[k] for k in keys[mixer, setting, "scratch"]
+                 if k in runs), None)
       cost = (f"{args.pretrain_steps * flops_per_step(pre[0]) / 1e12:.3g} / "
               f"{args.finetune_steps * flops_per_step(ft) / 1e12:.3g}"
               if pre and ft else "")
       rows.append([
-          glue.LABELS[mixer], f"{fraction:.0%}",
+          glue.LABELS[mixer], setting_label(*setting),
           experiment.fmt_mean_sd(scratch, 100) or "not run",
           experiment.fmt_mean_sd(tuned, 100) or "not run",
           f"{gain:+.1f}" if gain is not None else "",
           experiment.verdict(tuned, scratch, True),
-          f"{chosen[mixer, fraction, 'scratch']:g} / "
-          f"{chosen[mixer, fraction, 'pretrained']:g}",
-          f"{100 * bases[f'nb/{fraction:g}']['naive_bayes']:.1f}"
-          if f"nb/{fraction:g}" in bases else "",
+          " / ".join(f"{chosen[mixer, setting, a]:g}"
+                     if chosen[mixer, setting, a] else "-"
+                     for a in ("scratch", "pretrained")),
+          f"{100 * bases[nb_key(*setting)]['naive_bayes']:.1f}"
+          if nb_key(*setting) in bases else "",
           (f"{experiment.fmt_mean_sd(ppl)} ({np.mean(ppl) / uni:.2f} x "
            "unigram)") if ppl else "not run", cost])
   base = [bases[k] for k in bases if k.startswith("mlm/")]
   notes = (
-      f"SST-2 dev accuracy (872 sentences) at the last fine-tuning step, mean "
-      f"± sd over seeds {seeds}. Both arms: the same model, vocabulary, "
-      f"batches of 64 and {args.finetune_steps} steps at each fraction, lr "
+      f"Accuracy at the last fine-tuning step, mean ± sd over seeds {seeds}: "
+      "SST-2 on its dev file (872 sentences), a pair task on the 20% test "
+      "part of nli_splits' fixed cut of its dev file (trained on the 80% "
+      "part). Both arms: the same model, vocabulary, "
+      f"batches of 64 and {args.finetune_steps} steps in each setting, lr "
       f"the best of {args.lrs} on seed 0 (selected on dev: optimistic for "
       "both arms alike). Pretrained: the encoder of an MLM run of "
       f"{args.pretrain_steps} steps of batch 64 x 64 tokens on {C4_TRAIN_ALL} "
@@ -229,26 +291,25 @@ def _report(exp, args, models, fractions, seeds, chosen, keys) -> None:
   exp.write_table(
       "Pretraining then fine-tuning against scratch (small scale)",
       experiment.markdown_table(
-          ["model", "labels", "scratch", "pretrained", "gain (points)",
+          ["model", "task, labels", "scratch", "pretrained", "gain (points)",
            "pretraining helps", "lr scratch / pretrained", "Naive Bayes",
            "MLM ppl reached", "TFLOPs pretrain / fine-tune"], rows), notes)
-  _plot(exp, models, fractions, keys)
+  _plot(exp, models, settings, keys)
 
 
-def _plot(exp, models, fractions, keys) -> None:
-  fig, axes = experiment.figure(ncols=len(fractions))
-  for ax, fraction in zip(axes[0], fractions):
+def _plot(exp, models, settings, keys) -> None:
+  fig, axes = experiment.figure(ncols=len(settings))
+  for ax, setting in zip(axes[0], settings):
     for i, mixer in enumerate(models):
       for arm, style in (("scratch", "--"), ("pretrained", "-")):
-        runs = [exp.runs[k] for k in keys[mixer, fraction, arm]
+        runs = [exp.runs[k] for k in keys[mixer, setting, arm]
                 if k in exp.runs]
         if runs:
           steps, acc = experiment.mean_curve(runs, "accuracy", 100)
           ax.plot(steps, acc.mean(0), style, marker="o", ms=3, color=f"C{i}",
                   label=f"{glue.LABELS[mixer]} {arm} (n={len(runs)})")
-    experiment.style_axes(ax, "fine-tuning step", "dev accuracy (%)",
-                          title=f"SST-2, {fraction:.0%} of the labels",
-                          legend=6)
+    experiment.style_axes(ax, "fine-tuning step", "accuracy (%)",
+                          title=setting_label(*setting), legend=6)
   exp.save_figure(fig, "pretrain_finetune")
 
 

@@ -1,5 +1,6 @@
 """experiments/pretrain_finetune.py: the pretraining run's encoder is the
 classifier's encoder (what the fine-tuning arm loads), on the same data."""
+import collections
 import pathlib
 import sys
 
@@ -37,30 +38,42 @@ def _configs(shared_data, tmp_path_factory):
     fine = pf.finetune_config(mixer, shared_data, vocab, lr=1e-3, seed=1,
                               fraction=0.1, out=tmp_path, steps=20,
                               init="/ckpt")
-    out[mixer] = pre, fine
-  return out
+    pair = pf.finetune_config(mixer, shared_data, vocab, lr=3e-4, seed=1,
+                              fraction=1.0, out=tmp_path, steps=20,
+                              init="/ckpt", task="snli")
+    out[mixer] = pre, fine, pair
+  return out, tmp_path
 
 
 @pytest.mark.parametrize("mixer", pf.MODELS)
 def test_pretrained_encoder_is_the_classifier_encoder(configs, mixer):
-  pre, fine = configs[mixer]
-  a, b = _shapes(pre.model), _shapes(fine.model)
+  pre, fine, pair = configs[0][mixer]
+  a = _shapes(pre.model)
   enc_a = {k: v for k, v in a.items() if k.startswith("encoder/")}
-  enc_b = {k: v for k, v in b.items() if k.startswith("encoder/")}
-  assert enc_a and enc_a == enc_b
-  # Only the heads differ, and fine-tuning re-initialises exactly them.
   assert any(k.startswith("mlm_head/") for k in a)
-  assert any(k.startswith("classifier/") for k in b)
-  assert fine.init_reinit == "(?!encoder/)"
-  assert fine.init_checkpoint == "/ckpt"
-  assert pre.model.head == "mlm" and fine.model.head == "classify"
+  assert pre.model.head == "mlm"
+  # Both downstream tasks load the same pretrained encoder: only the heads
+  # differ (SST-2's two classes, SNLI's three), and fine-tuning
+  # re-initialises exactly them.
+  for c, classes, head in ((fine, 2, "classify"), (pair, 3, "pair_classify")):
+    b = _shapes(c.model)
+    enc_b = {k: v for k, v in b.items() if k.startswith("encoder/")}
+    assert enc_a and enc_a == enc_b
+    assert any(k.startswith("classifier/") for k in b)
+    assert c.model.num_classes == classes
+    assert c.init_reinit == "(?!encoder/)"
+    assert c.init_checkpoint == "/ckpt"
+    assert c.model.head == head
 
 
 def test_same_vocabulary_length_and_seed(configs, shared_data, tmp_path):
-  for pre, fine in configs.values():
-    assert pre.data.vocab_path == fine.data.vocab_path
+  configs, out = configs
+  for pre, fine, pair in configs.values():
+    assert pre.data.vocab_path == fine.data.vocab_path == pair.data.vocab_path
     assert pre.data.seq_len == fine.data.seq_len == fine.model.max_len
-    assert pre.seed == fine.seed == 1
+    assert pair.data.seq_len == pair.model.max_len == pre.data.seq_len
+    assert pre.seed == fine.seed == pair.seed == 1
+    assert pair.learning_rate == 3e-4 and pair.num_train_steps == 20
     assert pre.num_train_steps == 30 and pre.checkpoint_every == 6
     assert pre.keep_checkpoints >= 1
     train = pre.data.local_files.train.split(",")
@@ -69,6 +82,21 @@ def test_same_vocabulary_length_and_seed(configs, shared_data, tmp_path):
     assert "wiki.valid" in pre.data.local_files.validation
   # 10% of the labels: a fixed subset file, the same for every model and arm.
   subset = pathlib.Path(configs["attention"][1].data.local_files.train)
+  # The pair task: nli_splits' fixed cut of the SNLI dev file, trained on
+  # the 80% part and evaluated on the other 20%, nothing shared.
+  pair = configs["attention"][2]
+  train = pathlib.Path(pair.data.local_files.train)
+  test = pathlib.Path(pair.data.local_files.validation)
+  assert pair.eval_split == "validation" and train.parent == out / "splits"
+  tr, te = (p.read_text(encoding="utf-8").splitlines() for p in (train, test))
+  source = (shared_data / pf.nli_splits.FILES["snli"][0]).read_text(
+      encoding="utf-8").splitlines()
+  assert sorted(tr + te) == sorted(source)
+  # A partition of the rows: a line in both parts is one the source holds
+  # twice (SNLI's dev file repeats 2 lines).
+  repeated = {x for x, n in collections.Counter(source).items() if n > 1}
+  assert set(tr) & set(te) <= repeated and len(repeated) <= 2
+  assert len(te) == round(0.2 * len(source))
   rows = subset.read_text(encoding="utf-8").splitlines()
   full = (shared_data / "glue/SST-2/train.tsv").read_text(
       encoding="utf-8").splitlines()
@@ -79,6 +107,24 @@ def test_same_vocabulary_length_and_seed(configs, shared_data, tmp_path):
                                fraction=1.0, out=tmp_path, steps=20)
   assert not scratch.init_checkpoint
   assert scratch.data.local_files.train.endswith("SST-2/train.tsv")
+  with pytest.raises(ValueError, match="applies to sst2 only"):
+    pf.finetune_config("attention", shared_data, {"path": "x.model"},
+                       lr=1e-3, seed=0, fraction=0.1, out=tmp_path, steps=20,
+                       task="snli")
+  with pytest.raises(ValueError, match="unknown task 'cola'"):
+    pf.finetune_config("attention", shared_data, {"path": "x.model"},
+                       lr=1e-3, seed=0, fraction=1.0, out=tmp_path, steps=20,
+                       task="cola")
+
+
+def test_settings_and_baseline_keys():
+  # SST-2 at each fraction, the pair task once at all of its labels; the
+  # SST-2 baselines keep the keys of the first recorded runs.
+  assert pf.settings_of(["sst2", "snli"], [0.1, 1.0]) == [
+      ("sst2", 0.1), ("sst2", 1.0), ("snli", 1.0)]
+  assert pf.nb_key("sst2", 0.1) == "nb/0.1"
+  assert pf.nb_key("snli", 1.0) == "nb/snli"
+  assert pf.setting_label("snli", 1.0) == "SNLI, 80% split"
 
 
 def test_flops_per_step_from_logged_throughput():
