@@ -21,14 +21,24 @@ embedding/output part, the (0, 0) model) are closest to the reference's
 get another depth). The training runs measure their
 own FLOPs again (reported), and their tokens/s.
 
-  --scale=small  one CPU core: d=64, d_ffn=256, 4 experts, 1 head of 64,
-                 sequence 128 (rows of one document, no packing: partial
-                 routing reads each row's first 20%), batch 8, 250 steps,
-                 AdamW lr 3e-3 (warm-up 25, cosine to 0.1), the same for
-                 every model; sMLP N1 = N2 = 2. Train: the two local C4
-                 samples (2,000 documents); held out: WikiText-2 valid
-                 (``wiki.valid.raw``, 16 batches = 128 rows), perplexity per
-                 SentencePiece token (T5 vocabulary, 32,128 ids).
+  --scale=small  one CPU core, sequence 128 (rows of one document, no
+                 packing: partial routing reads each row's first 20%),
+                 4 experts, AdamW lr 3e-3 (cosine to 0.1), the same for
+                 every model. Train: the two local C4 samples (2,000
+                 documents); held out: WikiText-2 valid (``wiki.valid.raw``,
+                 16 batches), perplexity per SentencePiece token beside
+                 unigram and add-k bigram perplexity of the same positions.
+                 ``--vocab=small`` (default): the 8k SentencePiece
+                 vocabulary of the C4 sample (``mlm_perplexity.c4_vocab``)
+                 at width 128 (``SMALL_VOCAB``: d_ffn 512, 2 heads of 64,
+                 sMLP N1 = N2 = 3, so that the blocks hold more of the
+                 train step's FLOPs than the embedding and output layer),
+                 1,000 steps of batch 16, WikiText read as articles; seeds
+                 ``--seeds``. ``--vocab=t5``: the first runs' setting, T5's
+                 32,128 ids at width 64 (d_ffn 256, 1 head, sMLP 2 + 2),
+                 250 steps of batch 8, WikiText line by line; the output
+                 layer is 88% of the step's FLOPs there and no model clears
+                 the unigram baseline.
   --scale=paper  the paper's setting (§4.3, ~0.8 TFLOPs): d=1024,
                  d_ffn=4096, 16 experts, 16 heads, T=1024, sMLP N1=12,
                  N2=4, 25k steps; C4 from TFDS (``--data_dir``), WikiText-2
@@ -57,6 +67,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
 
+import causal_lm
+import mlm_perplexity as mlm
 from hypermixer_jax import experiment
 
 # name -> (label, family fields, moe fields). ``sparse``: has N2 > 0.
@@ -105,18 +117,34 @@ SCALES = {
                   steps=25_000, lr=6e-4, warmup=2_000, evals=25,
                   eval_steps=50, max_layers=48),
 }
+# The small scale on the 8k vocabulary: width 128, so that the blocks hold
+# more of the train step's FLOPs than the embedding and output layer, and
+# the budget that takes the models below 0.6 x the unigram perplexity.
+SMALL_VOCAB = dict(d_model=128, d_ffn=512, num_heads=2, smlp_depth=(3, 3),
+                   batch_size=16, steps=1000, warmup=50, evals=5)
 FLOP_TOLERANCE = 0.10
 
 
+def settings(scale: str, vocab: str) -> tuple[str, dict[str, Any]]:
+  """(regime, sizes): the key prefix of the runs in results.json and the
+  scale's sizes and budget for the vocabulary (``small`` or ``t5``)."""
+  if vocab not in ("small", "t5"):
+    raise ValueError(f"--vocab={vocab!r}: use small or t5.")
+  if scale == "small" and vocab == "small":
+    return "small8k", {**SCALES["small"], **SMALL_VOCAB}
+  return scale, dict(SCALES[scale])
+
+
 def model_config(name: str, scale: str, depth: tuple[int, int],
-                 moe: Mapping[str, Any] | None = None
-                 ) -> ml_collections.ConfigDict:
+                 moe: Mapping[str, Any] | None = None,
+                 small_vocab: bool = False) -> ml_collections.ConfigDict:
   """``config.model`` of ``name`` (a key of ``MODELS``) at ``depth`` =
-  (N1 dense, N2 sparse blocks); ``moe`` overrides ``MODELS``' MoE fields."""
+  (N1 dense, N2 sparse blocks); ``moe`` overrides ``MODELS``' MoE fields;
+  ``small_vocab``: the sizes of the small scale's 8k-vocabulary regime."""
   if name not in MODELS:
     raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}.")
   _, fields, moe_fields = MODELS[name]
-  s = SCALES[scale]
+  s = settings(scale, "small" if small_vocab else "t5")[1]
   c = experiment.load_config("smlp_lm.py", "base").model
   n1, n2 = depth
   if name in DENSE and n2:
@@ -132,41 +160,56 @@ def model_config(name: str, scale: str, depth: tuple[int, int],
 
 
 def run_config(name: str, scale: str, depth: tuple[int, int],
-               shared: pathlib.Path | None, data_dir: str = ""
-               ) -> ml_collections.ConfigDict:
+               shared: pathlib.Path | None, data_dir: str = "",
+               vocab: dict | None = None, seed: int = 0,
+               steps: int | None = None) -> ml_collections.ConfigDict:
   """The training config of a model (``MODELS``) or an ablation
   (``ABLATIONS``: its base model with its MoE overrides) at ``depth``."""
   base, moe = ABLATIONS[name][1:] if name in ABLATIONS else (name, {})
-  return train_config(model_config(base, scale, depth, moe), scale, shared,
-                      data_dir)
+  return train_config(model_config(base, scale, depth, moe, bool(vocab)),
+                      scale, shared, data_dir, vocab=vocab, seed=seed,
+                      steps=steps)
 
 
 def train_config(model: ml_collections.ConfigDict, scale: str,
-                 shared: pathlib.Path | None, data_dir: str = ""
-                 ) -> ml_collections.ConfigDict:
+                 shared: pathlib.Path | None, data_dir: str = "",
+                 vocab: dict | None = None, seed: int = 0,
+                 steps: int | None = None) -> ml_collections.ConfigDict:
   """The training config: ``configs/smlp_lm.py``'s optimiser and data with
   the scale's schedule; one document per row (no packing) for every model,
-  since partial routing reads each row's own first 20%."""
-  s = SCALES[scale]
+  since partial routing reads each row's own first 20%. ``vocab``: an
+  ``experiment.small_vocab`` record (small scale: the 8k regime's model
+  and budget), else T5's vocabulary."""
+  if vocab and scale != "small":
+    raise ValueError("train_config: a small vocabulary is for --scale=small.")
+  s = settings(scale, "small" if vocab else "t5")[1]
   c = experiment.load_config("smlp_lm.py", "base")
   c.model = model
+  c.seed = seed
   c.data.seq_len = s["seq_len"]
   c.data.packing = False
   c.batch_size = c.eval_batch_size = s["batch_size"]
   c.learning_rate = s["lr"]
   c.warmup_steps = s["warmup"]
   c.end_learning_rate_factor = 0.1
-  c.num_train_steps = s["steps"]
-  c.eval_every = s["steps"] // s["evals"]
+  steps = c.num_train_steps = steps or s["steps"]
+  c.eval_every = max(1, steps // s["evals"])
   c.eval_steps = s["eval_steps"]
-  c.log_every = max(1, s["steps"] // 25)
-  c.checkpoint_every = s["steps"] if scale == "small" else s["steps"] // 10
+  c.log_every = max(1, steps // 25)
+  c.checkpoint_every = steps if scale == "small" else steps // 10
   c.keep_checkpoints = 1
   c.mesh.expert = 1
   if scale == "small":
     c.async_checkpoints = False
-    c.data.vocab_path = experiment.require(
-        shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
+    if vocab:
+      c.data.vocab_path = vocab["path"]
+      c.model.vocab_size = vocab["model_vocab_size"]
+      # WikiText read as articles (headings and blank lines dropped), as
+      # the other language-model experiments hold it out.
+      c.data.text_layout = "wikitext"
+    else:
+      c.data.vocab_path = experiment.require(
+          shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
     c.data.local_files.train = ",".join(
         experiment.require(shared / "c4" / f, "C4 sample") for f in (
             "c4_en_tfds_minimal_train_1000.jsonl",
@@ -266,6 +309,25 @@ def heldout_last80(config: ml_collections.ConfigDict, workdir: str
   return {k: v for k, v in out.items() if not k.startswith("moe/")}
 
 
+def lm_baselines(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Unigram and add-k bigram perplexity (train counts of ``config``'s
+  train split) of the held-out positions the models are scored on: every
+  target (``all``) and each row's last 80% (``last80``, as
+  ``heldout_last80``)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.models.moe import smoe  # pylint: disable=g-import-not-at-top
+  train = experiment.pipeline_arrays(config.data, "train")["targets"]
+  held = mlm.held_out_arrays(config)
+  last80 = dict(held, weights=np.asarray(smoe.partial_loss_weights(
+      jnp.asarray(held["weights"]), jnp.asarray(held["segment_ids"]),
+      config.model.moe.partial_fraction)))
+  v = config.model.vocab_size
+  return {"all": causal_lm.lm_baselines(train, held, v),
+          "last80": causal_lm.lm_baselines(train, last80, v),
+          "train_tokens": int((train != 0).sum())}
+
+
 # ---------------------------------------------------------------------------
 # Results.
 # ---------------------------------------------------------------------------
@@ -290,57 +352,81 @@ def run_summary(result: Mapping[str, Any], tokens_per_step: int
 
 
 def table_rows(names: Sequence[str], labels: Mapping[str, str],
-               runs: Mapping[str, Mapping[str, Any]],
+               runs: Mapping[str, Sequence[Mapping[str, Any]]],
                plan: Mapping[str, Mapping[str, Any]], reference: str,
-               paper: Mapping[str, str]) -> list[list[Any]]:
+               paper: Mapping[str, str], unigram: float | None = None
+               ) -> list[list[Any]]:
   """One row per model: depth, parameters, FLOPs (total, layers, vs the
-  reference), held-out perplexity (as trained; on each row's last 80%),
-  tokens/s (and vs the reference), the paper's claim."""
+  reference), held-out perplexity over its seeds' runs (mean ± sd; as
+  trained, over ``unigram``, on each row's last 80%), whether the
+  reference's perplexity is lower beyond the seed spread, tokens/s (mean,
+  and vs the reference), the paper's claim."""
   ref = plan[reference]["layer_flops"]
-  ref_run = runs.get(reference)
+  ref_runs = runs.get(reference) or []
+  ref_ppl = [r["perplexity"] for r in ref_runs]
+  ref_tps = sum(r["tokens_per_sec"] for r in ref_runs) / max(len(ref_runs), 1)
   rows = []
   for name in names:
-    p, r = plan[name], runs.get(name)
+    p, rs = plan[name], runs.get(name) or []
     n1, n2 = p["depth"]
     row = [labels[name], f"{n1}+{n2}", f"{p['params'] / 1e6:.2f}M",
-           f"{r['flops_per_token'] / 1e6:.2f}" if r else "not run",
+           f"{rs[0]['flops_per_token'] / 1e6:.2f}" if rs else "not run",
            f"{p['layer_flops'] / 1e6:.2f}",
            f"{p['layer_flops'] / ref:.2f}"]
-    if r:
-      last80 = r.get("last80")
-      row += [f"{r['perplexity']:.1f}",
-              f"{last80['perplexity']:.1f}" if last80 else "",
-              f"{r['tokens_per_sec']:,.0f}",
-              (f"{r['tokens_per_sec'] / ref_run['tokens_per_sec']:.2f}"
-               if ref_run else "")]
+    if rs:
+      ppl = [r["perplexity"] for r in rs]
+      last80 = [r["last80"]["perplexity"] for r in rs if r.get("last80")]
+      tps = sum(r["tokens_per_sec"] for r in rs) / len(rs)
+      row += [experiment.fmt_mean_sd(ppl),
+              f"{sum(ppl) / len(ppl) / unigram:.2f}" if unigram else "",
+              experiment.fmt_mean_sd(last80),
+              "" if name == reference else experiment.verdict(
+                  ref_ppl, ppl, False).replace("agrees", "yes").replace(
+                      "disagrees", "no, higher"),
+              f"{tps:,.0f}", f"{tps / ref_tps:.2f}" if ref_runs else ""]
     else:
-      row += ["not run", "", "", ""]
+      row += ["not run", "", "", "", "", ""]
     rows.append(row + [paper.get(name, "")])
   return rows
 
 
 HEADERS = ["model", "blocks N1+N2", "params", "MFLOPs/token (train step)",
            "layer MFLOPs/token", "layer FLOPs vs sMLP",
-           "WikiText-2 valid ppl", "ppl, last 80% of each row", "tokens/s",
-           "tokens/s vs sMLP",
-           "paper (§4.3, Table 4)"]
+           "WikiText-2 valid ppl", "ppl / unigram",
+           "ppl, last 80% of each row", "sMLP (det.) lower?", "tokens/s",
+           "tokens/s vs sMLP", "paper (§4.3, Table 4)"]
+
+
+def baseline_rows(base: Mapping[str, Any]) -> list[list[Any]]:
+  """The unigram and bigram rows: all scored positions, and each row's last
+  80% in that column."""
+  rows = experiment.perplexity_baseline_rows(
+      HEADERS, base["all"], "WikiText-2 valid ppl", "ppl / unigram")
+  last = HEADERS.index("ppl, last 80% of each row")
+  rows[0][last] = f"{base['last80']['unigram']:.1f}"
+  rows[1][last] = f"{base['last80']['bigram']:.1f}"
+  return rows
 
 
 def main() -> None:
   p = experiment.parser("smlp_vs_moe", __doc__, report_only=True,
-                        data_dir="", models=MODELS, steps=0)
+                        data_dir="", models=MODELS, seeds="0,1,2", steps=0)
+  p.add_argument("--vocab", choices=("small", "t5"), default="small",
+                 help="small scale: the 8k SentencePiece vocabulary of the C4 "
+                 "sample (built into OUT/vocab) or T5's 32k")
   p.add_argument("--ablations", action="store_true",
-                 help="experiment 5 too: the expert-count and router "
-                 "ablations of sMLP (names in ABLATIONS)")
+                 help="the expert-count and router ablations of sMLP too "
+                 "(names in ABLATIONS; the first seed)")
   p.add_argument("--plan_only", action="store_true",
                  help="measure FLOPs and choose depths, train nothing")
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
-  if args.steps:
-    SCALES[args.scale]["steps"] = args.steps
-  s = SCALES[args.scale]
+  regime, s = settings(args.scale, args.vocab)
+  vocab = (mlm.c4_vocab(exp, shared) if regime == "small8k" else None)
+  steps = args.steps or s["steps"]
   tokens_per_step = s["batch_size"] * s["seq_len"]
+  seeds = experiment.split(args.seeds, int)
   names = experiment.split(args.models)
   if args.ablations:
     names += [n for n in ABLATIONS if n not in names]
@@ -349,12 +435,13 @@ def main() -> None:
     raise SystemExit(f"--models: unknown {unknown}; models: "
                      f"{', '.join(MODELS)}; ablations: {', '.join(ABLATIONS)}")
 
-  def config(name, depth):
-    return run_config(name, args.scale, depth, shared, args.data_dir)
+  def config(name, depth, seed=0):
+    return run_config(name, args.scale, depth, shared, args.data_dir,
+                      vocab=vocab, seed=seed, steps=steps)
 
   # FLOP matching (recorded, so a restart does not recompile).
   def fit_of(name):
-    return exp.run(f"{args.scale}/flops/{name}", lambda: fit_block_flops(
+    return exp.run(f"{regime}/flops/{name}", lambda: fit_block_flops(
         lambda d: train_step_flops(config(name, (d[0], 0) if name in DENSE
                                           else d))))
   from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
@@ -379,64 +466,89 @@ def main() -> None:
           f" of sMLP), {pl['params'] / 1e6:.2f}M params", flush=True)
   if args.plan_only:
     return
+  bases = exp.data.setdefault("baselines", {})
+  if regime not in bases and not exp.report_only:
+    bases[regime] = lm_baselines(config(REFERENCE, s["smlp_depth"]))
+    exp.save()
 
+  budget = f"{regime}/s{steps}"
   runs = {}
   for name, pl in plan.items():
-    key = f"{args.scale}/runs/{name}"
-    cfg = config(name, tuple(pl["depth"]))
-    result = exp.cell(key, lambda c=cfg, k=key: experiment.train(
-        c, exp.workdir(k)))
-    if result is not None:
-      last80 = exp.cell(f"{args.scale}/last80/{name}", lambda c=cfg, k=key:
-                        heldout_last80(c, exp.workdir(k)))
-      runs[name] = {**result, **run_summary(result, tokens_per_step),
-                    "last80": last80}
+    for seed in seeds[:1] if name in ABLATIONS else seeds:
+      key = f"{budget}/runs/{name}/seed={seed}"
+      cfg = config(name, tuple(pl["depth"]), seed)
+      result = exp.cell(key, lambda c=cfg, k=key: experiment.train(
+          c, exp.workdir(k)))
+      if result is not None:
+        last80 = exp.cell(f"{budget}/last80/{name}/seed={seed}",
+                          lambda c=cfg, k=key: heldout_last80(
+                              c, exp.workdir(k)))
+        runs.setdefault(name, []).append(
+            {**result, **run_summary(result, tokens_per_step),
+             "last80": last80})
 
   plan.setdefault(REFERENCE, dict(
       depth=s["smlp_depth"], layer_flops=target,
       flops=fit_of(REFERENCE)["base"] + target,
       params=models.count_params(config(REFERENCE, s["smlp_depth"]).model)))
   main_names = [n for n in MODELS if n in plan]
+  base = bases.get(regime)
+  vocab_text = (f"the {vocab['model_vocab_size']:,}-id SentencePiece "
+                "vocabulary of the C4 sample" if vocab else
+                "T5's 32,128-id vocabulary")
   notes = (
       f"{args.scale} scale: d={s['d_model']}, d_ffn={s['d_ffn']}, "
       f"{s['num_experts']} experts, {s['num_heads']} head(s), sequence "
-      f"{s['seq_len']}, batch {s['batch_size']}, {s['steps']} steps, AdamW lr "
+      f"{s['seq_len']}, batch {s['batch_size']}, {steps} steps, AdamW lr "
       f"{s['lr']:g} (warm-up {s['warmup']}, cosine to 0.1), the same for "
-      "every model. Depths chosen so that the blocks' FLOPs per token match "
+      f"every model; {vocab_text}; seeds {seeds} (mean ± sd; ablations: the "
+      "first seed). Depths chosen so that the blocks' FLOPs per token match "
       "sMLP's (XLA cost analysis of the compiled train step; the embedding "
-      "and the 32,128-way output layer, equal for all, are the rest of the "
+      "and the output layer, equal for all, are the rest of the "
       "train-step column, which each run measured itself). Perplexity: per "
       "SentencePiece token on WikiText-2 valid after the last step "
       f"({s['eval_steps']} batches of {s['batch_size']} rows); partial "
       "routing's counts each row's last 80% only, so the next column counts "
-      "those positions for every model (`heldout_last80`). XLA counts Base "
+      "those positions for every model (`heldout_last80`). 'sMLP (det.) "
+      "lower?': yes / no only where the gap of the means exceeds the sum of "
+      "the sds. Unigram and add-k bigram: train-split counts, the same "
+      "positions. XLA counts Base "
       "Layers' auction loop body once (training only), so its FLOPs are "
       "under-counted; Base Layers' training assignment reads the whole row "
       "(its inference routing is causal).")
   table = experiment.markdown_table(HEADERS, table_rows(
-      main_names, labels, runs, plan, REFERENCE, PAPER))
+      main_names, labels, runs, plan, REFERENCE, PAPER,
+      base["all"]["unigram"] if base else None)
+      + (baseline_rows(base) if base else []))
   abl = [n for n in ABLATIONS if n in plan]
   if abl:
-    table += ("\n\nAblations (experiment 5), sMLP N1+N2 = "
+    table += ("\n\nAblations, sMLP N1+N2 = "
               f"{s['smlp_depth'][0]}+{s['smlp_depth'][1]}:\n\n")
     table += experiment.markdown_table(HEADERS[:-1], [
         r[:-1] for r in table_rows([REFERENCE] + abl, labels, runs, plan,
                                    REFERENCE, {})])
   exp.write_table(f"sMLP vs MoE Transformers at equal FLOPs ({args.scale} "
-                  "scale)", table, notes)
-  _plot(exp, runs, labels)
+                  f"scale, {'8k' if vocab else 'T5'} vocabulary)", table,
+                  notes)
+  _plot(exp, runs, labels, base)
 
 
-def _plot(exp, runs, labels) -> None:
+def _plot(exp, runs, labels, base) -> None:
   fig, axes = experiment.figure(ncols=2)
-  for name, r in runs.items():
-    steps, ppl = experiment.curve(r, "perplexity")
+  for name, rs in runs.items():
+    steps, ppl = experiment.mean_curve(rs, "perplexity")
+    ppl = ppl.mean(0)
     ls = "--" if name in ABLATIONS else "-"
-    axes[0, 0].plot(steps, ppl, ls=ls, marker="o", label=labels[name])
-    # Time axis: the step's share of the run's measured training time.
-    axes[0, 1].plot([r["train_seconds"] * s / steps[-1] for s in steps], ppl,
+    axes[0, 0].plot(steps, ppl, ls=ls, marker="o",
+                    label=f"{labels[name]} (n={len(rs)})")
+    # Time axis: the step's share of the runs' measured training time.
+    seconds = sum(r["train_seconds"] for r in rs) / len(rs)
+    axes[0, 1].plot([seconds * s / steps[-1] for s in steps], ppl,
                     ls=ls, marker="o", label=labels[name])
   for ax, x in zip(axes[0], ("step", "training time (s)")):
+    if base:
+      experiment.baseline_lines(ax, {"unigram": base["all"]["unigram"],
+                                     "bigram": base["all"]["bigram"]})
     experiment.style_axes(ax, x, "WikiText-2 valid perplexity", yscale="log",
                           legend=7 if x == "step" else 0)
   exp.save_figure(fig, "smlp_vs_moe")

@@ -157,20 +157,83 @@ def test_run_summary_and_table_rows():
   assert r["tokens_per_sec"] == 950.0          # median: eval intervals skipped
   assert r["flops_per_token"] == pytest.approx(3e9 / tokens)
   assert r["train_seconds"] == pytest.approx(50 * tokens / 950.0)
-  runs = {"smlp_deterministic": r,
-          "switch": {**exp4.run_summary(_run(400.0, [1900.0] * 3), tokens),
-                     "last80": {"perplexity": 350.0}}}
+  r2 = exp4.run_summary(_run(310.0, [950.0] * 3), tokens)
+  switch = [{**exp4.run_summary(_run(ppl, [tps] * 3), tokens),
+             "last80": {"perplexity": ppl - 50}}
+            for ppl, tps in ((400.0, 1900.0), (420.0, 2100.0))]
+  runs = {"smlp_deterministic": [r, r2], "switch": switch,
+          "hash": [{**r, "perplexity": 305.0}, {**r2, "perplexity": 306.0}]}
   plan = {"smlp_deterministic": dict(depth=(2, 2), layer_flops=2e6,
                                      params=2.5e6),
           "switch": dict(depth=(1, 2), layer_flops=1.8e6, params=2.4e6),
+          "hash": dict(depth=(1, 2), layer_flops=1.8e6, params=2.4e6),
           "gmlp": dict(depth=(6, 0), layer_flops=2.1e6, params=2.3e6)}
-  rows = exp4.table_rows(["smlp_deterministic", "switch", "gmlp"],
+  rows = exp4.table_rows(["smlp_deterministic", "switch", "hash", "gmlp"],
                          {n: exp4.MODELS[n][0] for n in exp4.MODELS}, runs,
-                         plan, "smlp_deterministic", exp4.PAPER)
-  assert len(rows[0]) == len(exp4.HEADERS)
-  assert rows[1][:10] == ["Switch Transformer", "1+2", "2.40M", "3.00",
-                          "1.80", "0.90", "400.0", "350.0", "1,900", "2.00"]
-  assert rows[0][5] == "1.00" and rows[0][9] == "1.00" and rows[0][7] == ""
-  assert rows[2][3] == "not run" and rows[2][6] == "not run"
+                         plan, "smlp_deterministic", exp4.PAPER,
+                         unigram=1000.0)
+  assert all(len(row) == len(exp4.HEADERS) for row in rows)
+  col = {h: i for i, h in enumerate(exp4.HEADERS)}
+  sw = rows[1]
+  assert sw[:6] == ["Switch Transformer", "1+2", "2.40M", "3.00", "1.80",
+                    "0.90"]
+  # Mean ± sd over the seeds, the ratio of the mean to the unigram, the
+  # verdict only beyond the spread (305 ± 7 vs 410 ± 14: sMLP lower).
+  assert sw[col["WikiText-2 valid ppl"]] == "410.0 ± 14.1 (n=2)"
+  assert sw[col["ppl / unigram"]] == "0.41"
+  assert sw[col["ppl, last 80% of each row"]] == "360.0 ± 14.1 (n=2)"
+  assert sw[col["sMLP (det.) lower?"]] == "yes"
+  assert sw[col["tokens/s"]] == "2,000"
+  # sMLP's mean tokens/s is (950 + 950) / 2.
+  assert sw[col["tokens/s vs sMLP"]] == f"{2000 / 950:.2f}"
+  assert rows[2][col["sMLP (det.) lower?"]] == "not decided"
+  assert rows[0][col["sMLP (det.) lower?"]] == ""
+  assert rows[0][5] == "1.00" and rows[0][col["tokens/s vs sMLP"]] == "1.00"
+  assert rows[3][3] == "not run" and rows[3][6] == "not run"
   assert rows[1][-1] == exp4.PAPER["switch"]
-  assert rows[2][5] == "1.05"
+  assert rows[3][5] == "1.05"
+  base = {"all": {"unigram": 1000.0, "bigram": 600.0, "bigram_k": 0.01},
+          "last80": {"unigram": 990.0, "bigram": 590.0, "bigram_k": 0.01}}
+  uni, bi = exp4.baseline_rows(base)
+  assert uni[col["WikiText-2 valid ppl"]] == "1000.0"
+  assert uni[col["ppl, last 80% of each row"]] == "990.0"
+  assert bi[col["ppl / unigram"]] == "0.60" and "add-0.01" in bi[0]
+
+
+def test_vocabulary_regimes(shared):
+  # The 8k vocabulary is the small scale's default regime, with its own
+  # budget; T5's keeps the first runs' budget; the paper scale has no other.
+  assert exp4.settings("small", "small") == (
+      "small8k", {**exp4.SCALES["small"], **exp4.SMALL_VOCAB})
+  assert exp4.settings("small", "t5") == ("small", exp4.SCALES["small"])
+  assert exp4.settings("paper", "small")[0] == "paper"
+  with pytest.raises(ValueError, match="--vocab='bpe'"):
+    exp4.settings("small", "bpe")
+  vocab = {"path": "/v/spm8000.model", "model_vocab_size": 8192}
+  c = exp4.run_config("switch", "small", (1, 1), shared, vocab=vocab, seed=2)
+  assert c.data.vocab_path == "/v/spm8000.model"
+  assert c.model.vocab_size == 8192 and c.seed == 2
+  assert c.data.text_layout == "wikitext"
+  assert c.batch_size == exp4.SMALL_VOCAB["batch_size"]
+  assert c.num_train_steps == exp4.SMALL_VOCAB["steps"]
+  assert exp4.run_config("switch", "small", (1, 1), shared, vocab=vocab,
+                         steps=40).eval_every == 40 // 5
+  t5 = exp4.run_config("switch", "small", (1, 1), shared)
+  assert t5.model.vocab_size == 32128 and t5.num_train_steps == 250
+  assert t5.data.text_layout == "lines"
+  assert (c.model.d_model, c.model.d_ffn, c.model.num_heads,
+          c.model.moe.expert_d_ffn) == (128, 512, 2, 512)
+  # Only the widths, the data's vocabulary and layout, the budget and the
+  # seed differ.
+  for cfg in (c, t5):
+    cfg.model.vocab_size = cfg.seed = cfg.model.d_model = cfg.model.d_ffn = 0
+    cfg.model.num_heads = cfg.model.moe.expert_d_ffn = 0
+    cfg.data.vocab_path = ""
+    cfg.data.text_layout = "lines"
+    cfg.batch_size = cfg.eval_batch_size = cfg.num_train_steps = 0
+    cfg.eval_every = cfg.log_every = cfg.checkpoint_every = 0
+    cfg.warmup_steps = 0
+  assert c.to_dict() == t5.to_dict()
+  with pytest.raises(ValueError, match="for --scale=small"):
+    exp4.train_config(exp4.model_config("gmlp", "paper", (1, 0)), "paper",
+                      shared, vocab=vocab)
