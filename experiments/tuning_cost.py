@@ -8,11 +8,19 @@ distribution of the trials: with accuracies v_(1) <= ... <= v_(T),
     E[max of n] = sum_i v_(i) [ (i/T)^n - ((i-1)/T)^n ].
 
 The paper (20 trials) finds HyperMixer's curve above the Transformer's: it
-needs fewer trials for the same expected accuracy.
+needs fewer trials for the same expected accuracy. One trial is one draw, so
+the spread of a curve is that of its draws: a bootstrap over the trials
+(resampled with replacement, the same resample for both models, since they
+share the draws) gives a 90% interval of the gap at each n, and "HyperMixer
+above?" is "agrees" / "disagrees" only where that interval excludes 0.
 
-  --scale=paper  20 trials of the ~11M models on a GLUE task from TFDS.
-  --scale=small  6 trials per model of width-32 two-layer GLUE models on the
-                 real SST-2 files in ``--shared``, 150 steps of batch 64 each.
+  --scale=paper  ``--trials`` (20) of the ~11M models on a GLUE task from
+                 TFDS.
+  --scale=small  ``--trials`` (20) of the SST-2 models of
+                 ``glue_from_scratch`` (width 128, 2 layers, length 64, the
+                 8k SentencePiece vocabulary of the SST-2 train phrases,
+                 ``--steps`` of batch 64) on the real SST-2 files in
+                 ``--shared``, beside Naive Bayes on the same tokens.
 
   python experiments/tuning_cost.py --scale=small --out=experiments/results/tuning_cost
 
@@ -28,6 +36,10 @@ import glue_from_scratch as glue
 from hypermixer_jax import experiment
 
 MODELS = ("hypermixer", "attention")
+TRIALS = 20
+BOOTSTRAP = 2000
+# Fewer trials than this leave the bootstrap too coarse for a verdict.
+MIN_TRIALS = 10
 
 
 def expected_max(values, n: int) -> float:
@@ -36,6 +48,32 @@ def expected_max(values, n: int) -> float:
   t = len(v)
   i = np.arange(1, t + 1)
   return float(np.sum(v * ((i / t) ** n - ((i - 1) / t) ** n)))
+
+
+def gap_interval(ours, other, n: int, samples: int = BOOTSTRAP,
+                 seed: int = 0) -> tuple[float, float]:
+  """5th and 95th percentiles of ``expected_max(ours, n) -
+  expected_max(other, n)`` over bootstrap resamples of the trials (paired:
+  trial t of both models is the same hyperparameter draw)."""
+  ours, other = np.asarray(ours, np.float64), np.asarray(other, np.float64)
+  if ours.shape != other.shape:
+    raise ValueError(f"gap_interval: {len(ours)} and {len(other)} trials; "
+                     "the models must share the draws.")
+  rng = np.random.default_rng(seed)
+  idx = rng.integers(0, len(ours), size=(samples, len(ours)))
+  gaps = [expected_max(ours[i], n) - expected_max(other[i], n) for i in idx]
+  return float(np.percentile(gaps, 5)), float(np.percentile(gaps, 95))
+
+
+def interval_verdict(low: float, high: float, trials: int) -> str:
+  """'agrees' (the paper: HyperMixer above) where the interval is above 0,
+  'disagrees' below it, 'not decided' where it holds 0 or where there are
+  fewer than ``MIN_TRIALS`` trials."""
+  if trials < MIN_TRIALS:
+    return f"not decided ({trials} < {MIN_TRIALS} trials)"
+  if low > 0:
+    return "agrees"
+  return "disagrees" if high < 0 else "not decided"
 
 
 def trials(count: int, seed: int = 0) -> list[tuple[float, float]]:
@@ -56,45 +94,85 @@ def run_trial(config, workdir: str) -> dict:
 
 
 def main() -> None:
-  p = experiment.parser("tuning_cost", __doc__)
-  p.add_argument("--data_dir", default="")
+  p = experiment.parser("tuning_cost", __doc__, report_only=True,
+                        data_dir="", steps=glue.SMALL["steps"])
   p.add_argument("--task", default="sst2")
+  p.add_argument("--trials", type=int, default=TRIALS)
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   small = args.scale == "small"
-  count = 6 if small else 20
-  space = trials(count)
+  task = "sst2" if small else args.task
+  space = trials(args.trials)
+  if small:
+    kw = dict(steps=args.steps, vocab=glue.sst2_vocab(exp, shared))
+    budget = f"w{glue.SMALL['width']}_s{args.steps}_n{glue.SMALL['seq_len']}"
+  else:
+    kw, budget = {}, "paper"
+
+  def config(mixer, lr, dropout):
+    return glue.glue_config(task, mixer, args.scale, lr, shared,
+                            args.data_dir, dropout=dropout, **kw)
+  bases = exp.data.setdefault("baselines", {})
+  if small and budget not in bases and not exp.report_only:
+    bases[budget] = glue.bag_of_words_baselines(config(MODELS[0], 1e-3, 0.0))
+    exp.save()
   acc = {m: [] for m in MODELS}
   for mixer in MODELS:
     for t, (lr, dropout) in enumerate(space):
-      key = f"{args.task}/{mixer}/trial{t}"
-      cfg = glue.glue_config(args.task if not small else "sst2", mixer,
-                             args.scale, lr, shared, args.data_dir,
-                             steps=150 if small else None, dropout=dropout,
-                             width=32)
-      result = exp.run(key, lambda c=cfg, k=key: run_trial(c, exp.workdir(k)))
-      accuracy = result["eval"].get("accuracy", float("nan"))
-      acc[mixer].append(accuracy if accuracy == accuracy else 0.0)
-  ns = list(range(1, count + 1))
+      key = f"{budget}/{task}/{mixer}/trial{t}"
+      result = exp.cell(key, lambda c=config(mixer, lr, dropout), k=key:
+                        run_trial(c, exp.workdir(k)))
+      if result is not None:
+        accuracy = result["eval"].get("accuracy", float("nan"))
+        acc[mixer].append(accuracy if accuracy == accuracy else 0.0)
+  _report(exp, args, task, budget, acc)
+
+
+def _report(exp, args, task, budget, acc) -> None:
+  done = min(len(v) for v in acc.values())
+  if not done:
+    print("tuning_cost: no trial recorded for both models yet.")
+    return
+  acc = {m: v[:done] for m, v in acc.items()}     # the shared draws only
+  ns = list(range(1, done + 1))
   curves = {m: [expected_max(acc[m], n) for n in ns] for m in MODELS}
   exp.save(expected_max=curves)
-  rows = [[n] + [f"{100 * curves[m][n - 1]:.1f}" for m in MODELS]
-          for n in sorted({1, 2, 3, 5, 8, count} & set(ns))]
+  rows = []
+  for n in sorted({1, 2, 3, 5, 10, 15, done} & set(ns)):
+    low, high = gap_interval(acc["hypermixer"], acc["attention"], n)
+    rows.append([n] + [f"{100 * curves[m][n - 1]:.1f}" for m in MODELS]
+                + [f"{100 * low:+.1f} / {100 * high:+.1f}",
+                   interval_verdict(low, high, done)])
+  base = exp.data.get("baselines", {}).get(budget)
+  if base:
+    rows.append([f"Naive Bayes (bag of tokens): "
+                 f"{100 * base['naive_bayes']:.1f}", "", "", "", ""])
+  small = args.scale == "small"
   exp.write_table(
-      f"Tuning cost: expected best {args.task} dev accuracy after n trials "
+      f"Tuning cost: expected best {task} dev accuracy after n trials "
       f"({args.scale} scale)",
-      experiment.markdown_table(["trials"] + [glue.LABELS[m] for m in MODELS],
-                                rows),
-      f"{count} random-search trials per model, log10(lr) ~ U(-8, -1), "
+      experiment.markdown_table(
+          ["trials"] + [glue.LABELS[m] for m in MODELS]
+          + ["gap, 90% bootstrap interval (points)", "HyperMixer above?"],
+          rows),
+      f"{done} random-search trials per model, log10(lr) ~ U(-8, -1), "
       "dropout ~ U(0, 0.5), the same draws for both models"
-      + (", width-32 2-layer models, 150 steps of batch 64" if small else "")
-      + ". A diverged trial counts as accuracy 0.")
+      + (f", the small GLUE layout (width {glue.SMALL['width']}, 2 layers, "
+         f"length {glue.SMALL['seq_len']}, 8k SST-2 vocabulary), "
+         f"{args.steps} steps of batch 64" if small else "")
+      + ". Dev accuracy at the last step; a diverged trial counts as 0. "
+      f"Gap: HyperMixer - Transformer, percentiles 5 and 95 of {BOOTSTRAP} "
+      "paired bootstrap resamples of the trials; 'agrees' (the paper: "
+      "HyperMixer above) only where the interval excludes 0, with at least "
+      f"{MIN_TRIALS} trials.")
   fig, axes = experiment.figure()
   ax = axes[0, 0]
   for mixer in MODELS:
     ax.plot(ns, [100 * v for v in curves[mixer]], marker="o",
             label=glue.LABELS[mixer])
+  if base:
+    experiment.baseline_lines(ax, {"Naive Bayes": 100 * base["naive_bayes"]})
   experiment.style_axes(ax, "random-search trials",
                         "expected best dev accuracy (%)", legend=10)
   exp.save_figure(fig, "tuning_cost")

@@ -189,6 +189,30 @@ class TuningCostTest(absltest.TestCase):
     self.assertBetween(np.mean(lrs < 10 ** -4.5), 0.35, 0.65)
     self.assertEqual(space, tuning_cost.trials(200, seed=3))
 
+  def test_gap_interval_is_paired_over_the_draws(self):
+    ours = [0.5, 0.8, 0.6, 0.7, 0.1, 0.9]
+    # Paired resamples: the same draws give exactly 0; a constant shift of
+    # every trial gives exactly the shift at every n.
+    self.assertEqual(tuning_cost.gap_interval(ours, ours, 3), (0.0, 0.0))
+    low, high = tuning_cost.gap_interval([v + 0.02 for v in ours], ours, 2)
+    self.assertAlmostEqual(low, 0.02)
+    self.assertAlmostEqual(high, 0.02)
+    # One lucky trial: the interval holds 0, so no verdict.
+    lucky = [0.5, 0.5, 0.5, 0.5, 0.5, 0.9]
+    low, high = tuning_cost.gap_interval(lucky, [0.5] * 6, 1, seed=1)
+    self.assertEqual(low, 0.0)
+    self.assertGreater(high, 0.0)
+    self.assertEqual(tuning_cost.interval_verdict(low, high, 20),
+                     "not decided")
+    self.assertEqual(tuning_cost.interval_verdict(0.01, 0.03, 20), "agrees")
+    self.assertEqual(tuning_cost.interval_verdict(-0.03, -0.01, 20),
+                     "disagrees")
+    # Three trials, each above: the bootstrap is too coarse to say so.
+    self.assertEqual(tuning_cost.interval_verdict(0.01, 0.03, 3),
+                     "not decided (3 < 10 trials)")
+    with self.assertRaisesRegex(ValueError, "must share the draws"):
+      tuning_cost.gap_interval([0.1, 0.2], [0.1], 1)
+
 
 class LowResourceTest(absltest.TestCase):
 
