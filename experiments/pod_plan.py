@@ -147,6 +147,19 @@ def _gib(x):
   return f"{x / 2**30:.2f}"
 
 
+def traffic_bytes(r: dict) -> float:
+  """The bytes a chip sends in the cell's collectives: recorded by the
+  compile (``tc.collective_traffic``), or for a cell compiled before that
+  was recorded, estimated from its result bytes by kind with groups of the
+  slice's size (``tc.traffic_factor``)."""
+  if "collective_traffic_bytes" in r:
+    return r["collective_traffic_bytes"]
+  n = r["chips"] // max(1, r["mesh"].get("data", 1)) if r["mesh"].get(
+      "fsdp", 1) > 1 else r["chips"]
+  return sum(b * tc.traffic_factor(k, n)
+             for k, (_, b) in r["collectives"].items())
+
+
 def table(results: dict) -> str:
   rows = []
   for key, r in results.items():
@@ -161,15 +174,16 @@ def table(results: dict) -> str:
                      for k, (n, _) in r["collectives"].items() if n)
     coll_bytes = sum(b for _, b in r["collectives"].values())
     chip = next(c for c in tc.CHIPS.values() if c.name == r["chip"])
-    times = (r["flops"] / tc.metrics_lib.peak_flops(r["chip"]),
-             r["bytes_accessed"] / chip.hbm_bandwidth,
-             coll_bytes / chip.ici_bandwidth)
+    times, _, mfu = tc.roofline(
+        r["flops"], r["bytes_accessed"], traffic_bytes(r), chip,
+        tc.metrics_lib.peak_flops(r["chip"]))
+    limit = max(times, key=times.get)
     rows.append([
         name, preset, topo, "yes" if r["fits"] else "**no**",
         f"{_gib(r['total_bytes'])} / {_gib(r['hbm_bytes'])}",
         f"{coll} ({_gib(coll_bytes)} GiB)",
-        " / ".join(f"{t * 1e3:.1f}" for t in times),
-        f"{r['est_mfu']:.0%} ({r['est_limit']})",
+        " / ".join(f"{t * 1e3:.1f}" for t in times.values()),
+        f"{mfu:.0%} ({limit})",
         f"{r['batch_size']} / {r['est_max_batch']}"])
   return bc.markdown_table(
       ["config", "preset", "topology", "fits", "HBM/chip GiB (of)",

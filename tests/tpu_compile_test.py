@@ -89,6 +89,11 @@ def test_each_family_compiles_for_tpu(family, name):
   assert r["fits"] and r["flops"] > 0 and r["est_mfu"] > 0
   # Parameters are sharded: some all-gather before use.
   assert r["collectives"]["all-gather"][0] > 0
+  # A chip sends about (n-1)/n of what it gathers, and more for the
+  # gradients' reduction: at least the gathers' share, at most twice all.
+  gathered = r["collectives"]["all-gather"][1]
+  assert 0.5 * gathered <= r["collective_traffic_bytes"] <= 2 * sum(
+      b for _, b in r["collectives"].values())
   assert r["params"] == zoo.count_params(tiny(family).model)
   if family == "smlp":
     # Experts over the "expert" axis dispatch with all-to-all on TPU.
@@ -175,6 +180,39 @@ def test_collectives_parse_kinds_and_bytes():
                  "all-to-all": (1, 3 * 5 * 7 * 4),
                  "collective-permute": (1, 16 * 512 * 4)}
   assert tc.largest_buffers(HLO, 1) == [(512 * 256 * 2, "bf16[512,256]")]
+
+
+# The replica-group forms XLA prints, each with its group size.
+TRAFFIC_HLO = """
+  %all-gather.4 = bf16[512,256]{0,1} all-gather(%p0), channel_id=53, replica_groups=mesh['axis_0'=2,'axis_1'=16] {'axis_1'}, dimensions={0}
+  %all-reduce.1 = (f32[768]{0}, f32[256]{0}) all-reduce(%a, %b), channel_id=2, replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2] {'axis_0','axis_2'}, to_apply=%add
+  %reduce-scatter.2 = f32[64]{0} reduce-scatter(%c), channel_id=3, replica_groups=[2,4]<=[8], dimensions={0}
+  %all-to-all.3 = s32[3,5,8]{2,1,0} all-to-all(%d), channel_id=5, replica_groups={{0,1},{2,3}}
+  %all-gather-start = (f32[4]{0}, f32[32]{0}) all-gather-start(%e), channel_id=6, replica_groups={}, dimensions={0}
+  %all-gather-done = f32[32]{0} all-gather-done(%all-gather-start)
+  %collective-permute = f32[16,512]{1,0} collective-permute(%x), channel_id=77, source_target_pairs={{0,1},{1,0}}
+"""
+
+
+def test_collective_traffic_reads_each_group_form():
+  assert tc.group_size("replica_groups=mesh['a'=2,'b'=16] {'b'}", 64) == 16
+  assert tc.group_size("replica_groups=mesh['a'=4,'b'=1,'c'=2] {'a','c'}",
+                       64) == 8
+  assert tc.group_size("replica_groups=[2,4]<=[8]", 64) == 4
+  assert tc.group_size("replica_groups={{0,1,2},{3,4,5}}", 64) == 3
+  assert tc.group_size("replica_groups={}", 64) == 64
+  got = tc.collective_traffic(TRAFFIC_HLO, devices=8)
+  # all-gather: (n-1)/n of its result, n = 16 (axis_1), plus the async
+  # pair's f32[32] over every device (n = 8, read from its -start).
+  assert got["all-gather"] == pytest.approx(
+      512 * 256 * 2 * 15 / 16 + 32 * 4 * 7 / 8)
+  # all-reduce: twice (n-1)/n over axis_0 x axis_2 (n = 8).
+  assert got["all-reduce"] == pytest.approx(2 * (768 + 256) * 4 * 7 / 8)
+  # reduce-scatter: (n-1) results (its input is n of them), n = 4.
+  assert got["reduce-scatter"] == pytest.approx(64 * 4 * 3)
+  assert got["all-to-all"] == pytest.approx(3 * 5 * 8 * 4 / 2)
+  assert got["collective-permute"] == 16 * 512 * 4
+  assert tc.traffic_factor("all-reduce", 1) == 0.0
 
 
 def test_gpu_and_unknown_topologies_are_refused():

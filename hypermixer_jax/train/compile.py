@@ -12,7 +12,8 @@ the loop's own train and eval steps are lowered and compiled by XLA:TPU.
 XLA's temporaries, the total against the chip's HBM, FLOPs, the collectives
 of the TPU HLO by kind with the bytes of their results, and a roofline
 *estimate* of the step time (the largest of FLOPs at peak, bytes accessed at
-HBM bandwidth and collective bytes at ICI bandwidth) and of the MFU that
+HBM bandwidth and the bytes a chip sends in collectives at ICI bandwidth:
+``collective_traffic``) and of the MFU that
 follows. A configuration that does not fit raises ``DoesNotFit``, naming the
 largest buffers and the largest batch that fits (``largest_batch``: halving,
 then bisection of compiles).
@@ -221,6 +222,67 @@ def shape_bytes(hlo_type: str) -> int:
   return total
 
 
+_GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_GROUPS_IOTA = re.compile(r"replica_groups=\[([0-9,]+)\]<=")
+_GROUPS_LIST = re.compile(r"replica_groups=\{\{([0-9, ]*)\}")
+_GROUPS_EMPTY = re.compile(r"replica_groups=\{\}")
+_OP_LINE = re.compile(r"^\s*(?:ROOT\s+)?(%?\S+) = (.+?) (" + "|".join(COLLECTIVES)
+                      + r")(-start|-done)?\(([^)]*)\)(.*)$")
+
+
+def group_size(attributes: str, devices: int) -> int:
+  """Participants of each group of a collective's ``replica_groups``, in
+  the forms XLA prints: ``mesh['a'=16,'b'=1] {'a'}`` (the named axes'
+  sizes multiplied), ``[groups,size]<=[...]``, ``{{0,1,2,3},...}``, and
+  ``{}`` or no attribute (every device)."""
+  m = _GROUPS_MESH.search(attributes)
+  if m:
+    sizes = dict(re.findall(r"'([^']+)'=(\d+)", m.group(1)))
+    return math.prod(int(sizes[a]) for a in re.findall(r"'([^']+)'",
+                                                       m.group(2)))
+  m = _GROUPS_IOTA.search(attributes)
+  if m:
+    return int(m.group(1).split(",")[-1])
+  m = _GROUPS_LIST.search(attributes)
+  if m:
+    return len([x for x in m.group(1).split(",") if x.strip()])
+  return devices
+
+
+def traffic_factor(kind: str, n: int) -> float:
+  """Bytes one chip sends per byte of the op's result, for ring-like
+  algorithms over a group of ``n``: an all-gather or all-to-all sends the
+  (n-1)/n of the result it does not hold, an all-reduce twice that (a
+  reduce-scatter, then an all-gather), a reduce-scatter (n-1) times its
+  result (the input is n results), a collective-permute its result."""
+  if n <= 1:
+    return 0.0
+  return {"all-gather": (n - 1) / n, "all-to-all": (n - 1) / n,
+          "all-reduce": 2 * (n - 1) / n, "reduce-scatter": float(n - 1),
+          "collective-permute": 1.0}[kind]
+
+
+def collective_traffic(hlo_text: str, devices: int) -> dict[str, float]:
+  """``{kind: bytes one chip sends}`` of the collectives in an HLO module:
+  each op's result bytes times ``traffic_factor`` of its group size
+  (``group_size``; an asynchronous pair's group read from its ``-start``).
+  Counted as written, like ``collectives``: a loop body once."""
+  out = {k: 0.0 for k in COLLECTIVES}
+  started = {}
+  for line in hlo_text.splitlines():
+    m = _OP_LINE.match(line)
+    if not m:
+      continue
+    name, hlo_type, kind, phase, operands, rest = m.groups()
+    if phase == "-start":
+      started[name.lstrip("%")] = group_size(rest, devices)
+      continue
+    n = (started.get(operands.strip().lstrip("%"), devices)
+         if phase == "-done" else group_size(rest, devices))
+    out[kind] += shape_bytes(hlo_type) * traffic_factor(kind, n)
+  return out
+
+
 def collectives(hlo_text: str) -> dict[str, tuple[int, int]]:
   """``{kind: (ops, result bytes)}`` of the collectives in an HLO module.
 
@@ -262,6 +324,17 @@ def largest_buffers(hlo_text: str, k: int = 3) -> list[tuple[int, str]]:
   return sorted(((b, n) for n, b in found.items()), reverse=True)[:k]
 
 
+def roofline(flops: float, accessed: float, traffic: float, chip: Chip,
+             peak: float) -> tuple[dict[str, float], float, float]:
+  """(seconds of each bound, estimated step seconds, estimated MFU): FLOPs
+  at the chip's peak, bytes accessed at its HBM bandwidth and the bytes a
+  chip sends in collectives at its ICI bandwidth; the step is the largest."""
+  times = {"compute": flops / peak, "hbm": accessed / chip.hbm_bandwidth,
+           "collectives": traffic / chip.ici_bandwidth}
+  step = max(times.values())
+  return times, step, (flops / peak / step if step else 0.0)
+
+
 def report(c: Compiled) -> dict[str, Any]:
   """Per-chip figures of the compiled steps (see the module docstring)."""
   chip, peak = chip_of(c.mesh.devices.flat[0])
@@ -275,10 +348,8 @@ def report(c: Compiled) -> dict[str, Any]:
   flops, accessed = _flops_and_bytes(c.train)
   hlo = c.train.as_text()
   coll = collectives(hlo)
-  comm = sum(b for _, b in coll.values())
-  times = {"compute": flops / peak, "hbm": accessed / chip.hbm_bandwidth,
-           "collectives": comm / chip.ici_bandwidth}
-  step = max(times.values())
+  comm = sum(collective_traffic(hlo, c.mesh.size).values())
+  times, step, mfu = roofline(flops, accessed, comm, chip, peak)
   out = {
       "chip": chip.name, "chips": c.mesh.size, "mesh": dict(c.mesh.shape),
       "batch_size": c.batch_size,
@@ -289,9 +360,9 @@ def report(c: Compiled) -> dict[str, Any]:
       "hbm_bytes": chip.hbm_bytes, "fits": total <= chip.hbm_bytes,
       "flops": flops, "bytes_accessed": accessed,
       "collectives": {k: list(v) for k, v in coll.items()},
+      "collective_traffic_bytes": comm,
       "est_step_s": step, "est_limit": max(times, key=times.get),
-      "est_times_s": times,
-      "est_mfu": flops / peak / step if step else 0.0,
+      "est_times_s": times, "est_mfu": mfu,
       "largest_buffers": largest_buffers(hlo),
   }
   if c.eval is not None:
@@ -354,7 +425,8 @@ def format_report(r: dict[str, Any]) -> str:
       f"HBM: {'fits' if r['fits'] else 'DOES NOT FIT'}",
       f"train step per chip: {r['flops'] / 1e12:.3f} TFLOP, "
       f"{_gib(r['bytes_accessed'])} accessed",
-      f"collectives (ops in the HLO, result bytes): {coll or 'none'}",
+      f"collectives (ops in the HLO, result bytes): {coll or 'none'}; a "
+      f"chip sends {_gib(r['collective_traffic_bytes'])}",
       f"estimate (roofline, not a measurement): step {r['est_step_s'] * 1e3:.2f}"
       f" ms, bound by {r['est_limit']}, MFU {r['est_mfu']:.0%}",
   ]
