@@ -13,7 +13,11 @@ compile; not compiled).
 
 Cells are written to ``OUT/results.json`` one by one and a rerun skips the
 cells already there, so a long grid can be stopped and resumed. ``--table``
-only prints the markdown table of what is there.
+only prints the markdown table of what is there; ``--hosts`` the input side
+of each compiled cell: the examples/s one TPU host's chips consume at the
+cell's estimated step time, against what one host core supplies through the
+config's input pipeline (``--pipeline_rates``, measured with
+``bench_input.py``), i.e. the cores a host needs to feed its chips.
 """
 import argparse
 import json
@@ -34,6 +38,20 @@ TOPOLOGIES = {
     "2x v5e-256": ("v5e:16x16", 2), "v5e-16": ("v5e:4x4", 1),
 }
 PRESETS = ("fsdp", "data_parallel", "fsdp_tensor", "expert")
+# Chips per host of the multi-host slices of each generation (Cloud TPU's
+# system-architecture pages: 4-chip VMs for v4, v5e, v5p and v6e pods).
+CHIPS_PER_HOST = 4
+# Examples/s one host core supplies through each pipeline, measured on this
+# project's CPU machine (one core, experiments/README.md "Pod plan"):
+#   bench_input.py --shards=8 --batch_size=64 --batches=300 \
+#     --warmup_batches=30 --seq_len=128 --only "c4_mlm,c4_mlm packed,c4_lm packed"
+#   bench_input.py --batch_size=32 --batches=60 --warmup_batches=6 \
+#     --only "imagenet_patches 224/16"
+# Text pipelines: rows of RATE_SEQ_LEN tokens per second (a config with
+# longer rows gets proportionally fewer: the per-token work dominates).
+PIPELINE_RATES = {"c4_mlm": 3163.0, "c4_mlm packed": 2313.0,
+                  "c4_lm packed": 2932.0, "imagenet_patches": 90.2}
+RATE_SEQ_LEN = 128
 BERT_BASE = dict(num_layers=12, d_model=768, d_ffn=3072)
 
 
@@ -160,6 +178,56 @@ def traffic_bytes(r: dict) -> float:
              for k, (_, b) in r["collectives"].items())
 
 
+def pipeline_of(name: str) -> tuple[str, int]:
+  """(the input pipeline a configuration trains on, as ``bench_input.py``
+  labels it: the data task, ' packed' when it packs rows; its row length,
+  0 for images)."""
+  data = CONFIGS[name][0]().data
+  if data.task.startswith("imagenet"):
+    return "imagenet_patches", 0
+  return (data.task + (" packed" if data.get("packing", False) else ""),
+          int(data.seq_len))
+
+
+def host_rows(results: dict, rates: dict[str, float],
+              pipelines: dict[str, tuple[str, int]] | None = None
+              ) -> list[list]:
+  """Per compiled cell: what a host's chips consume per second at the
+  estimated step time (an upper bound: the roofline step is a lower bound),
+  in tokens (text rows x their length) or images; the pipeline; what one
+  core supplies through it in the same unit (``rates``: rows of
+  ``RATE_SEQ_LEN`` or images per second); and the cores a host needs."""
+  rows = []
+  for key, r in results.items():
+    if "skipped" in r or "error" in r:
+      continue
+    name, preset, topo = key.split("|")
+    pipeline, length = (pipelines or {}).get(name) or pipeline_of(name)
+    chip = next(c for c in tc.CHIPS.values() if c.name == r["chip"])
+    _, step, _ = tc.roofline(r["flops"], r["bytes_accessed"],
+                             traffic_bytes(r), chip,
+                             tc.metrics_lib.peak_flops(r["chip"]))
+    per_host = r["batch_size"] * min(CHIPS_PER_HOST, r["chips"]) / r["chips"]
+    need = per_host * max(length, 1) / step
+    rate = rates.get(pipeline)
+    supply = rate * (RATE_SEQ_LEN if length else 1) if rate else None
+    rows.append([name, preset, topo,
+                 f"{per_host:g} x {length}" if length else f"{per_host:g}",
+                 f"{step * 1e3:.1f}", f"{need:,.0f}",
+                 "tokens" if length else "images", pipeline,
+                 f"{supply:,.0f}" if supply else "not measured",
+                 f"{need / supply:.1f}" if supply else ""])
+  return rows
+
+
+def host_table(results: dict, rates: dict[str, float]) -> str:
+  return bc.markdown_table(
+      ["config", "preset", "topology", "examples per host per step",
+       "est. step ms", "host consumes /s", "unit", "pipeline",
+       "one core supplies /s", "cores a host needs"],
+      host_rows(results, rates))
+
+
 def table(results: dict) -> str:
   rows = []
   for key, r in results.items():
@@ -216,12 +284,28 @@ def main():
                           "2x v5e-256"])
   p.add_argument("--cells", type=int, default=0, help="stop after N cells")
   p.add_argument("--table", action="store_true")
+  p.add_argument("--hosts", action="store_true",
+                 help="print the host-cores table of the compiled cells")
+  p.add_argument("--pipeline_rates", default=",".join(
+      f"{k}={v:g}" for k, v in PIPELINE_RATES.items()),
+                 help="per host core: rows of RATE_SEQ_LEN tokens/s of each "
+                 "text pipeline, images/s of the image pipeline")
   args = p.parse_args()
   path = os.path.join(args.out, "results.json")
   results = {}
   if os.path.exists(path):
     with open(path, encoding="utf-8") as f:
       results = json.load(f)
+  if args.hosts:
+    rates = {}
+    for item in args.pipeline_rates.split(","):
+      label, _, value = item.rpartition("=")
+      if not label:
+        raise SystemExit(f"--pipeline_rates: {item!r} is not PIPELINE=RATE "
+                         "(e.g. c4_mlm=3163).")
+      rates[label] = float(value)
+    print(host_table(results, rates))
+    return
   if args.table:
     print(table(results))
     print("\nNot compiled (of the grid asked for):")

@@ -29,3 +29,34 @@ def test_set_preset_meshes():
   assert pod_plan.set_preset(c, "data_parallel", 16, 1)
   assert (c.mesh.data, c.mesh.fsdp, c.sharding.rules) == (-1, 1,
                                                           "data_parallel")
+
+
+def test_host_rows_cores_a_host_needs():
+  # A v5e-16 cell (4 hosts of 4 chips): batch 256 at an estimated 4 ms
+  # step (HBM-bound: 819e9 B/s x 4e-3 s accessed, FLOPs and collectives
+  # far below) consumes 64 rows of 128 tokens per host every 4 ms.
+  cell = {"chip": "TPU v5e", "chips": 16, "mesh": {"fsdp": 16},
+          "batch_size": 256, "flops": 1e9, "bytes_accessed": 819e9 * 4e-3,
+          "collectives": {"all-gather": [1, 1000]},
+          "collective_traffic_bytes": 1000.0}
+  image = dict(cell, batch_size=1024)
+  rows = pod_plan.host_rows(
+      {"m|fsdp|v5e-16": cell, "i|fsdp|v5e-16": image,
+       "x|fsdp|v5e-16": {"error": "no"}},
+      {"c4_mlm": 1000.0, "imagenet_patches": 50.0},
+      pipelines={"m": ("c4_mlm", 128), "i": ("imagenet_patches", 0)})
+  assert len(rows) == 2
+  text, img = rows
+  assert text[3:8] == ["64 x 128", "4.0", f"{64 * 128 / 4e-3:,.0f}",
+                       "tokens", "c4_mlm"]
+  # One core supplies 1,000 rows of RATE_SEQ_LEN (128) tokens per second.
+  assert text[8] == f"{1000 * pod_plan.RATE_SEQ_LEN:,.0f}"
+  assert text[9] == f"{64 * 128 / 4e-3 / (1000 * 128):.1f}"
+  assert img[3] == "256" and img[6] == "images"
+  assert img[9] == f"{256 / 4e-3 / 50:.1f}"
+  # The configurations name their own pipelines.
+  assert pod_plan.pipeline_of("bert_mlm_attention") == ("c4_mlm packed", 128)
+  assert pod_plan.pipeline_of("bert_mlm_hypermixer") == ("c4_mlm", 128)
+  assert pod_plan.pipeline_of("causal_lm_hypermixer") == ("c4_lm packed",
+                                                          1024)
+  assert pod_plan.pipeline_of("mixer_b16") == ("imagenet_patches", 0)
