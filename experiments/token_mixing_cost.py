@@ -85,11 +85,13 @@ def _cost(compiled) -> dict:
 
 
 def _counted_module(module):
-  """The module whose compiled forward gives the FLOP count. Attention runs
-  block-wise on CPU for long rows (a scan with an online softmax), and XLA's
-  cost analysis counts a scan's body once, not once per step; the same
-  arithmetic materialised (``implementation='xla'``) is counted instead."""
-  if "implementation" in {f.name for f in dataclasses.fields(type(module))}:
+  """The module whose compiled forward gives the FLOP count. Softmax
+  attention runs block-wise on CPU for long rows (a scan with an online
+  softmax), and XLA's cost analysis counts a scan's body once, not once per
+  step; the same arithmetic materialised (``implementation='xla'``) is
+  counted instead. Linear attention needs no stand-in here: on one unpacked,
+  non-causal row its chunked form is a single einsum, no scan."""
+  if isinstance(module, models.SelfAttention):
     return module.clone(implementation="xla")
   return module
 

@@ -43,7 +43,8 @@ class TokenMixingCostTest(absltest.TestCase):
     cls.lengths = (128, 512)
     cls.exponents = tmc.run(experiment.Experiment(cls.out),
                             lengths=cls.lengths,
-                            mixers=("hypermixer", "attention", "fnet"),
+                            mixers=("hypermixer", "attention", "fnet",
+                                    "linear_attention"),
                             repeats=2, min_repeats=1, budget_s=0.0)
     cls.saved = json.loads((cls.out / "results.json").read_text())
 
@@ -51,7 +52,7 @@ class TokenMixingCostTest(absltest.TestCase):
     for key in ("runs", "exponents", "lengths", "mixers", "backend"):
       self.assertIn(key, self.saved)
     self.assertEqual(self.saved["lengths"], list(self.lengths))
-    for mixer in ("hypermixer", "attention", "fnet"):
+    for mixer in ("hypermixer", "attention", "fnet", "linear_attention"):
       for n in self.lengths:
         r = self.saved["runs"][f"{mixer}/n{n}"]
         self.assertGreater(r["time_s"], 0)
@@ -62,6 +63,13 @@ class TokenMixingCostTest(absltest.TestCase):
                   "exponent"):
       self.assertIn(label, table)
     self.assertEqual(_png(self.out / "token_mixing_cost.png").ndim, 3)
+
+  def test_linear_attention_flops_are_linear_in_n(self):
+    # Counted on the module itself (one unpacked row: a single einsum).
+    runs = self.saved["runs"]
+    ratio = (runs["linear_attention/n512"]["flops"]
+             / runs["linear_attention/n128"]["flops"])
+    self.assertAlmostEqual(ratio, 4.0, delta=0.05)
 
   def test_attention_flops_match_closed_form(self):
     # q, k, v, out projections 4 * 2 N d^2; scores and weighted sum 2 * 2 N^2 d
