@@ -16,7 +16,8 @@ sets: an upper reference, not a like-for-like number).
   python experiments/nli_splits.py --out=experiments/results/nli_splits
 
 Writes ``results.json``, ``table.md`` and ``nli_splits.png`` (test accuracy
-against step, mean over seeds, per task) into ``--out``.
+against step, mean over seeds, per task) into ``--out``; ``--report_only``
+writes them from the runs recorded so far.
 """
 from __future__ import annotations
 
@@ -80,8 +81,8 @@ def task_config(task: str, mixer: str, split: dict, vocab: dict,
 
 
 def main() -> None:
-  p = experiment.parser("nli_splits", __doc__, models=MODELS, seeds="0,1,2",
-                        steps=SMALL["steps"])
+  p = experiment.parser("nli_splits", __doc__, report_only=True,
+                        models=MODELS, seeds="0,1,2", steps=SMALL["steps"])
   p.add_argument("--tasks", default=",".join(FILES))
   p.add_argument("--width", type=int, default=SMALL["width"])
   p.add_argument("--seq_len", type=int, default=SMALL["seq_len"])
