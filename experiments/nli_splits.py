@@ -2,8 +2,9 @@ r"""The HyperMixer paper's pair tasks on the dev files here (Mai et al. §4.3).
 
 Only dev sets of the pair tasks are available offline (``--shared``: MNLI
 matched 9,815, SNLI 9,842, QNLI 5,463 pairs; see its SOURCES.md). Each is cut
-once into a fixed 80/20 train/test split (a seeded permutation of its rows;
-the files and their SHA-256 are recorded in results.json), and the paper's
+once into a fixed 80/20 train/test split by premise (QNLI: by question), so
+that no premise is on both sides (a seeded permutation of the groups; the
+files and their SHA-256 are recorded in results.json), and the paper's
 GLUE models are trained on the 80% and tested on the 20%: HyperMixer,
 Transformer and MLP-Mixer in the small layout of ``glue_from_scratch``
 (width ``--width``, 2 layers, pair length ``--seq_len``), on a 4k
@@ -21,6 +22,8 @@ writes them from the runs recorded so far.
 """
 from __future__ import annotations
 
+import collections
+import json
 import pathlib
 
 import numpy as np
@@ -34,26 +37,57 @@ FILES = {"mnli": ("nli/mnli_dev_matched.jsonl", ("premise", "hypothesis")),
          "snli": ("nli/snli_dev.jsonl", ("premise", "hypothesis")),
          "qnli": ("glue/QNLI/dev.tsv", ("question", "sentence"))}
 TEST_FRACTION = 0.2
+# The field whose value groups a task's rows: every pair of one premise (or
+# QNLI question) falls on the same side of the cut. MNLI and SNLI give each
+# premise about three hypotheses, one per label, so a row-level cut would
+# put a test pair's premise in train with the other labels: a model (or a
+# bag of words) that memorises premises is then pushed below chance on test.
+GROUP_BY = {"mnli": "premise", "snli": "premise", "qnli": "question"}
 # SentencePiece pieces per task: SNLI's 7,874 train pairs allow at most
 # ~4,860 (its short premises repeat), so every task gets 4k.
 VOCAB_PIECES = 4000
 SMALL = dict(width=128, steps=1000, seq_len=128, lr=1e-3)
 
 
+def group_keys(lines: list[str], header: str | None, field: str) -> list[str]:
+  """The value of ``field`` in each row (JSON lines, or TSV rows under
+  ``header``)."""
+  if header is None:
+    return [json.loads(line)[field] for line in lines]
+  columns = header.split("\t")
+  if field not in columns:
+    raise ValueError(f"nli_splits: no column {field!r} to group the rows by "
+                     f"(columns: {columns}).")
+  i = columns.index(field)
+  return [line.split("\t")[i] for line in lines]
+
+
 def split_file(source: str, out: pathlib.Path, task: str) -> dict:
-  """The fixed 80/20 cut of ``source`` (a TSV keeps its header in both
-  halves): ``{'train': path, 'test': path, 'rows': {...}, 'sha256': {...}}``.
-  The permutation is seeded, so the same source always gives the same
-  files; a file already written is kept."""
+  """The fixed 80/20 cut of ``source`` by groups of rows (``GROUP_BY``: all
+  pairs of one premise or question on one side; a TSV keeps its header in
+  both halves): ``{'train': path, 'test': path, 'rows': {...}, 'groups':
+  {...}, 'sha256': {...}}``. Groups are taken in a seeded permutation until
+  the test part holds 20% of the rows, so the same source always gives the
+  same files; a file already written is kept."""
   src = pathlib.Path(source)
   suffix = src.suffix
-  paths = {part: out / "splits" / f"{task}_{part}{suffix}"
+  field = GROUP_BY[task]
+  paths = {part: out / "splits" / f"{task}_{part}_by_{field}{suffix}"
            for part in ("train", "test")}
   lines = src.read_text(encoding="utf-8").splitlines()
   header = [lines.pop(0)] if suffix == ".tsv" else []
-  order = np.random.default_rng(0).permutation(len(lines))
+  keys = group_keys(lines, header[0] if header else None, field)
+  sizes = collections.Counter(keys)
+  groups = sorted(sizes)
   n_test = round(TEST_FRACTION * len(lines))
-  parts = {"test": sorted(order[:n_test]), "train": sorted(order[n_test:])}
+  test_groups, count = set(), 0
+  for g in np.random.default_rng(0).permutation(len(groups)):
+    if count >= n_test:
+      break
+    test_groups.add(groups[g])
+    count += sizes[groups[g]]
+  parts = {"test": [i for i, k in enumerate(keys) if k in test_groups],
+           "train": [i for i, k in enumerate(keys) if k not in test_groups]}
   for part, path in paths.items():
     if not path.exists():
       path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,7 +96,9 @@ def split_file(source: str, out: pathlib.Path, task: str) -> dict:
                      + "\n", encoding="utf-8")
       tmp.replace(path)
   return {"train": str(paths["train"]), "test": str(paths["test"]),
-          "rows": {p: len(parts[p]) for p in parts},
+          "rows": {p: len(parts[p]) for p in parts}, "grouped_by": field,
+          "groups": {"test": len(test_groups),
+                     "train": len(groups) - len(test_groups)},
           "source_sha256": experiment.file_digest(src),
           "sha256": {p: experiment.file_digest(paths[p]) for p in paths}}
 
@@ -91,7 +127,9 @@ def main() -> None:
   shared = pathlib.Path(args.shared)
   tasks, models = experiment.split(args.tasks), experiment.split(args.models)
   seeds = experiment.split(args.seeds, int)
-  budget = f"w{args.width}_s{args.steps}_n{args.seq_len}"
+  # "_g": the cut by premise / question (the first runs' row-level cut put
+  # test premises in train; its cells are not comparable).
+  budget = f"w{args.width}_s{args.steps}_n{args.seq_len}_g"
   splits, bases = exp.data.setdefault("splits", {}), exp.data.setdefault(
       "baselines", {})
   acc: dict[tuple, list] = {}
@@ -99,8 +137,8 @@ def main() -> None:
     file, fields = FILES[task]
     split = split_file(experiment.require(shared / file, f"{task} dev file"),
                        exp.out, task)
-    vocab = experiment.small_vocab(exp.out / task, split["train"], fields,
-                                   VOCAB_PIECES)
+    vocab = experiment.small_vocab(exp.out / f"{task}_by_{split['grouped_by']}",
+                                   split["train"], fields, VOCAB_PIECES)
     splits[task] = dict(split, vocab=vocab["sha256"], source=file)
     exp.save()
 
@@ -144,7 +182,8 @@ def _report(exp, args, tasks, models, budget, acc) -> None:
     headers += [f"{task} 20% test (ours)", f"{task} test (paper)",
                 "HyperMixer above it?"]
   cuts = "; ".join(
-      f"{t}: {s['rows']['train']:,} / {s['rows']['test']:,} rows of "
+      f"{t}: {s['rows']['train']:,} / {s['rows']['test']:,} rows by "
+      f"{s.get('grouped_by', 'row')} of "
       f"{s['source']} (sha256 {s['source_sha256'][:12]}..., train "
       f"{s['sha256']['train'][:12]}..., test {s['sha256']['test'][:12]}...)"
       for t, s in exp.data["splits"].items() if t in tasks)

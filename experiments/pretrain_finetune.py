@@ -226,7 +226,8 @@ def settings_of(tasks: list[str], fractions: list[float]
 
 
 def nb_key(task: str, fraction: float) -> str:
-  return f"nb/{fraction:g}" if task == "sst2" else f"nb/{task}"
+  return (f"nb/{fraction:g}" if task == "sst2" else
+          f"nb/{task}_by_{nli_splits.GROUP_BY[task]}")
 
 
 def setting_label(task: str, fraction: float) -> str:

@@ -2,6 +2,8 @@
 import pathlib
 import sys
 
+import pytest
+
 from hypermixer_jax import experiment
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
@@ -15,7 +17,7 @@ def _write(path, lines):
 
 
 def test_tsv_cut_is_a_fixed_partition_with_header(tmp_path):
-  rows = [f"{i}\tq{i}?\ts{i}.\tentailment" for i in range(50)]
+  rows = [f"{i}\tq{i}?\ts{i}.\tentailment" for i in range(50)]  # 50 questions
   src = _write(tmp_path / "dev.tsv", ["index\tquestion\tsentence\tlabel"]
                + rows)
   a = nli_splits.split_file(src, tmp_path / "a", "qnli")
@@ -35,7 +37,7 @@ def test_tsv_cut_is_a_fixed_partition_with_header(tmp_path):
 
 def test_jsonl_cut_has_no_header_and_keeps_written_files(tmp_path):
   rows = [f'{{"premise": "p{i}", "hypothesis": "h{i}", "label": "neutral"}}'
-          for i in range(21)]
+          for i in range(21)]     # 21 premises, one pair each
   src = _write(tmp_path / "dev.jsonl", rows)
   a = nli_splits.split_file(src, tmp_path, "snli")
   test = pathlib.Path(a["test"]).read_text().splitlines()
@@ -45,3 +47,32 @@ def test_jsonl_cut_has_no_header_and_keeps_written_files(tmp_path):
   before = pathlib.Path(a["train"]).stat().st_mtime_ns
   assert nli_splits.split_file(src, tmp_path, "snli")["sha256"] == a["sha256"]
   assert pathlib.Path(a["train"]).stat().st_mtime_ns == before
+
+
+def test_pairs_of_one_premise_stay_on_one_side(tmp_path):
+  # Three hypotheses per premise, one per label, as in MNLI and SNLI: a
+  # row-level cut would put most test premises in train with the other
+  # labels (a premise-memorising model then scores below chance).
+  labels = ("entailment", "neutral", "contradiction")
+  rows = [f'{{"premise": "p{i}", "hypothesis": "h{i}{j}", "label": "{lab}"}}'
+          for i in range(40) for j, lab in enumerate(labels)]
+  src = _write(tmp_path / "dev.jsonl", rows)
+  a = nli_splits.split_file(src, tmp_path, "mnli")
+  premise = lambda line: line.split('"')[3]  # noqa: E731
+  train = pathlib.Path(a["train"]).read_text().splitlines()
+  test = pathlib.Path(a["test"]).read_text().splitlines()
+  assert not {premise(r) for r in train} & {premise(r) for r in test}
+  assert sorted(train + test) == sorted(rows)
+  assert a["grouped_by"] == "premise" and len(test) == 24   # 8 of 40 premises
+  assert a["groups"] == {"test": 8, "train": 32}
+  # QNLI groups by its question column; a missing column is named.
+  tsv = _write(tmp_path / "dev.tsv", ["index\tquestion\tsentence\tlabel"]
+               + [f"{i}\tq{i % 7}\ts{i}\tentailment" for i in range(35)])
+  b = nli_splits.split_file(tsv, tmp_path, "qnli")
+  q = lambda line: line.split("\t")[1]  # noqa: E731
+  tr, te = (pathlib.Path(b[k]).read_text().splitlines()[1:]
+            for k in ("train", "test"))
+  assert not {q(r) for r in tr} & {q(r) for r in te} and len(te) == 10
+  bad = _write(tmp_path / "bad.tsv", ["index\tsentence\tlabel", "0\ts\t1"])
+  with pytest.raises(ValueError, match="no column 'question'"):
+    nli_splits.split_file(bad, tmp_path / "c", "qnli")
