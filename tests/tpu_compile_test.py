@@ -237,3 +237,23 @@ def test_abstract_batch_matches_the_pipeline(shared_data):
     assert sorted(spec) == sorted(real)
     for k, v in real.items():
       assert (spec[k].shape, spec[k].dtype) == (v.shape, np.dtype(v.dtype)), k
+
+
+def test_scanned_layers_compile_with_the_same_state_and_flag_the_loop():
+  # model.scan_layers: the same parameters and optimizer bytes per chip (the
+  # stacked leaves shard like the unrolled ones, the layer axis whole), one
+  # compiled layer body, and a report that says its costs read the loop
+  # body once (XLA counts 3 layers' FLOPs as 1 here).
+  unrolled = tc.report(compiled("v4:2x2x1", "text"))
+  c = tiny("text")
+  c.model.scan_layers = True
+  r = tc.report(tc.compile_steps(c, devices_of("v4:2x2x1"), batch_size=16,
+                                 with_eval=False))
+  assert r["params"] == unrolled["params"]
+  assert r["param_bytes"] == unrolled["param_bytes"]
+  assert r["opt_bytes"] == unrolled["opt_bytes"]
+  assert r["fits"] and r["loops"] >= 1 and unrolled["loops"] == 0
+  assert r["flops"] < unrolled["flops"]
+  text = tc.format_report(r)
+  assert "read once" in text and "scan_layers=False" in text
+  assert "caveat" not in tc.format_report(unrolled)

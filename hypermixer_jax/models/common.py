@@ -50,9 +50,10 @@ PATCH = "patch"        # flattened patch features P*P*3
 CLASSES = "classes"    # classifier outputs
 EXPERT = "expert"      # MoE experts
 NORM = "norm"          # LayerNorm scale / bias (replicated by every preset)
+LAYERS = "layers"      # the stacked layers of a scanned stack (scan_layers)
 
 LOGICAL_AXES = (BATCH, LENGTH, EMBED, MLP, HEADS, KV, HYPER, SEQ_IN, SEQ_OUT,
-                TOKEN_MLP, VOCAB, PATCH, CLASSES, EXPERT, NORM)
+                TOKEN_MLP, VOCAB, PATCH, CLASSES, EXPERT, NORM, LAYERS)
 
 default_kernel_init = nn.initializers.lecun_normal()
 

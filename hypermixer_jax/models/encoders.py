@@ -25,9 +25,11 @@ Heads (``Model.head``):
 """
 from __future__ import annotations
 
-from typing import Callable
+import re
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from hypermixer_jax import heads
@@ -39,34 +41,106 @@ POOLINGS = ("mean", "first")
 _ACT_AXES = (common.BATCH, common.LENGTH, common.EMBED)
 
 
+class _ScannedLayer(nn.Module):
+  """One layer as the body of ``nn.scan``: ``(x, broadcast inputs) -> (x,
+  None)``; ``deterministic`` is an attribute (static under the scan)."""
+  layer: Callable[..., nn.Module]
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x: Array, mask: Array | None, segment_ids: Array | None,
+               positions: Array | None) -> tuple[Array, None]:
+    x = self.layer(name="layer")(
+        x, mask=mask, segment_ids=segment_ids, positions=positions,
+        deterministic=self.deterministic)
+    return common.constrain(x, _ACT_AXES), None
+
+
 class LayerStack(nn.Module):
   """``num_layers`` layers ``layer_0 ... layer_{L-1}``, then an optional LN.
+
+  With ``scan_layers`` the layers run as one ``nn.scan`` over a single layer
+  whose parameters carry a leading ``[L]`` axis (logical name
+  ``common.LAYERS``, replicated by every preset), under the name
+  ``layers/layer``: XLA compiles one layer body instead of ``L`` copies (the
+  compile time of deep models on pods, as MaxText's and t5x's
+  ``scan_layers``). The function is the same; each layer draws its own
+  initialisation and dropout keys. ``stack_layers`` / ``unstack_layers``
+  convert parameters between the two layouts.
 
   Attributes:
     layer: factory called as ``layer(name=...)``; each layer follows the mixer
       call contract and returns ``[B, N, d]``.
     final_norm: apply a LayerNorm (``final_norm``) after the last layer, which
       pre-LN layouts need because their residual stream is never normalised.
+    scan_layers: run the layers as one scan (see above).
   """
   layer: Callable[..., nn.Module]
   num_layers: int
   final_norm: bool = True
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, x: Array, *, mask: Array | None = None,
                segment_ids: Array | None = None,
                positions: Array | None = None,
                deterministic: bool = True) -> Array:
-    for i in range(self.num_layers):
-      x = self.layer(name=f"layer_{i}")(
-          x, mask=mask, segment_ids=segment_ids, positions=positions,
-          deterministic=deterministic)
+    if self.scan_layers:
+      scanned = nn.scan(
+          _ScannedLayer, variable_axes={"params": 0},
+          split_rngs={"params": True, "dropout": True},
+          in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+          length=self.num_layers,
+          metadata_params={nn.PARTITION_NAME: common.LAYERS})
+      x, _ = scanned(self.layer, deterministic, name="layers")(
+          x, mask, segment_ids, positions)
+    else:
+      for i in range(self.num_layers):
+        x = self.layer(name=f"layer_{i}")(
+            x, mask=mask, segment_ids=segment_ids, positions=positions,
+            deterministic=deterministic)
     if self.final_norm:
       x = common.LayerNorm(dtype=self.dtype, param_dtype=self.param_dtype,
                            name="final_norm")(x)
     return common.constrain(x, _ACT_AXES)
+
+
+SCANNED = "layers"   # the scanned stack's child: ``stack/layers/layer/...``
+_UNROLLED = re.compile(r"layer_(\d+)$")
+
+
+def stack_layers(stack: Mapping[str, Any]) -> dict[str, Any]:
+  """A ``LayerStack``'s parameters from the unrolled layout
+  (``layer_0 ... layer_{L-1}``) to the scanned one (``layers/layer`` with a
+  leading ``[L]`` axis on every leaf); other children are kept."""
+  layers = sorted((int(m.group(1)), k) for k in stack
+                  if (m := _UNROLLED.match(k)))
+  if not layers or [i for i, _ in layers] != list(range(len(layers))):
+    raise ValueError("stack_layers: expected children layer_0 ... "
+                     f"layer_(L-1), got {sorted(stack)}.")
+  out = {k: v for k, v in stack.items() if not _UNROLLED.match(k)}
+  out[SCANNED] = {"layer": jax.tree.map(
+      lambda *xs: jnp.stack(xs), *[stack[k] for _, k in layers])}
+  return out
+
+
+def unstack_layers(stack: Mapping[str, Any]) -> dict[str, Any]:
+  """The inverse of ``stack_layers``: ``layers/layer`` (leading ``[L]``) to
+  ``layer_0 ... layer_{L-1}``."""
+  if SCANNED not in stack or "layer" not in stack[SCANNED]:
+    raise ValueError(f"unstack_layers: expected a child {SCANNED}/layer, got "
+                     f"{sorted(stack)}.")
+  body = stack[SCANNED]["layer"]
+  num = {x.shape[0] for x in jax.tree.leaves(body)}
+  if len(num) != 1:
+    raise ValueError(f"unstack_layers: leaves disagree on the layer count "
+                     f"{sorted(num)}.")
+  out = {k: v for k, v in stack.items() if k != SCANNED}
+  for i in range(num.pop()):
+    out[f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], body)
+  return out
 
 
 def _learned_positions(module: nn.Module, max_len: int, d: int,
@@ -124,6 +198,7 @@ class TextEncoder(nn.Module):
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
   scale_embeddings: bool = True
+  scan_layers: bool = False
 
   def setup(self):
     std = self.d_model ** -0.5 if self.scale_embeddings else 0.02
@@ -146,7 +221,8 @@ class TextEncoder(nn.Module):
                                        param_dtype=self.param_dtype)
     self.dropout = nn.Dropout(self.dropout_rate)
     self.stack = LayerStack(self.layer, self.num_layers, self.final_norm,
-                            dtype=self.dtype, param_dtype=self.param_dtype)
+                            dtype=self.dtype, param_dtype=self.param_dtype,
+                            scan_layers=self.scan_layers)
 
   def __call__(self, ids: Array, *, segment_ids: Array | None = None,
                token_type_ids: Array | None = None,
@@ -219,6 +295,7 @@ class ContinuousEncoder(nn.Module):
   conv_stem: tuple[int, ...] = ()
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, inputs: Array, *, segment_ids: Array | None = None,
@@ -267,7 +344,7 @@ class ContinuousEncoder(nn.Module):
     mask = None if segment_ids is None else segment_ids > 0
     return LayerStack(self.layer, self.num_layers, self.final_norm,
                       dtype=self.dtype, param_dtype=self.param_dtype,
-                      name="stack")(
+                      scan_layers=self.scan_layers, name="stack")(
                           x, mask=mask, segment_ids=segment_ids,
                           positions=positions, deterministic=deterministic)
 
@@ -334,6 +411,7 @@ class Model(nn.Module):
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
   scale_embeddings: bool = True
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, inputs: Array, *, segment_ids: Array | None = None,
@@ -342,11 +420,12 @@ class Model(nn.Module):
                masked_positions: Array | None = None,
                deterministic: bool = True) -> Array:
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    scan = dict(scan_layers=self.scan_layers)
     if self.family == "text":
       encoder = TextEncoder(
           self.layer, self.num_layers, self.d_model, self.vocab_size,
           self.max_len, self.position_embeddings, self.type_vocab_size,
-          self.embed_norm, self.final_norm, self.dropout_rate, **kw,
+          self.embed_norm, self.final_norm, self.dropout_rate, **kw, **scan,
           scale_embeddings=self.scale_embeddings, name="encoder")
       h = encoder(inputs, segment_ids=segment_ids,
                   token_type_ids=token_type_ids, positions=positions,
@@ -356,7 +435,7 @@ class Model(nn.Module):
           self.layer, self.num_layers, self.d_model, self.max_len,
           self.input_dim, self.patch_size, self.position_embeddings,
           self.final_norm, self.dropout_rate, tuple(self.conv_stem), **kw,
-          name="encoder")(
+          **scan, name="encoder")(
               inputs, segment_ids=segment_ids, positions=positions,
               deterministic=deterministic)
     else:

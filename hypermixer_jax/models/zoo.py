@@ -86,7 +86,9 @@ def default_model_config() -> ml_collections.ConfigDict:
   N(0, 1/d) multiplied by sqrt(d), as in the Transformer; False gives BERT's
   unscaled N(0, 0.02^2)), ``approximate_gelu`` (tanh GELU in the blocks'
   MLPs and mixers that take it, as the official MLP-Mixer checkpoints were
-  trained).
+  trained), ``scan_layers`` (the layers as one ``nn.scan`` over a layer with
+  stacked ``[L, ...]`` parameters: one compiled layer body instead of L, for
+  deep models on pods; ``encoders.LayerStack``).
   """
   return ml_collections.ConfigDict(dict(
       family="text",
@@ -112,6 +114,7 @@ def default_model_config() -> ml_collections.ConfigDict:
       conv_stem=(),
       scale_embeddings=True,
       approximate_gelu=False,
+      scan_layers=False,
   ))
 
 
@@ -323,7 +326,8 @@ def build(cfg: dict[str, Any]) -> encoders.Model:
       pooling=_choice("pooling", cfg["pooling"], encoders.POOLINGS),
       final_norm=block != "post_ln", embed_norm=block == "post_ln",
       dropout_rate=cfg["dropout_rate"], conv_stem=conv_stem, dtype=dtype,
-      param_dtype=param_dtype, scale_embeddings=bool(cfg["scale_embeddings"]))
+      param_dtype=param_dtype, scale_embeddings=bool(cfg["scale_embeddings"]),
+      scan_layers=bool(cfg["scan_layers"]))
 
 
 def facts(cfg: dict[str, Any]) -> common.ModelFacts:

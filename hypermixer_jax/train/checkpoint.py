@@ -327,27 +327,27 @@ def load_pretrained(path: str | os.PathLike, params: PyTree,
     new = _flatten(params)
     patterns = [re.compile(r) for r in reinit]
     skip = lambda k: any(p.match(k) for p in patterns)  # noqa: E731
+    sources = {k: _source(k, new, saved) for k in new if not skip(k)}
+    used = {key for src in sources.values() if src for key in src[1]}
     errors = []
-    for k in sorted(set(new) - set(saved)):
-      if not skip(k):
-        errors.append(f"  missing from checkpoint: {k} {tuple(new[k].shape)}")
-    for k in sorted(set(saved) - set(new)):
+    for k in sorted(k for k, src in sources.items() if src is None):
+      errors.append(f"  missing from checkpoint: {k} {tuple(new[k].shape)}")
+    for k in sorted(set(saved) - used):
       if not skip(k):
         errors.append(f"  unexpected in checkpoint: {k} "
                       f"{tuple(saved[k].shape)}")
-    for k in sorted(set(saved) & set(new)):
-      if not skip(k) and tuple(saved[k].shape) != tuple(new[k].shape):
-        errors.append(f"  shape mismatch: {k} checkpoint "
-                      f"{tuple(saved[k].shape)} vs model "
-                      f"{tuple(new[k].shape)}")
+    for k, src in sorted(sources.items()):
+      if src and (bad := _shape_error(k, src, new, saved)):
+        errors.append(bad)
     if errors:
       raise ValueError(
           f"init checkpoint {directory}/{step} does not fit the model "
-          f"(re-initialised: {list(reinit)}):\n" + "\n".join(errors))
-    loaded_keys = [k for k in new if not skip(k)]
-    # Abstract target of the loaded leaves only, with the new shardings and
-    # dtypes; the rest of the saved tree is left on disk.
-    target = _unflatten_subset(params, set(loaded_keys))
+          f"(re-initialised: {list(reinit)}):\n" + "\n".join(errors)
+          + _layout_hint(new, saved))
+    # Abstract target of the saved leaves to read only, with the new
+    # shardings and dtypes; the rest of the saved tree is left on disk.
+    target = _nest({key: _saved_target(src, new[k], saved[key])
+                    for k, src in sources.items() for key in src[1]})
     restored = manager.restore(step, args=ocp.args.Composite(**{
         STATE: ocp.args.PyTreeRestore(
             item={collection: target},
@@ -358,26 +358,111 @@ def load_pretrained(path: str | os.PathLike, params: PyTree,
             partial_restore=True)}))[STATE][collection]
   finally:
     manager.close()
-  loaded = _flatten(restored)
-  logging.info("Loaded %d parameter arrays from %s/%d; re-initialised %d "
-               "(%s).", len(loaded), directory, step, len(new) - len(loaded),
+  read = _flatten(restored)
+  loaded = {k: _assemble(src, read, new[k]) for k, src in sources.items()}
+  converted = sum(src[0] != "same" for src in sources.values())
+  logging.info("Loaded %d parameter arrays from %s/%d (%d converted between "
+               "the scanned and unrolled layer layouts); re-initialised %d "
+               "(%s).", len(loaded), directory, step, converted,
+               len(new) - len(loaded),
                ", ".join(k for k in sorted(new) if skip(k)))
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
   return jax.tree_util.tree_unflatten(
       treedef, [loaded.get(common.path_str(p), x) for p, x in flat])
 
 
-def _unflatten_subset(params: PyTree, keep: set[str]):
-  """Nested dict of ``ShapeDtypeStruct`` for the ``keep`` paths of params."""
+# Layer layouts: a scanned stack holds ``.../stack/layers/layer/<leaf>`` with a
+# leading [L] axis, an unrolled one ``.../stack/layer_<i>/<leaf>``
+# (``models.encoders.LayerStack``). A checkpoint of either loads into either.
+_SCANNED = re.compile(r"(.*)/layers/layer/(.*)$")
+_UNROLLED = re.compile(r"(.*)/layer_(\d+)/(.*)$")
+
+
+def _source(key: str, new: dict, saved: dict):
+  """Where the new leaf ``key`` comes from: ``("same", [key], 0)``,
+  ``("stack", [layer_0 key, ...], 0)`` or ``("slice", [scanned key], i)``;
+  None if the checkpoint has no such leaf."""
+  if key in saved:
+    return "same", [key], 0
+  if m := _SCANNED.match(key):
+    keys = [f"{m[1]}/layer_{i}/{m[2]}" for i in range(new[key].shape[0])]
+    if keys and all(k in saved for k in keys):
+      return "stack", keys, 0
+  elif (m := _UNROLLED.match(key)) and f"{m[1]}/layers/layer/{m[3]}" in saved:
+    return "slice", [f"{m[1]}/layers/layer/{m[3]}"], int(m[2])
+  return None
+
+
+def _shape_error(key: str, src, new: dict, saved: dict) -> str:
+  kind, keys, _ = src
+  want = tuple(new[key].shape)
+  have = tuple(saved[keys[0]].shape)
+  if kind == "stack":
+    want = want[1:]
+  elif kind == "slice":
+    layers = {k for k in new if (m := _UNROLLED.match(k))
+              and f"{m[1]}/layers/layer/{m[3]}" == keys[0]}
+    want = (len(layers),) + want
+  if have == want:
+    return ""
+  if kind == "same":
+    return f"  shape mismatch: {key} checkpoint {have} vs model {want}"
+  return (f"  shape mismatch: {key} from checkpoint {keys[0]} {have} vs "
+          f"model {want} ({kind} of the layer layouts)")
+
+
+def _layout_hint(new: dict, saved: dict) -> str:
+  scanned = lambda keys: any(_SCANNED.match(k) for k in keys)  # noqa: E731
+  unrolled = lambda keys: any(_UNROLLED.match(k) for k in keys)  # noqa: E731
+  if scanned(new) != scanned(saved) or unrolled(new) != unrolled(saved):
+    return ("\n(the checkpoint and the model differ in model.scan_layers; "
+            "leaves of matching layers convert between the layouts, so the "
+            "mismatch above is in the layers themselves: compare "
+            "model.num_layers and the layer's fields with the checkpoint's "
+            "config.json)")
+  return ""
+
+
+def _spec_sharding(sharding, drop: bool):
+  """``sharding`` without (``drop``) or with an unsharded leading axis."""
+  if not isinstance(sharding, jax.sharding.NamedSharding):
+    return sharding
+  spec = tuple(sharding.spec)
+  spec = spec[1:] if drop else (None,) + spec
+  return jax.sharding.NamedSharding(sharding.mesh,
+                                    jax.sharding.PartitionSpec(*spec))
+
+
+def _saved_target(src, new_leaf, saved_leaf):
+  """The abstract leaf to restore a saved leaf of ``src`` into."""
+  sharding = getattr(new_leaf, "sharding", None)
+  if src[0] == "stack":
+    sharding = _spec_sharding(sharding, drop=True)
+  elif src[0] == "slice":
+    sharding = _spec_sharding(sharding, drop=False)
+  return jax.ShapeDtypeStruct(tuple(saved_leaf.shape), new_leaf.dtype,
+                              sharding=sharding)
+
+
+def _assemble(src, read: dict, new_leaf):
+  kind, keys, index = src
+  if kind == "same":
+    return read[keys[0]]
+  if kind == "stack":
+    out = jax.numpy.stack([read[k] for k in keys])
+  else:
+    out = read[keys[0]][index]
+  sharding = getattr(new_leaf, "sharding", None)
+  return jax.device_put(out, sharding) if sharding is not None else out
+
+
+def _nest(flat: dict) -> dict:
+  """Nested dict from ``/``-joined keys."""
   out: dict = {}
-  for p, x in jax.tree_util.tree_flatten_with_path(params)[0]:
-    key = common.path_str(p)
-    if key not in keep:
-      continue
+  for key, leaf in flat.items():
     node = out
     parts = key.split("/")
     for part in parts[:-1]:
       node = node.setdefault(part, {})
-    node[parts[-1]] = jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                           sharding=x.sharding)
+    node[parts[-1]] = leaf
   return out

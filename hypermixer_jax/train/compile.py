@@ -301,6 +301,17 @@ def collectives(hlo_text: str) -> dict[str, tuple[int, int]]:
   return out
 
 
+_WHILE = re.compile(r"^\s*(?:ROOT\s+)?%?\S+ = .* while\(", re.M)
+
+
+def count_loops(hlo_text: str) -> int:
+  """``while`` ops in an HLO module: scanned layers (``model.scan_layers``)
+  and chunked scans (causal HyperMixing, block-wise attention). XLA's cost
+  analysis, and ``collectives`` here, read each loop body once, whatever its
+  trip count."""
+  return len(_WHILE.findall(hlo_text))
+
+
 def _per_chip_bytes(tree: Any) -> int:
   return sum(
       math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
@@ -364,6 +375,7 @@ def report(c: Compiled) -> dict[str, Any]:
       "est_step_s": step, "est_limit": max(times, key=times.get),
       "est_times_s": times, "est_mfu": mfu,
       "largest_buffers": largest_buffers(hlo),
+      "loops": count_loops(hlo),
   }
   if c.eval is not None:
     emem = c.eval.memory_analysis()
@@ -430,6 +442,14 @@ def format_report(r: dict[str, Any]) -> str:
       f"estimate (roofline, not a measurement): step {r['est_step_s'] * 1e3:.2f}"
       f" ms, bound by {r['est_limit']}, MFU {r['est_mfu']:.0%}",
   ]
+  if r.get("loops"):
+    lines.append(
+        f"caveat: the step holds {r['loops']} while loop(s) (scanned layers, "
+        "chunked scans), whose bodies XLA's cost analysis and the collective "
+        "count read once whatever their trip count: FLOPs, bytes, collectives "
+        "and the estimate under-count them (memory is exact). With "
+        "model.scan_layers, compile again with --config.model.scan_layers="
+        "False for the roofline.")
   if "eval_total_bytes" in r:
     lines.append(f"eval step per chip: total {_gib(r['eval_total_bytes'])}, "
                  f"{r['eval_flops'] / 1e12:.3f} TFLOP")
