@@ -22,7 +22,7 @@ from hypermixer_jax.train import checkpoint as ckpt_lib
 
 def _config(mixer: str, scan: bool, family: str = "text"):
   c = zoo.default_model_config()
-  c.update(family=family, mixer=mixer, num_layers=3, d_model=32, d_ffn=48,
+  c.update(family=family, mixer=mixer, num_layers=2, d_model=32, d_ffn=48,
            vocab_size=50, max_len=12, dropout_rate=0.0, scan_layers=scan)
   if mixer in ("gmlp", "amlp"):
     c.block = "gmlp"
@@ -85,7 +85,7 @@ def test_scanned_layers_draw_their_own_init_and_dropout():
   p = nn.unbox(model.init(jax.random.key(1), x, segment_ids=seg))["params"]
   kernel = p["encoder"]["stack"]["layers"]["layer"]["feature_mixing"]["wi"][
       "dense"]["kernel"]
-  assert kernel.shape[0] == 3
+  assert kernel.shape[0] == 2
   assert not np.allclose(kernel[0], kernel[1])
   c.dropout_rate = 0.5
   model = models.build_model(c)
@@ -140,7 +140,7 @@ def _save(path, params):
   ck.close()
 
 
-def _fresh(scan: bool, layers: int = 3):
+def _fresh(scan: bool, layers: int = 2):
   c = _config("hypermixer", scan)
   c.num_layers = layers
   x, seg = _inputs("text")
@@ -165,9 +165,9 @@ def test_checkpoints_load_across_layouts(tmp_path, saved_scan):
 
 
 def test_layer_count_mismatch_across_layouts_names_the_field(tmp_path):
-  _save(tmp_path, _fresh(False, layers=2))
+  _save(tmp_path, _fresh(False, layers=1))
   with pytest.raises(ValueError) as e:
-    ckpt_lib.load_pretrained(tmp_path, _fresh(True, layers=3), ())
+    ckpt_lib.load_pretrained(tmp_path, _fresh(True, layers=2), ())
   msg = str(e.value)
   assert "missing from checkpoint: encoder/stack/layers/layer/" in msg
   assert "model.scan_layers" in msg and "model.num_layers" in msg
