@@ -203,10 +203,7 @@ def host_rows(results: dict, rates: dict[str, float],
       continue
     name, preset, topo = key.split("|")
     pipeline, length = (pipelines or {}).get(name) or pipeline_of(name)
-    chip = next(c for c in tc.CHIPS.values() if c.name == r["chip"])
-    _, step, _ = tc.roofline(r["flops"], r["bytes_accessed"],
-                             traffic_bytes(r), chip,
-                             tc.metrics_lib.peak_flops(r["chip"]))
+    _, step, _ = tc.estimate(r, traffic_bytes(r))
     per_host = r["batch_size"] * min(CHIPS_PER_HOST, r["chips"]) / r["chips"]
     need = per_host * max(length, 1) / step
     rate = rates.get(pipeline)
@@ -241,10 +238,7 @@ def table(results: dict) -> str:
     coll = ", ".join(f"{k.replace('collective-', 'c-')} {n}"
                      for k, (n, _) in r["collectives"].items() if n)
     coll_bytes = sum(b for _, b in r["collectives"].values())
-    chip = next(c for c in tc.CHIPS.values() if c.name == r["chip"])
-    times, _, mfu = tc.roofline(
-        r["flops"], r["bytes_accessed"], traffic_bytes(r), chip,
-        tc.metrics_lib.peak_flops(r["chip"]))
+    times, _, mfu = tc.estimate(r, traffic_bytes(r))
     limit = max(times, key=times.get)
     rows.append([
         name, preset, topo, "yes" if r["fits"] else "**no**",

@@ -102,6 +102,18 @@ def test_each_family_compiles_for_tpu(family, name):
     assert 0 < r["eval_flops"] < r["flops"]
 
 
+def test_matmul_flops_are_the_same_work_under_every_preset():
+  # Per chip, data parallelism and fsdp do the same matmuls; XLA's own
+  # count may differ (its loops), the jaxpr's may not.
+  dp = tc.report(compiled("v5e:2x4", "text", "data_parallel"))
+  fsdp = tc.report(compiled("v5e:2x4", "text", "fsdp", with_eval=True))
+  assert dp["matmul_flops"] == pytest.approx(fsdp["matmul_flops"], rel=1e-6)
+  # Without loops XLA counts the matmuls and the elementwise work (most of
+  # this tiny model's): a part of it, not all.
+  assert dp["loops"] == 0
+  assert 0.25 * dp["flops"] < dp["matmul_flops"] < dp["flops"]
+
+
 def test_fsdp_holds_an_eighth_data_parallel_all():
   # Counted from the model's own shapes: every matrix is split 8 ways under
   # fsdp here, vectors (biases, LayerNorm) may stay whole.
@@ -253,7 +265,12 @@ def test_scanned_layers_compile_with_the_same_state_and_flag_the_loop():
   assert r["param_bytes"] == unrolled["param_bytes"]
   assert r["opt_bytes"] == unrolled["opt_bytes"]
   assert r["fits"] and r["loops"] >= 1 and unrolled["loops"] == 0
+  # XLA counts the scanned layers' body once; the jaxpr count does not.
   assert r["flops"] < unrolled["flops"]
+  assert r["matmul_flops"] == unrolled["matmul_flops"] > 0
+  assert r["uncounted_loops"] == 0
+  assert r["est_mfu"] == pytest.approx(unrolled["est_mfu"], rel=0.5)
   text = tc.format_report(r)
   assert "read once" in text and "scan_layers=False" in text
+  assert "TFLOP of matmuls" in text
   assert "caveat" not in tc.format_report(unrolled)

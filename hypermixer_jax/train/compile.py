@@ -9,12 +9,16 @@ become an ICI x DCN hybrid mesh), the train state and the batch stay abstract
 the loop's own train and eval steps are lowered and compiled by XLA:TPU.
 
 ``report`` reads the executables per chip: parameter and optimizer bytes,
-XLA's temporaries, the total against the chip's HBM, FLOPs, the collectives
-of the TPU HLO by kind with the bytes of their results, and a roofline
-*estimate* of the step time (the largest of FLOPs at peak, bytes accessed at
-HBM bandwidth and the bytes a chip sends in collectives at ICI bandwidth:
-``collective_traffic``) and of the MFU that
-follows. A configuration that does not fit raises ``DoesNotFit``, naming the
+XLA's temporaries, the total against the chip's HBM, FLOPs (XLA's count and
+the matmul FLOPs of the traced step, ``flop_count``), the collectives of the
+TPU HLO by kind with the bytes of their results, and a roofline *estimate* of
+the step time (the largest of FLOPs at peak, bytes accessed at HBM bandwidth
+and the bytes a chip sends in collectives at ICI bandwidth:
+``collective_traffic``) and of the MFU that follows (matmul FLOPs over the
+step at peak). XLA's cost analysis and the HLO's collectives read a loop
+body once (``count_loops``: scanned layers, chunked scans, XLA's windowed
+dot-general loops under fsdp); the matmul count multiplies each scan by its
+length, so FLOPs and MFU hold where bytes and collectives under-count. A configuration that does not fit raises ``DoesNotFit``, naming the
 largest buffers and the largest batch that fits (``largest_batch``: halving,
 then bisection of compiles).
 
@@ -41,6 +45,7 @@ from hypermixer_jax import sharding
 from hypermixer_jax.data import preprocessors
 from hypermixer_jax.train import checkpoint as ckpt_lib
 from hypermixer_jax.train import evaluation
+from hypermixer_jax.train import flop_count
 from hypermixer_jax.train import metrics as metrics_lib
 from hypermixer_jax.train import optim
 from hypermixer_jax.train import steps
@@ -170,6 +175,9 @@ class Compiled:
   state: Any                   # abstract TrainState (shapes + shardings)
   mesh: jax.sharding.Mesh
   batch_size: int
+  # Matmul FLOPs of the traced train step (whole program; loops by trip
+  # count: ``flop_count``).
+  matmul: flop_count.FlopCount | None = None
 
 
 def compile_steps(config: ml_collections.ConfigDict, devices: list[Any], *,
@@ -185,14 +193,14 @@ def compile_steps(config: ml_collections.ConfigDict, devices: list[Any], *,
   spec = abstract_batch(config, b)
   state, state_sh = steps.abstract_train_state(model, tx, spec, mesh, rules)
   batch_sh = sharding.batch_shardings(spec, mesh, rules)
-  train = steps.jit_train_step(
+  traced = steps.jit_train_step(
       steps.make_train_step(model, facts.head,
                             loss_weights=facts.loss_weights),
-      state_sh, batch_sh, mesh, rules).lower(
+      state_sh, batch_sh, mesh, rules).trace(
           state, ckpt_lib.abstract_like(spec, batch_sh),
           jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
-                               sharding=jax.NamedSharding(mesh, jax.P()))
-      ).compile()
+                               sharding=jax.NamedSharding(mesh, jax.P())))
+  train = traced.lower().compile()
   ev = None
   if with_eval:
     espec = abstract_batch(config, int(config.eval_batch_size))
@@ -202,7 +210,8 @@ def compile_steps(config: ml_collections.ConfigDict, devices: list[Any], *,
                                   loss_weights=facts.loss_weights),
         state_sh, esh, mesh, rules).lower(
             state, ckpt_lib.abstract_like(espec, esh)).compile()
-  return Compiled(train, ev, state, mesh, b)
+  return Compiled(train, ev, state, mesh, b,
+                  flop_count.count(traced.jaxpr))
 
 
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2,
@@ -348,9 +357,25 @@ def roofline(flops: float, accessed: float, traffic: float, chip: Chip,
   return times, step, (flops / peak / step if step else 0.0)
 
 
+def estimate(r: dict[str, Any], traffic: float | None = None
+             ) -> tuple[dict[str, float], float, float]:
+  """``roofline`` of a report ``r`` (or a recorded one): the compute term
+  from the larger of XLA's FLOPs and the matmul FLOPs (loops by their trip
+  counts), MFU from the matmul FLOPs (XLA's for records without them);
+  ``traffic`` replaces the recorded collective bytes."""
+  chip = next(c for c in CHIPS.values() if c.name == r["chip"])
+  peak = metrics_lib.peak_flops(r["chip"])
+  matmul = r.get("matmul_flops") or 0.0
+  times, step, _ = roofline(
+      max(r["flops"], matmul), r["bytes_accessed"],
+      r["collective_traffic_bytes"] if traffic is None else traffic, chip,
+      peak)
+  return times, step, ((matmul or r["flops"]) / peak / step if step else 0.0)
+
+
 def report(c: Compiled) -> dict[str, Any]:
   """Per-chip figures of the compiled steps (see the module docstring)."""
-  chip, peak = chip_of(c.mesh.devices.flat[0])
+  chip, _ = chip_of(c.mesh.devices.flat[0])
   mem = c.train.memory_analysis()
   params = _per_chip_bytes(c.state.params)
   opt = _per_chip_bytes(c.state.opt_state)
@@ -362,7 +387,12 @@ def report(c: Compiled) -> dict[str, Any]:
   hlo = c.train.as_text()
   coll = collectives(hlo)
   comm = sum(collective_traffic(hlo, c.mesh.size).values())
-  times, step, mfu = roofline(flops, accessed, comm, chip, peak)
+  # XLA's count reads loop bodies once; the jaxpr's matmul count does not.
+  matmul = c.matmul.flops / c.mesh.size if c.matmul else 0.0
+  times, step, mfu = estimate(dict(chip=chip.name, flops=flops,
+                                   matmul_flops=matmul,
+                                   bytes_accessed=accessed,
+                                   collective_traffic_bytes=comm))
   out = {
       "chip": chip.name, "chips": c.mesh.size, "mesh": dict(c.mesh.shape),
       "batch_size": c.batch_size,
@@ -371,7 +401,8 @@ def report(c: Compiled) -> dict[str, Any]:
       "argument_bytes": mem.argument_size_in_bytes,
       "temp_bytes": mem.temp_size_in_bytes, "total_bytes": total,
       "hbm_bytes": chip.hbm_bytes, "fits": total <= chip.hbm_bytes,
-      "flops": flops, "bytes_accessed": accessed,
+      "flops": flops, "bytes_accessed": accessed, "matmul_flops": matmul,
+      "uncounted_loops": c.matmul.uncounted_loops if c.matmul else 0,
       "collectives": {k: list(v) for k, v in coll.items()},
       "collective_traffic_bytes": comm,
       "est_step_s": step, "est_limit": max(times, key=times.get),
@@ -437,23 +468,25 @@ def format_report(r: dict[str, Any]) -> str:
       f"temporaries {_gib(r['temp_bytes'])}",
       f"per chip total {_gib(r['total_bytes'])} of {_gib(r['hbm_bytes'])} "
       f"HBM: {'fits' if r['fits'] else 'DOES NOT FIT'}",
-      f"train step per chip: {r['flops'] / 1e12:.3f} TFLOP, "
-      f"{_gib(r['bytes_accessed'])} accessed",
+      f"train step per chip: {r['flops'] / 1e12:.3f} TFLOP (XLA), "
+      f"{r.get('matmul_flops', 0) / 1e12:.3f} TFLOP of matmuls (jaxpr, loops "
+      f"by trip count), {_gib(r['bytes_accessed'])} accessed",
       f"collectives (ops in the HLO, result bytes): {coll or 'none'}; a "
       f"chip sends {_gib(r['collective_traffic_bytes'])}",
       f"estimate (roofline, not a measurement): step {r['est_step_s'] * 1e3:.2f}"
-      f" ms, bound by {r['est_limit']}, MFU {r['est_mfu']:.0%}",
+      f" ms, bound by {r['est_limit']}, MFU {r['est_mfu']:.0%} (matmul FLOPs "
+      "at the chip's peak over the step)",
   ]
   if r.get("loops"):
     lines.append(
         f"caveat: the step holds {r['loops']} while loop(s) (scanned layers, "
         "chunked scans, XLA's windowed dot-general loops of sharded weight "
         "gradients), whose bodies XLA's cost analysis and the collective "
-        "count read once whatever their trip count: FLOPs, bytes, collectives "
-        "and the estimate under-count them (memory is exact; the GLUE-size "
-        "MLM under fsdp on v5e:4x4 counts 13% fewer FLOPs per chip than under "
-        "data_parallel, the same work). With model.scan_layers, compile again "
-        "with --config.model.scan_layers=False for the roofline.")
+        "count read once whatever their trip count: the XLA FLOPs, bytes "
+        "accessed and collectives under-count them (memory is exact; the "
+        "matmul FLOPs, MFU and compute bound count each loop by its trip "
+        "count). With model.scan_layers, compile again with "
+        "--config.model.scan_layers=False for exact bytes and collectives.")
   if "eval_total_bytes" in r:
     lines.append(f"eval step per chip: total {_gib(r['eval_total_bytes'])}, "
                  f"{r['eval_flops'] / 1e12:.3f} TFLOP")
