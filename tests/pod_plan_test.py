@@ -60,3 +60,20 @@ def test_host_rows_cores_a_host_needs():
   assert pod_plan.pipeline_of("causal_lm_hypermixer") == ("c4_lm packed",
                                                           1024)
   assert pod_plan.pipeline_of("mixer_b16") == ("imagenet_patches", 0)
+
+
+def test_estimate_takes_the_matmul_flops_and_flags_loop_heavy_cells():
+  # v5e: 197 TFLOP/s bf16 peak, 819 GB/s HBM. XLA counted 1 TFLOP per chip,
+  # the jaxpr's matmuls 2: the compute term and the MFU follow the matmuls.
+  from hypermixer_jax.train import compile as tc  # pylint: disable=g-import-not-at-top
+  cell = {"chip": "TPU v5e", "chips": 16, "mesh": {"fsdp": 16},
+          "flops": 1e12, "matmul_flops": 2e12, "bytes_accessed": 1e6,
+          "collectives": {}, "collective_traffic_bytes": 0.0}
+  peak = tc.metrics_lib.peak_flops("TPU v5e")
+  times, step, mfu = tc.estimate(cell)
+  assert times["compute"] == step == 2e12 / peak and mfu == 1.0
+  assert pod_plan.loop_heavy(cell)
+  # A cell recorded before the matmul count keeps XLA's.
+  old = {k: v for k, v in cell.items() if k != "matmul_flops"}
+  assert tc.estimate(old)[1] == 1e12 / peak and not pod_plan.loop_heavy(old)
+  assert not pod_plan.loop_heavy(dict(cell, matmul_flops=1.05e12))

@@ -180,17 +180,17 @@ class Compiled:
   matmul: flop_count.FlopCount | None = None
 
 
-def compile_steps(config: ml_collections.ConfigDict, devices: list[Any], *,
-                  batch_size: int | None = None, with_eval: bool = True
-                  ) -> Compiled:
-  """Lowers and compiles the loop's train (and eval) step on ``devices``."""
+def trace_train_step(config: ml_collections.ConfigDict, devices: list[Any],
+                     batch_size: int | None = None):
+  """``(traced train step, abstract state, mesh, rules, model, facts)`` on
+  ``devices``: the loop's own step traced over abstract inputs (no compile;
+  ``flop_count.count(traced.jaxpr)`` is its matmul work)."""
   mesh = sharding.build_mesh(config.mesh, devices)
   rules = sharding.get_rules(config.sharding)
   model, facts = models.build_model(config.model), models.model_facts(
       config.model)
   tx, _ = optim.make_optimizer(config)
-  b = int(batch_size or config.batch_size)
-  spec = abstract_batch(config, b)
+  spec = abstract_batch(config, int(batch_size or config.batch_size))
   state, state_sh = steps.abstract_train_state(model, tx, spec, mesh, rules)
   batch_sh = sharding.batch_shardings(spec, mesh, rules)
   traced = steps.jit_train_step(
@@ -200,6 +200,16 @@ def compile_steps(config: ml_collections.ConfigDict, devices: list[Any], *,
           state, ckpt_lib.abstract_like(spec, batch_sh),
           jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
                                sharding=jax.NamedSharding(mesh, jax.P())))
+  return traced, (state, state_sh), mesh, rules, model, facts
+
+
+def compile_steps(config: ml_collections.ConfigDict, devices: list[Any], *,
+                  batch_size: int | None = None, with_eval: bool = True
+                  ) -> Compiled:
+  """Lowers and compiles the loop's train (and eval) step on ``devices``."""
+  b = int(batch_size or config.batch_size)
+  traced, (state, state_sh), mesh, rules, model, facts = trace_train_step(
+      config, devices, b)
   train = traced.lower().compile()
   ev = None
   if with_eval:
