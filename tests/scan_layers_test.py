@@ -171,3 +171,59 @@ def test_layer_count_mismatch_across_layouts_names_the_field(tmp_path):
   msg = str(e.value)
   assert "missing from checkpoint: encoder/stack/layers/layer/" in msg
   assert "model.scan_layers" in msg and "model.num_layers" in msg
+
+
+def _eqns(jaxpr):
+  """Every equation of ``jaxpr``, nested jaxprs (jit, remat) included."""
+  for e in jaxpr.eqns:
+    yield e
+    for v in e.params.values():
+      inner = getattr(v, "jaxpr", v)
+      if hasattr(inner, "eqns") and e.primitive.name != "remat2":
+        yield from _eqns(inner)
+
+
+@pytest.mark.parametrize("scan,policy", [(False, "save_dots"), (True, "full")])
+def test_remat_keeps_parameters_and_gradients_and_saves_memory(scan, policy):
+  c = _config("hypermixer", scan)
+  c.update(d_model=64, d_ffn=256, max_len=64, dropout_rate=0.1)
+  x = jax.random.randint(jax.random.key(0), (8, 64), 1, 50)
+  results = {}
+  for name in ("none", policy):
+    c.remat = name
+    model = models.build_model(c)
+    params = nn.unbox(model.init(jax.random.key(1), x))["params"]
+
+    def loss(p, model=model):
+      return jnp.sum(model.apply({"params": p}, x, deterministic=False,
+                                 rngs={"dropout": jax.random.key(2)}) ** 2)
+    grad = jax.jit(jax.grad(loss))
+    results[name] = (params, grad(params), grad.lower(params).compile(
+        ).memory_analysis().temp_size_in_bytes, jax.make_jaxpr(grad)(params))
+  (base, base_grads, base_temp, _), (params, grads, temp, jaxpr) = (
+      results["none"], results[policy])
+  assert jax.tree.structure(params) == jax.tree.structure(base)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(base)):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(base_grads)):
+    # Recomputation reorders float sums: agreement to the leaf's scale.
+    np.testing.assert_allclose(a, b, rtol=1e-4,
+                               atol=1e-5 * float(np.abs(b).max()))
+  if scan:
+    # Under the scan XLA:CPU frees the layers' activations.
+    assert temp < 0.8 * base_temp
+  else:
+    # An unrolled stack's it keeps alive anyway on CPU (XLA:TPU frees them:
+    # 448 MB -> 55 MB per chip, experiments/README.md), so here the remat
+    # regions and their policy are checked: one per layer.
+    regions = [e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "remat2"]
+    assert len(regions) == c.num_layers
+    assert all(e.params["policy"] is jax.checkpoint_policies.dots_saveable
+               for e in regions)
+
+
+def test_unknown_remat_policy_names_the_valid_ones():
+  c = _config("hypermixer", False)
+  c.remat = "everything"
+  with pytest.raises(ValueError, match="unknown remat 'everything'.*full"):
+    models.build_model(c)

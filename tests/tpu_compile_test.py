@@ -274,3 +274,4 @@ def test_scanned_layers_compile_with_the_same_state_and_flag_the_loop():
   assert "read once" in text and "scan_layers=False" in text
   assert "TFLOP of matmuls" in text
   assert "caveat" not in tc.format_report(unrolled)
+

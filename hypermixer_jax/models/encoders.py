@@ -56,6 +56,44 @@ class _ScannedLayer(nn.Module):
     return common.constrain(x, _ACT_AXES), None
 
 
+class _Layer(nn.Module):
+  """One layer behind a wrapper that shares its scope (the layer's
+  parameters stay where the bare layer puts them), so that ``nn.remat`` can
+  wrap it with ``deterministic`` static."""
+  layer: Callable[..., nn.Module]
+  deterministic: bool
+
+  def setup(self):
+    self.inner = self.layer()
+    nn.share_scope(self, self.inner)
+
+  def __call__(self, x: Array, mask: Array | None, segment_ids: Array | None,
+               positions: Array | None) -> Array:
+    return self.inner(x, mask=mask, segment_ids=segment_ids,
+                      positions=positions, deterministic=self.deterministic)
+
+
+# model.remat: what a layer's backward keeps from its forward
+# (jax.checkpoint_policies); the rest is recomputed.
+REMAT_POLICIES = {
+    "none": None,                 # no rematerialisation: keep everything
+    "full": "nothing_saveable",   # keep the layer's input only
+    "save_dots": "dots_saveable",  # keep every matmul output
+    "save_dots_no_batch": "dots_with_no_batch_dims_saveable",  # weights' dots
+}
+
+
+def _remat(cls, policy: str, in_scan: bool):
+  if policy not in REMAT_POLICIES:
+    raise ValueError(f"unknown remat policy {policy!r}; valid: "
+                     f"{', '.join(REMAT_POLICIES)}.")
+  if policy == "none":
+    return cls
+  return nn.remat(cls, policy=getattr(jax.checkpoint_policies,
+                                      REMAT_POLICIES[policy]),
+                  prevent_cse=not in_scan)
+
+
 class LayerStack(nn.Module):
   """``num_layers`` layers ``layer_0 ... layer_{L-1}``, then an optional LN.
 
@@ -74,6 +112,11 @@ class LayerStack(nn.Module):
     final_norm: apply a LayerNorm (``final_norm``) after the last layer, which
       pre-LN layouts need because their residual stream is never normalised.
     scan_layers: run the layers as one scan (see above).
+    remat: rematerialise each layer in the backward pass under one of
+      ``REMAT_POLICIES`` (``none``: off; ``full``: keep only each layer's
+      input; ``save_dots`` / ``save_dots_no_batch``: keep matmul outputs, all
+      or those without batch dimensions), trading recomputation for
+      activation memory. Parameters and results are the same.
   """
   layer: Callable[..., nn.Module]
   num_layers: int
@@ -81,6 +124,7 @@ class LayerStack(nn.Module):
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
   scan_layers: bool = False
+  remat: str = "none"
 
   @nn.compact
   def __call__(self, x: Array, *, mask: Array | None = None,
@@ -89,13 +133,19 @@ class LayerStack(nn.Module):
                deterministic: bool = True) -> Array:
     if self.scan_layers:
       scanned = nn.scan(
-          _ScannedLayer, variable_axes={"params": 0},
+          _remat(_ScannedLayer, self.remat, True),
+          variable_axes={"params": 0},
           split_rngs={"params": True, "dropout": True},
           in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
           length=self.num_layers,
           metadata_params={nn.PARTITION_NAME: common.LAYERS})
       x, _ = scanned(self.layer, deterministic, name="layers")(
           x, mask, segment_ids, positions)
+    elif self.remat != "none":
+      layer = _remat(_Layer, self.remat, False)
+      for i in range(self.num_layers):
+        x = layer(self.layer, deterministic, name=f"layer_{i}")(
+            x, mask, segment_ids, positions)
     else:
       for i in range(self.num_layers):
         x = self.layer(name=f"layer_{i}")(
@@ -199,6 +249,7 @@ class TextEncoder(nn.Module):
   param_dtype: common.Dtype = jnp.float32
   scale_embeddings: bool = True
   scan_layers: bool = False
+  remat: str = "none"
 
   def setup(self):
     std = self.d_model ** -0.5 if self.scale_embeddings else 0.02
@@ -222,7 +273,7 @@ class TextEncoder(nn.Module):
     self.dropout = nn.Dropout(self.dropout_rate)
     self.stack = LayerStack(self.layer, self.num_layers, self.final_norm,
                             dtype=self.dtype, param_dtype=self.param_dtype,
-                            scan_layers=self.scan_layers)
+                            scan_layers=self.scan_layers, remat=self.remat)
 
   def __call__(self, ids: Array, *, segment_ids: Array | None = None,
                token_type_ids: Array | None = None,
@@ -296,6 +347,7 @@ class ContinuousEncoder(nn.Module):
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
   scan_layers: bool = False
+  remat: str = "none"
 
   @nn.compact
   def __call__(self, inputs: Array, *, segment_ids: Array | None = None,
@@ -344,7 +396,8 @@ class ContinuousEncoder(nn.Module):
     mask = None if segment_ids is None else segment_ids > 0
     return LayerStack(self.layer, self.num_layers, self.final_norm,
                       dtype=self.dtype, param_dtype=self.param_dtype,
-                      scan_layers=self.scan_layers, name="stack")(
+                      scan_layers=self.scan_layers, remat=self.remat,
+                      name="stack")(
                           x, mask=mask, segment_ids=segment_ids,
                           positions=positions, deterministic=deterministic)
 
@@ -412,6 +465,7 @@ class Model(nn.Module):
   param_dtype: common.Dtype = jnp.float32
   scale_embeddings: bool = True
   scan_layers: bool = False
+  remat: str = "none"
 
   @nn.compact
   def __call__(self, inputs: Array, *, segment_ids: Array | None = None,
@@ -420,7 +474,7 @@ class Model(nn.Module):
                masked_positions: Array | None = None,
                deterministic: bool = True) -> Array:
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-    scan = dict(scan_layers=self.scan_layers)
+    scan = dict(scan_layers=self.scan_layers, remat=self.remat)
     if self.family == "text":
       encoder = TextEncoder(
           self.layer, self.num_layers, self.d_model, self.vocab_size,

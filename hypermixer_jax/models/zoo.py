@@ -88,7 +88,9 @@ def default_model_config() -> ml_collections.ConfigDict:
   MLPs and mixers that take it, as the official MLP-Mixer checkpoints were
   trained), ``scan_layers`` (the layers as one ``nn.scan`` over a layer with
   stacked ``[L, ...]`` parameters: one compiled layer body instead of L, for
-  deep models on pods; ``encoders.LayerStack``).
+  deep models on pods; ``encoders.LayerStack``), ``remat`` (each layer
+  rematerialised in the backward pass: ``none`` | ``full`` | ``save_dots`` |
+  ``save_dots_no_batch``, ``encoders.REMAT_POLICIES``; the same parameters).
   """
   return ml_collections.ConfigDict(dict(
       family="text",
@@ -115,6 +117,7 @@ def default_model_config() -> ml_collections.ConfigDict:
       scale_embeddings=True,
       approximate_gelu=False,
       scan_layers=False,
+      remat="none",
   ))
 
 
@@ -327,7 +330,8 @@ def build(cfg: dict[str, Any]) -> encoders.Model:
       final_norm=block != "post_ln", embed_norm=block == "post_ln",
       dropout_rate=cfg["dropout_rate"], conv_stem=conv_stem, dtype=dtype,
       param_dtype=param_dtype, scale_embeddings=bool(cfg["scale_embeddings"]),
-      scan_layers=bool(cfg["scan_layers"]))
+      scan_layers=bool(cfg["scan_layers"]),
+      remat=_choice("remat", cfg["remat"], tuple(encoders.REMAT_POLICIES)))
 
 
 def facts(cfg: dict[str, Any]) -> common.ModelFacts:

@@ -485,7 +485,8 @@ def format_report(r: dict[str, Any]) -> str:
       f"chip sends {_gib(r['collective_traffic_bytes'])}",
       f"estimate (roofline, not a measurement): step {r['est_step_s'] * 1e3:.2f}"
       f" ms, bound by {r['est_limit']}, MFU {r['est_mfu']:.0%} (matmul FLOPs "
-      "at the chip's peak over the step)",
+      "at the chip's peak over the step; with model.remat the recomputed "
+      "ones count too)",
   ]
   if r.get("loops"):
     lines.append(

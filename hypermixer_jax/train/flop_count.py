@@ -16,8 +16,9 @@ jaxpr instead, before XLA rewrites anything:
   runs; a ``while_loop``'s body once, its trip count being unknown (reported
   in ``FlopCount.uncounted_loops``).
 
-Elementwise work is not counted: the figure is the matmul FLOPs that MFU is
-defined on (recomputation under ``remat`` included, as it runs).
+Elementwise work is not counted: the figure is the matmul FLOPs as they run,
+recomputation under ``remat`` included (hardware FLOPs; a model-FLOPs MFU
+would leave the recomputed forward out).
 """
 from __future__ import annotations
 
