@@ -271,7 +271,53 @@ def test_scanned_layers_compile_with_the_same_state_and_flag_the_loop():
   assert r["uncounted_loops"] == 0
   assert r["est_mfu"] == pytest.approx(unrolled["est_mfu"], rel=0.5)
   text = tc.format_report(r)
-  assert "read once" in text and "scan_layers=False" in text
+  assert "reads once" in text and "scan_layers=False" in text
   assert "TFLOP of matmuls" in text
   assert "caveat" not in tc.format_report(unrolled)
 
+
+
+LOOP_HLO = """HloModule m
+
+%cond (p: (s32[], f32[8])) -> pred[] {
+  %p = (s32[], f32[8]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p.1: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p.1 = (s32[], f32[8]{0}) parameter(0)
+  %x = f32[8]{0} get-tuple-element(%p.1), index=1
+  %ag = f32[32]{0} all-gather(%x), channel_id=1, replica_groups={}, dimensions={0}
+  ROOT %t = (s32[], f32[8]{0}) tuple(%i2, %x)
+}
+
+%odd_cond (q: (s32[], f32[8])) -> pred[] {
+  %q = (s32[], f32[8]{0}) parameter(0)
+  ROOT %c = pred[] custom-call(%q), custom_call_target="x"
+}
+
+ENTRY %main (a: f32[8]) -> f32[8] {
+  %a = f32[8]{0} parameter(0)
+  %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body
+  %w2 = (s32[], f32[8]{0}) while(%init), condition=%odd_cond, body=%body
+  %ar = f32[8]{0} all-reduce(%a), channel_id=2, replica_groups={}, to_apply=%add
+  ROOT %r = f32[8]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_collectives_in_loops_count_by_trip_count():
+  # The body runs 4 times under %w (its condition compares a counter with
+  # 4) and once more under %w2, whose condition says nothing: 5 gathers,
+  # one loop of unknown trip count; the all-reduce outside runs once.
+  times, unknown = tc.loop_multipliers(LOOP_HLO)
+  assert times["main"] == 1 and times["body"] == 5 and unknown == 1
+  got = tc.collectives(LOOP_HLO)
+  assert got["all-gather"] == (5, 5 * 32 * 4)
+  assert got["all-reduce"] == (1, 8 * 4)
+  traffic = tc.collective_traffic(LOOP_HLO, 4)
+  assert traffic["all-gather"] == 5 * 32 * 4 * tc.traffic_factor(
+      "all-gather", 4)
+  assert tc.count_loops(LOOP_HLO) == 2

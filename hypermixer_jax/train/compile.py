@@ -228,9 +228,6 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2,
                 "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8,
                 "u64": 8, "c64": 8, "c128": 16}
 _SHAPE = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9]\w*)?)\[([0-9,]*)\]")
-_OP = re.compile(r"^\s*(?:ROOT\s+)?%?\S+ = (.+?) (" + "|".join(COLLECTIVES)
-                 + r")(-start|-done)?\(", re.M)
-
 
 def shape_bytes(hlo_type: str) -> int:
   """Bytes of an HLO result type (an array or a tuple of arrays)."""
@@ -281,55 +278,131 @@ def traffic_factor(kind: str, n: int) -> float:
           "collective-permute": 1.0}[kind]
 
 
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
+_CALLEE = re.compile(r"\b(body|condition|calls|to_apply)=%?([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_CONSTANT = re.compile(r"\bconstant\((\d+)\)")
+_WHILE = re.compile(r"^\s*(?:ROOT\s+)?%?\S+ = .* while\(", re.M)
+
+
+def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
+  """``({computation: its instruction lines}, entry name)``."""
+  comps, entry, current = {}, "", None
+  for line in hlo_text.splitlines():
+    m = _COMPUTATION.match(line)
+    if m:
+      current = m.group(1)
+      comps[current] = []
+      if line.startswith("ENTRY"):
+        entry = current
+    elif current is not None:
+      if line.startswith("}"):
+        current = None
+      else:
+        comps[current].append(line)
+  return comps, entry
+
+
+def trip_count(condition: list[str]) -> int | None:
+  """A loop's trip count from its condition computation: the one integer
+  constant a counter from 0 is compared with (``lax.scan`` and XLA's
+  windowed dot-general loops have this form); None where it is not."""
+  consts = {int(c) for line in condition for c in _CONSTANT.findall(line)}
+  compares = [line for line in condition if " compare(" in line]
+  if len(consts) == 1 and len(compares) == 1 and "direction=LT" in compares[0]:
+    return consts.pop()
+  return None
+
+
+def loop_multipliers(hlo_text: str) -> tuple[dict[str, int], int]:
+  """``({computation: times it runs per step}, loops of unknown trip
+  count)``: the entry once, a ``while`` body its trip count times its
+  caller's (``trip_count``; once where unknown), other callees as often as
+  their caller."""
+  comps, entry = _computations(hlo_text)
+  times, unknown = {}, set()
+  # Every call site adds its runs (a body shared by two loops runs for
+  # both); computations with callees are few and called once, reducers
+  # (``to_apply``) many times but call nothing.
+  stack = [(entry or next(iter(comps), ""), 1)]
+  while stack:
+    name, n = stack.pop()
+    if name not in comps:
+      continue
+    times[name] = times.get(name, 0) + n
+    for k, line in enumerate(comps[name]):
+      callees = dict(_CALLEE.findall(line))
+      trips = 1
+      if "body" in callees and _WHILE.match(line):
+        trips = trip_count(comps.get(callees.get("condition", ""), []))
+        if trips is None:
+          trips = 1
+          unknown.add((name, k))
+      for kind, callee in callees.items():
+        stack.append((callee, n * (trips if kind == "body" else 1)))
+      for group in _BRANCHES.findall(line):
+        stack.extend((b.strip().lstrip("%"), n) for b in group.split(","))
+  return times, len(unknown)
+
+
+def _collective_lines(hlo_text: str):
+  """``(multiplier, match)`` of each collective op line, the multiplier being
+  how often its computation runs per step (``loop_multipliers``)."""
+  times, _ = loop_multipliers(hlo_text)
+  current = None            # lines outside a computation: once
+  for line in hlo_text.splitlines():
+    header = _COMPUTATION.match(line)
+    if header:
+      current = header.group(1)
+    elif line.startswith("}"):
+      current = None
+    elif m := _OP_LINE.match(line):
+      yield times.get(current, 1), m
+
+
 def collective_traffic(hlo_text: str, devices: int) -> dict[str, float]:
   """``{kind: bytes one chip sends}`` of the collectives in an HLO module:
   each op's result bytes times ``traffic_factor`` of its group size
-  (``group_size``; an asynchronous pair's group read from its ``-start``).
-  Counted as written, like ``collectives``: a loop body once."""
+  (``group_size``; an asynchronous pair's group read from its ``-start``),
+  times the runs of its computation per step (loops by trip count)."""
   out = {k: 0.0 for k in COLLECTIVES}
   started = {}
-  for line in hlo_text.splitlines():
-    m = _OP_LINE.match(line)
-    if not m:
-      continue
+  for times, m in _collective_lines(hlo_text):
     name, hlo_type, kind, phase, operands, rest = m.groups()
     if phase == "-start":
       started[name.lstrip("%")] = group_size(rest, devices)
       continue
     n = (started.get(operands.strip().lstrip("%"), devices)
          if phase == "-done" else group_size(rest, devices))
-    out[kind] += shape_bytes(hlo_type) * traffic_factor(kind, n)
+    out[kind] += times * shape_bytes(hlo_type) * traffic_factor(kind, n)
   return out
 
 
 def collectives(hlo_text: str) -> dict[str, tuple[int, int]]:
-  """``{kind: (ops, result bytes)}`` of the collectives in an HLO module.
-
-  Asynchronous pairs count once (their ``-done`` result). Counted as written:
-  an op inside a loop body counts once, however often the loop runs. Kinds
-  are as XLA wrote them: on some topologies (v5p-128, v6e-256) XLA:TPU
-  gathers fsdp parameters by all-reducing zero-padded shards, so the
-  gathers show under ``all-reduce`` (experiments/README.md, pod plan).
+  """``{kind: (ops run, result bytes)}`` of the collectives in an HLO module
+  per step: asynchronous pairs count once (their ``-done`` result), an op in
+  a loop body as often as the loop runs (``loop_multipliers``). Kinds are as
+  XLA wrote them: on some topologies (v5p-128, v6e-256) XLA:TPU gathers fsdp
+  parameters by all-reducing zero-padded shards, so the gathers show under
+  ``all-reduce`` (experiments/README.md, pod plan).
   """
   out = {k: (0, 0) for k in COLLECTIVES}
-  for hlo_type, op, phase in _OP.findall(hlo_text):
+  for times, m in _collective_lines(hlo_text):
+    _, hlo_type, op, phase, _, _ = m.groups()
     if phase == "-start":
       continue
     n, size = out[op]
-    out[op] = (n + 1, size + shape_bytes(hlo_type))
+    out[op] = (n + times, size + times * shape_bytes(hlo_type))
   return out
-
-
-_WHILE = re.compile(r"^\s*(?:ROOT\s+)?%?\S+ = .* while\(", re.M)
 
 
 def count_loops(hlo_text: str) -> int:
   """``while`` ops in an HLO module: scanned layers (``model.scan_layers``),
   chunked scans (causal HyperMixing, block-wise attention) and the loops
   XLA's TPU SPMD pass makes of sharded weight-gradient dots (windowed
-  dot-general, one step per collective-permute). XLA's cost analysis, and
-  ``collectives`` here, read each loop body once, whatever its trip
-  count."""
+  dot-general, one step per collective-permute). XLA's cost analysis reads
+  each loop body once, whatever its trip count; ``collectives`` and
+  ``collective_traffic`` count them by trip count."""
   return len(_WHILE.findall(hlo_text))
 
 
@@ -412,13 +485,14 @@ def report(c: Compiled) -> dict[str, Any]:
       "temp_bytes": mem.temp_size_in_bytes, "total_bytes": total,
       "hbm_bytes": chip.hbm_bytes, "fits": total <= chip.hbm_bytes,
       "flops": flops, "bytes_accessed": accessed, "matmul_flops": matmul,
-      "uncounted_loops": c.matmul.uncounted_loops if c.matmul else 0,
       "collectives": {k: list(v) for k, v in coll.items()},
       "collective_traffic_bytes": comm,
       "est_step_s": step, "est_limit": max(times, key=times.get),
       "est_times_s": times, "est_mfu": mfu,
       "largest_buffers": largest_buffers(hlo),
       "loops": count_loops(hlo),
+      "uncounted_loops": (c.matmul.uncounted_loops if c.matmul else 0)
+                         + loop_multipliers(hlo)[1],
   }
   if c.eval is not None:
     emem = c.eval.memory_analysis()
@@ -481,8 +555,9 @@ def format_report(r: dict[str, Any]) -> str:
       f"train step per chip: {r['flops'] / 1e12:.3f} TFLOP (XLA), "
       f"{r.get('matmul_flops', 0) / 1e12:.3f} TFLOP of matmuls (jaxpr, loops "
       f"by trip count), {_gib(r['bytes_accessed'])} accessed",
-      f"collectives (ops in the HLO, result bytes): {coll or 'none'}; a "
-      f"chip sends {_gib(r['collective_traffic_bytes'])}",
+      f"collectives per step (ops run, loop bodies by trip count; result "
+      f"bytes): {coll or 'none'}; a chip sends "
+      f"{_gib(r['collective_traffic_bytes'])}",
       f"estimate (roofline, not a measurement): step {r['est_step_s'] * 1e3:.2f}"
       f" ms, bound by {r['est_limit']}, MFU {r['est_mfu']:.0%} (matmul FLOPs "
       "at the chip's peak over the step; with model.remat the recomputed "
@@ -492,12 +567,14 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(
         f"caveat: the step holds {r['loops']} while loop(s) (scanned layers, "
         "chunked scans, XLA's windowed dot-general loops of sharded weight "
-        "gradients), whose bodies XLA's cost analysis and the collective "
-        "count read once whatever their trip count: the XLA FLOPs, bytes "
-        "accessed and collectives under-count them (memory is exact; the "
-        "matmul FLOPs, MFU and compute bound count each loop by its trip "
-        "count). With model.scan_layers, compile again with "
-        "--config.model.scan_layers=False for exact bytes and collectives.")
+        "gradients), whose bodies XLA's cost analysis reads once whatever "
+        "their trip count: the XLA FLOPs and bytes accessed under-count them "
+        "(memory is exact; the matmul FLOPs, MFU, compute bound and "
+        "collectives count each loop by its trip count"
+        + (f", except {r['uncounted_loops']} loop(s) of unknown trip count"
+           if r.get("uncounted_loops") else "")
+        + "). With model.scan_layers, compile again with "
+        "--config.model.scan_layers=False for exact bytes accessed.")
   if "eval_total_bytes" in r:
     lines.append(f"eval step per chip: total {_gib(r['eval_total_bytes'])}, "
                  f"{r['eval_flops'] / 1e12:.3f} TFLOP")
