@@ -158,6 +158,18 @@ def test_oversized_batch_is_refused_with_what_fits(monkeypatch):
   assert "--config.batch_size=8 fits" in msg
 
 
+def test_fit_advice_offers_remat_where_activations_dominate():
+  c = tiny("text")
+  heavy = {"temp_bytes": 10, "param_bytes": 2, "opt_bytes": 4}
+  light = dict(heavy, temp_bytes=5)
+  assert "--config.model.remat=full" in tc.fit_advice(c, heavy, 8)
+  assert "--config.batch_size=8 fits" in tc.fit_advice(c, heavy, 8)
+  assert "remat" not in tc.fit_advice(c, light, 8)
+  assert tc.fit_advice(c, light, 0).startswith("no batch fits")
+  c.model.remat = "full"                # already recomputing
+  assert "remat" not in tc.fit_advice(c, heavy, 8)
+
+
 def test_largest_batch_matches_brute_force():
   for limit in (0, 3, 8, 9, 40, 63, 64, 100):
     for start, step in ((64, 1), (64, 8), (96, 8), (16, 8), (100, 8)):

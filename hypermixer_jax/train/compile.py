@@ -581,6 +581,23 @@ def format_report(r: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
+def fit_advice(config: ml_collections.ConfigDict, r: dict[str, Any],
+               best: int) -> str:
+  """What would fit, for ``DoesNotFit``: the largest batch found (or
+  sharding), and remat where the temporaries outweigh the state."""
+  fix = (f"--config.batch_size={best} fits (with grad_accum_steps for the "
+         "same effective batch)" if best else
+         "no batch fits: shard the parameters (--config.sharding.rules=fsdp "
+         "--config.mesh.fsdp=-1) or use more chips")
+  if config.model.get("remat", "") == "none" and r["temp_bytes"] > (
+      r["param_bytes"] + r["opt_bytes"]):
+    # Activations dominate: recomputing them is the other way to fit.
+    fix += ("; or keep the batch and recompute the layers' activations in "
+            "the backward pass: --config.model.remat=full (fewer "
+            "temporaries, about a third more matmul work)")
+  return fix
+
+
 def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
                          num_slices: int = 1) -> dict[str, Any]:
   """Compiles ``config`` for the topology and returns ``report``'s figures.
@@ -601,14 +618,10 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
       sharding.build_mesh(config.mesh, devices),
       sharding.get_rules(config.sharding)))
   bufs = ", ".join(f"{n} ({_gib(b)})" for b, n in r["largest_buffers"])
-  fix = (f"--config.batch_size={best} fits (with grad_accum_steps for the "
-         "same effective batch)" if best else
-         "no batch fits: shard the parameters (--config.sharding.rules=fsdp "
-         "--config.mesh.fsdp=-1) or use more chips")
   raise DoesNotFit(
       f"{config.model.family} model at batch {r['batch_size']} needs "
       f"{_gib(r['total_bytes'])} per chip on {topology} ({_gib(r['hbm_bytes'])}"
       f" HBM): parameters {_gib(r['param_bytes'])}, optimizer "
       f"{_gib(r['opt_bytes'])}, temporaries {_gib(r['temp_bytes'])}; largest "
-      f"buffers {bufs}. {fix}.")
+      f"buffers {bufs}. {fit_advice(config, r, best)}.")
 
