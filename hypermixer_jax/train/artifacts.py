@@ -314,9 +314,7 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str,
   Runs on the devices of process 0 (other processes return at once).
   Returns the number of examples predicted.
   """
-  import tempfile  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   head = models.model_facts(config.model).head
   if head not in CLASSIFIER_HEADS + ("mlm",):
     raise config_checks.ConfigError(
@@ -345,63 +343,96 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str,
                  or k in MODEL_KWARGS}, batch_size), mesh, rules)
     return np.asarray(jax.device_get(forward(params, global_batch)))[:n]
 
+  if head == "mlm":
+    lines, written = _mlm_predictions(config, input_path, run, batch_size,
+                                      top_k)
+  else:
+    lines, written = _classifier_predictions(config, input_path, run,
+                                             batch_size)
+  _write_jsonl(lines, output_path)
+  cut = sum(bool(line.get("truncated")) for line in lines)
+  logging.info("wrote %d predictions of %s (step %d) to %s (%d input lines; "
+               "%d not predicted, %d truncated to data.seq_len)", written,
+               workdir, found, output_path, len(lines), len(lines) - written,
+               cut)
+  return written
+
+
+def _mlm_predictions(config: ml_collections.ConfigDict, input_path: str,
+                     run, batch_size: int, top_k: int
+                     ) -> tuple[list[dict], int]:
+  """``predict_file``'s lines for a masked LM: the top ``top_k`` tokens of
+  each ``[MASK]``, and the text with the top-1 tokens filled in."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rows, vocab, mask_id = _mlm_rows(config, input_path)
+  todo = [(rec, ids) for rec, ids in rows if ids is not None]
+  for start in range(0, len(todo), batch_size):
+    chunk = todo[start:start + batch_size]
+    batch = _mlm_batch([ids for _, ids in chunk], int(config.data.seq_len))
+    probs = jax.nn.softmax(run(batch), axis=-1)
+    for r, (rec, ids) in enumerate(chunk):
+      masks = []
+      filled = rec["text"]
+      for pos in np.flatnonzero(np.asarray(ids) == mask_id):
+        p = np.asarray(probs[r, pos])
+        top = np.argsort(-p)[:top_k]
+        masks.append({"position": int(pos), "top": [
+            {"token": vocab.decode([int(t)]), "id": int(t),
+             "probability": float(p[t])} for t in top]})
+        filled = filled.replace(MASK_MARKER, masks[-1]["top"][0]["token"], 1)
+      rec.update(filled=filled, masks=masks)
+  return [rec for rec, _ in rows], len(todo)
+
+
+def _classifier_predictions(config: ml_collections.ConfigDict,
+                            input_path: str, run, batch_size: int
+                            ) -> tuple[list[dict], int]:
+  """``predict_file``'s lines for a classifier: label, id and probabilities
+  of each input through the task's evaluation preprocessing."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.data import tasks  # pylint: disable=g-import-not-at-top
+  with tempfile.TemporaryDirectory() as tmp:
+    data, records = _prediction_data(config, input_path, tmp)
+    spec = tasks.CLASSIFICATION.get(data.task)
+    names = (list(spec.label_names) if spec else
+             [str(k) for k in range(config.model.num_classes)])
+    needed = iter(_needed_tokens(config, records) if spec else [])
+    pipe = data_lib.build_pipeline(data, "predict", batch_size=batch_size,
+                                   seed=config.seed, repeat=False,
+                                   shuffle=False)
+    predicted = [np.asarray(jax.nn.softmax(run(batch), axis=-1))
+                 for batch in pipe]
+  probs = iter(np.concatenate(predicted) if predicted else [])
+  lines, written = [], 0
+  for rec in records:
+    if rec is None:
+      lines.append({**({c[0]: "" for c in spec.columns} if spec else
+                       {"filename": ""}), "label": None, "label_id": None,
+                    "probabilities": None, "reason": BLANK})
+      continue
+    p = next(probs, None)
+    if p is None:
+      raise RuntimeError(f"{written} predictions for "
+                         f"{sum(r is not None for r in records)} inputs: "
+                         "the input pipeline dropped examples.")
+    k = int(np.argmax(p))
+    lines.append({**rec, "label": names[k], "label_id": k,
+                  "probabilities": {names[j]: float(p[j])
+                                    for j in range(len(p))},
+                  **({"truncated": next(needed) > int(config.data.seq_len)}
+                     if spec else {})})
+    written += 1
+  return lines, written
+
+
+def _write_jsonl(lines: list[dict], output_path: str) -> None:
+  """One JSON object a line, UTF-8 as is; the file appears only complete
+  (written under a temporary name, renamed at the end)."""
   out_path = epath.Path(output_path)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   partial = out_path.parent / f".{out_path.name}.partial-{os.getpid()}"
-  lines: list[dict] = []
-  if head == "mlm":
-    rows, vocab, mask_id = _mlm_rows(config, input_path)
-    todo = [(rec, ids) for rec, ids in rows if ids is not None]
-    for start in range(0, len(todo), batch_size):
-      chunk = todo[start:start + batch_size]
-      batch = _mlm_batch([ids for _, ids in chunk], int(config.data.seq_len))
-      probs = jax.nn.softmax(run(batch), axis=-1)
-      for r, (rec, ids) in enumerate(chunk):
-        masks = []
-        filled = rec["text"]
-        for pos in np.flatnonzero(np.asarray(ids) == mask_id):
-          p = np.asarray(probs[r, pos])
-          top = np.argsort(-p)[:top_k]
-          masks.append({"position": int(pos), "top": [
-              {"token": vocab.decode([int(t)]), "id": int(t),
-               "probability": float(p[t])} for t in top]})
-          filled = filled.replace(MASK_MARKER, masks[-1]["top"][0]["token"], 1)
-        rec.update(filled=filled, masks=masks)
-    lines = [rec for rec, _ in rows]
-    written = len(todo)
-  else:
-    from hypermixer_jax.data import tasks  # pylint: disable=g-import-not-at-top
-    with tempfile.TemporaryDirectory() as tmp:
-      data, records = _prediction_data(config, input_path, tmp)
-      spec = tasks.CLASSIFICATION.get(data.task)
-      names = (list(spec.label_names) if spec else
-               [str(k) for k in range(config.model.num_classes)])
-      needed = iter(_needed_tokens(config, records) if spec else [])
-      pipe = data_lib.build_pipeline(data, "predict", batch_size=batch_size,
-                                     seed=config.seed, repeat=False,
-                                     shuffle=False)
-      predicted = [np.asarray(jax.nn.softmax(run(batch), axis=-1))
-                   for batch in pipe]
-    probs = iter(np.concatenate(predicted) if predicted else [])
-    written = 0
-    for rec in records:
-      if rec is None:
-        lines.append({**({c[0]: "" for c in spec.columns} if spec else
-                         {"filename": ""}), "label": None, "label_id": None,
-                      "probabilities": None, "reason": BLANK})
-        continue
-      p = next(probs, None)
-      if p is None:
-        raise RuntimeError(f"{written} predictions for "
-                           f"{sum(r is not None for r in records)} inputs: "
-                           "the input pipeline dropped examples.")
-      k = int(np.argmax(p))
-      lines.append({**rec, "label": names[k], "label_id": k,
-                    "probabilities": {names[j]: float(p[j])
-                                      for j in range(len(p))},
-                    **({"truncated": next(needed) > int(config.data.seq_len)}
-                       if spec else {})})
-      written += 1
   try:
     with partial.open("w", encoding="utf-8") as out:
       for line in lines:
@@ -410,12 +441,6 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str,
   finally:
     if partial.exists():
       partial.unlink()
-  cut = sum(bool(line.get("truncated")) for line in lines)
-  logging.info("wrote %d predictions of %s (step %d) to %s (%d input lines; "
-               "%d not predicted, %d truncated to data.seq_len)", written,
-               workdir, found, output_path, len(lines), len(lines) - written,
-               cut)
-  return written
 
 
 # ---------------------------------------------------------------------------
