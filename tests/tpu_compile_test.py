@@ -333,3 +333,16 @@ def test_collectives_in_loops_count_by_trip_count():
   assert traffic["all-gather"] == 5 * 32 * 4 * tc.traffic_factor(
       "all-gather", 4)
   assert tc.count_loops(LOOP_HLO) == 2
+
+
+def test_expert_parallel_matmuls_count_for_every_shard():
+  # The expert preset runs the experts inside shard_map, whose body sees one
+  # device's shard: counted once per device of its manual axes, the step's
+  # matmuls equal fsdp's (traced only, no compile).
+  from hypermixer_jax.train import flop_count  # pylint: disable=g-import-not-at-top
+  counts = {}
+  for preset in ("fsdp", "expert"):
+    traced = tc.trace_train_step(tiny("smlp", preset), devices_of("v5e:2x4"),
+                                 16)[0]
+    counts[preset] = flop_count.count(traced.jaxpr).flops
+  assert counts["expert"] == counts["fsdp"] > 0

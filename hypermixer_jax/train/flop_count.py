@@ -63,7 +63,8 @@ def _conv_flops(eqn) -> float:
 
 def _manual_devices(params: dict) -> int:
   mesh = params.get("mesh")
-  axes = params.get("manual_axes", params.get("axis_names", ()))
+  axes = (params.get("newly_manual_axes") or params.get("manual_axes")
+          or params.get("axis_names") or ())
   if mesh is None:
     return 1
   shape = dict(mesh.shape)
