@@ -241,3 +241,24 @@ def test_unknown_remat_policy_names_the_valid_ones():
   c.remat = "everything"
   with pytest.raises(ValueError, match="unknown remat 'everything'.*full"):
     models.build_model(c)
+
+
+def test_resolution_adapter_resizes_a_scanned_stack_layer_by_layer():
+  from hypermixer_jax.models import official_mixer  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+
+  def layer():
+    return {"token_mixing": {"kernel_in": rng.normal(size=(16, 8)),
+                             "kernel_out": rng.normal(size=(8, 16)),
+                             "bias_out": rng.normal(size=(16,)),
+                             "bias_in": rng.normal(size=(8,))}}
+  unrolled = {"encoder": {"stack": {"layer_0": layer(), "layer_1": layer()}}}
+  scanned = {"encoder": {"stack": encoders.stack_layers(
+      unrolled["encoder"]["stack"])}}
+  want = official_mixer.adapt_resolution(unrolled, 64, method="nearest")
+  got = official_mixer.adapt_resolution(scanned, 64, method="nearest")
+  got = encoders.unstack_layers(got["encoder"]["stack"])
+  assert got["layer_1"]["token_mixing"]["kernel_in"].shape == (64, 8)
+  for a, b in zip(jax.tree.leaves(got),
+                  jax.tree.leaves(want["encoder"]["stack"])):
+    np.testing.assert_allclose(a, b, rtol=1e-6)

@@ -81,6 +81,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from hypermixer_jax.models import encoders
 from hypermixer_jax.models import zoo
 
 Params = dict
@@ -275,7 +276,8 @@ def adapt_resolution(params: Params, new_num_patches: int, *,
 
   See the module docstring for the method. ``method``: a
   ``jax.image.resize`` method (``linear``, ``cubic``, ``nearest``...).
-  Square grids only; ``new_num_patches`` must be a square.
+  Square grids only; ``new_num_patches`` must be a square. Scanned stacks
+  (``model.scan_layers``) are resized layer by layer.
   """
   new_side = math.isqrt(new_num_patches)
   if new_side * new_side != new_num_patches:
@@ -283,6 +285,11 @@ def adapt_resolution(params: Params, new_num_patches: int, *,
                      "grid (image_size / patch_size squared).")
 
   def adapt(tree):
+    if isinstance(tree, dict) and isinstance(
+        tree.get(encoders.SCANNED), dict) and "layer" in tree[encoders.SCANNED]:
+      # A scanned stack (model.scan_layers): each layer's [L, ...] leaves
+      # resized layer by layer.
+      return encoders.stack_layers(adapt(encoders.unstack_layers(tree)))
     if isinstance(tree, dict) and "kernel_in" in tree and "kernel_out" in tree:
       n = tree["kernel_in"].shape[0]
       if math.isqrt(n) ** 2 != n:
