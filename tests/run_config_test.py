@@ -86,6 +86,20 @@ def test_shape_and_vocabulary_changes_are_refused_by_name(saved):
                               "model.num_layers": 2})
 
 
+def test_layer_layout_and_remat_may_change_but_not_the_layer_count(saved):
+  # Checkpoints load across the scanned and unrolled stacks, and remat
+  # changes no parameter: a saved run may be evaluated either way.
+  _, workdir = saved
+  path = workdir / "config.json"
+  config = run_config.resolve(path, {"model.scan_layers": True,
+                                     "model.remat": "full"})
+  assert config.model.scan_layers and config.model.remat == "full"
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"^--config.model.num_layers would change"):
+    run_config.resolve(path, {"model.scan_layers": True,
+                              "model.num_layers": 2})
+
+
 def test_a_given_config_file_fills_in_a_partial_saved_config(tmp_path):
   """A converted checkpoint records its model and input scaling only: the
   --config file gives the rest, the saved fields win (model whole)."""

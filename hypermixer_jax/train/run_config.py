@@ -21,6 +21,7 @@ import difflib
 import hashlib
 import json
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 from absl import logging
@@ -194,8 +195,23 @@ def _param_shapes(model: Mapping) -> dict[str, tuple[int, ...]]:
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   variables = nn.unbox(zoo.abstract_variables(ml_collections.ConfigDict(
       _plain(model))))
-  return {common.path_str(p): tuple(x.shape) for p, x in
-          jax.tree_util.tree_flatten_with_path(variables.get("params", {}))[0]}
+  shapes = {common.path_str(p): tuple(x.shape) for p, x in
+            jax.tree_util.tree_flatten_with_path(
+                variables.get("params", {}))[0]}
+  # The scanned and unrolled stacks (model.scan_layers) hold the same
+  # parameters, and checkpoints load across them: compared unrolled.
+  out = {}
+  for key, shape in shapes.items():
+    m = _SCANNED_LEAF.match(key)
+    if m:
+      for i in range(shape[0]):
+        out[f"{m[1]}/layer_{i}/{m[2]}"] = shape[1:]
+    else:
+      out[key] = shape
+  return out
+
+
+_SCANNED_LEAF = re.compile(r"(.*)/layers/layer/(.*)$")
 
 
 def shape_fields(saved: Mapping, config: Mapping) -> list[str]:
