@@ -159,6 +159,9 @@ def test_toy_run_end_to_end(shared_data, tmp_path, monkeypatch):
       mlm.SMALL, d_model=32, bert_d_ffn=64, mlp_layers=2, bert_layers=1,
       bert_heads=1, seq_len=32, batch_size=8, steps=4, warmup=1, evals=2,
       eval_batch_size=8))
+  # Two of the three models: aMLP's configuration is gMLP's plus tiny
+  # attention (its matching and sizes: the tests above).
+  monkeypatch.setattr(mlm, "MODELS", ("attention", "gmlp"))
   out = tmp_path / "out"
   monkeypatch.setattr(sys, "argv", [
       "mlm_perplexity.py", "--scale=small", f"--out={out}", "--vocab=t5",
@@ -180,7 +183,7 @@ def test_toy_run_end_to_end(shared_data, tmp_path, monkeypatch):
     assert ev["denominator"] == ho["scored_tokens"] if "denominator" in ev \
         else True
   table = (out / "table.md").read_text()
-  for text in ("BERT (Transformer)", "gMLP", "aMLP", "4.26 (12 layers",
+  for text in ("BERT (Transformer)", "gMLP", "4.26 (12 layers",
                f"{ho['scored_tokens']:,} selected", "unigram (train counts"):
     assert text in table
   assert matplotlib.image.imread(str(out / "mlm_perplexity.png")).size

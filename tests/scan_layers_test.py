@@ -53,12 +53,12 @@ def test_scanned_stack_computes_the_unrolled_function(mixer, family):
   x, seg = _inputs(family)
   unrolled = models.build_model(_config(mixer, False, family))
   scanned = models.build_model(_config(mixer, True, family))
-  params = nn.unbox(unrolled.init(jax.random.key(1), x, segment_ids=seg))[
-      "params"]
+  params = nn.unbox(jax.jit(unrolled.init)(jax.random.key(1), x,
+                                            segment_ids=seg))["params"]
   stacked = _with_stack(params, encoders.stack_layers)
   # The stacked tree is exactly the scanned model's own layout.
-  own = nn.unbox(scanned.init(jax.random.key(1), x, segment_ids=seg))[
-      "params"]
+  own = nn.unbox(jax.jit(scanned.init)(jax.random.key(1), x,
+                                        segment_ids=seg))["params"]
   assert jax.tree.structure(own) == jax.tree.structure(stacked)
   assert jax.tree.map(jnp.shape, own) == jax.tree.map(jnp.shape, stacked)
 
@@ -66,10 +66,10 @@ def test_scanned_stack_computes_the_unrolled_function(mixer, family):
     y = model.apply({"params": p}, x, segment_ids=seg)
     return jnp.sum(jnp.sin(y)), y
 
-  (l0, y0), g0 = jax.value_and_grad(lambda p: loss(unrolled, p),
-                                    has_aux=True)(params)
-  (l1, y1), g1 = jax.value_and_grad(lambda p: loss(scanned, p),
-                                    has_aux=True)(stacked)
+  (l0, y0), g0 = jax.jit(jax.value_and_grad(lambda p: loss(unrolled, p),
+                                            has_aux=True))(params)
+  (l1, y1), g1 = jax.jit(jax.value_and_grad(lambda p: loss(scanned, p),
+                                            has_aux=True))(stacked)
   np.testing.assert_allclose(y1, y0, atol=2e-5)
   np.testing.assert_allclose(l1, l0, rtol=1e-5)
   # Gradients of the stacked parameters are the layers' gradients stacked.
@@ -82,20 +82,19 @@ def test_scanned_layers_draw_their_own_init_and_dropout():
   c = _config("hypermixer", True)
   x, seg = _inputs("text")
   model = models.build_model(c)
-  p = nn.unbox(model.init(jax.random.key(1), x, segment_ids=seg))["params"]
+  p = nn.unbox(jax.jit(model.init)(jax.random.key(1), x,
+                                   segment_ids=seg))["params"]
   kernel = p["encoder"]["stack"]["layers"]["layer"]["feature_mixing"]["wi"][
       "dense"]["kernel"]
   assert kernel.shape[0] == 2
   assert not np.allclose(kernel[0], kernel[1])
   c.dropout_rate = 0.5
   model = models.build_model(c)
-  h = models.build_model(c).apply(
+  run = jax.jit(lambda k: model.apply(
       {"params": p}, x, segment_ids=seg, deterministic=False,
-      rngs={"dropout": jax.random.key(2)})
-  again = model.apply({"params": p}, x, segment_ids=seg, deterministic=False,
-                      rngs={"dropout": jax.random.key(2)})
-  other = model.apply({"params": p}, x, segment_ids=seg, deterministic=False,
-                      rngs={"dropout": jax.random.key(3)})
+      rngs={"dropout": k}))
+  h, again, other = (run(jax.random.key(2)), run(jax.random.key(2)),
+                     run(jax.random.key(3)))
   np.testing.assert_array_equal(h, again)
   assert not np.allclose(h, other)
 
@@ -121,7 +120,8 @@ def test_stacked_parameters_carry_the_layers_axis_and_shard_by_the_rest():
 
 
 def test_stack_and_unstack_round_trip_and_refuse_other_trees():
-  tree = {"layer_0": {"w": jnp.zeros((2, 3))}, "layer_1": {"w": jnp.ones((2, 3))},
+  tree = {"layer_0": {"w": jnp.zeros((2, 3))},
+          "layer_1": {"w": jnp.ones((2, 3))},
           "final_norm": {"scale": jnp.ones(2)}}
   stacked = encoders.stack_layers(tree)
   assert stacked["layers"]["layer"]["w"].shape == (2, 2, 3)
@@ -146,7 +146,7 @@ def _fresh(scan: bool, layers: int = 2):
   x, seg = _inputs("text")
   mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2],
                        axis_types=(jax.sharding.AxisType.Auto,))
-  p = nn.unbox(models.build_model(c).init(jax.random.key(7), x,
+  p = nn.unbox(jax.jit(models.build_model(c).init)(jax.random.key(7), x,
                                           segment_ids=seg))["params"]
   return jax.device_put(p, NamedSharding(mesh, P()))
 
@@ -191,7 +191,7 @@ def _remat_pair(scan: bool, policy: str):
   for name in ("none", policy):
     c.remat = name
     model = models.build_model(c)
-    params = nn.unbox(model.init(jax.random.key(1), x))["params"]
+    params = nn.unbox(jax.jit(model.init)(jax.random.key(1), x))["params"]
 
     def loss(p, model=model):
       return jnp.sum(model.apply({"params": p}, x, deterministic=False,
@@ -211,9 +211,9 @@ def test_remat_under_the_scan_keeps_gradients_and_frees_activations():
   _same_params(params, base)
   grads, temps = [], []
   for p, f in ((base, base_loss), (params, loss)):
-    g = jax.jit(jax.grad(f))
+    g = jax.jit(jax.grad(f)).lower(p).compile()
     grads.append(g(p))
-    temps.append(g.lower(p).compile().memory_analysis().temp_size_in_bytes)
+    temps.append(g.memory_analysis().temp_size_in_bytes)
   for a, b in zip(jax.tree.leaves(grads[1]), jax.tree.leaves(grads[0])):
     # Recomputation reorders float sums: agreement to the leaf's scale.
     np.testing.assert_allclose(a, b, rtol=1e-4,
@@ -228,7 +228,8 @@ def test_remat_of_the_unrolled_stack_keeps_its_layout_and_function():
   # frees them: README, "Compile for a TPU topology").
   c, [(base, base_loss), (params, loss)] = _remat_pair(False, "save_dots")
   _same_params(params, base)
-  np.testing.assert_allclose(loss(base), base_loss(base), rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(loss)(base), jax.jit(base_loss)(base),
+                             rtol=1e-6)
   jaxpr = jax.make_jaxpr(jax.grad(loss))(base)
   regions = [e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "remat2"]
   assert len(regions) == c.num_layers
