@@ -112,6 +112,9 @@ class HarnessTest(absltest.TestCase):
     self.assertEqual(experiment.verdict([1., 2., 3.], [2., 3., 4.], False),
                      "not decided")
     self.assertEqual(experiment.verdict([0.9], [0.1], True), "not decided")
+    # Two seeds a side decide nothing, however far apart.
+    self.assertEqual(experiment.verdict([0.9, 0.91], [0.1, 0.11, 0.12],
+                                        True), "not decided")
 
   def test_recorded_paths_are_relative_to_the_repository(self):
     repo = pathlib.Path(experiment.__file__).resolve().parent.parent

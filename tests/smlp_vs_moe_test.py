@@ -158,11 +158,14 @@ def test_run_summary_and_table_rows():
   assert r["flops_per_token"] == pytest.approx(3e9 / tokens)
   assert r["train_seconds"] == pytest.approx(50 * tokens / 950.0)
   r2 = exp4.run_summary(_run(310.0, [950.0] * 3), tokens)
+  r3 = exp4.run_summary(_run(305.0, [950.0] * 3), tokens)
   switch = [{**exp4.run_summary(_run(ppl, [tps] * 3), tokens),
              "last80": {"perplexity": ppl - 50}}
-            for ppl, tps in ((400.0, 1900.0), (420.0, 2100.0))]
-  runs = {"smlp_deterministic": [r, r2], "switch": switch,
-          "hash": [{**r, "perplexity": 305.0}, {**r2, "perplexity": 306.0}]}
+            for ppl, tps in ((400.0, 1900.0), (420.0, 2100.0),
+                             (410.0, 2000.0))]
+  runs = {"smlp_deterministic": [r, r2, r3], "switch": switch,
+          "hash": [{**r, "perplexity": 305.0}, {**r2, "perplexity": 306.0},
+                   {**r3, "perplexity": 307.0}]}
   plan = {"smlp_deterministic": dict(depth=(2, 2), layer_flops=2e6,
                                      params=2.5e6),
           "switch": dict(depth=(1, 2), layer_flops=1.8e6, params=2.4e6),
@@ -178,13 +181,13 @@ def test_run_summary_and_table_rows():
   assert sw[:6] == ["Switch Transformer", "1+2", "2.40M", "3.00", "1.80",
                     "0.90"]
   # Mean ± sd over the seeds, the ratio of the mean to the unigram, the
-  # verdict only beyond the spread (305 ± 7 vs 410 ± 14: sMLP lower).
-  assert sw[col["WikiText-2 valid ppl"]] == "410.0 ± 14.1 (n=2)"
+  # verdict only beyond the spread (305 ± 5 vs 410 ± 10: sMLP lower).
+  assert sw[col["WikiText-2 valid ppl"]] == "410.0 ± 10.0 (n=3)"
   assert sw[col["ppl / unigram"]] == "0.41"
-  assert sw[col["ppl, last 80% of each row"]] == "360.0 ± 14.1 (n=2)"
+  assert sw[col["ppl, last 80% of each row"]] == "360.0 ± 10.0 (n=3)"
   assert sw[col["sMLP (det.) lower?"]] == "yes"
   assert sw[col["tokens/s"]] == "2,000"
-  # sMLP's mean tokens/s is (950 + 950) / 2.
+  # sMLP's mean tokens/s is (950 + 950 + 950) / 3.
   assert sw[col["tokens/s vs sMLP"]] == f"{2000 / 950:.2f}"
   assert rows[2][col["sMLP (det.) lower?"]] == "not decided"
   assert rows[0][col["sMLP (det.) lower?"]] == ""
