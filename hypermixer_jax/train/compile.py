@@ -29,6 +29,7 @@ accepted.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -314,6 +315,7 @@ def trip_count(condition: list[str]) -> int | None:
   return None
 
 
+@functools.lru_cache(maxsize=4)  # collectives and traffic read one module
 def loop_multipliers(hlo_text: str) -> tuple[dict[str, int], int]:
   """``({computation: times it runs per step}, loops of unknown trip
   count)``: the entry once, a ``while`` body its trip count times its
