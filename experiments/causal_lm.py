@@ -503,8 +503,10 @@ def lm_part(args, exp) -> None:
     return run_cell(cfg, exp.workdir(key), held, {
         k: v for k, v in sizes[name].items() if k != "model"})
   for name in names:
+    # A run recorded at another FFN width (an earlier FLOP match) is retired.
     runs.update(exp.cells(prefix, experiment.grid(
-        model=[name], seed=seeds if name in MODELS else ablation_seeds), run))
+        model=[name], seed=seeds if name in MODELS else ablation_seeds), run,
+        expect=lambda cell: {"params": sizes[cell["model"]]["params"]}))
   base = bases[prefix][str(s["seq_len"])]
   c = base_cfg
   verdicts = []

@@ -39,6 +39,7 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import time
 from typing import Any, Callable, Iterable, Sequence
 
@@ -324,6 +325,7 @@ class Experiment:
       self.data["args"] = {k: _portable(v) for k, v in vars(args).items()}
     self._t0 = time.time()
     self._ran = False      # whether this process ran a cell (wall_s_total)
+    self._retired: set[str] = set()   # keys superseded by this process
 
   @property
   def runs(self) -> dict[str, Any]:
@@ -339,7 +341,9 @@ class Experiment:
     # --order=reverse): runs recorded by the others are kept, never dropped.
     if self.path.exists():
       on_disk = json.loads(self.path.read_text(encoding="utf-8"))
-      self.data["runs"] = {**on_disk.get("runs", {}), **self.data["runs"]}
+      self.data["runs"] = {**{k: v for k, v in on_disk.get("runs", {}).items()
+                              if k not in self._retired},
+                           **self.data["runs"]}
 
   def _claim(self, key: str) -> bool:
     """True when this process may run ``key``; False after waiting for
@@ -383,6 +387,27 @@ class Experiment:
                           if not isinstance(v, (dict, list))}), flush=True)
     return self.runs[key]
 
+  def supersede(self, key: str, why: str) -> None:
+    """Retires ``key``'s recorded result: it moves to ``superseded[key]``
+    with ``why`` (kept, for the record) and its work directory to
+    ``runs/superseded/`` (a run there would resume from its checkpoints),
+    so that the cell runs again. A report leaves the cell out."""
+    result = self.runs.pop(key)
+    self._retired.add(key)
+    self.data.setdefault("superseded", {})[key] = dict(
+        result, superseded_because=why)
+    print(f"[{self.out.name}] {key}: superseded ({why})", flush=True)
+    if self.report_only:   # a report changes nothing on disk
+      return
+    old = pathlib.Path(self.workdir(key))
+    if old.exists():
+      dest = self.out / "runs" / "superseded" / key
+      dest.parent.mkdir(parents=True, exist_ok=True)
+      if dest.exists():
+        shutil.rmtree(dest)
+      old.rename(dest)
+    self.save()
+
   def cell(self, key: str, fn: Callable[[], dict[str, Any]]
            ) -> dict[str, Any] | None:
     """A grid cell's result: ``run(key, fn)``, or in a report
@@ -394,13 +419,25 @@ class Experiment:
 
   def cells(self, prefix: str, cells: Iterable[dict[str, Any]],
             fn: Callable[[dict[str, Any], str], dict[str, Any]],
-            by: str = "model") -> dict[Any, list[dict[str, Any]]]:
+            by: str = "model",
+            expect: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+            ) -> dict[Any, list[dict[str, Any]]]:
     """Every cell under ``cell_key(prefix, cell)`` (``fn(cell, key)`` runs
     it), grouped by ``cell[by]`` in grid order: ``{value: [result, ...]}``
-    (e.g. each model's seeds); a report leaves out the cells not recorded."""
+    (e.g. each model's seeds); a report leaves out the cells not recorded.
+
+    ``expect(cell)``: fields (e.g. the parameter count) a recorded result
+    of the cell must hold; a result that holds other values was made by
+    another setting of the cell, and is retired (``supersede``) and run
+    again rather than mixed into the current setting's seeds."""
     out: dict[Any, list[dict[str, Any]]] = {}
     for c in cells:
       key = cell_key(prefix, c)
+      if expect is not None and key in self.runs:
+        want = expect(c)
+        got = {k: self.runs[key].get(k) for k in want}
+        if got != want:
+          self.supersede(key, f"recorded {got}, the cell now has {want}")
       result = self.cell(key, lambda c=c, key=key: fn(c, key))
       if result is not None:
         out.setdefault(c[by], []).append(result)

@@ -70,6 +70,37 @@ class HarnessTest(absltest.TestCase):
     (claims / "a__b.pid").write_text("4194400")
     self.assertEqual(exp.run("a/b", lambda: {"v": 3})["v"], 3)
 
+  def test_a_cell_recorded_at_another_setting_is_retired_and_rerun(self):
+    out = pathlib.Path(tempfile.mkdtemp())
+    exp = experiment.Experiment(out)
+    grid = experiment.grid(model=("a",), seed=(0, 1))
+    exp.cells("p", grid, lambda c, k: {"params": 10, "seed": c["seed"]})
+    # The work directory of the old run holds its checkpoints: a rerun
+    # there would resume from them instead of training the new setting.
+    old_dir = pathlib.Path(exp.workdir("p/model=a/seed=0"))
+    old_dir.mkdir(parents=True)
+    (old_dir / "ckpt").write_text("old")
+    # The setting changed for seed 0 only (e.g. a new FFN width).
+    want = lambda c: {"params": 12 if c["seed"] == 0 else 10}  # noqa: E731
+    report = experiment.Experiment(out, argparse.Namespace(report_only=True))
+    got = report.cells("p", grid, lambda c, k: 1 / 0, expect=want)
+    self.assertEqual([r["seed"] for r in got["a"]], [1])   # left out
+    self.assertTrue(old_dir.exists())                      # nothing moved
+    ran = []
+    again = experiment.Experiment(out)
+    got = again.cells("p", grid, lambda c, k: ran.append(k) or {
+        "params": 12, "seed": c["seed"]}, expect=want)
+    self.assertEqual(ran, ["p/model=a/seed=0"])
+    self.assertEqual([r["params"] for r in got["a"]], [12, 10])
+    saved = json.loads((out / "results.json").read_text())
+    self.assertEqual(saved["runs"]["p/model=a/seed=0"]["params"], 12)
+    old = saved["superseded"]["p/model=a/seed=0"]
+    self.assertEqual(old["params"], 10)
+    self.assertIn("recorded {'params': 10}", old["superseded_because"])
+    self.assertFalse(old_dir.exists())
+    self.assertEqual((out / "runs/superseded/p/model=a/seed=0/ckpt"
+                      ).read_text(), "old")
+
   def test_parse_turns_on_the_compilation_cache(self):
     import jax  # pylint: disable=g-import-not-at-top
     out = os.path.join(tempfile.mkdtemp(), "exp")
