@@ -12,7 +12,10 @@ compile; not compiled).
   python experiments/pod_plan.py --out OUT --only glue_mlm_hypermixer --cells 1
 
 Cells are written to ``OUT/results.json`` one by one and a rerun skips the
-cells already there, so a long grid can be stopped and resumed. ``--table``
+cells already there, so a long grid can be stopped and resumed; several
+processes on one OUT (e.g. one per core, ``--order=reverse`` on the second)
+share the grid: a cell being compiled is claimed (``experiment.Experiment``).
+``--table``
 only prints the markdown table of what is there; ``--hosts`` the input side
 of each compiled cell: the examples/s one TPU host's chips consume at the
 cell's estimated step time, against what one host core supplies through the
@@ -26,6 +29,7 @@ import os
 import sys
 import time
 
+from hypermixer_jax import experiment
 from hypermixer_jax.train import compile as tc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -294,10 +298,33 @@ def missing(results: dict, names, presets, topologies) -> str:
   return "\n".join(lines) or "(none)"
 
 
-def _write(path: str, results: dict) -> None:
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=1)
-  os.replace(path + ".tmp", path)
+def open_results(out: str):
+  """The grid's ``experiment.Experiment`` (cells under ``runs``, claimed
+  while compiling, so that one process per core can work one grid); a
+  ``results.json`` of the earlier flat layout (cells at the top) is moved
+  under ``runs`` first."""
+  path = os.path.join(out, "results.json")
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+    if "runs" not in data:
+      os.makedirs(out, exist_ok=True)
+      with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"runs": data}, f, indent=1)
+      os.replace(path + ".tmp", path)
+  return experiment.Experiment(out)
+
+
+def compile_cell(name: str, preset: str, topo: str) -> dict:
+  """``run_cell``, with a failure recorded as the cell's result."""
+  try:
+    return run_cell(name, preset, topo)
+  except Exception as e:  # pylint: disable=broad-except
+    # The first lines name the cause (e.g. the parameters a mesh axis
+    # does not divide); the tail is the generic advice.
+    lines = str(e).splitlines()
+    return {"error": f"{type(e).__name__}: " + " / ".join(
+        line.strip() for line in lines[:4])[:600]}
 
 
 def main():
@@ -309,6 +336,9 @@ def main():
                  default=["v5e-256", "v4-32", "v5p-128", "v6e-256",
                           "2x v5e-256"])
   p.add_argument("--cells", type=int, default=0, help="stop after N cells")
+  p.add_argument("--order", choices=("forward", "reverse"), default="forward",
+                 help="reverse: the grid from its last cell (a second "
+                 "process on the same --out)")
   p.add_argument("--recount", action="store_true",
                  help="add the matmul FLOPs (traced, no compile) to the "
                  "compiled cells recorded without them, then print the "
@@ -321,11 +351,8 @@ def main():
                  help="per host core: rows of RATE_SEQ_LEN tokens/s of each "
                  "text pipeline, images/s of the image pipeline")
   args = p.parse_args()
-  path = os.path.join(args.out, "results.json")
-  results = {}
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      results = json.load(f)
+  exp = open_results(args.out)
+  results = exp.runs
   if args.hosts:
     rates = {}
     for item in args.pipeline_rates.split(","):
@@ -341,7 +368,7 @@ def main():
       if "skipped" in r or "error" in r or "matmul_flops" in r:
         continue
       r.update(matmul_flops(*key.split("|")))
-      _write(path, results)
+      exp.save()
       print(key, f"{r['matmul_flops'] / 1e12:.3f} TFLOP of matmuls per chip "
             f"(XLA {r['flops'] / 1e12:.3f})", flush=True)
     args.table = True
@@ -350,28 +377,20 @@ def main():
     print("\nNot compiled (of the grid asked for):")
     print(missing(results, args.only, args.presets, args.topologies))
     return
-  os.makedirs(args.out, exist_ok=True)
   done = 0
-  for name, preset, topo in cell_order(args.only, args.presets,
-                                       args.topologies):
+  order = list(cell_order(args.only, args.presets, args.topologies))
+  for name, preset, topo in (order[::-1] if args.order == "reverse"
+                             else order):
     key = f"{name}|{preset}|{topo}"
-    if key in results:
+    exp.reload()
+    if key in exp.runs:
       continue
-    try:
-      r = run_cell(name, preset, topo)
-    except Exception as e:  # pylint: disable=broad-except
-      # The first lines name the cause (e.g. the parameters a mesh axis
-      # does not divide); the tail is the generic advice.
-      lines = str(e).splitlines()
-      r = {"error": f"{type(e).__name__}: " + " / ".join(
-          line.strip() for line in lines[:4])[:600]}
-    results[key] = r
-    _write(path, results)
-    print(key, r.get("compile_s", r), flush=True)
+    # Skipped when another process recorded the cell meanwhile.
+    exp.run(key, lambda n=name, p=preset, t=topo: compile_cell(n, p, t))
     done += 1
     if args.cells and done >= args.cells:
       break
-  print(table(results))
+  print(table(exp.runs))
 
 
 if __name__ == "__main__":

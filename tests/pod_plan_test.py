@@ -77,3 +77,40 @@ def test_estimate_takes_the_matmul_flops_and_flags_loop_heavy_cells():
   old = {k: v for k, v in cell.items() if k != "matmul_flops"}
   assert tc.estimate(old)[1] == 1e12 / peak and not pod_plan.loop_heavy(old)
   assert not pod_plan.loop_heavy(dict(cell, matmul_flops=1.05e12))
+
+
+def test_two_processes_share_the_grid_and_the_old_layout_moves(
+    tmp_path, monkeypatch, capsys):
+  import json  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "plan"
+  out.mkdir()
+  done = "glue_mlm_hypermixer|fsdp|v4-32"
+  # The earlier layout: cells at the top of results.json.
+  (out / "results.json").write_text(json.dumps({done: {"skipped": "x"}}))
+  compiled = []
+
+  def fake(name, preset, topo):
+    key = f"{name}|{preset}|{topo}"
+    if key.endswith("v5e-256"):
+      raise ValueError("fsdp does not divide 196\nmore\nadvice")
+    compiled.append(key)
+    return {"skipped": "fake"}     # a row the table leaves out
+  monkeypatch.setattr(pod_plan, "run_cell", fake)
+  grid = ["--out", str(out), "--only", "glue_mlm_hypermixer", "--presets",
+          "fsdp", "data_parallel", "--topologies", "v4-32", "v5e-256"]
+  monkeypatch.setattr(sys, "argv", ["pod_plan.py", *grid, "--order",
+                                    "reverse", "--cells", "1"])
+  pod_plan.main()
+  monkeypatch.setattr(sys, "argv", ["pod_plan.py", *grid])
+  pod_plan.main()
+  runs = json.loads((out / "results.json").read_text())["runs"]
+  # The last cell by the reverse process, the rest by the forward one; the
+  # recorded cell kept, none compiled twice.
+  assert compiled == ["glue_mlm_hypermixer|data_parallel|v4-32"]
+  assert sorted(runs) == sorted([
+      done, "glue_mlm_hypermixer|fsdp|v5e-256",
+      "glue_mlm_hypermixer|data_parallel|v4-32",
+      "glue_mlm_hypermixer|data_parallel|v5e-256"])
+  assert runs["glue_mlm_hypermixer|fsdp|v5e-256"]["error"] == (
+      "ValueError: fsdp does not divide 196 / more / advice")
+  capsys.readouterr()
