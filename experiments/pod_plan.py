@@ -273,13 +273,15 @@ def table(results: dict) -> str:
     rows.append([
         name, preset, topo, "yes" if r["fits"] else "**no**",
         f"{_gib(r['total_bytes'])} / {_gib(r['hbm_bytes'])}",
-        f"{coll} ({_gib(coll_bytes)} GiB)",
+        # "loops": counted per step (each loop body times its trip count);
+        # cells compiled before that count them as written (a dagger).
+        f"{coll} ({_gib(coll_bytes)} GiB)" + ("" if "loops" in r else " †"),
         " / ".join(f"{t * 1e3:.1f}" for t in times.values()),
         f"{mfu:.0%} ({limit})" + (" *" if loop_heavy(r) else ""),
         f"{r['batch_size']} / {r['est_max_batch']}"])
   return bc.markdown_table(
       ["config", "preset", "topology", "fits", "HBM/chip GiB (of)",
-       "collectives in the HLO (result bytes/chip)",
+       "collectives per step (result bytes/chip; † as written)",
        "est. ms: FLOPs / HBM / ICI", "est. MFU (bound)",
        "batch / est. largest"], rows)
 
