@@ -387,3 +387,21 @@ def test_records_read_back_as_tensorflow_reads_them(tmp_path):
   assert storage.read_records(path) == (records, False)
   path.write_bytes(path.read_bytes()[:-3])   # cut short by a kill
   assert storage.read_records(path) == (records[:2], True)
+
+
+def test_replace_writes_utf8_whole_or_not_at_all(tmp_path, monkeypatch):
+  target = tmp_path / "out.jsonl"
+  storage.replace(target, "é ✓\n")
+  assert target.read_bytes() == "é ✓\n".encode("utf-8")
+  # A rename that fails (e.g. the disk went read-only) leaves the old file
+  # and no temporary file behind.
+  cls = type(storage.path(target))
+
+  def failing_rename(self, other):
+    raise OSError(30, f"Read-only file system: {self} -> {other}")
+  monkeypatch.setattr(cls, "replace", failing_rename)
+  with pytest.raises(OSError, match="Read-only"):
+    storage.replace(target, "new")
+  monkeypatch.undo()
+  assert target.read_bytes() == "é ✓\n".encode("utf-8")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]

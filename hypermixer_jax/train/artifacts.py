@@ -429,18 +429,11 @@ def _classifier_predictions(config: ml_collections.ConfigDict,
 
 def _write_jsonl(lines: list[dict], output_path: str) -> None:
   """One JSON object a line, UTF-8 as is; the file appears only complete
-  (written under a temporary name, renamed at the end)."""
-  out_path = epath.Path(output_path)
-  out_path.parent.mkdir(parents=True, exist_ok=True)
-  partial = out_path.parent / f".{out_path.name}.partial-{os.getpid()}"
-  try:
-    with partial.open("w", encoding="utf-8") as out:
-      for line in lines:
-        out.write(json.dumps(line, ensure_ascii=False) + "\n")
-    partial.replace(out_path)
-  finally:
-    if partial.exists():
-      partial.unlink()
+  (``storage.replace``: a renamed temporary file on a disk, one object
+  write on GCS, where a rename is a copy and a delete)."""
+  storage.path(output_path).parent.mkdir(parents=True, exist_ok=True)
+  storage.replace(output_path, "".join(
+      json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
 
 
 # ---------------------------------------------------------------------------

@@ -49,17 +49,23 @@ def is_local(p: str | os.PathLike) -> bool:
 
 
 def replace(target: str | os.PathLike, data: bytes | str) -> None:
-  """Writes ``data`` to ``target`` so that readers see all of it or none."""
+  """Writes ``data`` (text as UTF-8) to ``target`` so that readers see all
+  of it or none."""
   target = path(target)
-  mode = "wb" if isinstance(data, bytes) else "w"
+  if isinstance(data, str):
+    data = data.encode("utf-8")
   if not is_local(target):
-    with target.open(mode) as f:
+    with target.open("wb") as f:
       f.write(data)
     return
   tmp = target.parent / f"{target.name}.{os.getpid()}.tmp"
-  with tmp.open(mode) as f:
-    f.write(data)
-  tmp.replace(target)
+  try:
+    with tmp.open("wb") as f:
+      f.write(data)
+    tmp.replace(target)
+  finally:
+    if tmp.exists():   # the write failed (e.g. a full disk)
+      tmp.unlink()
 
 
 class AppendFile:
@@ -76,9 +82,10 @@ class AppendFile:
     self._local = is_local(self.path)
     self._lock = threading.Lock()
     if self._local:
-      self._f = self.path.open("a")
+      self._f = self.path.open("a", encoding="utf-8")
     else:
-      self._text = [self.path.read_text()] if self.path.exists() else []
+      self._text = ([self.path.read_text(encoding="utf-8")]
+                    if self.path.exists() else [])
       self._dirty = False
 
   def write(self, text: str) -> None:
@@ -94,7 +101,7 @@ class AppendFile:
       if self._local:
         self._f.flush()
       elif self._dirty:
-        self.path.write_text("".join(self._text))
+        self.path.write_text("".join(self._text), encoding="utf-8")
         self._dirty = False
 
   def close(self) -> None:
