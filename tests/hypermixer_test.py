@@ -188,7 +188,7 @@ def test_packed_segments_do_not_mix(cfg):
       chex.assert_trees_all_close(y[b, lo:hi], apply(x[b:b + 1, lo:hi])[0],
                                   rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(y[1, 5:], 0.0)
-  jac = jax.jacfwd(lambda r: apply(r, segment_ids=SEGMENTS[:1],
+  jac = jax.jacrev(lambda r: apply(r, segment_ids=SEGMENTS[:1],
                                    positions=POSITIONS[:1]))(x[:1])[0, :, :, 0]
   np.testing.assert_array_equal(jac[:4, :, 4:], 0.0)  # [N, d, N, d]
   np.testing.assert_array_equal(jac[4:, :, :4], 0.0)
@@ -197,7 +197,7 @@ def test_packed_segments_do_not_mix(cfg):
 
 def test_causal_jacobian_is_lower_triangular():
   _, apply = make(d=10, num_heads=2, causal=True)
-  jac = jax.jacfwd(apply)(rand(1, N, 10, seed=8))[0, :, :, 0]  # [N, d, N, d]
+  jac = jax.jacrev(apply)(rand(1, N, 10, seed=8))[0, :, :, 0]  # [N, d, N, d]
   dependence = np.abs(jac).max(axis=(1, 3))  # [N_out, N_in]
   np.testing.assert_array_equal(np.triu(dependence, 1), 0.0)
   assert (np.diag(dependence) > 0).all() and dependence[N - 1, 0] > 0
@@ -343,7 +343,7 @@ def test_causal_module_chunking_invariant_and_jacobian_across_chunks():
                        causal_chunk_size=2)
   small = jax.jit(lambda x: module.apply(variables, x))
   chex.assert_trees_all_close(small(x), whole(x), rtol=1e-5, atol=1e-5)
-  dependence = np.abs(jax.jacfwd(small)(x)[0, :, :, 0]).max(axis=(1, 3))
+  dependence = np.abs(jax.jacrev(small)(x)[0, :, :, 0]).max(axis=(1, 3))
   np.testing.assert_array_equal(np.triu(dependence, 1), 0.0)
   assert (dependence[np.tril_indices(N)] > 0).all()
 
