@@ -222,13 +222,38 @@ def build_mesh(mesh_config: Any, devices: Sequence[Any] | None = None
   elif len(processes) > 1 and devices[0].platform != "tpu":
     granules, process_is_granule = len(processes), True
   else:
-    return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types,
-                         devices=devices)
+    try:
+      return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types,
+                           devices=devices)
+    except NotImplementedError as e:   # see _split_physical_axes
+      grid = _split_physical_axes(
+          e, shape, lambda: mesh_utils.create_device_mesh(
+              shape, devices, allow_split_physical_axes=True))
+      return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
   dcn = dcn_shape(shape, granules)
   ici = tuple(s // d for s, d in zip(shape, dcn))
-  grid = mesh_utils.create_hybrid_device_mesh(
-      ici, dcn, devices, process_is_granule=process_is_granule)
+  try:
+    grid = mesh_utils.create_hybrid_device_mesh(
+        ici, dcn, devices, process_is_granule=process_is_granule)
+  except NotImplementedError as e:
+    grid = _split_physical_axes(
+        e, ici, lambda: mesh_utils.create_hybrid_device_mesh(
+            ici, dcn, devices, process_is_granule=process_is_granule,
+            allow_split_physical_axes=True))
   return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
+
+
+def _split_physical_axes(error: Exception, shape, build):
+  """A mesh whose axes do not each map onto whole physical TPU axes (e.g.
+  fsdp 64 x tensor 4 on the 16 x 16 torus of a v6e-256, where JAX's
+  ordering without splitting finds no assignment): built again letting an
+  axis split a physical one (``allow_split_physical_axes``), which keeps
+  each mesh axis on neighbouring chips. Logged, since such an axis's
+  collectives cross a ring part way."""
+  logging.info("Mesh %s: no assignment of whole physical TPU axes (%s); "
+               "splitting a physical axis.", tuple(shape),
+               str(error).splitlines()[0])
+  return build()
 
 
 # ---------------------------------------------------------------------------
