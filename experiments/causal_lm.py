@@ -258,25 +258,37 @@ def held_out_rows(config: ml_collections.ConfigDict, n: int, ref_len: int,
   ``ref_len`` (documents are cut at multiples of the length, so rows of a
   length dividing ``ref_len`` tile them). ``{'inputs', 'targets', 'weights',
   'segment_ids', ...}``."""
+  return held_out_sets(config, (n,), ref_len, ref_rows)[n]
+
+
+def held_out_sets(config: ml_collections.ConfigDict, lengths, ref_len: int,
+                  ref_rows: int) -> dict[int, dict[str, np.ndarray]]:
+  """``held_out_rows`` of each length in ``lengths``, the reference rows
+  read once."""
   def rows(length, count=None):
     c = ml_collections.ConfigDict(config.data.to_dict())
     c.seq_len = length
     arrays = experiment.pipeline_arrays(c, config.eval_split, batch_size=64)
     return {k: v[:count] for k, v in arrays.items()}
-  if ref_len % n:
-    raise ValueError(f"evaluation length {n} must divide the longest, "
-                     f"{ref_len}.")
+  for n in lengths:
+    if ref_len % n:
+      raise ValueError(f"evaluation length {n} must divide the longest, "
+                       f"{ref_len}.")
   ref = rows(ref_len, ref_rows)
-  if n == ref_len:
-    return ref
   total = int(ref["weights"].sum())
-  out = rows(n)
-  cum = np.cumsum(out["weights"].sum(1))
-  k = int(np.searchsorted(cum, total)) + 1
-  if k > len(cum) or cum[k - 1] != total:
-    raise ValueError(f"rows of length {n} do not tile the first {ref_rows} "
-                     f"rows of length {ref_len}.")
-  return {key: v[:k] for key, v in out.items()}
+  held = {}
+  for n in lengths:
+    if n == ref_len:
+      held[n] = ref
+      continue
+    out = rows(n)
+    cum = np.cumsum(out["weights"].sum(1))
+    k = int(np.searchsorted(cum, total)) + 1
+    if k > len(cum) or cum[k - 1] != total:
+      raise ValueError(f"rows of length {n} do not tile the first "
+                       f"{ref_rows} rows of length {ref_len}.")
+    held[n] = {key: v[:k] for key, v in out.items()}
+  return held
 
 
 def digest(arrays: dict[str, np.ndarray]) -> str:
@@ -480,8 +492,7 @@ def lm_part(args, exp) -> None:
   lengths = tuple(s["eval_lengths"])
   base_cfg = train_config(configs["attention"], args.scale, shared, vocab,
                           steps=steps)
-  held = {n: held_out_rows(base_cfg, n, max(lengths), s["eval_rows"])
-          for n in lengths}
+  held = held_out_sets(base_cfg, lengths, max(lengths), s["eval_rows"])
   if len({digest(a) for a in held.values()}) != 1:
     raise AssertionError("the held-out lengths score different tokens.")
   bases = exp.data.setdefault("baselines", {})

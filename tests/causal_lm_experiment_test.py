@@ -135,8 +135,7 @@ def vocab(shared):
 def test_held_out_tokens_are_the_same_at_every_length(shared, vocab,
                                                       tiny_models):
   cfg = cl.train_config(tiny_models["attention"], "small", shared, vocab)
-  held = {n: cl.held_out_rows(cfg, n, 64, TINY["eval_rows"])
-          for n in TINY["eval_lengths"]}
+  held = cl.held_out_sets(cfg, TINY["eval_lengths"], 64, TINY["eval_rows"])
   assert len({cl.digest(a) for a in held.values()}) == 1
   assert held[64]["inputs"].shape == (TINY["eval_rows"], 64)
   # Shorter rows: more of them, more row starts, the same scored tokens.
