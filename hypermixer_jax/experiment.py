@@ -237,10 +237,13 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
 
 def fmt_mean_sd(values: Sequence[float], scale: float = 1.0,
                 digits: int = 1) -> str:
-  """``'81.3 ± 0.4 (n=3)'`` of ``scale * values``; '' for no values."""
+  """``'81.3 ± 0.4 (n=3)'`` of ``scale * values``; ``'81.3 (n=1)'`` for one
+  value (it has no spread); '' for no values."""
   if not values:
     return ""
   mean, sd = mean_sd([scale * v for v in values])
+  if len(values) == 1:
+    return f"{mean:.{digits}f} (n=1)"
   return f"{mean:.{digits}f} ± {sd:.{digits}f} (n={len(values)})"
 
 

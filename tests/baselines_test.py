@@ -103,6 +103,8 @@ class HarnessTest(absltest.TestCase):
     self.assertEqual(experiment.mean_sd([0.5]), (0.5, 0.0))
     self.assertEqual(experiment.fmt_mean_sd([0.8, 0.82], 100),
                      "81.0 ± 1.4 (n=2)")
+    # One value has no spread to show.
+    self.assertEqual(experiment.fmt_mean_sd([0.8], 100), "80.0 (n=1)")
 
   def test_verdict_needs_a_gap_beyond_the_seed_spread(self):
     hi, lo = [0.80, 0.81, 0.82], [0.70, 0.71, 0.72]
