@@ -170,7 +170,17 @@ def run_cell(name: str, preset: str, topo: str) -> dict:
   if c is None:
     return {"skipped": "no experts"}
   t, cpu = time.perf_counter(), time.process_time()
-  r = tc.report(tc.compile_steps(c, devices, with_eval=False))
+  try:
+    r = tc.report(tc.compile_steps(c, devices, with_eval=False))
+  except Exception as e:  # pylint: disable=broad-except
+    refused = tc.hbm_refusal(e)
+    if refused is None:
+      raise
+    # The temporaries alone exceed a chip's HBM: libtpu compiles nothing.
+    return {"fits": False, "refused": True, "batch_size": int(c.batch_size),
+            "chips": len(devices), "temp_bytes": refused[0],
+            "hbm_bytes": refused[1],
+            "compile_cpu_s": time.process_time() - cpu}
   # Wall time depends on the host's load; CPU seconds (all threads) less so.
   r["compile_s"] = time.perf_counter() - t
   r["compile_cpu_s"] = time.process_time() - cpu
@@ -221,7 +231,7 @@ def host_rows(results: dict, rates: dict[str, float],
   ``RATE_SEQ_LEN`` or images per second); and the cores a host needs."""
   rows = []
   for key, r in results.items():
-    if "skipped" in r or "error" in r:
+    if "skipped" in r or "error" in r or r.get("refused"):
       continue
     name, preset, topo = key.split("|")
     pipeline, length = (pipelines or {}).get(name) or pipeline_of(name)
@@ -264,6 +274,12 @@ def table(results: dict) -> str:
     if "error" in r:
       rows.append([name, preset, topo, "error: " + r["error"][:80]] +
                   [""] * 6)
+      continue
+    if r.get("refused"):   # libtpu would not compile it: no report
+      rows.append([name, preset, topo, "**no**",
+                   f"> {_gib(r['temp_bytes'])} / {_gib(r['hbm_bytes'])} "
+                   "(temporaries alone; libtpu refused to compile)"] +
+                  [""] * 3 + [f"{r['batch_size']} / -"])
       continue
     coll = ", ".join(f"{k.replace('collective-', 'c-')} {n}"
                      for k, (n, _) in r["collectives"].items() if n)
@@ -367,7 +383,8 @@ def main():
     return
   if args.recount:
     for key, r in results.items():
-      if "skipped" in r or "error" in r or "matmul_flops" in r:
+      if ("skipped" in r or "error" in r or "matmul_flops" in r
+          or r.get("refused")):
         continue
       r.update(matmul_flops(*key.split("|")))
       exp.save()

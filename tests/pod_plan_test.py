@@ -42,7 +42,10 @@ def test_host_rows_cores_a_host_needs():
   image = dict(cell, batch_size=1024)
   rows = pod_plan.host_rows(
       {"m|fsdp|v5e-16": cell, "i|fsdp|v5e-16": image,
-       "x|fsdp|v5e-16": {"error": "no"}},
+       "x|fsdp|v5e-16": {"error": "no"},
+       "r|fsdp|v5e-16": {"fits": False, "refused": True, "batch_size": 8,
+                         "chips": 16, "temp_bytes": 2**35,
+                         "hbm_bytes": 2**34}},
       {"c4_mlm": 1000.0, "imagenet_patches": 50.0},
       pipelines={"m": ("c4_mlm", 128), "i": ("imagenet_patches", 0)})
   assert len(rows) == 2
@@ -60,6 +63,16 @@ def test_host_rows_cores_a_host_needs():
   assert pod_plan.pipeline_of("causal_lm_hypermixer") == ("c4_lm packed",
                                                           1024)
   assert pod_plan.pipeline_of("mixer_b16") == ("imagenet_patches", 0)
+
+
+def test_a_cell_libtpu_refused_is_a_no_with_the_bytes_it_named():
+  refused = {"fits": False, "refused": True, "batch_size": 256,
+             "chips": 256, "temp_bytes": 33.54 * 2**30,
+             "hbm_bytes": 15.75 * 2**30}
+  table = pod_plan.table({"smlp_base_64e|data_parallel|v5e-256": refused})
+  [row] = [line for line in table.splitlines() if "smlp_base_64e" in line]
+  assert "| **no** | > 33.54 / 15.75 (temporaries alone" in row
+  assert "256 / -" in row
 
 
 def test_estimate_takes_the_matmul_flops_and_flags_loop_heavy_cells():

@@ -158,6 +158,43 @@ def test_oversized_batch_is_refused_with_what_fits(monkeypatch):
   assert "--config.batch_size=8 fits" in msg
 
 
+def test_batch_libtpu_refuses_to_compile_is_a_does_not_fit(monkeypatch):
+  """Where the temporaries alone exceed the HBM, libtpu's compiler raises
+  RESOURCE_EXHAUSTED instead of returning a program: that is a DoesNotFit
+  too, with the bytes it names and the largest batch that compiles."""
+  devices = devices_of("v5e:2x4")
+  try:   # 4M rows of 24 tokens: ~70 GiB of temporaries per 16 GiB chip
+    compiled("v5e:2x4", "text", "fsdp", 2**22)
+    pytest.fail("libtpu compiled a program larger than the chip's HBM")
+  except Exception as e:  # pylint: disable=broad-except
+    refusal = e
+  temp, hbm = tc.hbm_refusal(refusal)
+  assert temp > 4 * hbm > 0
+  assert tc.hbm_refusal(ValueError("RESOURCE_EXHAUSTED: other")) is None
+  fitting = compiled("v5e:2x4", "text", "fsdp", 8)
+
+  def compile_steps(c, d, batch_size=None, with_eval=True):
+    del c, d, with_eval
+    if (batch_size or 16) > 8:
+      raise refusal                    # what libtpu raised above
+    return fitting
+  monkeypatch.setattr(tc, "topology_devices", lambda *a: devices)
+  monkeypatch.setattr(tc, "compile_steps", compile_steps)
+  with pytest.raises(tc.DoesNotFit) as e:
+    tc.compile_for_topology(tiny("text", "fsdp"), "v5e:2x4")
+  msg = str(e.value)
+  assert msg.startswith("text model at batch 16 needs ")
+  assert "of temporaries per chip on v5e:2x4" in msg
+  assert "libtpu's compiler refused the program" in msg
+  assert "--config.batch_size=8 fits" in msg
+  # Any other compile error is not taken for a refusal.
+  monkeypatch.setattr(tc, "compile_steps",
+                      lambda *a, **k: (_ for _ in ()).throw(
+                          RuntimeError("INTERNAL: something else")))
+  with pytest.raises(RuntimeError, match="something else"):
+    tc.compile_for_topology(tiny("text", "fsdp"), "v5e:2x4")
+
+
 def test_fit_advice_offers_remat_where_activations_dominate():
   c = tiny("text")
   heavy = {"temp_bytes": 10, "param_bytes": 2, "opt_bytes": 4}

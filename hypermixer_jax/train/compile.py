@@ -600,29 +600,67 @@ def fit_advice(config: ml_collections.ConfigDict, r: dict[str, Any],
   return fix
 
 
+_REFUSED = re.compile(
+    r"RESOURCE_EXHAUSTED: Ran out of memory on HBM.*?HLO temporaries "
+    r"\(([0-9.]+)([KMGT])\) exceeds available HBM \(([0-9.]+)([KMGT])\)")
+_UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def hbm_refusal(error: Exception) -> tuple[float, float] | None:
+  """``(temporaries, available HBM)`` bytes when ``error`` is libtpu's
+  refusal to compile a program whose temporaries alone exceed a chip's HBM
+  (it gives no buffer list then); None for any other error."""
+  m = _REFUSED.search(str(error))
+  if m is None:
+    return None
+  return (float(m.group(1)) * _UNIT[m.group(2)],
+          float(m.group(3)) * _UNIT[m.group(4)])
+
+
 def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
                          num_slices: int = 1) -> dict[str, Any]:
   """Compiles ``config`` for the topology and returns ``report``'s figures.
 
   Raises ``DoesNotFit`` (largest buffers, the largest batch that fits) when
-  the train step needs more HBM than a chip has.
+  the train step needs more HBM than a chip has, also where libtpu refuses
+  to compile it at all (its temporaries alone exceed the HBM).
   """
   devices = topology_devices(topology, num_slices)
-  r = report(compile_steps(config, devices))
-  if r["fits"]:
+  refused = None
+  try:
+    r = report(compile_steps(config, devices))
+  except Exception as e:  # pylint: disable=broad-except
+    refused = hbm_refusal(e)
+    if refused is None:
+      raise
+  if refused is None and r["fits"]:
     return r
 
   def fits(b):
-    return report(compile_steps(config, devices, batch_size=b,
-                                with_eval=False))["fits"]
+    try:
+      return report(compile_steps(config, devices, batch_size=b,
+                                  with_eval=False))["fits"]
+    except Exception as e:  # pylint: disable=broad-except
+      if hbm_refusal(e) is None:
+        raise
+      return False
 
-  best = largest_batch(fits, r["batch_size"], batch_step(
+  best = largest_batch(fits, int(config.batch_size), batch_step(
       sharding.build_mesh(config.mesh, devices),
       sharding.get_rules(config.sharding)))
+  head = (f"{config.model.family} model at batch {int(config.batch_size)} "
+          "needs ")
+  if refused is not None:
+    temp, hbm = refused
+    raise DoesNotFit(
+        f"{head}{_gib(temp)} of temporaries per chip on {topology} "
+        f"({_gib(hbm)} HBM available): libtpu's compiler refused the "
+        "program, so there is no buffer list. " + fit_advice(
+            config, {"temp_bytes": temp, "param_bytes": 0, "opt_bytes": 0},
+            best) + ".")
   bufs = ", ".join(f"{n} ({_gib(b)})" for b, n in r["largest_buffers"])
   raise DoesNotFit(
-      f"{config.model.family} model at batch {r['batch_size']} needs "
-      f"{_gib(r['total_bytes'])} per chip on {topology} ({_gib(r['hbm_bytes'])}"
+      f"{head}{_gib(r['total_bytes'])} per chip on {topology} ({_gib(r['hbm_bytes'])}"
       f" HBM): parameters {_gib(r['param_bytes'])}, optimizer "
       f"{_gib(r['opt_bytes'])}, temporaries {_gib(r['temp_bytes'])}; largest "
       f"buffers {bufs}. {fit_advice(config, r, best)}.")
