@@ -170,12 +170,8 @@ def run_cell(name: str, preset: str, topo: str) -> dict:
   if c is None:
     return {"skipped": "no experts"}
   t, cpu = time.perf_counter(), time.process_time()
-  try:
-    r = tc.report(tc.compile_steps(c, devices, with_eval=False))
-  except Exception as e:  # pylint: disable=broad-except
-    refused = tc.hbm_refusal(e)
-    if refused is None:
-      raise
+  r, refused = tc.try_report(c, devices, with_eval=False)
+  if refused is not None:
     # The temporaries alone exceed a chip's HBM: libtpu compiles nothing.
     return {"fits": False, "refused": True, "batch_size": int(c.batch_size),
             "chips": len(devices), "temp_bytes": refused[0],

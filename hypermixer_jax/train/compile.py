@@ -617,6 +617,20 @@ def hbm_refusal(error: Exception) -> tuple[float, float] | None:
           float(m.group(3)) * _UNIT[m.group(4)])
 
 
+def try_report(config: ml_collections.ConfigDict, devices: list[Any], **kw
+               ) -> tuple[dict[str, Any] | None, tuple[float, float] | None]:
+  """``(report, None)`` of ``compile_steps(config, devices, **kw)``, or
+  ``(None, hbm_refusal)`` where libtpu refused to compile it; any other
+  error propagates."""
+  try:
+    return report(compile_steps(config, devices, **kw)), None
+  except Exception as e:  # pylint: disable=broad-except
+    refused = hbm_refusal(e)
+    if refused is None:
+      raise
+    return None, refused
+
+
 def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
                          num_slices: int = 1) -> dict[str, Any]:
   """Compiles ``config`` for the topology and returns ``report``'s figures.
@@ -626,24 +640,13 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   to compile it at all (its temporaries alone exceed the HBM).
   """
   devices = topology_devices(topology, num_slices)
-  refused = None
-  try:
-    r = report(compile_steps(config, devices))
-  except Exception as e:  # pylint: disable=broad-except
-    refused = hbm_refusal(e)
-    if refused is None:
-      raise
+  r, refused = try_report(config, devices)
   if refused is None and r["fits"]:
     return r
 
   def fits(b):
-    try:
-      return report(compile_steps(config, devices, batch_size=b,
-                                  with_eval=False))["fits"]
-    except Exception as e:  # pylint: disable=broad-except
-      if hbm_refusal(e) is None:
-        raise
-      return False
+    rb, _ = try_report(config, devices, batch_size=b, with_eval=False)
+    return rb is not None and rb["fits"]
 
   best = largest_batch(fits, int(config.batch_size), batch_step(
       sharding.build_mesh(config.mesh, devices),
