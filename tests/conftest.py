@@ -33,28 +33,27 @@ SHARED_DATA = pathlib.Path(
                    / "shared" / "data"))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def subprocess_compilation_cache(tmp_path_factory):
-  """One persistent JAX compilation cache for the commands the tests launch
-  (``python -m hypermixer_jax.main`` ...): many launch the same tiny model,
-  and each launch would compile it again. The test process itself read its
-  JAX settings at import, so this reaches only the processes it starts."""
-  base = tmp_path_factory.getbasetemp()
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+  """One persistent JAX compilation cache for the whole run: the xdist
+  workers and the commands the tests launch (``python -m hypermixer_jax.main``
+  ...) share it. Many tests build the same tiny programs again (a model's
+  init and step in a new ``jax.jit`` per test, the same job in each launched
+  command); a hit skips XLA's compile. It lives in pytest's base temporary
+  folder (the last few runs' are kept, older ones removed by pytest) and is
+  set here, after the tmpdir plugin and before collection compiles anything
+  (JAX opens its cache at the first compile). Modules that test the cache
+  itself switch to their own folder and reset JAX's cache after."""
+  base = config._tmp_path_factory.getbasetemp()  # pylint: disable=protected-access
   if os.environ.get("PYTEST_XDIST_WORKER"):
     base = base.parent   # the workers' folders share this parent
-  path = base / "jax_cache_subprocesses"
+  path = base / "jax_cache"
   path.mkdir(exist_ok=True)
-  keys = ("JAX_COMPILATION_CACHE_DIR",
-          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
-  old = {k: os.environ.get(k) for k in keys}
-  os.environ.setdefault(keys[0], str(path))
-  os.environ.setdefault(keys[1], "0")
-  yield
-  for k, v in old.items():
-    if v is None:
-      os.environ.pop(k, None)
-    else:
-      os.environ[k] = v
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  # The commands the tests launch read the environment.
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = str(path)
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 
 @pytest.fixture(scope="module")

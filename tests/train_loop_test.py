@@ -6,7 +6,6 @@ import sys
 
 from absl import flags
 import jax
-from jax.experimental.compilation_cache import compilation_cache as compilation_cache_lib
 import numpy as np
 import pytest
 from ml_collections import config_flags
@@ -45,19 +44,11 @@ def _config(*overrides):
   return fv.config
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-  """A persistent compilation cache for this module and its subprocesses."""
-  path = str(tmp_path_factory.mktemp("jax_cache"))
-  keys = ("jax_compilation_cache_dir",
-          "jax_persistent_cache_min_compile_time_secs")
-  old = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  yield path
-  for k, v in old.items():
-    jax.config.update(k, v)
-  compilation_cache_lib.reset_cache()
+@pytest.fixture(scope="module")
+def compilation_cache():
+  """The run's persistent compilation cache (tests/conftest.py), for the
+  commands this module launches."""
+  return os.environ["JAX_COMPILATION_CACHE_DIR"]
 
 
 @pytest.fixture(scope="module")
