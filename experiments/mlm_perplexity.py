@@ -31,6 +31,12 @@ size 64, does at least as well as BERT.
                  budget at which every model clears 0.6 x unigram and
                  the bigram (at 1,000 steps BERT does not).
 
+BERT's diagnostics (``DIAGNOSTICS``, not run by default): BERT with pre-LN
+blocks, or with sinusoidal positions, each at BERT's size
+(``--models=attention_pre_ln,attention_sinusoidal --seeds=0``): whether
+BERT's gap to gMLP comes from its post-LN layout or from learning its
+position table.
+
 Every model trains with the same optimizer, schedule, batches and seed, and
 is evaluated on the same held-out rows with the same masked positions (the
 evaluation pipeline is unshuffled and its masking is seeded by
@@ -59,7 +65,15 @@ from hypermixer_jax import baselines
 from hypermixer_jax import experiment
 
 MODELS = ("attention", "gmlp", "amlp")
-LABELS = {"attention": "BERT (Transformer)", "gmlp": "gMLP", "amlp": "aMLP"}
+# BERT with one of its choices changed, at its parameter count (one seed,
+# ``--models=attention_pre_ln``, ...): which of them the gap to gMLP comes
+# from. Pre-LN moves the embedding LayerNorm to the stack's end (the same
+# parameters); sinusoidal positions drop the learned table (N x d fewer).
+DIAGNOSTICS = {"attention_pre_ln": dict(block="pre_ln"),
+               "attention_sinusoidal": dict(position_embeddings="sinusoidal")}
+LABELS = {"attention": "BERT (Transformer)", "gmlp": "gMLP", "amlp": "aMLP",
+          "attention_pre_ln": "BERT, pre-LN blocks (diagnostic)",
+          "attention_sinusoidal": "BERT, sinusoidal positions (diagnostic)"}
 # PAPERS.md §2, scaling table (C4 validation perplexity of the MLM ablation
 # setting): the base-size pair; the digest gives no aMLP perplexity (the
 # paper's claim is aMLP <= BERT).
@@ -145,7 +159,16 @@ def match(m: ml_collections.ConfigDict, target: int, multiple: int = 16
 def model_configs(scale: str, vocab: dict | None = None
                   ) -> dict[str, ml_collections.ConfigDict]:
   """The three models of ``scale`` (small: the MLPs matched to BERT, on
-  ``vocab``'s embedding size when given)."""
+  ``vocab``'s embedding size when given) and BERT's ``DIAGNOSTICS``."""
+  out = _model_configs(scale, vocab)
+  for name, change in DIAGNOSTICS.items():
+    out[name] = ml_collections.ConfigDict(out["attention"].to_dict())
+    out[name].update(change)
+  return out
+
+
+def _model_configs(scale: str, vocab: dict | None
+                   ) -> dict[str, ml_collections.ConfigDict]:
   if scale == "paper":
     s = PAPER_SIZES
     bert = model_config("attention", d_model=s["d_model"],
@@ -311,6 +334,16 @@ def table_rows(runs: dict, sizes: dict, base: dict | None = None
                  f"{p['total'] / 1e6:.3f}M", f"{p['non_embedding'] / 1e6:.3f}M",
                  experiment.fmt_mean_sd(ppl) or "not run", ratio, vs_bert,
                  paper_ppl])
+  for name in DIAGNOSTICS:
+    if runs.get(name):
+      m, p = sizes[name]["model"], sizes[name]["params"]
+      ppl = [final_perplexity(r) for r in runs[name]]
+      ratio = f"{experiment.mean_sd(ppl)[0] / base['unigram']:.2f}" \
+          if base else ""
+      rows.append([LABELS[name], m["num_layers"], m["d_model"], m["d_ffn"],
+                   f"{p['total'] / 1e6:.3f}M",
+                   f"{p['non_embedding'] / 1e6:.3f}M",
+                   experiment.fmt_mean_sd(ppl), ratio, "", ""])
   if base:
     rows += experiment.perplexity_baseline_rows(
         HEADERS, base, "held-out ppl (ours)", "/ unigram")
@@ -336,6 +369,11 @@ def main() -> None:
                  help="small scale: an 8k SentencePiece vocabulary trained on "
                  "the C4 train sample (built into OUT/vocab), or T5's 32k")
   args = experiment.parse(p)
+  models = experiment.split(args.models)
+  unknown = sorted(set(models) - set(MODELS) - set(DIAGNOSTICS))
+  if unknown:
+    raise SystemExit(f"--models: {', '.join(unknown)} unknown; the models "
+                     f"are {', '.join(MODELS + tuple(DIAGNOSTICS))}.")
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   vocab = None
@@ -367,8 +405,7 @@ def main() -> None:
     return dict(experiment.train(c, exp.workdir(key)),
                 params=sizes[cell["model"]]["params"],
                 held_out=held_out(c) if args.scale == "small" else None)
-  runs = exp.cells(prefix, experiment.grid(
-      model=experiment.split(args.models), seed=seeds), run)
+  runs = exp.cells(prefix, experiment.grid(model=models, seed=seeds), run)
 
   c = config("attention")
   seed_bases = [b for k, b in bases.items() if k.startswith(prefix + "/")]

@@ -188,3 +188,38 @@ def test_toy_run_end_to_end(shared_data, tmp_path, monkeypatch):
                f"{ho['scored_tokens']:,} selected", "unigram (train counts"):
     assert text in table
   assert matplotlib.image.imread(str(out / "mlm_perplexity.png")).size
+
+
+def test_bert_diagnostics_change_one_choice_at_berts_size():
+  cfgs = mlm.model_configs("small")
+  bert = cfgs["attention"].to_dict()
+  for name, change in mlm.DIAGNOSTICS.items():
+    c = cfgs[name].to_dict()
+    assert {k for k in c if c[k] != bert[k]} == set(change), name
+    assert all(c[k] == v for k, v in change.items())
+  p = {m: mlm.params(cfgs[m])["total"] for m in cfgs}
+  assert p["attention_pre_ln"] == p["attention"]          # an LN moved
+  # The learned [N, d] position table is gone.
+  assert p["attention"] - p["attention_sinusoidal"] == (
+      mlm.SMALL["seq_len"] * mlm.SMALL["d_model"])
+  # A diagnostic's row: its perplexity and ratio, no verdict against BERT.
+  sizes = {m: {"model": c.to_dict(), "params": mlm.params(c)}
+           for m, c in cfgs.items()}
+  runs = {"attention_pre_ln": [{"eval": {"perplexity": 300.0}}]}
+  rows = {r[0]: r for r in mlm.table_rows(runs, sizes, {"unigram": 600.0,
+                                                         "bigram": 500.0,
+                                                         "bigram_k": 0.1})}
+  row = rows["BERT, pre-LN blocks (diagnostic)"]
+  assert row[6:9] == ["300.0 (n=1)", "0.50", ""]
+  assert "BERT, sinusoidal positions (diagnostic)" not in rows
+
+
+def test_unknown_model_on_the_command_line_names_the_choices(
+    tmp_path, monkeypatch):
+  monkeypatch.setattr(sys, "argv", [
+      "mlm_perplexity.py", "--models=attention,bert_pre", f"--out={tmp_path}"])
+  with pytest.raises(SystemExit, match="--models: bert_pre unknown; the "
+                     "models are attention, gmlp, amlp, attention_pre_ln, "
+                     "attention_sinusoidal"):
+    mlm.main()
+  assert not (tmp_path / "results.json").exists()
