@@ -32,7 +32,8 @@ size 64, does at least as well as BERT.
                  the bigram (at 1,000 steps BERT does not).
 
 BERT's diagnostics (``DIAGNOSTICS``, not run by default): BERT with pre-LN
-blocks, or with sinusoidal positions, each at BERT's size
+blocks, or with sinusoidal positions (and sqrt(d)-scaled token embeddings,
+as in Vaswani et al.), each at BERT's size
 (``--models=attention_pre_ln,attention_sinusoidal --seeds=0``): whether
 BERT's gap to gMLP comes from its post-LN layout or from learning its
 position table.
@@ -68,9 +69,12 @@ MODELS = ("attention", "gmlp", "amlp")
 # BERT with one of its choices changed, at its parameter count (one seed,
 # ``--models=attention_pre_ln``, ...): which of them the gap to gMLP comes
 # from. Pre-LN moves the embedding LayerNorm to the stack's end (the same
-# parameters); sinusoidal positions drop the learned table (N x d fewer).
+# parameters); sinusoidal positions drop the learned table (N x d fewer)
+# and take the Transformer's sqrt(d)-scaled token embeddings with them
+# (BERT's N(0, 0.02) tokens would be drowned by the unit sinusoids).
 DIAGNOSTICS = {"attention_pre_ln": dict(block="pre_ln"),
-               "attention_sinusoidal": dict(position_embeddings="sinusoidal")}
+               "attention_sinusoidal": dict(position_embeddings="sinusoidal",
+                                            scale_embeddings=True)}
 LABELS = {"attention": "BERT (Transformer)", "gmlp": "gMLP", "amlp": "aMLP",
           "attention_pre_ln": "BERT, pre-LN blocks (diagnostic)",
           "attention_sinusoidal": "BERT, sinusoidal positions (diagnostic)"}
