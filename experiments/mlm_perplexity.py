@@ -322,32 +322,26 @@ def table_rows(runs: dict, sizes: dict, base: dict | None = None
   BERT."""
   rows = []
   bert = [final_perplexity(r) for r in runs.get("attention", [])]
-  for mixer in MODELS:
-    m, p, paper = sizes[mixer]["model"], sizes[mixer]["params"], PAPER[mixer]
+  # The paper's models always (a missing one: "not run"), BERT's
+  # diagnostics where they ran (no verdict, no paper number).
+  for mixer in MODELS + tuple(d for d in DIAGNOSTICS if runs.get(d)):
+    m, p = sizes[mixer]["model"], sizes[mixer]["params"]
     ppl = [final_perplexity(r) for r in runs.get(mixer, [])]
-    paper_ppl = (f"{paper['ppl']} ({paper['layers']} layers, "
-                 f"{paper['params'] / 1e6:.0f}M)" if paper["ppl"]
-                 else "not in PAPERS.md")
+    paper, paper_ppl = PAPER.get(mixer), ""
+    if paper:
+      paper_ppl = (f"{paper['ppl']} ({paper['layers']} layers, "
+                   f"{paper['params'] / 1e6:.0f}M)" if paper["ppl"]
+                   else "not in PAPERS.md")
     ratio = (f"{experiment.mean_sd(ppl)[0] / base['unigram']:.2f}"
              if ppl and base else "")
     vs_bert = ""
-    if mixer != "attention" and ppl and bert:
+    if mixer in ("gmlp", "amlp") and ppl and bert:
       # gMLP: slightly higher perplexity than BERT; aMLP: at most BERT's.
       vs_bert = experiment.verdict(ppl, bert, mixer == "gmlp")
     rows.append([LABELS[mixer], m["num_layers"], m["d_model"], m["d_ffn"],
                  f"{p['total'] / 1e6:.3f}M", f"{p['non_embedding'] / 1e6:.3f}M",
                  experiment.fmt_mean_sd(ppl) or "not run", ratio, vs_bert,
                  paper_ppl])
-  for name in DIAGNOSTICS:
-    if runs.get(name):
-      m, p = sizes[name]["model"], sizes[name]["params"]
-      ppl = [final_perplexity(r) for r in runs[name]]
-      ratio = f"{experiment.mean_sd(ppl)[0] / base['unigram']:.2f}" \
-          if base else ""
-      rows.append([LABELS[name], m["num_layers"], m["d_model"], m["d_ffn"],
-                   f"{p['total'] / 1e6:.3f}M",
-                   f"{p['non_embedding'] / 1e6:.3f}M",
-                   experiment.fmt_mean_sd(ppl), ratio, "", ""])
   if base:
     rows += experiment.perplexity_baseline_rows(
         HEADERS, base, "held-out ppl (ours)", "/ unigram")
