@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmarks: matmul ceiling, timing, XLA cost, tables.
+"""Shared helpers of the benchmarks: matmul ceiling, timing, the library's
+train step, XLA cost, tables.
 
 Every MFU these scripts print is a ratio of two measurements taken in the same
 process on the same device: the step's XLA-counted FLOPs per second over the
@@ -204,6 +205,41 @@ def ceiling_timer(dtype=jnp.float32, n: int = 2048, min_seconds: float = 0.5
   mm = jax.jit(jnp.matmul)
   return Timed(lambda: mm(a, b), flops=2 * n ** 3,
                min_seconds=min_seconds), 2.0 * n ** 3
+
+
+def train_step(model_cfg, batch: Mapping[str, np.ndarray], mesh, rules, tx):
+  """The library's train step of ``model_cfg`` on ``mesh``, compiled for the
+  host ``batch``: ``(step, state, global batch, rng)``, where
+  ``step(state, batch, rng)`` returns ``(state, metrics)`` and donates its
+  state (``steps.make_train_step`` with the model's head and loss weights,
+  ``steps.jit_train_step``, ``steps.create_train_state`` with optimizer
+  ``tx`` from ``jax.random.key(0)``)."""
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import sharding  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import steps  # pylint: disable=g-import-not-at-top
+  model, facts = models.build_model(model_cfg), models.model_facts(model_cfg)
+  state, state_sh = steps.create_train_state(model, tx, jax.random.key(0),
+                                             batch, mesh, rules)
+  step = steps.jit_train_step(
+      steps.make_train_step(model, facts.head,
+                            loss_weights=facts.loss_weights),
+      state_sh, sharding.batch_shardings(batch, mesh, rules), mesh, rules)
+  batch = sharding.make_global_batch(batch, mesh, rules)
+  rng = jax.device_put(jax.random.key(1), jax.NamedSharding(mesh, jax.P()))
+  return step.lower(state, batch, rng).compile(), state, batch, rng
+
+
+def time_steps(step, state, batch, rng, n: int, warmup: int = 2) -> float:
+  """Seconds per call of a ``train_step`` step over ``n`` calls, after
+  ``warmup`` untimed ones (the donated state carried from call to call)."""
+  for _ in range(warmup):
+    state, metrics = step(state, batch, rng)
+  jax.block_until_ready(metrics)
+  t0 = time.perf_counter()
+  for _ in range(n):
+    state, metrics = step(state, batch, rng)
+  jax.block_until_ready(metrics)
+  return (time.perf_counter() - t0) / n
 
 
 def xla_flops(compiled) -> float:

@@ -14,20 +14,21 @@ exact everywhere.
 """
 import argparse
 import os
-import time
+import sys
 
 if "xla_force_host_platform_device_count" not in os.environ.get(
     "XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_force_host_platform_device_count=8")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
+import bench_common as bc  # noqa: E402
 from hypermixer_jax import models  # noqa: E402
 from hypermixer_jax import sharding  # noqa: E402
-from hypermixer_jax.train import steps  # noqa: E402
 
 # (data, fsdp, tensor, expert) per preset on 8 devices.
 MESHES = {"data_parallel": (8, 1, 1, 1), "fsdp": (1, 8, 1, 1),
@@ -66,29 +67,15 @@ def _device_bytes(tree):
   return max(per_device.values())
 
 
-def run(preset, mesh_shape, devices, model, batch, args):
+def run(preset, mesh_shape, devices, model_cfg, batch, args):
   """Returns (param bytes, optimizer bytes, seconds per step) per device."""
   mesh = sharding.build_mesh(dict(zip(sharding.MESH_AXES, mesh_shape)),
                              devices)
-  rules = sharding.get_rules(preset)
-  tx = optax.adamw(1e-3, weight_decay=0.01)
-  state, shardings = steps.create_train_state(model, tx, jax.random.key(0),
-                                              batch, mesh, rules)
-  param_bytes = _device_bytes(state.params)
-  opt_bytes = _device_bytes(state.opt_state)
-  train = steps.jit_train_step(
-      steps.make_train_step(model, "mlm"), shardings,
-      sharding.batch_shardings(batch, mesh, rules), mesh, rules)
-  global_batch = sharding.make_global_batch(batch, mesh, rules)
-  rng = jax.random.key(1)
-  for _ in range(2):  # compile and warm up
-    state, metrics = train(state, global_batch, rng)
-  jax.block_until_ready(metrics)
-  start = time.perf_counter()
-  for _ in range(args.steps):
-    state, metrics = train(state, global_batch, rng)
-  jax.block_until_ready(metrics)
-  return param_bytes, opt_bytes, (time.perf_counter() - start) / args.steps
+  step, state, global_batch, rng = bc.train_step(
+      model_cfg, batch, mesh, sharding.get_rules(preset),
+      optax.adamw(1e-3, weight_decay=0.01))
+  return (_device_bytes(state.params), _device_bytes(state.opt_state),
+          bc.time_steps(step, state, global_batch, rng, args.steps))
 
 
 def main():
@@ -105,15 +92,15 @@ def main():
   devices = jax.devices()
   if len(devices) < 8:
     raise SystemExit(f"needs 8 devices, found {len(devices)}")
-  model = models.build_model(_model_config(args))
+  model_cfg = _model_config(args)
   batch = _batch(args)
-  n_params = models.count_params(_model_config(args))
+  n_params = models.count_params(model_cfg)
   print(f"{args.mixer}: {n_params / 1e6:.2f}M parameters, d={args.d_model}, "
         f"L={args.layers}, N={args.length}, batch {args.batch}, "
         f"{devices[0].platform} x {len(devices[:8])}\n")
 
   base_p, base_o, base_t = run("data_parallel", (1, 1, 1, 1), devices[:1],
-                               model, batch, args)
+                               model_cfg, batch, args)
   header = ("| preset | mesh (data,fsdp,tensor,expert) | params MiB/dev | "
             "opt MiB/dev | (params+opt) / unsharded | step s | step / "
             "unsharded |")
@@ -123,7 +110,7 @@ def main():
   print(f"| unsharded (1 device) | (1, 1, 1, 1) | {base_p / mib:.2f} | "
         f"{base_o / mib:.2f} | 1.000 | {base_t:.3f} | 1.00 |")
   for preset, shape in MESHES.items():
-    p, o, t = run(preset, shape, devices[:8], model, batch, args)
+    p, o, t = run(preset, shape, devices[:8], model_cfg, batch, args)
     print(f"| {preset} | {shape} | {p / mib:.2f} | {o / mib:.2f} | "
           f"{(p + o) / (base_p + base_o):.3f} | {t:.3f} | "
           f"{t / base_t:.2f} |")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
+import sys
 
 if __name__ == "__main__":
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -27,16 +27,16 @@ if __name__ == "__main__":
   if "xla_force_host_platform_device_count" not in flags:
     os.environ["XLA_FLAGS"] = (
         flags + " --xla_force_host_platform_device_count=8").strip()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from hypermixer_jax import models  # noqa: E402
+import bench_common as bc  # noqa: E402
 from hypermixer_jax import sharding  # noqa: E402
 from hypermixer_jax.models import smlp  # noqa: E402
 from hypermixer_jax.train import metrics as metrics_lib  # noqa: E402
-from hypermixer_jax.train import steps  # noqa: E402
 
 
 def _config(args, num_dense, num_sparse):
@@ -52,25 +52,16 @@ def _config(args, num_dense, num_sparse):
 
 def build(args, mesh, rules, num_dense, num_sparse):
   """(compiled train step, sharded state, batch, rng, n_params) of one model:
-  the library's train step (``steps.make_train_step``, Adam) and sharded
+  the library's train step (``bench_common.train_step``, Adam) and sharded
   state, on the ``expert`` rules preset."""
   cfg = _config(args, num_dense, num_sparse)
-  model, facts = models.build_model(cfg), models.model_facts(cfg)
   rng = np.random.RandomState(0)
   tokens = rng.randint(0, args.vocab_size, (args.batch, args.max_len + 1))
   local = {"inputs": tokens[:, :-1].astype(np.int32),
            "targets": tokens[:, 1:].astype(np.int32),
            "weights": np.ones((args.batch, args.max_len), np.float32)}
-  key = jax.random.key(0)
-  state, state_sh = steps.create_train_state(model, optax.adam(1e-3), key,
-                                             local, mesh, rules)
-  batch_sh = sharding.batch_shardings(local, mesh, rules)
-  step = steps.jit_train_step(
-      steps.make_train_step(model, facts.head, loss_weights=facts.loss_weights),
-      state_sh, batch_sh, mesh, rules)
-  batch = sharding.make_global_batch(local, mesh, rules)
-  key = jax.device_put(key, jax.NamedSharding(mesh, jax.P()))
-  compiled = step.lower(state, batch, key).compile()
+  compiled, state, batch, key = bc.train_step(cfg, local, mesh, rules,
+                                              optax.adam(1e-3))
   n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(state.params))
   return compiled, state, batch, key, n_params
 
@@ -79,17 +70,6 @@ def flops_per_token(args, mesh, compiled):
   return (metrics_lib.step_flops(compiled) * mesh.size
           / (args.batch * args.max_len),
           sum(" all-to-all(" in line for line in compiled.as_text().splitlines()))
-
-
-def time_steps(compiled, state, batch, key, n_steps):
-  for _ in range(2):
-    state, m = compiled(state, batch, key)
-  m["loss"].block_until_ready()
-  t0 = time.perf_counter()
-  for _ in range(n_steps):
-    state, m = compiled(state, batch, key)
-  m["loss"].block_until_ready()
-  return (time.perf_counter() - t0) / n_steps
 
 
 def main():
@@ -126,8 +106,8 @@ def main():
   dn = build(args, mesh, rules, depth, 0)
   f_dense, _ = flops_per_token(args, mesh, dn[0])
 
-  t_sparse = time_steps(*sp[:4], args.steps)
-  t_dense = time_steps(*dn[:4], args.steps)
+  t_sparse = bc.time_steps(*sp[:4], args.steps)
+  t_dense = bc.time_steps(*dn[:4], args.steps)
   tokens = args.batch * args.max_len
   rows = [
       (f"sMLP N1={args.num_dense} N2={args.num_sparse} E={args.num_experts} "

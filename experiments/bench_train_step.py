@@ -59,7 +59,6 @@ from hypermixer_jax import sharding  # noqa: E402
 from hypermixer_jax.data import preprocessors  # noqa: E402
 from hypermixer_jax.models import smlp  # noqa: E402
 from hypermixer_jax.train import optim  # noqa: E402
-from hypermixer_jax.train import steps  # noqa: E402
 from hypermixer_jax.train.config import base_config  # noqa: E402
 from hypermixer_jax.train.config import text_model  # noqa: E402
 
@@ -147,22 +146,11 @@ def build_step(model_cfg, batch_size: int, length: int | None):
   config.model = model_cfg
   config.mesh.data = 1
   mesh = sharding.build_mesh(config.mesh, devices=jax.devices()[:1])
-  rules = sharding.get_rules(config.sharding)
-  model = models.build_model(model_cfg)
   tx, _ = optim.make_optimizer(config)
-  n = length or model_cfg.max_len
-  batch = make_batch(model_cfg, batch_size, n, np.random.RandomState(0))
-  batch_sh = sharding.batch_shardings(batch, mesh, rules)
-  state, state_sh = steps.create_train_state(model, tx, jax.random.key(0),
-                                             batch, mesh, rules)
-  facts = models.model_facts(model_cfg)
-  step = steps.jit_train_step(
-      steps.make_train_step(model, facts.head,
-                            loss_weights=facts.loss_weights),
-      state_sh, batch_sh, mesh, rules)
-  batch = sharding.make_global_batch(batch, mesh, rules)
-  rng = jax.device_put(jax.random.key(1), jax.NamedSharding(mesh, jax.P()))
-  compiled = step.lower(state, batch, rng).compile()
+  batch = make_batch(model_cfg, batch_size, length or model_cfg.max_len,
+                     np.random.RandomState(0))
+  compiled, state, batch, rng = bc.train_step(
+      model_cfg, batch, mesh, sharding.get_rules(config.sharding), tx)
   return compiled, state, batch, rng, bc.xla_flops(compiled)
 
 

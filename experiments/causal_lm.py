@@ -228,18 +228,9 @@ def train_config(model: ml_collections.ConfigDict, scale: str,
                  ) -> ml_collections.ConfigDict:
   """``configs/c4_lm.py``'s training config with ``model``: the same for
   every model but the model (and ``seed``)."""
-  s = SMALL if scale == "small" else PAPER_SIZES
-  c = experiment.load_config("c4_lm.py", "attention")
-  c.model = model
-  c.data.seq_len = s["seq_len"]
-  c.batch_size = s["batch_size"]
-  c.eval_batch_size = s["eval_batch_size"]
-  c.num_train_steps = steps or s["steps"]
-  c.learning_rate = s["lr"]
-  c.warmup_steps = min(s["warmup"], c.num_train_steps)
-  c.eval_every = max(1, c.num_train_steps // s["evals"])
-  c.eval_steps = s["eval_batches"]
-  c.seed = seed
+  c = mlm.lm_train_config("c4_lm.py", model,
+                          SMALL if scale == "small" else PAPER_SIZES, steps,
+                          seed)
   if scale == "small":
     # Unpacked rows: each row one document's chunk, the same rows for all.
     c.data.packing = False
@@ -328,38 +319,6 @@ def token_nll(model_config_: ml_collections.ConfigDict, params,
       batch = {k: np.pad(v, ((0, pad), (0, 0))) for k, v in batch.items()}
     out.append(np.asarray(nll(params, batch))[:batch_size - pad])
   return np.concatenate(out)
-
-
-def lm_baselines(train_tokens: np.ndarray, arrays: dict[str, np.ndarray],
-                 vocab_size: int, ks=(1e-3, 1e-2, 1e-1, 1.0)) -> dict:
-  """Unigram and add-k bigram perplexity of the scored targets of
-  ``arrays`` (weights > 0), counted on ``train_tokens`` ([rows, N]).
-
-  The bigram reads each target's input (the previous token of its row);
-  the first target of a row (input BOS = 0, which the counts never hold)
-  is scored by the add-1 unigram. k: the best of ``ks`` on these positions
-  (favours the baseline).
-  """
-  scored = arrays["weights"] > 0
-  targets, previous = arrays["targets"][scored], arrays["inputs"][scored]
-  first = previous == baselines.PAD
-  uni = baselines.unigram_perplexity(train_tokens, targets,
-                                     vocab_size=vocab_size, k=1.0)
-  uni_first = baselines.unigram_perplexity(
-      train_tokens, targets[first], vocab_size=vocab_size, k=1.0) \
-      if first.any() else 1.0
-
-  def bigram(k):
-    rest = baselines.bigram_perplexity(
-        train_tokens, previous[~first], targets[~first],
-        vocab_size=vocab_size, k=k)
-    return float(np.exp((first.sum() * np.log(uni_first)
-                         + (~first).sum() * np.log(rest)) / len(targets)))
-  table = {k: bigram(k) for k in ks}
-  k = min(table, key=table.get)
-  return {"unigram": uni, "bigram": table[k], "bigram_k": k,
-          "scored_tokens": int(scored.sum()),
-          "row_starts": int(first.sum())}
 
 
 def perplexity(nll: np.ndarray, weights: np.ndarray) -> float:
@@ -495,14 +454,13 @@ def lm_part(args, exp) -> None:
   held = held_out_sets(base_cfg, lengths, max(lengths), s["eval_rows"])
   if len({digest(a) for a in held.values()}) != 1:
     raise AssertionError("the held-out lengths score different tokens.")
-  bases = exp.data.setdefault("baselines", {})
-  if prefix not in bases:
-    train_tokens = experiment.pipeline_arrays(base_cfg.data, "train")
-    bases[prefix] = {str(n): dict(lm_baselines(
-        train_tokens["targets"], held[n], vocab["model_vocab_size"]),
-                                  digest=digest(held[n])) for n in lengths}
-    bases[prefix]["train_tokens"] = int(train_tokens["weights"].sum())
-    exp.save()
+  def count_baselines():
+    train = experiment.pipeline_arrays(base_cfg.data, "train")
+    return {**{str(n): dict(baselines.lm_baselines(
+        train["targets"], held[n], vocab_size=vocab["model_vocab_size"],
+        causal=True), digest=digest(held[n])) for n in lengths},
+            "train_tokens": int(train["weights"].sum())}
+  bases = exp.baseline(prefix, count_baselines)
   runs: dict[str, list] = {}
   seeds = experiment.split(args.seeds, int)
   ablation_seeds = seeds[:args.ablation_seeds]
@@ -518,7 +476,7 @@ def lm_part(args, exp) -> None:
     runs.update(exp.cells(prefix, experiment.grid(
         model=[name], seed=seeds if name in MODELS else ablation_seeds), run,
         expect=lambda cell: {"params": sizes[cell["model"]]["params"]}))
-  base = bases[prefix][str(s["seq_len"])]
+  base = bases[str(s["seq_len"])]
   c = base_cfg
   verdicts = []
   if runs.get("attention") and runs.get("hypermixer"):
@@ -541,7 +499,7 @@ def lm_part(args, exp) -> None:
       f"seeds {ablation_seeds}). Every model's forward FLOPs per token at N = "
       f"{s['seq_len']} (XLA's count) matched to the Transformer's through "
       "d_ffn. Trained on the C4 sample "
-      f"({mlm.C4_TRAIN}, {bases[prefix]['train_tokens']:,} train tokens); "
+      f"({mlm.C4_TRAIN}, {bases['train_tokens']:,} train tokens); "
       f"{mlm.VOCAB_PIECES} SentencePiece pieces trained on it (sha256 "
       f"{vocab['sha256'][:12]}...). Held out: the first "
       f"{s['eval_rows']} rows of WikiText-2 validation at N = {max(lengths)} "
@@ -558,7 +516,7 @@ def lm_part(args, exp) -> None:
   table += ("\n\n### Trained at N = 256, evaluated at longer N (the same "
             "tokens)\n\n" + experiment.markdown_table(
                 ["model"] + [f"N = {n}" for n in lengths],
-                length_rows(runs, bases[prefix], lengths)))
+                length_rows(runs, bases, lengths)))
   exp.write_table("Causal language models at matched FLOPs (small scale)",
                   table, notes + (
                       " Length: gMLP's Toeplitz weights beyond offset 255 "

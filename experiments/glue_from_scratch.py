@@ -200,12 +200,8 @@ def main() -> None:
                        **small)
   base = {}
   if args.scale == "small":
-    base = exp.data.setdefault("baselines", {}).get(budget)
-    if base is None:
-      base = bag_of_words_baselines(config(dict(task="sst2", model=mixers[0],
-                                                lr=lrs[0])))
-      exp.data["baselines"][budget] = base
-      exp.save()
+    base = exp.baseline(budget, lambda: bag_of_words_baselines(config(dict(
+        task="sst2", model=mixers[0], lr=lrs[0]))))
   # (cell, result) of each recorded cell, in grid order.
   done = []
   for cell in experiment.grid(task=tasks, model=mixers, lr=lrs,

@@ -81,15 +81,13 @@ def main() -> None:
     vocab = glue.sst2_vocab(exp, shared)
     tag = f"w{args.width}_s{args.steps}"
     train = experiment.require(shared / "glue/SST-2/train.tsv", "SST-2 train")
-    bases = exp.data.setdefault("baselines", {})
     for cell in experiment.grid(fraction=fractions, model=MODELS, seed=seeds):
       fraction, mixer, seed = cell["fraction"], cell["model"], cell["seed"]
       file = subset_tsv(train, fraction, exp.out)
       cfg = glue.glue_config("sst2", mixer, "small", lr, shared,
                              train_file=file, seed=seed, vocab=vocab, **budget)
-      if f"{fraction:g}" not in bases:   # Naive Bayes on the same subset
-        bases[f"{fraction:g}"] = glue.bag_of_words_baselines(cfg)
-        exp.save()
+      exp.baseline(f"{fraction:g}",   # Naive Bayes on the same subset
+                   lambda c=cfg: glue.bag_of_words_baselines(c))
       result = exp.run(experiment.cell_key(tag, cell),
                        lambda c=cfg, k=experiment.cell_key(tag, cell):
                        experiment.train(c, exp.workdir(k)))

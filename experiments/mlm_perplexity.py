@@ -211,25 +211,13 @@ def train_config(model: ml_collections.ConfigDict, scale: str,
   """The training config of one run: ``configs/c4_mlm.py``'s BERT setting
   with ``model``, the same for every model but the model (and ``seed``);
   ``vocab``: an ``experiment.small_vocab`` record, else T5's vocabulary."""
-  s = SMALL if scale == "small" else PAPER_SIZES
-  c = experiment.load_config("c4_mlm.py", "attention")
-  c.model = model
-  c.data.seq_len = s["seq_len"]
+  c = lm_train_config("c4_mlm.py", model,
+                      SMALL if scale == "small" else PAPER_SIZES, steps, seed)
   # Unpacked rows for every model: one document chunk per row, so every
   # selected token keeps its loss (a packed row keeps only its first
   # ceil(0.15 N) selections) and all models see the same rows.
   c.data.packing = False
-  c.batch_size = s["batch_size"]
-  c.eval_batch_size = s["eval_batch_size"]
-  c.num_train_steps = steps or s["steps"]
-  c.learning_rate = s["lr"]
-  c.warmup_steps = min(s["warmup"], c.num_train_steps)
   c.decay = "linear"
-  c.eval_every = max(1, c.num_train_steps // s["evals"])
-  # A fixed held-out set: the first eval_batches batches of the unshuffled
-  # split (the same rows and masked positions at every evaluation).
-  c.eval_steps = s["eval_batches"]
-  c.seed = seed
   if vocab:
     c.data.vocab_path = vocab["path"]
   elif scale == "small":
@@ -240,6 +228,28 @@ def train_config(model: ml_collections.ConfigDict, scale: str,
     c.log_every = 10
   else:
     c.data.data_dir = data_dir or None
+  return c
+
+
+def lm_train_config(file: str, model: ml_collections.ConfigDict, s: dict,
+                    steps: int | None, seed: int) -> ml_collections.ConfigDict:
+  """``configs/<file>``'s ``attention`` config with ``model``, the batch,
+  length and schedule of the sizes ``s`` (``SMALL``, ``PAPER_SIZES`` or
+  another language model study's) and ``steps`` (None: the sizes') and
+  ``seed``: the same for every model of a study but the model."""
+  c = experiment.load_config(file, "attention")
+  c.model = model
+  c.data.seq_len = s["seq_len"]
+  c.batch_size = s["batch_size"]
+  c.eval_batch_size = s["eval_batch_size"]
+  c.num_train_steps = steps or s["steps"]
+  c.learning_rate = s["lr"]
+  c.warmup_steps = min(s["warmup"], c.num_train_steps)
+  c.eval_every = max(1, c.num_train_steps // s["evals"])
+  # A fixed held-out set: the first eval_batches batches of the unshuffled
+  # split (the same rows, and masked positions, at every evaluation).
+  c.eval_steps = s["eval_batches"]
+  c.seed = seed
   return c
 
 
@@ -256,25 +266,11 @@ def small_text_data(c: ml_collections.ConfigDict,
   c.keep_checkpoints = 1
 
 
-def held_out_arrays(config: ml_collections.ConfigDict) -> dict:
-  """The held-out batches a run is evaluated on, concatenated."""
-  from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
-  pipeline = data.build_pipeline(
-      config.data, config.eval_split, batch_size=config.eval_batch_size,
-      seed=config.seed, repeat=False, shuffle=False)
-  batches = []
-  for i, b in enumerate(pipeline):
-    if 0 <= config.eval_steps <= i:    # what the training loop evaluates
-      break
-    batches.append(b)
-  return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
-
-
 def held_out(config: ml_collections.ConfigDict) -> dict:
   """The held-out set a run is evaluated on: rows, real tokens, selected
   (scored) tokens, and a digest of its inputs, targets and weights (equal
   digests: the same rows with the same masked positions)."""
-  arrays = held_out_arrays(config)
+  arrays = experiment.held_out_arrays(config)
   digest = hashlib.sha256()
   bs = config.eval_batch_size
   for i in range(0, len(arrays["inputs"]), bs):    # batch by batch
@@ -286,27 +282,15 @@ def held_out(config: ml_collections.ConfigDict) -> dict:
           "digest": digest.hexdigest()[:16]}
 
 
-def lm_baselines(config: ml_collections.ConfigDict,
-                 ks: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)) -> dict:
-  """Unigram and add-k bigram perplexity of the held-out tokens the models
-  are scored on (the selected positions of ``config``'s held-out set),
-  counted on the train split's tokens; the bigram reads the true token
-  before each position (which the model may see masked), k the best of
-  ``ks`` on these positions (both choices favour the baseline)."""
+def lm_baselines(config: ml_collections.ConfigDict) -> dict:
+  """``baselines.lm_baselines`` of the selected positions of ``config``'s
+  held-out set (described by ``held_out``), counted on the train split's
+  tokens."""
   train = experiment.pipeline_arrays(config.data, "train")["targets"]
-  held = held_out_arrays(config)
-  scored = held["weights"] > 0
-  previous = np.pad(held["targets"], ((0, 0), (1, 0)))[:, :-1]
-  v = config.model.vocab_size
-  bigram = {k: baselines.bigram_perplexity(
-      train, previous[scored], held["targets"][scored], vocab_size=v, k=k)
-            for k in ks}
-  k = min(bigram, key=bigram.get)
-  return {"unigram": baselines.unigram_perplexity(
-      train, held["targets"][scored], vocab_size=v, k=1.0),
-          "bigram": bigram[k], "bigram_k": k,
-          "scored_tokens": int(scored.sum()),
-          "train_tokens": int((train != 0).sum())}
+  return dict(baselines.lm_baselines(
+      train, experiment.held_out_arrays(config),
+      vocab_size=config.model.vocab_size, causal=False),
+              train_tokens=int((train != 0).sum()), held_out=held_out(config))
 
 
 def final_perplexity(run: dict) -> float:
@@ -389,14 +373,10 @@ def main() -> None:
   def config(model, seed=0):
     return train_config(configs[model], args.scale, shared, args.data_dir,
                         steps, seed=seed, vocab=vocab)
-  bases = exp.data.setdefault("baselines", {})
-  for seed in seeds:
-    if args.scale == "small" and f"{prefix}/seed={seed}" not in bases:
-      # The masked positions follow the seed: baselines per seed.
-      c = config("attention", seed)
-      bases[f"{prefix}/seed={seed}"] = dict(lm_baselines(c),
-                                            held_out=held_out(c))
-      exp.save()
+  if args.scale == "small":
+    for seed in seeds:   # the masked positions follow the seed
+      exp.baseline(f"{prefix}/seed={seed}",
+                   lambda seed=seed: lm_baselines(config("attention", seed)))
 
   def run(cell, key):
     c = config(cell["model"], cell["seed"])
@@ -406,7 +386,8 @@ def main() -> None:
   runs = exp.cells(prefix, experiment.grid(model=models, seed=seeds), run)
 
   c = config("attention")
-  seed_bases = [b for k, b in bases.items() if k.startswith(prefix + "/")]
+  seed_bases = [b for k, b in exp.data.get("baselines", {}).items()
+                if k.startswith(prefix + "/")]
   base = ({k: float(np.mean([b[k] for b in seed_bases]))
            for k in ("unigram", "bigram", "bigram_k")} if seed_bases else None)
   notes = (

@@ -130,8 +130,7 @@ def main() -> None:
   # "_g": the cut by premise / question (the first runs' row-level cut put
   # test premises in train; its cells are not comparable).
   budget = f"w{args.width}_s{args.steps}_n{args.seq_len}_g"
-  splits, bases = exp.data.setdefault("splits", {}), exp.data.setdefault(
-      "baselines", {})
+  splits = exp.data.setdefault("splits", {})
   acc: dict[tuple, list] = {}
   for task in tasks:
     file, fields = FILES[task]
@@ -146,10 +145,8 @@ def main() -> None:
       return task_config(task, model, split, vocab, shared, seed=seed,
                          width=args.width, steps=args.steps,
                          seq_len=args.seq_len)
-    if f"{task}/{budget}" not in bases:
-      bases[f"{task}/{budget}"] = glue.bag_of_words_baselines(
-          config(models[0], seeds[0]))
-      exp.save()
+    exp.baseline(f"{task}/{budget}", lambda config=config:
+                 glue.bag_of_words_baselines(config(models[0], seeds[0])))
     runs = exp.cells(
         f"{budget}/task={task}", experiment.grid(model=models, seed=seeds),
         lambda cell, key, config=config: glue.run_cell(

@@ -140,9 +140,8 @@ def _final(runs: dict, keys: list[str]) -> list[float]:
 
 
 def main() -> None:
-  p = experiment.parser("pretrain_finetune", __doc__, report_only=True)
-  p.add_argument("--models", default=",".join(MODELS))
-  p.add_argument("--seeds", default="0,1,2")
+  p = experiment.parser("pretrain_finetune", __doc__, report_only=True,
+                        models=MODELS, seeds="0,1,2")
   p.add_argument("--tasks", default=",".join(TASKS),
                  help="sst2 and/or a pair task of nli_splits (mnli, snli, "
                  "qnli)")
@@ -161,22 +160,18 @@ def main() -> None:
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   vocab = mlm.c4_vocab(exp, shared)
-  models = args.models.split(",")
-  tasks = experiment.split(args.tasks)
-  seeds = [int(s) for s in args.seeds.split(",")]
-  fractions = [float(f) for f in args.fractions.split(",")]
-  lrs = [float(x) for x in args.lrs.split(",")]
+  models, tasks = experiment.split(args.models), experiment.split(args.tasks)
+  seeds = experiment.split(args.seeds, int)
+  fractions = experiment.split(args.fractions, float)
+  lrs = experiment.split(args.lrs, float)
   tag = f"p{args.pretrain_steps}_f{args.finetune_steps}"
-  bases = exp.data.setdefault("baselines", {})
 
   def pretrain(mixer: str, seed: int) -> tuple[str, dict]:
     key = f"pretrain/s{args.pretrain_steps}/model={mixer}/seed={seed}"
     cfg = pretrain_config(mixer, shared, vocab, seed=seed,
                           steps=args.pretrain_steps)
-    if f"mlm/seed={seed}" not in bases:   # the seed fixes the held-out masks
-      bases[f"mlm/seed={seed}"] = dict(mlm.lm_baselines(cfg),
-                                       held_out=mlm.held_out(cfg))
-      exp.save()
+    # The seed fixes the held-out masks.
+    exp.baseline(f"mlm/seed={seed}", lambda: mlm.lm_baselines(cfg))
     return exp.workdir(key), exp.cell(key, lambda: experiment.train(
         cfg, exp.workdir(key)))
 
@@ -189,9 +184,8 @@ def main() -> None:
     cfg = finetune_config(mixer, shared, vocab, lr=lr, seed=seed,
                           fraction=fraction, out=exp.out,
                           steps=args.finetune_steps, init=init, task=task)
-    if nb_key(task, fraction) not in bases:
-      bases[nb_key(task, fraction)] = glue.bag_of_words_baselines(cfg)
-      exp.save()
+    exp.baseline(nb_key(task, fraction),
+                 lambda: glue.bag_of_words_baselines(cfg))
     exp.cell(key, lambda: dict(experiment.train(cfg, exp.workdir(key)),
                               init=exp.runs.get(
                                   f"pretrain/s{args.pretrain_steps}/model="
@@ -236,7 +230,7 @@ def setting_label(task: str, fraction: float) -> str:
 
 
 def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
-  runs, bases = exp.runs, exp.data["baselines"]
+  runs, bases = exp.runs, exp.data.setdefault("baselines", {})
   rows = []
   for mixer in models:
     pre = [runs.get(f"pretrain/s{args.pretrain_steps}/model={mixer}/seed={s}")

@@ -67,8 +67,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
 
-import causal_lm
 import mlm_perplexity as mlm
+from hypermixer_jax import baselines
 from hypermixer_jax import experiment
 
 # name -> (label, family fields, moe fields). ``sparse``: has N2 > 0.
@@ -318,13 +318,15 @@ def lm_baselines(config: ml_collections.ConfigDict) -> dict[str, Any]:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.models.moe import smoe  # pylint: disable=g-import-not-at-top
   train = experiment.pipeline_arrays(config.data, "train")["targets"]
-  held = mlm.held_out_arrays(config)
+  held = experiment.held_out_arrays(config)
   last80 = dict(held, weights=np.asarray(smoe.partial_loss_weights(
       jnp.asarray(held["weights"]), jnp.asarray(held["segment_ids"]),
       config.model.moe.partial_fraction)))
   v = config.model.vocab_size
-  return {"all": causal_lm.lm_baselines(train, held, v),
-          "last80": causal_lm.lm_baselines(train, last80, v),
+  return {"all": baselines.lm_baselines(train, held, vocab_size=v,
+                                        causal=True),
+          "last80": baselines.lm_baselines(train, last80, vocab_size=v,
+                                           causal=True),
           "train_tokens": int((train != 0).sum())}
 
 
@@ -466,10 +468,9 @@ def main() -> None:
           f" of sMLP), {pl['params'] / 1e6:.2f}M params", flush=True)
   if args.plan_only:
     return
-  bases = exp.data.setdefault("baselines", {})
-  if regime not in bases and not exp.report_only:
-    bases[regime] = lm_baselines(config(REFERENCE, s["smlp_depth"]))
-    exp.save()
+  base = (exp.data.get("baselines", {}).get(regime) if exp.report_only else
+          exp.baseline(regime, lambda: lm_baselines(
+              config(REFERENCE, s["smlp_depth"]))))
 
   budget = f"{regime}/s{steps}"
   runs = {}
@@ -492,7 +493,6 @@ def main() -> None:
       flops=fit_of(REFERENCE)["base"] + target,
       params=models.count_params(config(REFERENCE, s["smlp_depth"]).model)))
   main_names = [n for n in MODELS if n in plan]
-  base = bases.get(regime)
   vocab_text = (f"the {vocab['model_vocab_size']:,}-id SentencePiece "
                 "vocabulary of the C4 sample" if vocab else
                 "T5's 32,128-id vocabulary")

@@ -113,10 +113,9 @@ def main() -> None:
   def config(mixer, lr, dropout):
     return glue.glue_config(task, mixer, args.scale, lr, shared,
                             args.data_dir, dropout=dropout, **kw)
-  bases = exp.data.setdefault("baselines", {})
-  if small and budget not in bases and not exp.report_only:
-    bases[budget] = glue.bag_of_words_baselines(config(MODELS[0], 1e-3, 0.0))
-    exp.save()
+  if small and not exp.report_only:
+    exp.baseline(budget, lambda: glue.bag_of_words_baselines(
+        config(MODELS[0], 1e-3, 0.0)))
   acc = {m: [] for m in MODELS}
   for mixer in MODELS:
     for t, (lr, dropout) in enumerate(space):

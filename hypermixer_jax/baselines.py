@@ -8,7 +8,8 @@ models, the same scored positions.
 * ``majority``: the most frequent train label (GLUE);
 * ``unigram_perplexity`` / ``bigram_perplexity``: add-k smoothed counts of
   the train tokens, scored on the held-out positions the language models are
-  scored on (for MLM: the masked positions).
+  scored on (for MLM: the masked positions); ``lm_baselines`` both on the
+  scored positions of a pipeline's arrays (causal or masked LM).
 
 Token id 0 is padding everywhere (T5's SentencePiece convention) and never
 counted.
@@ -103,3 +104,49 @@ def bigram_perplexity(train_rows: np.ndarray, previous: np.ndarray,
   prev_total = totals[np.asarray(previous).ravel()]
   log_p = np.log(c + k) - np.log(prev_total + k * vocab_size)
   return float(np.exp(-log_p.mean()))
+
+
+def lm_baselines(train_tokens: np.ndarray, arrays: dict[str, np.ndarray], *,
+                 vocab_size: int, causal: bool,
+                 ks: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)) -> dict:
+  """Unigram and add-k bigram perplexity of the scored targets of ``arrays``
+  (a pipeline's ``targets`` and ``weights``; scored: weight > 0), counted on
+  ``train_tokens`` ([rows, N]).
+
+  The bigram reads the token before each target. ``causal``: the target's
+  input (``arrays['inputs']``), and the first target of a row (input BOS =
+  PAD, which the counts never hold) is scored by the add-1 unigram; else
+  (masked LM) the true previous token of the row, which the model may see
+  masked. k: the best of ``ks`` on these positions. Both choices favour the
+  baseline. Returns ``unigram``, ``bigram``, ``bigram_k``,
+  ``scored_tokens`` and (``causal``) ``row_starts``, the targets read after
+  BOS.
+  """
+  scored = arrays["weights"] > 0
+  targets = arrays["targets"][scored]
+  if causal:
+    previous = arrays["inputs"][scored]
+  else:
+    previous = np.pad(arrays["targets"], ((0, 0), (1, 0)))[:, :-1][scored]
+  uni = unigram_perplexity(train_tokens, targets, vocab_size=vocab_size,
+                           k=1.0)
+  first = previous == PAD
+  uni_first = unigram_perplexity(
+      train_tokens, targets[first], vocab_size=vocab_size, k=1.0) \
+      if causal and first.any() else 1.0
+
+  def bigram(k):
+    if not causal:
+      return bigram_perplexity(train_tokens, previous, targets,
+                               vocab_size=vocab_size, k=k)
+    rest = bigram_perplexity(train_tokens, previous[~first], targets[~first],
+                             vocab_size=vocab_size, k=k)
+    return float(np.exp((first.sum() * np.log(uni_first)
+                         + (~first).sum() * np.log(rest)) / len(targets)))
+  table = {k: bigram(k) for k in ks}
+  k = min(table, key=table.get)
+  out = {"unigram": uni, "bigram": table[k], "bigram_k": k,
+         "scored_tokens": int(scored.sum())}
+  if causal:
+    out["row_starts"] = int(first.sum())
+  return out

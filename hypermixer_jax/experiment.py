@@ -13,7 +13,8 @@ command with the same flags and the same outputs:
 * ``DIR/table.md`` is the Markdown table (with the paper's numbers beside
   ours where the paper has them) and ``DIR/<figure>.png`` the figure.
 
-``Experiment`` is that bookkeeping; ``grid`` the cells of a study (models x
+``Experiment`` is that bookkeeping (``Experiment.baseline``: a study's
+trivial baselines, computed once); ``grid`` the cells of a study (models x
 seeds x budgets x data sizes), each run once under its ``cell_key``
 (``Experiment.cells``: a grid's results grouped by model; with
 ``--report_only`` it trains nothing and returns what is recorded);
@@ -23,7 +24,8 @@ and returns its final evaluation and its learning curves (from
 ``load_config`` the configs of ``configs/`` that runs start from.
 ``small_vocab`` builds a study's in-domain SentencePiece vocabulary
 (recorded with its digest), ``pipeline_arrays`` reads the tokens a model
-sees (for the trivial baselines of ``hypermixer_jax.baselines``),
+sees (for the trivial baselines of ``hypermixer_jax.baselines``) and
+``held_out_arrays`` those it is evaluated on,
 ``mean_sd`` / ``verdict`` turn seeds into the table's cells and words,
 ``table_row`` / ``perplexity_baseline_rows`` add the baselines' rows, and
 ``curve`` / ``mean_curve`` / ``plot_curves`` / ``baseline_lines`` draw the
@@ -298,16 +300,28 @@ def small_vocab(out: os.PathLike | str, patterns: str | Sequence[str],
           "model_vocab_size": -(-(size + 100) // 128) * 128}
 
 
-def pipeline_arrays(data_config, split: str, batch_size: int = 1024
-                    ) -> dict[str, Any]:
+def pipeline_arrays(data_config, split: str, batch_size: int = 1024, *,
+                    seed: int = 0, batches: int = -1) -> dict[str, Any]:
   """One unshuffled epoch of ``split`` as NumPy arrays (the batches the
   library's pipeline hands a model, concatenated): the tokens and positions
-  the trivial baselines are fitted and scored on."""
+  the trivial baselines are fitted and scored on. ``batches``: only the
+  first that many batches (-1: all); ``seed``: the pipeline's (e.g. MLM
+  masks)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
-  batches = list(data.build_pipeline(data_config, split, batch_size=batch_size,
-                                     seed=0, repeat=False, shuffle=False))
-  return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+  pipeline = data.build_pipeline(data_config, split, batch_size=batch_size,
+                                 seed=seed, repeat=False, shuffle=False)
+  out = list(itertools.islice(pipeline, batches if batches >= 0 else None))
+  return {k: np.concatenate([b[k] for b in out]) for k in out[0]}
+
+
+def held_out_arrays(config) -> dict[str, Any]:
+  """The held-out batches a run of the training ``config`` is evaluated on
+  (what the training loop evaluates: ``eval_steps`` batches of its
+  ``eval_split``), concatenated."""
+  return pipeline_arrays(config.data, config.eval_split,
+                         config.eval_batch_size, seed=config.seed,
+                         batches=config.eval_steps)
 
 
 class Experiment:
@@ -445,6 +459,17 @@ class Experiment:
       if result is not None:
         out.setdefault(c[by], []).append(result)
     return out
+
+  def baseline(self, key: str, fn: Callable[[], dict[str, Any]]
+               ) -> dict[str, Any]:
+    """The trivial baselines recorded under ``key`` in ``results.json``'s
+    ``baselines``: ``fn()``, computed and saved the first time they are
+    asked for (in a report too)."""
+    bases = self.data.setdefault("baselines", {})
+    if key not in bases:
+      bases[key] = fn()
+      self.save()
+    return bases[key]
 
   def vocab(self, patterns: str | Sequence[str], fields: Sequence[str],
             size: int, trained_on: str) -> dict[str, Any]:

@@ -79,6 +79,37 @@ class LanguageModelBaselinesTest(absltest.TestCase):
     self.assertAlmostEqual(baselines.bigram_perplexity(
         rows, prev, tgt, vocab_size=9, k=0.5), want)
 
+  def test_lm_baselines_on_scored_positions(self):
+    # Rows of a causal pipeline: inputs are the targets shifted right after
+    # BOS (0); the last position of the second row is padding.
+    train = np.array([[1, 2, 1, 2, 0]])
+    targets = np.array([[1, 2, 3], [2, 1, 0]])
+    arrays = {"targets": targets,
+              "inputs": np.array([[0, 1, 2], [0, 2, 0]]),
+              "weights": (targets > 0).astype(np.float32)}
+    uni = baselines.unigram_perplexity(train, [1, 2, 3, 2, 1], vocab_size=4)
+    causal = baselines.lm_baselines(train, arrays, vocab_size=4, causal=True,
+                                    ks=(1.0,))
+    # Row starts (targets 1 and 2 after BOS) by the unigram, the rest
+    # (2 after 1, 3 after 2, 1 after 2) by the bigram.
+    first = baselines.unigram_perplexity(train, [1, 2], vocab_size=4)
+    rest = baselines.bigram_perplexity(train, [1, 2, 2], [2, 3, 1],
+                                       vocab_size=4, k=1.0)
+    self.assertAlmostEqual(causal["bigram"], (first ** 2 * rest ** 3) ** 0.2)
+    self.assertAlmostEqual(causal["unigram"], uni)
+    self.assertEqual((causal["scored_tokens"], causal["row_starts"]), (5, 2))
+    # Masked: every scored target reads the row's previous token (0 at a
+    # row's start).
+    masked = baselines.lm_baselines(train, arrays, vocab_size=4,
+                                    causal=False, ks=(0.1, 1.0))
+    want = {k: baselines.bigram_perplexity(train, [0, 1, 2, 0, 2],
+                                           [1, 2, 3, 2, 1], vocab_size=4, k=k)
+            for k in (0.1, 1.0)}
+    best = min(want, key=want.get)
+    self.assertEqual((masked["bigram_k"], masked["bigram"]),
+                     (best, want[best]))
+    self.assertNotIn("row_starts", masked)
+
 
 class HarnessTest(absltest.TestCase):
 
@@ -162,6 +193,8 @@ class HarnessTest(absltest.TestCase):
     arrays = experiment.pipeline_arrays(cfg, "train", batch_size=8)
     self.assertEqual(arrays["inputs"].shape, (37, 24))
     np.testing.assert_array_equal(arrays["label"], labels)
+    first = experiment.pipeline_arrays(cfg, "train", batch_size=8, batches=2)
+    np.testing.assert_array_equal(first["inputs"], arrays["inputs"][:16])
 
 
 if __name__ == "__main__":

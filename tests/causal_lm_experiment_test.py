@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hypermixer_jax import baselines
 from hypermixer_jax import experiment
 from hypermixer_jax import heads
 from hypermixer_jax import models
@@ -143,7 +144,8 @@ def test_held_out_tokens_are_the_same_at_every_length(shared, vocab,
   for n, arrays in held.items():
     np.testing.assert_array_equal(arrays["weights"] > 0,
                                   arrays["segment_ids"] > 0)
-    base = cl.lm_baselines(held[64]["targets"], arrays, 32128)
+    base = baselines.lm_baselines(held[64]["targets"], arrays,
+                                  vocab_size=32128, causal=True)
     assert base["scored_tokens"] == int(arrays["weights"].sum())
     assert base["row_starts"] == int((arrays["inputs"][:, 0] == 0).sum())
   with pytest.raises(ValueError, match="must divide the longest"):
