@@ -34,9 +34,11 @@ size 64, does at least as well as BERT.
 BERT's diagnostics (``DIAGNOSTICS``, not run by default): BERT with pre-LN
 blocks, or with sinusoidal positions (and sqrt(d)-scaled token embeddings,
 as in Vaswani et al.), each at BERT's size
-(``--models=attention_pre_ln,attention_sinusoidal --seeds=0``): whether
-BERT's gap to gMLP comes from its post-LN layout or from learning its
-position table.
+(``--models=attention_pre_ln,attention_sinusoidal --seeds=0``), and BERT
+with 1.5x / 2x its layers and the FFN narrowed to its parameter count
+(``DEPTH_DIAGNOSTICS``, ``--models=attention_deeper,attention_deepest``):
+whether BERT's gap to gMLP comes from its post-LN layout, from learning its
+position table, or from its depth (gMLP has 3x BERT's layers).
 
 Every model trains with the same optimizer, schedule, batches and seed, and
 is evaluated on the same held-out rows with the same masked positions (the
@@ -75,9 +77,19 @@ MODELS = ("attention", "gmlp", "amlp")
 DIAGNOSTICS = {"attention_pre_ln": dict(block="pre_ln"),
                "attention_sinusoidal": dict(position_embeddings="sinusoidal",
                                             scale_embeddings=True)}
+# Depth: BERT with 1.5x / 2x its layers, the FFN narrowed to its parameter
+# count (small scale: 3 / 4 layers at d_ffn 256 / 128; a layer's attention
+# alone is 66k of the two layers' 397k block parameters at d = 128, so
+# gMLP's 6 layers are out of reach).
+DEPTH_DIAGNOSTICS = {"attention_deeper": 1.5, "attention_deepest": 2.0}
+CHOICES = MODELS + tuple(DIAGNOSTICS) + tuple(DEPTH_DIAGNOSTICS)
 LABELS = {"attention": "BERT (Transformer)", "gmlp": "gMLP", "amlp": "aMLP",
           "attention_pre_ln": "BERT, pre-LN blocks (diagnostic)",
-          "attention_sinusoidal": "BERT, sinusoidal positions (diagnostic)"}
+          "attention_sinusoidal": "BERT, sinusoidal positions (diagnostic)",
+          "attention_deeper": "BERT, 1.5x the layers, narrower FFN "
+                              "(diagnostic)",
+          "attention_deepest": "BERT, 2x the layers, narrower FFN "
+                               "(diagnostic)"}
 # PAPERS.md §2, scaling table (C4 validation perplexity of the MLM ablation
 # setting): the base-size pair; the digest gives no aMLP perplexity (the
 # paper's claim is aMLP <= BERT).
@@ -165,9 +177,14 @@ def model_configs(scale: str, vocab: dict | None = None
   """The three models of ``scale`` (small: the MLPs matched to BERT, on
   ``vocab``'s embedding size when given) and BERT's ``DIAGNOSTICS``."""
   out = _model_configs(scale, vocab)
+  bert = out["attention"]
   for name, change in DIAGNOSTICS.items():
-    out[name] = ml_collections.ConfigDict(out["attention"].to_dict())
+    out[name] = ml_collections.ConfigDict(bert.to_dict())
     out[name].update(change)
+  for name, factor in DEPTH_DIAGNOSTICS.items():
+    deeper = ml_collections.ConfigDict(bert.to_dict())
+    deeper.num_layers = round(bert.num_layers * factor)
+    out[name] = match(deeper, params(bert)["total"])
   return out
 
 
@@ -308,7 +325,8 @@ def table_rows(runs: dict, sizes: dict, base: dict | None = None
   bert = [final_perplexity(r) for r in runs.get("attention", [])]
   # The paper's models always (a missing one: "not run"), BERT's
   # diagnostics where they ran (no verdict, no paper number).
-  for mixer in MODELS + tuple(d for d in DIAGNOSTICS if runs.get(d)):
+  for mixer in MODELS + tuple(d for d in CHOICES[len(MODELS):]
+                              if runs.get(d)):
     m, p = sizes[mixer]["model"], sizes[mixer]["params"]
     ppl = [final_perplexity(r) for r in runs.get(mixer, [])]
     paper, paper_ppl = PAPER.get(mixer), ""
@@ -352,10 +370,10 @@ def main() -> None:
                  "the C4 train sample (built into OUT/vocab), or T5's 32k")
   args = experiment.parse(p)
   models = experiment.split(args.models)
-  unknown = sorted(set(models) - set(MODELS) - set(DIAGNOSTICS))
+  unknown = sorted(set(models) - set(CHOICES))
   if unknown:
     raise SystemExit(f"--models: {', '.join(unknown)} unknown; the models "
-                     f"are {', '.join(MODELS + tuple(DIAGNOSTICS))}.")
+                     f"are {', '.join(CHOICES)}.")
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   vocab = None

@@ -214,6 +214,24 @@ def test_bert_diagnostics_change_one_choice_at_berts_size():
   assert "BERT, sinusoidal positions (diagnostic)" not in rows
 
 
+def test_depth_diagnostics_trade_ffn_width_for_layers_at_berts_size():
+  cfgs = mlm.model_configs("small")
+  bert = cfgs["attention"].to_dict()
+  p_bert = mlm.params(cfgs["attention"])["total"]
+  # 3 / 4 layers at d = 128: the FFN narrows to 256 / 128 (by hand: a
+  # layer is 4 d^2 + 4 d attention, 2 d f + f + d FFN and 4 d of LN).
+  for name, layers, d_ffn in (("attention_deeper", 3, 256),
+                              ("attention_deepest", 4, 128)):
+    c = cfgs[name].to_dict()
+    assert {k for k in c if c[k] != bert[k]} == {"num_layers", "d_ffn"}
+    assert (c["num_layers"], c["d_ffn"]) == (layers, d_ffn), name
+    d = c["d_model"]
+    layer = lambda f: 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d  # noqa
+    assert (mlm.params(cfgs[name])["total"] - p_bert
+            == layers * layer(d_ffn) - 2 * layer(bert["d_ffn"]))
+    assert abs(mlm.params(cfgs[name])["total"] / p_bert - 1) < 0.005
+
+
 def test_unknown_model_on_the_command_line_names_the_choices(
     tmp_path, monkeypatch):
   monkeypatch.setattr(sys, "argv", [
