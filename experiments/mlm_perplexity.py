@@ -439,14 +439,14 @@ def main() -> None:
       f"MLM perplexity at equal capacity ({args.scale} scale)",
       experiment.markdown_table(HEADERS, table_rows(runs, sizes, base)),
       notes)
-  fig, axes = experiment.figure()
+  fig, axes = experiment.figure(size=(8.0, 3.6))
   ax = axes[0, 0]
   experiment.plot_curves(ax, runs, "perplexity", LABELS.get)
   if base:
     experiment.baseline_lines(ax, {"unigram": base["unigram"],
                                    "0.6 x unigram": 0.6 * base["unigram"]})
   experiment.style_axes(ax, "step", "held-out MLM perplexity", yscale="log",
-                        legend=10)
+                        legend=8, legend_outside=True)
   exp.save_figure(fig, "mlm_perplexity")
 
 

@@ -626,9 +626,11 @@ def baseline_lines(ax, lines: dict[str, float]) -> None:
 
 
 def style_axes(ax, xlabel: str, ylabel: str, *, xscale: str = "",
-               yscale: str = "", title: str = "", legend: float = 7) -> None:
+               yscale: str = "", title: str = "", legend: float = 7,
+               legend_outside: bool = False) -> None:
   """A figure's axis labels, scales (``'log'``, or ``'log2'`` for base 2),
-  title and legend (font size ``legend``; 0: no legend)."""
+  title and legend (font size ``legend``; 0: no legend; ``legend_outside``:
+  right of the axes, for plots whose curves fill them)."""
   for scale, set_scale in ((xscale, ax.set_xscale), (yscale, ax.set_yscale)):
     if scale:
       set_scale("log", **({"base": 2} if scale == "log2" else {}))
@@ -636,7 +638,10 @@ def style_axes(ax, xlabel: str, ylabel: str, *, xscale: str = "",
   ax.set_ylabel(ylabel)
   if title:
     ax.set_title(title)
-  if legend:
+  if legend and legend_outside:
+    ax.legend(fontsize=legend, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+              borderaxespad=0.0)
+  elif legend:
     ax.legend(fontsize=legend)
 
 
