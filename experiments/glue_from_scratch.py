@@ -234,7 +234,8 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
     headers += [f"{task} dev, final (ours)", f"{task} dev, best eval (ours)",
                 f"{task} test (paper)", "HyperMixer above it?"]
   if args.scale == "small":
-    headers += ["params (embedding / token mixing)", "wall min per run"]
+    headers += ["params (embedding / token mixing)", "GFLOP / train step",
+                "wall min per run"]
   rows = []
   for mixer in mixers:
     row = [LABELS[mixer]]
@@ -253,6 +254,7 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
       row.append(f"{r['params'] / 1e6:.2f}M ({r['params_embedding'] / 1e6:.2f}M"
                  f" / {r['params_token_mixing'] / 1e6:.3f}M)"
                  if "params_embedding" in r else "")
+      row.append(f"{experiment.flops_per_step(r) / 1e9:.2f}" if r else "")
       row.append(f"{np.mean([r['wall_s'] / 60 for r in mine]):.0f}"
                  if mine else "")
     rows.append(row)
@@ -274,8 +276,11 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
               f"lr {SMALL['lr']:g}, on {vocab.get('pieces')} SentencePiece "
               f"pieces trained on the SST-2 train phrases (sha256 "
               f"{vocab.get('sha256', '')[:12]}...). Baselines on the same "
-              "tokens and splits. Wall time on one core of a shared 2-core "
-              "machine.")
+              "tokens and splits. GFLOP / train step: XLA's count of the "
+              "compiled step (batch 64; equal parameters are not equal "
+              "FLOPs), the figure to compare the models' cost by; wall "
+              "time on one core of a shared 2-core machine, which moves "
+              "with its load (up to 2.3x between seeds of one model).")
   exp.write_table(f"GLUE from scratch ({args.scale} scale)",
                   experiment.markdown_table(headers, rows), notes)
   fig, axes = experiment.figure()

@@ -182,7 +182,8 @@ def main() -> None:
   for family in families:
     r = runs.get(family)
     if r is None:
-      rows.append([LABELS[family], "not run", "", "", "", PAPER[family]])
+      rows.append([LABELS[family], "not run", "", "", "", "",
+                   PAPER[family]])
       continue
     m = r["model"]
     rows.append([
@@ -190,10 +191,12 @@ def main() -> None:
         f"{m['num_layers']}L d={m['d_model']} d_ffn={m['d_ffn']}",
         f"{r['params'] / 1e6:.2f}M",
         f"{100 * final_accuracy(r):.1f}",
+        f"{experiment.flops_per_step(r) / 1e9:.2f}",
         f"{r['wall_s'] / 60:.1f}",
         PAPER[family]])
   headers = ["model", "layout", "params", f"{dataset} accuracy (ours, %)",
-             "wall (min)", "paper: ImageNet-1k top-1 (%)"]
+             "GFLOP / train step", "wall (min)",
+             "paper: ImageNet-1k top-1 (%)"]
   notes = ("Paper: ImageNet-1k top-1 of the gMLP paper (PAPERS.md §2), "
            "at 224x224 and 300 epochs.")
   if args.scale == "small":
@@ -205,7 +208,8 @@ def main() -> None:
         "random-resized crop (area >= 0.35) and flip, accuracy on all 10,000 "
         "test images at the last step (the figure's curves: the fixed "
         f"subset of the first {SUBSET_PER_CLASS} test images per class); "
-        "float32 on one CPU core. "
+        "float32 on one CPU core; GFLOP / train step: XLA's count of the "
+        "compiled step (wall time moves with the host's load). "
         "Small-scale CIFAR-10 is not ImageNet: the columns are not "
         "comparable, only the ordering of the models is the claim to check.")
   exp.write_table(f"Image classification ({args.scale} scale)",

@@ -129,12 +129,6 @@ def pretrain_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
   return c
 
 
-def flops_per_step(run: dict) -> float:
-  """XLA's FLOPs of one train step, from the run's logged throughput."""
-  last = run["train_curve"][max(run["train_curve"], key=int)]
-  return last["tflops_per_device"] * 1e12 / last["steps_per_sec"]
-
-
 def _final(runs: dict, keys: list[str]) -> list[float]:
   return [runs[k]["eval"]["accuracy"] for k in keys if k in runs]
 
@@ -246,8 +240,8 @@ def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
               if scratch and tuned else None)
       ft = next((runs[k] for k in keys[mixer, setting, "scratch"]
                  if k in runs), None)
-      cost = (f"{args.pretrain_steps * flops_per_step(pre[0]) / 1e12:.3g} / "
-              f"{args.finetune_steps * flops_per_step(ft) / 1e12:.3g}"
+      cost = (f"{args.pretrain_steps * experiment.flops_per_step(pre[0]) / 1e12:.3g} / "
+              f"{args.finetune_steps * experiment.flops_per_step(ft) / 1e12:.3g}"
               if pre and ft else "")
       rows.append([
           glue.LABELS[mixer], setting_label(*setting),

@@ -343,13 +343,12 @@ def run_summary(result: Mapping[str, Any], tokens_per_step: int
   if not logs:
     raise ValueError("the run logged no throughput (log_every > steps?).")
   tps = sorted(r["tokens_per_sec"] for r in logs)[len(logs) // 2]
-  flops = [r["tflops_per_device"] * 1e12 / r["steps_per_sec"]
-           / tokens_per_step for r in logs if "tflops_per_device" in r]
   evals = result["eval_curve"]
   last = evals[max(evals, key=int)]
   # The median skips the intervals that hold an evaluation or a checkpoint.
   return {"perplexity": last["perplexity"], "tokens_per_sec": tps,
-          "flops_per_token": flops[0] if flops else float("nan"),
+          "flops_per_token": (experiment.flops_per_step(result)
+                              / tokens_per_step),
           "train_seconds": result["step"] * tokens_per_step / tps}
 
 

@@ -587,6 +587,20 @@ def figure(ncols: int = 1, nrows: int = 1, size=(5.0, 3.6)):
   return fig, axes
 
 
+def flops_per_step(run: dict[str, Any]) -> float:
+  """XLA's per-device FLOPs of one train step of a recorded run (the whole
+  step, on one device), from its logged throughput: ``tflops_per_device /
+  steps_per_sec`` of the last logged interval, the loop's count of the
+  compiled step, so it does not depend on the machine's load. NaN when the
+  run logged none."""
+  train = run.get("train_curve", {})
+  logs = [train[s] for s in sorted(train, key=int)
+          if "tflops_per_device" in train[s]]
+  if not logs:
+    return float("nan")
+  return logs[-1]["tflops_per_device"] * 1e12 / logs[-1]["steps_per_sec"]
+
+
 def curve(run: dict[str, Any], metric: str, scale: float = 1.0
           ) -> tuple[list[int], list[float]]:
   """``(steps, scale * metric)`` of a run's evaluation curve (its steps are

@@ -201,6 +201,20 @@ class HarnessTest(absltest.TestCase):
     np.testing.assert_allclose(values, [[50, 70], [60, 90]])
     self.assertEqual(experiment.curve(runs[1], "acc"),
                      ([2, 4, 6], [0.6, 0.9, 1.0]))
+
+  def test_flops_per_step_from_the_logged_throughput(self):
+    run = {"train_curve": {"10": {"tflops_per_device": 9.0,
+                                  "steps_per_sec": 1.0},
+                           "20": {"tflops_per_device": 0.06,
+                                  "steps_per_sec": 2.0},
+                           "30": {"loss": 1.0}}}
+    # The last interval that logged FLOPs (20, not "10" by string order, not
+    # 30 without throughput): 0.06e12 / 2.
+    self.assertAlmostEqual(experiment.flops_per_step(run) / 3e10, 1.0)
+    self.assertTrue(np.isnan(experiment.flops_per_step(
+        {"train_curve": {"5": {"loss": 1.0}}})))
+
+
 class TuningCostTest(absltest.TestCase):
 
   def test_expected_max_equals_enumeration(self):

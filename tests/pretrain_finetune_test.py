@@ -125,11 +125,3 @@ def test_settings_and_baseline_keys():
   assert pf.nb_key("snli", 1.0) == "nb/snli_by_premise"
   assert pf.setting_label("snli", 1.0) == "SNLI, 80% split"
 
-
-def test_flops_per_step_from_logged_throughput():
-  run = {"train_curve": {"10": {"tflops_per_device": 9.0,
-                                "steps_per_sec": 1.0},
-                         "20": {"tflops_per_device": 0.06,
-                                "steps_per_sec": 2.0}}}
-  # The last logged step (20, not "10" by string order): 0.06e12 / 2.
-  assert pf.flops_per_step(run) == pytest.approx(3e10)
