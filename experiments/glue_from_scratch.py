@@ -182,6 +182,9 @@ def main() -> None:
                         steps=SMALL["steps"])
   p.add_argument("--width", type=int, default=SMALL["width"])
   p.add_argument("--seq_len", type=int, default=SMALL["seq_len"])
+  p.add_argument("--dropout", type=float, default=None,
+                 help="the models' dropout rate (default: configs/glue.py's "
+                 "0.1); part of the recorded budget")
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
@@ -189,8 +192,9 @@ def main() -> None:
   if args.scale == "small":
     tasks, lrs = ("sst2",), (SMALL["lr"],)
     small = dict(width=args.width, steps=args.steps, seq_len=args.seq_len,
-                 vocab=sst2_vocab(exp, shared))
-    budget = f"w{args.width}_s{args.steps}_n{args.seq_len}"
+                 vocab=sst2_vocab(exp, shared), dropout=args.dropout)
+    budget = f"w{args.width}_s{args.steps}_n{args.seq_len}" + (
+        f"_d{args.dropout:g}" if args.dropout is not None else "")
   else:
     tasks, lrs, small, budget = TASKS, PAPER_LRS, {}, "paper"
 
@@ -225,6 +229,25 @@ def _accs(done: list, **match) -> dict:
   # The learning rate of the grid with the best mean final accuracy.
   lr = max(out, key=lambda lr: np.mean([a for a, _ in out[lr].values()]))
   return {"lr": lr, "seeds": out[lr]}
+
+
+def budget_table(runs: dict, mixers) -> str:
+  """Every budget recorded (``w<width>_s<steps>_n<length>[_d<dropout>]``,
+  the first part of a run's key) against each model's final SST-2 dev
+  accuracy there (mean ± sd over the seeds run): the budget search behind
+  the main table."""
+  acc: dict[str, dict[str, list[float]]] = {}
+  for key, r in runs.items():
+    parts = dict(p.split("=", 1) for p in key.split("/")[1:] if "=" in p)
+    if parts.get("task") == "sst2" and parts.get("model") in mixers:
+      acc.setdefault(key.split("/")[0], {}).setdefault(
+          parts["model"], []).append(r["eval"]["accuracy"])
+  rows = [[budget] + [experiment.fmt_mean_sd(acc[budget].get(m, []), 100)
+                      for m in mixers] for budget in sorted(acc)]
+  return ("Budgets recorded (SST-2 dev at the last step; w: width, s: steps "
+          "of batch 64, n: length, d: dropout where not 0.1):\n\n"
+          + experiment.markdown_table(["budget"] + [LABELS[m] for m in mixers],
+                                      rows))
 
 
 def _report(exp, done, tasks, mixers, base, args) -> None:
@@ -270,10 +293,14 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
            "(final accuracy), else 'not decided'.")
   if args.scale == "small":
     vocab = exp.data.get("vocab", {})
+    dropout = (args.dropout if args.dropout is not None else
+               experiment.load_config("glue.py", "sst2,attention")
+               .model.dropout_rate)
     notes += (f" Small scale: width-{args.width} 2-layer models (see "
               f"small_model), sequence length {args.seq_len}, batch 64, "
               f"{args.steps} steps ({args.steps * 64 / 67349:.2f} epoch), "
-              f"lr {SMALL['lr']:g}, on {vocab.get('pieces')} SentencePiece "
+              f"lr {SMALL['lr']:g}, dropout {dropout:g}, on "
+              f"{vocab.get('pieces')} SentencePiece "
               f"pieces trained on the SST-2 train phrases (sha256 "
               f"{vocab.get('sha256', '')[:12]}...). Baselines on the same "
               "tokens and splits. GFLOP / train step: XLA's count of the "
@@ -281,6 +308,8 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
               "FLOPs), the figure to compare the models' cost by; wall "
               "time on one core of a shared 2-core machine, which moves "
               "with its load (up to 2.3x between seeds of one model).")
+  if args.scale == "small":
+    notes += "\n\n" + budget_table(exp.runs, mixers)
   exp.write_table(f"GLUE from scratch ({args.scale} scale)",
                   experiment.markdown_table(headers, rows), notes)
   fig, axes = experiment.figure()
