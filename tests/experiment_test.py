@@ -293,6 +293,24 @@ class GlueConfigTest(absltest.TestCase):
     self.assertEqual(above("sst2", "hypermixer", [0.8, 0.9], [0.8, 0.9]), "")
     self.assertEqual(above("sst2", "gmlp", [], [0.7, 0.8]), "")
 
+  def test_budget_table_groups_runs_by_budget_and_model(self):
+    def run(acc):
+      return {"eval": {"accuracy": acc}}
+    runs = {
+        "w128_s1000_n64/task=sst2/model=attention/lr=0.001/seed=0": run(0.80),
+        "w128_s1000_n64/task=sst2/model=attention/lr=0.001/seed=1": run(0.82),
+        "w128_s3000_n64_d0.3/task=sst2/model=mlp_mixer/lr=0.001/seed=0":
+            run(0.75),
+        # Another task, and a model not asked for, stay out.
+        "w128_s1000_n64/task=qnli/model=attention/lr=0.001/seed=0": run(0.5),
+        "w128_s1000_n64/task=sst2/model=fnet/lr=0.001/seed=0": run(0.5),
+    }
+    text = glue_from_scratch.budget_table(runs, ["attention", "mlp_mixer"])
+    rows = [line for line in text.splitlines() if line.startswith("| w")]
+    self.assertEqual(rows, [
+        "| w128_s1000_n64 | 81.0 ± 1.4 (n=2) |  |",
+        "| w128_s3000_n64_d0.3 |  | 75.0 (n=1) |"])
+
   def test_small_models_keep_the_equal_size_rule(self):
     from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
     counts = {}
