@@ -65,6 +65,9 @@ C4_TRAIN_ALL = ("c4/c4_en_tfds_minimal_train_1000.jsonl,"
 # The issue's bar: pretrained beats scratch by this many points at 10% of
 # the labels for the best model.
 TARGET_GAIN = 2.0
+# The linear probe's L2 weight on standardised features (fixed, not tuned on
+# dev).
+PROBE_L2 = 1e-2
 
 
 def finetune_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
@@ -133,6 +136,38 @@ def _final(runs: dict, keys: list[str]) -> list[float]:
   return [runs[k]["eval"]["accuracy"] for k in keys if k in runs]
 
 
+def probe_encoders(config: ml_collections.ConfigDict, pretrained: str,
+                   seed: int, l2: float = PROBE_L2) -> dict:
+  """What pretraining put into the features: dev accuracy of a linear probe
+  (``probe.logistic_regression`` on the pooled encoder output, L2 ``l2``)
+  trained on ``config``'s train rows, for the encoder of the pretraining
+  workdir ``pretrained`` and for a freshly initialised one (seed ``seed``),
+  with the same classifier model and rows."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import heads  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import probe  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+  train = experiment.pipeline_arrays(config.data, "train")
+  dev = experiment.pipeline_arrays(config.data, config.eval_split)
+  inputs, kwargs = heads.model_inputs(
+      {k: v[:2] for k, v in train.items()}, config.model.head)
+  fresh = nn.unbox(models.build_model(config.model).init(
+      jax.random.key(seed), inputs, **kwargs)["params"])
+  encoders = {"random": fresh, "pretrained": checkpoint.load_pretrained(
+      pretrained, fresh, reinit=(config.init_reinit,))}
+  out = {"l2": l2, "train_rows": len(train["label"]),
+         "dev_rows": len(dev["label"])}
+  for name, params in encoders.items():
+    pred = probe.logistic_regression(
+        probe.pooled_features(config.model, params, train), train["label"],
+        probe.pooled_features(config.model, params, dev),
+        num_classes=config.model.num_classes, l2=l2)
+    out[name] = float(np.mean(pred == dev["label"]))
+  return out
+
+
 def main() -> None:
   p = experiment.parser("pretrain_finetune", __doc__, report_only=True,
                         models=MODELS, seeds="0,1,2")
@@ -169,6 +204,29 @@ def main() -> None:
     return exp.workdir(key), exp.cell(key, lambda: experiment.train(
         cfg, exp.workdir(key)))
 
+  def probe(mixer: str, fraction: float, seed: int) -> None:
+    key = (f"probe/s{args.pretrain_steps}/model={mixer}/"
+           f"fraction={fraction:g}/seed={seed}")
+
+    def run():
+      workdir, recorded = pretrain(mixer, seed)
+      extra = {}
+      if not pathlib.Path(workdir, "checkpoints").is_dir():
+        # The run's checkpoint was not kept (runs/ is not committed): the
+        # same config and seed pretrain again, its perplexity beside the
+        # recorded one.
+        again = experiment.train(pretrain_config(
+            mixer, shared, vocab, seed=seed, steps=args.pretrain_steps),
+                                 workdir)
+        extra = {"pretrain_again_perplexity": again["eval"]["perplexity"],
+                 "pretrain_recorded_perplexity":
+                     recorded["eval"]["perplexity"]}
+      cfg = finetune_config(mixer, shared, vocab, lr=1.0, seed=seed,
+                            fraction=fraction, out=exp.out, steps=1,
+                            init=workdir)
+      return dict(probe_encoders(cfg, workdir, seed), **extra)
+    exp.cell(key, run)
+
   def finetune(mixer, task, fraction, arm, lr, seed) -> str:
     # SST-2 cells keep keys without the task (the first recorded ones).
     cell = dict(model=mixer, fraction=fraction, arm=arm, lr=lr, seed=seed)
@@ -203,6 +261,10 @@ def main() -> None:
         keys[mixer, setting, arm] = [first[arm, lr]] + [
             finetune(mixer, *setting, arm, lr, s)
             for s in seeds[1:]] if lr is not None else []
+    # Linear probes of the pretrained encoders (the SST-2 settings).
+    for seed in seeds:
+      for fraction in (f for t, f in settings if t == "sst2"):
+        probe(mixer, fraction, seed)
   _report(exp, args, models, settings, seeds, chosen, keys)
 
 
@@ -243,6 +305,12 @@ def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
       cost = (f"{args.pretrain_steps * experiment.flops_per_step(pre[0]) / 1e12:.3g} / "
               f"{args.finetune_steps * experiment.flops_per_step(ft) / 1e12:.3g}"
               if pre and ft else "")
+      probes = [runs[k] for k in (
+          f"probe/s{args.pretrain_steps}/model={mixer}/"
+          f"fraction={setting[1]:g}/seed={s}" for s in seeds) if k in runs]
+      probed = " / ".join(
+          experiment.fmt_mean_sd([r[e] for r in probes], 100)
+          for e in ("random", "pretrained")) if probes else ""
       rows.append([
           glue.LABELS[mixer], setting_label(*setting),
           experiment.fmt_mean_sd(scratch, 100) or "not run",
@@ -255,7 +323,7 @@ def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
           f"{100 * bases[nb_key(*setting)]['naive_bayes']:.1f}"
           if nb_key(*setting) in bases else "",
           (f"{experiment.fmt_mean_sd(ppl)} ({np.mean(ppl) / uni:.2f} x "
-           "unigram)") if ppl else "not run", cost])
+           "unigram)") if ppl else "not run", probed, cost])
   base = [bases[k] for k in bases if k.startswith("mlm/")]
   notes = (
       f"Accuracy at the last fine-tuning step, mean ± sd over seeds {seeds}: "
@@ -270,7 +338,10 @@ def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
       "gap of the means exceeds the sum of the sds. TFLOPs of pretraining / "
       "of one fine-tuning run: XLA's count of one train step times the steps. "
       f"Target: +{TARGET_GAIN:g} points at 10% of the labels for the best "
-      "model.")
+      "model. Linear probe: dev accuracy of a logistic regression (L2 "
+      f"{PROBE_L2:g} on standardised features, not tuned) on the pooled "
+      "output of the encoder, frozen: freshly initialised, or pretrained; "
+      "trained on the same train rows as the classifier.")
   if base:
     notes += (f" MLM held out: the first {base[0]['held_out']['rows']} rows "
               "of WikiText-2 validation; unigram "
@@ -282,7 +353,8 @@ def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
       experiment.markdown_table(
           ["model", "task, labels", "scratch", "pretrained", "gain (points)",
            "pretraining helps", "lr scratch / pretrained", "Naive Bayes",
-           "MLM ppl reached", "TFLOPs pretrain / fine-tune"], rows), notes)
+           "MLM ppl reached", "linear probe: random / pretrained encoder",
+           "TFLOPs pretrain / fine-tune"], rows), notes)
   _plot(exp, models, settings, keys)
 
 

@@ -125,3 +125,31 @@ def test_settings_and_baseline_keys():
   assert pf.nb_key("snli", 1.0) == "nb/snli_by_premise"
   assert pf.setting_label("snli", 1.0) == "SNLI, 80% split"
 
+
+
+def test_probe_reads_the_pretrained_encoder(shared_data, tmp_path):
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  vocab = {"path": str(shared_data / "t5_spm/sentencepiece.model"),
+           "model_vocab_size": 32128}
+  c = pf.finetune_config("hypermixer", shared_data, vocab, lr=1e-3, seed=3,
+                         fraction=0.01, out=tmp_path, steps=1)
+  c.model.update(d_model=16, d_ffn=32, num_layers=1)
+  c.model.mixer_kwargs.hyper_dim = 16
+  c.init_reinit = "(?!encoder/)"
+
+  def write(seed, name):
+    model = zoo.build_model(c.model)
+    x = zoo.dummy_inputs(c.model)
+    params = nn.unbox(model.init(jax.random.key(seed),
+                                 jnp.zeros(x.shape, x.dtype))["params"])
+    artifacts.write_params(tmp_path / name, params, step=1)
+    return str(tmp_path / name)
+  # A "pretrained" encoder equal to the fresh one: the same probe result.
+  same = pf.probe_encoders(c, write(3, "same"), seed=3)
+  assert same["random"] == same["pretrained"]
+  assert same["train_rows"] == 673 and same["dev_rows"] == 872
+  # Another encoder is read (the fresh one is the same as above).
+  other = pf.probe_encoders(c, write(5, "other"), seed=3)
+  assert other["random"] == same["random"]
+  assert other["pretrained"] != same["pretrained"]
+  assert 0.5 < same["random"] < 1.0
