@@ -28,7 +28,10 @@ against the same model trained from scratch with the same fine-tuning budget.
                  of its dev file, tested on the 20% part, all of its labels,
                  at the same length 64 (about 1% of SNLI's pairs are longer
                  in the 8k vocabulary), fine-tuned from the same pretrained
-                 encoders.
+                 encoders; a linear probe (``hypermixer_jax.probe``) of
+                 each pretrained encoder, frozen, against a freshly
+                 initialised one, on the SST-2 rows of each fraction: what
+                 pretraining put into the features before fine-tuning.
 
   python experiments/pretrain_finetune.py --scale=small \
       --out=experiments/results/pretrain_finetune
