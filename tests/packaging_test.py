@@ -94,7 +94,7 @@ def _layer(module: str) -> str:
     return "base"
   if top in ("data", "models", "sharding", "train"):
     return top
-  if top in ("main", "experiment", "baselines"):
+  if top in ("main", "experiment", "baselines", "probe"):
     return "entry"
   raise AssertionError(f"{module}: no layer; add it to LAYERS' table in "
                        "tests/packaging_test.py and to CONTRIBUTING.md")
