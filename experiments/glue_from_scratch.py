@@ -307,9 +307,8 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
               "compiled step (batch 64; equal parameters are not equal "
               "FLOPs), the figure to compare the models' cost by; wall "
               "time on one core of a shared 2-core machine, which moves "
-              "with its load (up to 2.3x between seeds of one model).")
-  if args.scale == "small":
-    notes += "\n\n" + budget_table(exp.runs, mixers)
+              "with its load (up to 2.3x between seeds of one model).\n\n"
+              + budget_table(exp.runs, mixers))
   exp.write_table(f"GLUE from scratch ({args.scale} scale)",
                   experiment.markdown_table(headers, rows), notes)
   fig, axes = experiment.figure()

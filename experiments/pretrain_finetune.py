@@ -135,6 +135,11 @@ def pretrain_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
   return c
 
 
+def _tflops(run: dict, steps: int) -> str:
+  """TFLOPs of ``steps`` train steps of ``run`` (XLA's count of one step)."""
+  return f"{steps * experiment.flops_per_step(run) / 1e12:.3g}"
+
+
 def _final(runs: dict, keys: list[str]) -> list[float]:
   return [runs[k]["eval"]["accuracy"] for k in keys if k in runs]
 
@@ -305,9 +310,8 @@ def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
               if scratch and tuned else None)
       ft = next((runs[k] for k in keys[mixer, setting, "scratch"]
                  if k in runs), None)
-      cost = (f"{args.pretrain_steps * experiment.flops_per_step(pre[0]) / 1e12:.3g} / "
-              f"{args.finetune_steps * experiment.flops_per_step(ft) / 1e12:.3g}"
-              if pre and ft else "")
+      cost = (f"{_tflops(pre[0], args.pretrain_steps)} / "
+              f"{_tflops(ft, args.finetune_steps)}" if pre and ft else "")
       probes = [runs[k] for k in (
           f"probe/s{args.pretrain_steps}/model={mixer}/"
           f"fraction={setting[1]:g}/seed={s}" for s in seeds) if k in runs]
