@@ -70,7 +70,8 @@ def test_main_modes_from_the_command_line(run, tmp_path):
   """evaluate, export and evaluate-the-export from the run's own config (no
   --config), and one-line errors."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+             XLA_FLAGS=(os.environ["HYPERMIXER_TEST_XLA_FLAGS"] +
+                        " --xla_force_host_platform_device_count=8"))
 
   def main(*args):
     out = subprocess.run([sys.executable, "-m", "hypermixer_jax.main", *args],

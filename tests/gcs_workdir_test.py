@@ -125,7 +125,7 @@ def _objects(prefix: str) -> list[str]:
 
 def _main(cwd, *flags):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-             TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS="")  # one device
+             TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS=os.environ["HYPERMIXER_TEST_XLA_FLAGS"])  # one device
   return subprocess.run(
       [sys.executable, "-m", "hypermixer_jax.main", *flags],
       capture_output=True, text=True, env=env, timeout=400, cwd=cwd)

@@ -254,7 +254,7 @@ def test_experiment_end_to_end_at_toy_size(tmp_path):
         files[f"{split}/{cls}/{i:04d}.jpg"] = _jpeg(7 * c + i)
   _tar(shared / "cifar10_jpeg_train_test.tar.gz", files)
   out = tmp_path / "exp"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = dict(os.environ, XLA_FLAGS=os.environ["HYPERMIXER_TEST_XLA_FLAGS"])
   env["PYTHONPATH"] = str(ROOT)
   run = subprocess.run(
       [sys.executable, str(ROOT / "experiments/image_classification.py"),

@@ -54,7 +54,8 @@ def _free_port() -> int:
 def _env(devices: int, cache_dir: str) -> dict:
   return dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
               PYTHONPATH=ROOT,
-              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+              XLA_FLAGS=(os.environ["HYPERMIXER_TEST_XLA_FLAGS"] +
+                        f" --xla_force_host_platform_device_count={devices}"),
               JAX_COMPILATION_CACHE_DIR=cache_dir,
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
 

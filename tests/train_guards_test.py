@@ -41,7 +41,7 @@ def _main(workdir, config, *flags, timeout=400):
   cmd = [sys.executable, "-m", "hypermixer_jax.main", f"--config={config}",
          f"--workdir={workdir}", *flags]
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-             TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS="")  # one device
+             TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS=os.environ["HYPERMIXER_TEST_XLA_FLAGS"])  # one device
   return subprocess.run(cmd, capture_output=True, text=True, env=env,
                         timeout=timeout, cwd=ROOT)
 

@@ -112,7 +112,8 @@ def test_nan_loss_stops_and_is_never_saved(tmp_path):
 
 def _main(workdir, cache_dir, *overrides, devices=8):
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             XLA_FLAGS=(os.environ["HYPERMIXER_TEST_XLA_FLAGS"] +
+                        f" --xla_force_host_platform_device_count={devices}"),
              JAX_COMPILATION_CACHE_DIR=cache_dir,
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   return subprocess.run(
