@@ -364,10 +364,8 @@ def c4_vocab(exp: experiment.Experiment, shared: pathlib.Path) -> dict:
 
 def main() -> None:
   p = experiment.parser("mlm_perplexity", __doc__, report_only=True,
-                        data_dir="", models=MODELS, seeds="0,1,2", steps=0)
-  p.add_argument("--vocab", choices=("small", "t5"), default="small",
-                 help="small scale: an 8k SentencePiece vocabulary trained on "
-                 "the C4 train sample (built into OUT/vocab), or T5's 32k")
+                        data_dir="", models=MODELS, seeds="0,1,2", steps=0,
+                        vocab="small")
   args = experiment.parse(p)
   models = experiment.split(args.models)
   unknown = sorted(set(models) - set(CHOICES))

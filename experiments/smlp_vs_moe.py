@@ -411,10 +411,8 @@ def baseline_rows(base: Mapping[str, Any]) -> list[list[Any]]:
 
 def main() -> None:
   p = experiment.parser("smlp_vs_moe", __doc__, report_only=True,
-                        data_dir="", models=MODELS, seeds="0,1,2", steps=0)
-  p.add_argument("--vocab", choices=("small", "t5"), default="small",
-                 help="small scale: the 8k SentencePiece vocabulary of the C4 "
-                 "sample (built into OUT/vocab) or T5's 32k")
+                        data_dir="", models=MODELS, seeds="0,1,2", steps=0,
+                        vocab="small")
   p.add_argument("--ablations", action="store_true",
                  help="the expert-count and router ablations of sMLP too "
                  "(names in ABLATIONS; the first seed)")

@@ -65,6 +65,9 @@ _COMMON_FLAGS = {
     "seeds": (str, "comma-separated seeds (initialisation and data order)"),
     "steps": (int, "training steps per run (0: the scale's)"),
     "lengths": (str, "comma-separated sequence lengths"),
+    "vocab": (str, "small scale: an 8k SentencePiece vocabulary trained on "
+              "the experiment's train text (built into OUT/vocab), or T5's "
+              "32k", ("small", "t5")),
 }
 
 
@@ -95,10 +98,11 @@ def parser(name: str, description: str, *, report_only: bool = False,
     if flag not in _COMMON_FLAGS:
       raise ValueError(f"parser: no shared flag --{flag}; add it with "
                        f"p.add_argument (shared: {', '.join(_COMMON_FLAGS)}).")
-    kind, help_text = _COMMON_FLAGS[flag]
+    kind, help_text, *choices = _COMMON_FLAGS[flag]
     if not isinstance(default, (str, int)):
       default = ",".join(map(str, default))
-    p.add_argument(f"--{flag}", type=kind, default=default, help=help_text)
+    p.add_argument(f"--{flag}", type=kind, default=default, help=help_text,
+                   choices=choices[0] if choices else None)
   if report_only:
     p.add_argument("--report_only", action="store_true",
                    help="write the table and figure from the recorded runs, "

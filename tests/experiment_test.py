@@ -1,5 +1,7 @@
 """The experiment harness and the GLUE experiments' own arithmetic."""
 import argparse
+import contextlib
+import io
 import itertools
 import json
 import os
@@ -144,6 +146,14 @@ class HarnessTest(absltest.TestCase):
     self.assertEqual(experiment.split(""), [])
     with self.assertRaisesRegex(ValueError, "no shared flag --widht; add it"):
       experiment.parser("x", "d", widht=3)
+    # A flag with fixed choices refuses any other value.
+    p = experiment.parser("x", "d", vocab="small")
+    self.assertEqual(p.parse_args(["--vocab=t5"]).vocab, "t5")
+    with contextlib.redirect_stderr(io.StringIO()) as err, \
+        self.assertRaises(SystemExit):
+      p.parse_args(["--vocab=32k"])
+    self.assertIn("invalid choice: '32k' (choose from 'small', 't5')",
+                  err.getvalue())
 
   def test_a_report_trains_nothing_and_keeps_the_recorded_arguments(self):
     out = tempfile.mkdtemp()
