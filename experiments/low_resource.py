@@ -10,8 +10,9 @@ the Transformer: ~12-14% at 10% of SNLI/MNLI, < 2% at 100%.
   --scale=small  the real SST-2 files in ``--shared`` (the only GLUE train split
                  available offline) on the 8k SST-2 vocabulary of
                  ``glue_from_scratch``, two-layer GLUE models of ``--width``,
-                 fractions 10% and 100% of the 67,349 phrases (a fixed random
-                 subset per fraction, written as TSV into ``--out``),
+                 fractions 10% (a fixed random subset, written as TSV into
+                 ``--out``) and 100% of the 67,349 phrases (the runs of
+                 ``glue_from_scratch``'s main grid, adopted when recorded),
                  ``--steps`` of batch 64 each (the same compute at every
                  fraction), seeds ``--seeds``; a bag-of-words Naive Bayes on
                  the same subset and tokens beside them.
@@ -24,6 +25,7 @@ Writes ``results.json``, ``table.md`` and ``low_resource.png``.
 from __future__ import annotations
 
 import pathlib
+import shutil
 
 import numpy as np
 
@@ -46,6 +48,37 @@ def subset_tsv(source: str, fraction: float, out: pathlib.Path) -> str:
     path.write_text("\n".join([header] + [rows[i] for i in sorted(keep)])
                     + "\n", encoding="utf-8")
   return str(path)
+
+
+def glue_vocab(exp: experiment.Experiment) -> experiment.Experiment:
+  """``exp`` with ``glue_from_scratch``'s vocabulary (in its directory beside
+  ``exp.out``) copied in when it is there: SentencePiece's training is not
+  bit-reproducible, and the same file makes the full-set cells its runs."""
+  name = f"spm{glue.VOCAB_PIECES}.model"
+  source = exp.out.parent / "glue_from_scratch" / "vocab" / name
+  ours = exp.out / "vocab" / name
+  if source.exists() and not ours.exists():
+    ours.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, ours)
+  return exp
+
+
+def glue_run(exp: experiment.Experiment, key: str, config, cell: dict,
+             budget: dict, lr: float, shared: pathlib.Path) -> None:
+  """All of SST-2 is ``glue_from_scratch``'s main grid: its run of the same
+  model, seed and budget (in its directory beside ``exp.out``) is adopted
+  when its config, vocabulary file included, is this cell's."""
+  source = exp.out.parent / "glue_from_scratch"
+  spm = source / "vocab" / f"spm{glue.VOCAB_PIECES}.model"
+  if not spm.exists():
+    return
+  vocab = dict(path=str(spm), model_vocab_size=config.model.vocab_size)
+  source_config = glue.glue_config("sst2", cell["model"], "small", lr, shared,
+                                   seed=cell["seed"], vocab=vocab, **budget)
+  exp.adopt(key, config, source, experiment.cell_key(
+      f"w{budget['width']}_s{budget['steps']}_n{budget['seq_len']}",
+      dict(task="sst2", model=cell["model"], lr=lr, seed=cell["seed"])),
+            source_config)
 
 
 def main() -> None:
@@ -78,19 +111,21 @@ def main() -> None:
     seeds = experiment.split(args.seeds, int)
     budget = dict(steps=args.steps, width=args.width, seq_len=64)
     lr = glue.SMALL["lr"]
-    vocab = glue.sst2_vocab(exp, shared)
+    vocab = glue.sst2_vocab(glue_vocab(exp), shared)
     tag = f"w{args.width}_s{args.steps}"
     train = experiment.require(shared / "glue/SST-2/train.tsv", "SST-2 train")
     for cell in experiment.grid(fraction=fractions, model=MODELS, seed=seeds):
       fraction, mixer, seed = cell["fraction"], cell["model"], cell["seed"]
-      file = subset_tsv(train, fraction, exp.out)
+      file = subset_tsv(train, fraction, exp.out) if fraction < 1 else None
       cfg = glue.glue_config("sst2", mixer, "small", lr, shared,
                              train_file=file, seed=seed, vocab=vocab, **budget)
       exp.baseline(f"{fraction:g}",   # Naive Bayes on the same subset
                    lambda c=cfg: glue.bag_of_words_baselines(c))
-      result = exp.run(experiment.cell_key(tag, cell),
-                       lambda c=cfg, k=experiment.cell_key(tag, cell):
-                       experiment.train(c, exp.workdir(k)))
+      key = experiment.cell_key(tag, cell)
+      if fraction == 1:
+        glue_run(exp, key, cfg, cell, budget, lr, shared)
+      result = exp.run(key, lambda c=cfg, k=key: experiment.train(
+          c, exp.workdir(k)))
       acc["sst2", fraction, mixer, seed] = result["eval"]["accuracy"]
 
   rows = []

@@ -284,6 +284,22 @@ def file_digest(path: os.PathLike | str) -> str:
   return h.hexdigest()
 
 
+def config_fingerprint(config) -> str:
+  """SHA-256 of a run's config (a ``ConfigDict``) with every path of an
+  existing file replaced by that file's digest: two configs with the same
+  fingerprint train the same run, wherever their files live."""
+  def settle(value):
+    if isinstance(value, dict):
+      return {k: settle(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+      return [settle(v) for v in value]
+    if isinstance(value, str) and value and os.path.isfile(value):
+      return "file sha256 " + file_digest(value)
+    return value
+  text = json.dumps(settle(config.to_dict()), sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
 def small_vocab(out: os.PathLike | str, patterns: str | Sequence[str],
                 fields: Sequence[str], size: int = 8000) -> dict[str, Any]:
   """An in-domain SentencePiece vocabulary of ``size`` pieces trained on the
@@ -406,6 +422,33 @@ class Experiment:
       print(f"[{self.out.name}] {key}: "
             + json.dumps({k: v for k, v in result.items()
                           if not isinstance(v, (dict, list))}), flush=True)
+    return self.runs[key]
+
+  def adopt(self, key: str, config, source: os.PathLike | str,
+            source_key: str, source_config) -> dict[str, Any] | None:
+    """Records another experiment's run as this one's ``key``, instead of
+    training it again, when both train the same run: ``source_key`` is
+    recorded in ``source``'s ``results.json`` and ``source_config`` (the
+    config the source trained it with) has ``config``'s fingerprint (equal
+    settings, files of equal content). The record keeps where it came from
+    (``adopted_from``). Returns it, or None (nothing recorded) when the
+    source lacks the run or the configs differ (``run`` then trains it), or
+    in a report (which records nothing)."""
+    self.reload()
+    if key in self.runs or self.report_only:
+      return self.runs.get(key)
+    source = pathlib.Path(source)
+    path = source / "results.json"
+    if not path.exists():
+      return None
+    run = json.loads(path.read_text(encoding="utf-8"))["runs"].get(source_key)
+    if run is None or (config_fingerprint(config)
+                       != config_fingerprint(source_config)):
+      return None
+    self.runs[key] = dict(run, adopted_from=f"{source.name}: {source_key}")
+    self.save()
+    print(f"[{self.out.name}] {key}: adopted from {source.name} "
+          f"({source_key}), the same config", flush=True)
     return self.runs[key]
 
   def supersede(self, key: str, why: str) -> None:

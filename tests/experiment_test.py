@@ -174,6 +174,62 @@ class HarnessTest(absltest.TestCase):
     saved = json.loads((pathlib.Path(out) / "results.json").read_text())
     self.assertEqual(saved["args"]["steps"], 5)
 
+  def test_fingerprint_reads_files_by_content(self):
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    for name, text in (("a.model", "pieces"), ("b.model", "pieces"),
+                       ("c.model", "other pieces")):
+      (tmp / name).write_text(text)
+
+    def config(vocab, lr=1e-3):
+      return ml_collections.ConfigDict(dict(
+          learning_rate=lr, data=dict(vocab_path=str(tmp / vocab),
+                                      files=[str(tmp / vocab), "absent.tsv"])))
+    fp = experiment.config_fingerprint
+    self.assertEqual(fp(config("a.model")), fp(config("b.model")))
+    self.assertNotEqual(fp(config("a.model")), fp(config("c.model")))
+    self.assertNotEqual(fp(config("a.model")), fp(config("a.model", 3e-4)))
+
+  def test_adopts_another_experiments_run_only_with_the_same_config(self):
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    root = pathlib.Path(tempfile.mkdtemp())
+    (root / "v1").write_text("vocab")
+    (root / "v2").write_text("vocab")
+    (root / "v3").write_text("another vocab")
+    source = experiment.Experiment(root / "source")
+    source.run("s/seed=0", lambda: {"eval": {"accuracy": 0.8}})
+
+    def config(vocab, seed=0):
+      return ml_collections.ConfigDict(dict(seed=seed,
+                                            vocab_path=str(root / vocab)))
+    exp = experiment.Experiment(root / "ours",
+                                argparse.Namespace(report_only=False))
+    # A missing run, another seed, a vocabulary of other content: nothing.
+    self.assertIsNone(exp.adopt("k", config("v1"), root / "source",
+                                "s/seed=1", config("v2")))
+    self.assertIsNone(exp.adopt("k", config("v1"), root / "source",
+                                "s/seed=0", config("v2", seed=1)))
+    self.assertIsNone(exp.adopt("k", config("v1"), root / "source",
+                                "s/seed=0", config("v3")))
+    self.assertIsNone(exp.adopt("k", config("v1"), root / "absent",
+                                "s/seed=0", config("v2")))
+    # A report records nothing.
+    report = experiment.Experiment(root / "ours",
+                                   argparse.Namespace(report_only=True))
+    self.assertIsNone(report.adopt("k", config("v1"), root / "source",
+                                   "s/seed=0", config("v2")))
+    self.assertNotIn("k", exp.runs)
+    # The same settings, files of the same content: recorded, and ``run``
+    # then trains nothing.
+    got = exp.adopt("k", config("v1"), root / "source", "s/seed=0",
+                    config("v2"))
+    self.assertEqual(got, dict(source.runs["s/seed=0"],
+                               adopted_from="source: s/seed=0"))
+    self.assertEqual(exp.run("k", lambda: 1 / 0), got)
+    saved = json.loads((root / "ours" / "results.json").read_text())
+    self.assertEqual(saved["runs"]["k"], got)
+    self.assertNotIn("wall_s_total", saved)
+
   def test_table_rows_of_the_baselines(self):
     headers = ["model", "ppl", "/ unigram", "note"]
     rows = experiment.perplexity_baseline_rows(
@@ -285,6 +341,46 @@ class LowResourceTest(absltest.TestCase):
     other.mkdir()
     self.assertEqual(pathlib.Path(low_resource.subset_tsv(
         str(src), 0.1, other)).read_text(), "\n".join(lines) + "\n")
+
+
+  def test_the_full_set_cell_is_glue_from_scratchs_main_cell(self):
+    # At 100% low_resource trains what glue_from_scratch's main grid trains:
+    # its configs differ only in where the files live.
+    shared = pathlib.Path(tempfile.mkdtemp())
+    (shared / "glue/SST-2").mkdir(parents=True)
+    for split in ("train", "dev"):
+      (shared / f"glue/SST-2/{split}.tsv").write_text(
+          "sentence\tlabel\nfine\t1\n")
+    out = shared / "results"
+    (out / "glue_from_scratch" / "vocab").mkdir(parents=True)
+    (out / "glue_from_scratch" / "vocab" / "spm8000.model").write_text(
+        "pieces")
+    exp = experiment.Experiment(out / "glue_from_scratch")
+    budget = dict(steps=7, width=16, seq_len=32)
+    exp.run("w16_s7_n32/task=sst2/model=hypermixer/lr=0.001/seed=2",
+            lambda: {"eval": {"accuracy": 0.79}})
+    ours = low_resource.glue_vocab(experiment.Experiment(
+        out / "low_resource", argparse.Namespace(report_only=False)))
+    # SentencePiece would not train the same file again: it is copied.
+    self.assertEqual(
+        (out / "low_resource" / "vocab" / "spm8000.model").read_text(),
+        "pieces")
+
+    def cfg(**kw):
+      return glue_from_scratch.glue_config(
+          "sst2", "hypermixer", "small", 1e-3, shared, seed=2,
+          vocab=dict(path=str(out / "low_resource/vocab/spm8000.model"),
+                     model_vocab_size=8192), **budget, **kw)
+    cell = dict(fraction=1.0, model="hypermixer", seed=2)
+    # A train file of other rows: not the same run.
+    other = shared / "other.tsv"
+    other.write_text("sentence\tlabel\nbad\t0\n")
+    low_resource.glue_run(ours, "k", cfg(train_file=str(other)), cell,
+                          budget, 1e-3, shared)
+    self.assertNotIn("k", ours.runs)
+    low_resource.glue_run(ours, "k", cfg(), cell, budget, 1e-3, shared)
+    self.assertEqual(ours.runs["k"]["adopted_from"], "glue_from_scratch: "
+                     "w16_s7_n32/task=sst2/model=hypermixer/lr=0.001/seed=2")
 
 
 class GlueConfigTest(absltest.TestCase):
