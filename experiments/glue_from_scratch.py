@@ -118,6 +118,14 @@ def glue_config(task: str, mixer: str, scale: str, lr: float,
   return c
 
 
+def budget_tag(width: int, steps: int, seq_len: int,
+               dropout: float | None = None) -> str:
+  """The small-scale budget in a run's key: ``w<width>_s<steps>_n<length>``
+  (and ``_d<dropout>`` when set)."""
+  return f"w{width}_s{steps}_n{seq_len}" + (
+      f"_d{dropout:g}" if dropout is not None else "")
+
+
 def best_eval(result: dict) -> tuple[float, int]:
   """(best dev accuracy, its step) over the run's evaluations."""
   curve = result["eval_curve"]
@@ -193,8 +201,7 @@ def main() -> None:
     tasks, lrs = ("sst2",), (SMALL["lr"],)
     small = dict(width=args.width, steps=args.steps, seq_len=args.seq_len,
                  vocab=sst2_vocab(exp, shared), dropout=args.dropout)
-    budget = f"w{args.width}_s{args.steps}_n{args.seq_len}" + (
-        f"_d{args.dropout:g}" if args.dropout is not None else "")
+    budget = budget_tag(args.width, args.steps, args.seq_len, args.dropout)
   else:
     tasks, lrs, small, budget = TASKS, PAPER_LRS, {}, "paper"
 

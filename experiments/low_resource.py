@@ -76,7 +76,7 @@ def glue_run(exp: experiment.Experiment, key: str, config, cell: dict,
   source_config = glue.glue_config("sst2", cell["model"], "small", lr, shared,
                                    seed=cell["seed"], vocab=vocab, **budget)
   exp.adopt(key, config, source, experiment.cell_key(
-      f"w{budget['width']}_s{budget['steps']}_n{budget['seq_len']}",
+      glue.budget_tag(**budget),
       dict(task="sst2", model=cell["model"], lr=lr, seed=cell["seed"])),
             source_config)
 

@@ -106,7 +106,8 @@ def main() -> None:
   space = trials(args.trials)
   if small:
     kw = dict(steps=args.steps, vocab=glue.sst2_vocab(exp, shared))
-    budget = f"w{glue.SMALL['width']}_s{args.steps}_n{glue.SMALL['seq_len']}"
+    budget = glue.budget_tag(glue.SMALL["width"], args.steps,
+                             glue.SMALL["seq_len"])
   else:
     kw, budget = {}, "paper"
 
