@@ -312,9 +312,11 @@ def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
                  if k in runs), None)
       cost = (f"{_tflops(pre[0], args.pretrain_steps)} / "
               f"{_tflops(ft, args.finetune_steps)}" if pre and ft else "")
+      # The probes read SST-2 (a pair task's row has none).
       probes = [runs[k] for k in (
           f"probe/s{args.pretrain_steps}/model={mixer}/"
-          f"fraction={setting[1]:g}/seed={s}" for s in seeds) if k in runs]
+          f"fraction={setting[1]:g}/seed={s}" for s in seeds)
+                if k in runs and setting[0] == "sst2"]
       probed = " / ".join(
           experiment.fmt_mean_sd([r[e] for r in probes], 100)
           for e in ("random", "pretrained")) if probes else ""
@@ -323,7 +325,8 @@ def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
           experiment.fmt_mean_sd(scratch, 100) or "not run",
           experiment.fmt_mean_sd(tuned, 100) or "not run",
           f"{gain:+.1f}" if gain is not None else "",
-          experiment.verdict(tuned, scratch, True),
+          experiment.verdict(tuned, scratch, True) if gain is not None
+          else "",
           " / ".join(f"{chosen[mixer, setting, a]:g}"
                      if chosen[mixer, setting, a] else "-"
                      for a in ("scratch", "pretrained")),

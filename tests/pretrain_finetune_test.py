@@ -1,5 +1,6 @@
 """experiments/pretrain_finetune.py: the pretraining run's encoder is the
 classifier's encoder (what the fine-tuning arm loads), on the same data."""
+import argparse
 import json
 import pathlib
 import sys
@@ -9,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from hypermixer_jax import experiment
 from hypermixer_jax.models import zoo
 from hypermixer_jax.train import checkpoint
 
@@ -125,6 +127,44 @@ def test_settings_and_baseline_keys():
   assert pf.nb_key("snli", 1.0) == "nb/snli_by_premise"
   assert pf.setting_label("snli", 1.0) == "SNLI, 80% split"
 
+
+
+def test_report_rows_of_run_and_unrun_settings(tmp_path):
+  # gMLP at 100% of SST-2 and on SNLI (seeds 0, 1), nothing at 10%.
+  exp = experiment.Experiment(tmp_path)
+  settings = [("sst2", 1.0), ("snli", 1.0), ("sst2", 0.1)]
+  acc = {("sst2", "scratch"): (0.77, 0.79), ("sst2", "pretrained"): (0.8, 0.8),
+         ("snli", "scratch"): (0.55, 0.57), ("snli", "pretrained"): (0.6, 0.6)}
+  keys, chosen = {}, {}
+  for (task, fraction) in settings:
+    for arm in ("scratch", "pretrained"):
+      ks = [f"{task}/{fraction:g}/{arm}/seed={s}" for s in (0, 1)]
+      for k, a in zip(ks, acc.get((task, arm), ()) if fraction == 1 else ()):
+        exp.runs[k] = {"eval": {"accuracy": a},
+                       "eval_curve": {"1000": {"accuracy": a}}}
+      keys["gmlp", (task, fraction), arm] = ks if fraction == 1 else []
+      chosen["gmlp", (task, fraction), arm] = 1e-3 if fraction == 1 else None
+  for s, (fresh, pre) in enumerate(((0.60, 0.62), (0.62, 0.64))):
+    exp.runs[f"probe/s30/model=gmlp/fraction=1/seed={s}"] = {
+        "random": fresh, "pretrained": pre}
+  args = argparse.Namespace(pretrain_steps=30, finetune_steps=10,
+                            lrs="1e-3")
+  pf._report(exp, args, ["gmlp"], settings, [0, 1], chosen, keys)  # pylint: disable=protected-access
+  rows = [[c.strip() for c in line.split("|")[1:-1]]
+          for line in (tmp_path / "table.md").read_text().splitlines()
+          if line.startswith("| gMLP")]
+  cols = {r[1]: r for r in rows}
+  full, snli, tenth = (cols["SST-2, 100% of the labels"],
+                       cols["SNLI, 80% split"], cols["SST-2, 10% of the labels"])
+  # (Beyond the spread, but two seeds are too few for a verdict.)
+  assert full[2:7] == ["78.0 ± 1.4 (n=2)", "80.0 ± 0.0 (n=2)", "+2.0",
+                       "not decided", "0.001 / 0.001"]
+  assert full[9] == "61.0 ± 1.4 (n=2) / 63.0 ± 1.4 (n=2)"
+  # The probes read SST-2: a pair task's row shows none.
+  assert snli[2:5] == ["56.0 ± 1.4 (n=2)", "60.0 ± 0.0 (n=2)", "+4.0"]
+  assert snli[9] == ""
+  # A setting not run yet has no gain, verdict or learning rate.
+  assert tenth[2:7] == ["not run", "not run", "", "", "- / -"]
 
 
 def test_probe_reads_the_pretrained_encoder(shared_data, tmp_path):
