@@ -212,23 +212,25 @@ def main() -> None:
     return exp.workdir(key), exp.cell(key, lambda: experiment.train(
         cfg, exp.workdir(key)))
 
+  def encoder(mixer: str, seed: int) -> tuple[str, dict]:
+    """The pretrained encoder's workdir, and (when its checkpoint was not
+    kept: runs/ is not committed) the perplexity of pretraining it again
+    with the same config and seed, beside the recorded one."""
+    workdir, recorded = pretrain(mixer, seed)
+    if pathlib.Path(workdir, "checkpoints").is_dir():
+      return workdir, {}
+    again = experiment.train(pretrain_config(
+        mixer, shared, vocab, seed=seed, steps=args.pretrain_steps), workdir)
+    return workdir, {
+        "pretrain_again_perplexity": again["eval"]["perplexity"],
+        "pretrain_recorded_perplexity": recorded["eval"]["perplexity"]}
+
   def probe(mixer: str, fraction: float, seed: int) -> None:
     key = (f"probe/s{args.pretrain_steps}/model={mixer}/"
            f"fraction={fraction:g}/seed={seed}")
 
     def run():
-      workdir, recorded = pretrain(mixer, seed)
-      extra = {}
-      if not pathlib.Path(workdir, "checkpoints").is_dir():
-        # The run's checkpoint was not kept (runs/ is not committed): the
-        # same config and seed pretrain again, its perplexity beside the
-        # recorded one.
-        again = experiment.train(pretrain_config(
-            mixer, shared, vocab, seed=seed, steps=args.pretrain_steps),
-                                 workdir)
-        extra = {"pretrain_again_perplexity": again["eval"]["perplexity"],
-                 "pretrain_recorded_perplexity":
-                     recorded["eval"]["perplexity"]}
+      workdir, extra = encoder(mixer, seed)
       cfg = finetune_config(mixer, shared, vocab, lr=1.0, seed=seed,
                             fraction=fraction, out=exp.out, steps=1,
                             init=workdir)
@@ -240,16 +242,20 @@ def main() -> None:
     cell = dict(model=mixer, fraction=fraction, arm=arm, lr=lr, seed=seed)
     key = experiment.cell_key(
         tag, cell if task == "sst2" else dict(task=task, **cell))
-    init = pretrain(mixer, seed)[0] if arm == "pretrained" else ""
+    init = (exp.workdir(f"pretrain/s{args.pretrain_steps}/model={mixer}/"
+                        f"seed={seed}") if arm == "pretrained" else "")
     cfg = finetune_config(mixer, shared, vocab, lr=lr, seed=seed,
                           fraction=fraction, out=exp.out,
                           steps=args.finetune_steps, init=init, task=task)
     exp.baseline(nb_key(task, fraction),
                  lambda: glue.bag_of_words_baselines(cfg))
-    exp.cell(key, lambda: dict(experiment.train(cfg, exp.workdir(key)),
-                              init=exp.runs.get(
-                                  f"pretrain/s{args.pretrain_steps}/model="
-                                  f"{mixer}/seed={seed}", {}).get("eval")))
+
+    def run():
+      extra = encoder(mixer, seed)[1] if init else {}
+      return dict(experiment.train(cfg, exp.workdir(key)), **extra,
+                  init=exp.runs.get(f"pretrain/s{args.pretrain_steps}/model="
+                                    f"{mixer}/seed={seed}", {}).get("eval"))
+    exp.cell(key, run)
     return key
 
   chosen, keys, arms = {}, {}, ("scratch", "pretrained")

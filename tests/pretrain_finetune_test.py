@@ -3,6 +3,7 @@ classifier's encoder (what the fine-tuning arm loads), on the same data."""
 import argparse
 import json
 import pathlib
+import shutil
 import sys
 
 import flax.linen as nn
@@ -165,6 +166,59 @@ def test_report_rows_of_run_and_unrun_settings(tmp_path):
   assert snli[9] == ""
   # A setting not run yet has no gain, verdict or learning rate.
   assert tenth[2:7] == ["not run", "not run", "", "", "- / -"]
+
+
+def test_a_recorded_encoder_without_checkpoint_is_pretrained_again(
+    shared_data, tmp_path, monkeypatch):
+  # The grid's control flow, with training replaced by a record of what
+  # each run was asked to do: runs/ is not committed, so a pretraining run
+  # can be recorded while its checkpoint is gone; a fine-tuning cell from it
+  # must pretrain it again (same config and seed), not fail on the path.
+  calls = []
+
+  def train(config, workdir):
+    if config.get("init_checkpoint"):
+      assert pathlib.Path(config.init_checkpoint, "checkpoints").is_dir()
+    (pathlib.Path(workdir) / "checkpoints").mkdir(parents=True)
+    calls.append((pathlib.Path(workdir).relative_to(out).as_posix(),
+                  config.learning_rate))
+    return {"eval": {"perplexity": 40.0, "accuracy": 0.7},
+            "eval_curve": {"2": {"accuracy": 0.7}}}
+  out = tmp_path / "out"
+  monkeypatch.setattr(pf.experiment, "train", train)
+  monkeypatch.setattr(pf.mlm, "c4_vocab", lambda exp, shared: {
+      "path": str(shared_data / "t5_spm/sentencepiece.model"),
+      "model_vocab_size": 32128})
+  monkeypatch.setattr(pf.mlm, "lm_baselines", lambda c: {
+      "unigram": 80.0, "bigram": 60.0, "held_out": {"rows": 4}})
+  monkeypatch.setattr(pf.glue, "bag_of_words_baselines",
+                      lambda c: {"naive_bayes": 0.75})
+  monkeypatch.setattr(pf, "probe_encoders", lambda c, workdir, seed: {
+      "random": 0.6, "pretrained": 0.62})
+
+  def main(lrs):
+    monkeypatch.setattr(sys, "argv", [
+        "pretrain_finetune.py", f"--out={out}", f"--shared={shared_data}",
+        "--models=gmlp", "--seeds=0", "--fractions=1.0", "--tasks=sst2",
+        f"--lrs={lrs}", "--pretrain_steps=3", "--finetune_steps=2"])
+    pf.main()
+  main("0.001")
+  pre = "runs/pretrain/s3/model=gmlp/seed=0"
+  fine = "runs/p3_f2/model=gmlp/fraction=1/arm={}/lr={}/seed=0"
+  assert calls == [(fine.format("scratch", "0.001"), 1e-3),
+                   (pre, pf.SMALL["pretrain_lr"]),
+                   (fine.format("pretrained", "0.001"), 1e-3)]
+  # The pretraining checkpoint is gone; another learning rate asks for it.
+  shutil.rmtree(out / pre)
+  calls.clear()
+  main("0.001,0.0003")
+  assert calls == [(fine.format("scratch", "0.0003"), 3e-4),
+                   (pre, pf.SMALL["pretrain_lr"]),
+                   (fine.format("pretrained", "0.0003"), 3e-4)]
+  run = json.loads((out / "results.json").read_text())["runs"][
+      "p3_f2/model=gmlp/fraction=1/arm=pretrained/lr=0.0003/seed=0"]
+  assert run["pretrain_again_perplexity"] == 40.0
+  assert run["pretrain_recorded_perplexity"] == 40.0
 
 
 def test_probe_reads_the_pretrained_encoder(shared_data, tmp_path):
