@@ -117,24 +117,33 @@ def main() -> None:
   if small and not exp.report_only:
     exp.baseline(budget, lambda: glue.bag_of_words_baselines(
         config(MODELS[0], 1e-3, 0.0)))
-  acc = {m: [] for m in MODELS}
-  for mixer in MODELS:
-    for t, (lr, dropout) in enumerate(space):
+  by_trial = {}
+  # Draw by draw, both models each, so that a run cut short leaves pairs.
+  for t, (lr, dropout) in enumerate(space):
+    for mixer in MODELS:
       key = f"{budget}/{task}/{mixer}/trial{t}"
       result = exp.cell(key, lambda c=config(mixer, lr, dropout), k=key:
                         run_trial(c, exp.workdir(k)))
       if result is not None:
         accuracy = result["eval"].get("accuracy", float("nan"))
-        acc[mixer].append(accuracy if accuracy == accuracy else 0.0)
-  _report(exp, args, task, budget, acc)
+        by_trial[mixer, t] = accuracy if accuracy == accuracy else 0.0
+  _report(exp, args, task, budget, paired_trials(by_trial, len(space)))
+
+
+def paired_trials(by_trial: dict[tuple[str, int], float], count: int
+                  ) -> dict[str, list[float]]:
+  """Each model's accuracies over the draws recorded for every model (in
+  draw order), from ``{(model, draw): accuracy}``."""
+  shared = [t for t in range(count)
+            if all((m, t) in by_trial for m in MODELS)]
+  return {m: [by_trial[m, t] for t in shared] for m in MODELS}
 
 
 def _report(exp, args, task, budget, acc) -> None:
-  done = min(len(v) for v in acc.values())
+  done = len(acc[MODELS[0]])
   if not done:
     print("tuning_cost: no trial recorded for both models yet.")
     return
-  acc = {m: v[:done] for m, v in acc.items()}     # the shared draws only
   ns = list(range(1, done + 1))
   curves = {m: [expected_max(acc[m], n) for n in ns] for m in MODELS}
   exp.save(expected_max=curves)

@@ -324,6 +324,17 @@ class TuningCostTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "must share the draws"):
       tuning_cost.gap_interval([0.1, 0.2], [0.1], 1)
 
+  def test_paired_trials_keeps_the_draws_both_models_ran(self):
+    # Draw 1 ran for HyperMixer only (a run cut short); draw 3 for neither:
+    # the curves use draws 0 and 2, in draw order, for both models.
+    by_trial = {("hypermixer", 0): 0.6, ("attention", 0): 0.5,
+                ("hypermixer", 1): 0.9,
+                ("hypermixer", 2): 0.7, ("attention", 2): 0.8}
+    self.assertEqual(tuning_cost.paired_trials(by_trial, 4),
+                     {"hypermixer": [0.6, 0.7], "attention": [0.5, 0.8]})
+    self.assertEqual(tuning_cost.paired_trials({}, 4),
+                     {"hypermixer": [], "attention": []})
+
 
 class LowResourceTest(absltest.TestCase):
 
