@@ -36,6 +36,10 @@ against the same model trained from scratch with the same fine-tuning budget.
   python experiments/pretrain_finetune.py --scale=small \
       --out=experiments/results/pretrain_finetune
 
+Each arm chooses its own learning rate, so two processes on the same
+``--out`` can split the work with ``--arms=scratch`` and ``--arms=pretrained``
+(two processes with the same arms would wait on each other's cells).
+
 Writes ``results.json``, ``table.md`` and ``pretrain_finetune.png`` (dev
 accuracy against fine-tuning step, both arms) into ``--out``. Only the small
 scale exists: at paper scale the same pair of commands is the README's
@@ -58,6 +62,7 @@ from hypermixer_jax import experiment
 MODELS = ("hypermixer", "attention", "gmlp")
 # SST-2 at --fractions of its labels, then a pair task at all of its own.
 TASKS = ("sst2", "snli")
+ARMS = ("scratch", "pretrained")
 TASK_LABELS = {"sst2": "SST-2", "mnli": "MNLI-m", "snli": "SNLI",
                "qnli": "QNLI"}
 SMALL = dict(width=128, seq_len=64, batch_size=64, pretrain_steps=3000,
@@ -187,6 +192,10 @@ def main() -> None:
                  "always uses its whole train part)")
   p.add_argument("--lrs", default=SMALL["lrs"],
                  help="fine-tuning learning rates tried on seed 0")
+  p.add_argument("--arms", default=",".join(ARMS),
+                 help="the arms this process trains (each arm chooses its "
+                 "own learning rate, so two processes can take one each); "
+                 "the other arm's recorded cells are still reported")
   p.add_argument("--pretrain_steps", type=int, default=SMALL["pretrain_steps"])
   p.add_argument("--finetune_steps", type=int, default=SMALL["finetune_steps"])
   args = experiment.parse(p)
@@ -201,6 +210,10 @@ def main() -> None:
   seeds = experiment.split(args.seeds, int)
   fractions = experiment.split(args.fractions, float)
   lrs = experiment.split(args.lrs, float)
+  trained = experiment.split(args.arms)
+  if not trained or set(trained) - set(ARMS):
+    raise SystemExit(f"pretrain_finetune: --arms={args.arms!r}: give "
+                     f"{' and/or '.join(ARMS)}, comma-separated.")
   tag = f"p{args.pretrain_steps}_f{args.finetune_steps}"
 
   def pretrain(mixer: str, seed: int) -> tuple[str, dict]:
@@ -238,6 +251,8 @@ def main() -> None:
     exp.cell(key, run)
 
   def finetune(mixer, task, fraction, arm, lr, seed) -> str:
+    """The cell's key, after running it (when ``arm`` is one of
+    ``--arms``; else only what is recorded counts)."""
     # SST-2 cells keep keys without the task (the first recorded ones).
     cell = dict(model=mixer, fraction=fraction, arm=arm, lr=lr, seed=seed)
     key = experiment.cell_key(
@@ -255,10 +270,11 @@ def main() -> None:
       return dict(experiment.train(cfg, exp.workdir(key)), **extra,
                   init=exp.runs.get(f"pretrain/s{args.pretrain_steps}/model="
                                     f"{mixer}/seed={seed}", {}).get("eval"))
-    exp.cell(key, run)
+    if arm in trained:
+      exp.cell(key, run)
     return key
 
-  chosen, keys, arms = {}, {}, ("scratch", "pretrained")
+  chosen, keys, arms = {}, {}, ARMS
   settings = settings_of(tasks, fractions)
   for mixer in models:
     for setting in settings:
@@ -276,7 +292,7 @@ def main() -> None:
             finetune(mixer, *setting, arm, lr, s)
             for s in seeds[1:]] if lr is not None else []
     # Linear probes of the pretrained encoders (the SST-2 settings).
-    for seed in seeds:
+    for seed in (seeds if "pretrained" in trained else []):
       for fraction in (f for t, f in settings if t == "sst2"):
         probe(mixer, fraction, seed)
   _report(exp, args, models, settings, seeds, chosen, keys)

@@ -168,12 +168,9 @@ def test_report_rows_of_run_and_unrun_settings(tmp_path):
   assert tenth[2:7] == ["not run", "not run", "", "", "- / -"]
 
 
-def test_a_recorded_encoder_without_checkpoint_is_pretrained_again(
-    shared_data, tmp_path, monkeypatch):
-  # The grid's control flow, with training replaced by a record of what
-  # each run was asked to do: runs/ is not committed, so a pretraining run
-  # can be recorded while its checkpoint is gone; a fine-tuning cell from it
-  # must pretrain it again (same config and seed), not fail on the path.
+def _fake_grid(shared_data, out, monkeypatch):
+  """The grid's control flow, with training replaced by a record of what
+  each run was asked to do: ``(calls, main(*flags))``."""
   calls = []
 
   def train(config, workdir):
@@ -184,7 +181,6 @@ def test_a_recorded_encoder_without_checkpoint_is_pretrained_again(
                   config.learning_rate))
     return {"eval": {"perplexity": 40.0, "accuracy": 0.7},
             "eval_curve": {"2": {"accuracy": 0.7}}}
-  out = tmp_path / "out"
   monkeypatch.setattr(pf.experiment, "train", train)
   monkeypatch.setattr(pf.mlm, "c4_vocab", lambda exp, shared: {
       "path": str(shared_data / "t5_spm/sentencepiece.model"),
@@ -196,29 +192,70 @@ def test_a_recorded_encoder_without_checkpoint_is_pretrained_again(
   monkeypatch.setattr(pf, "probe_encoders", lambda c, workdir, seed: {
       "random": 0.6, "pretrained": 0.62})
 
-  def main(lrs):
+  def main(*flags):
     monkeypatch.setattr(sys, "argv", [
         "pretrain_finetune.py", f"--out={out}", f"--shared={shared_data}",
-        "--models=gmlp", "--seeds=0", "--fractions=1.0", "--tasks=sst2",
-        f"--lrs={lrs}", "--pretrain_steps=3", "--finetune_steps=2"])
+        "--models=gmlp", "--fractions=1.0", "--tasks=sst2",
+        "--pretrain_steps=3", "--finetune_steps=2", *flags])
     pf.main()
-  main("0.001")
-  pre = "runs/pretrain/s3/model=gmlp/seed=0"
-  fine = "runs/p3_f2/model=gmlp/fraction=1/arm={}/lr={}/seed=0"
-  assert calls == [(fine.format("scratch", "0.001"), 1e-3),
-                   (pre, pf.SMALL["pretrain_lr"]),
-                   (fine.format("pretrained", "0.001"), 1e-3)]
+  return calls, main
+
+
+PRE = "runs/pretrain/s3/model=gmlp/seed={}"
+FINE = "runs/p3_f2/model=gmlp/fraction=1/arm={}/lr={}/seed={}"
+
+
+def test_a_recorded_encoder_without_checkpoint_is_pretrained_again(
+    shared_data, tmp_path, monkeypatch):
+  # runs/ is not committed, so a pretraining run can be recorded while its
+  # checkpoint is gone; a fine-tuning cell from it must pretrain it again
+  # (same config and seed), not fail on the path.
+  out = tmp_path / "out"
+  calls, main = _fake_grid(shared_data, out, monkeypatch)
+  main("--seeds=0", "--lrs=0.001")
+  assert calls == [(FINE.format("scratch", "0.001", 0), 1e-3),
+                   (PRE.format(0), pf.SMALL["pretrain_lr"]),
+                   (FINE.format("pretrained", "0.001", 0), 1e-3)]
   # The pretraining checkpoint is gone; another learning rate asks for it.
-  shutil.rmtree(out / pre)
+  shutil.rmtree(out / PRE.format(0))
   calls.clear()
-  main("0.001,0.0003")
-  assert calls == [(fine.format("scratch", "0.0003"), 3e-4),
-                   (pre, pf.SMALL["pretrain_lr"]),
-                   (fine.format("pretrained", "0.0003"), 3e-4)]
+  main("--seeds=0", "--lrs=0.001,0.0003")
+  assert calls == [(FINE.format("scratch", "0.0003", 0), 3e-4),
+                   (PRE.format(0), pf.SMALL["pretrain_lr"]),
+                   (FINE.format("pretrained", "0.0003", 0), 3e-4)]
   run = json.loads((out / "results.json").read_text())["runs"][
       "p3_f2/model=gmlp/fraction=1/arm=pretrained/lr=0.0003/seed=0"]
   assert run["pretrain_again_perplexity"] == 40.0
   assert run["pretrain_recorded_perplexity"] == 40.0
+
+
+def test_arms_split_between_processes(shared_data, tmp_path, monkeypatch):
+  # Each arm chooses its own rate, so one process per arm trains every
+  # cell once; the second reports both arms.
+  out = tmp_path / "out"
+  calls, main = _fake_grid(shared_data, out, monkeypatch)
+  main("--seeds=0,1", "--lrs=0.001", "--arms=scratch")
+  assert calls == [(FINE.format("scratch", "0.001", s), 1e-3) for s in (0, 1)]
+  assert "| gMLP | SST-2, 100% of the labels | 70.0 ± 0.0 (n=2) | not run |" \
+      in (out / "table.md").read_text()
+  calls.clear()
+  main("--seeds=0,1", "--lrs=0.001", "--arms=pretrained")
+  assert calls == [(PRE.format(0), pf.SMALL["pretrain_lr"]),
+                   (FINE.format("pretrained", "0.001", 0), 1e-3),
+                   (PRE.format(1), pf.SMALL["pretrain_lr"]),
+                   (FINE.format("pretrained", "0.001", 1), 1e-3)]
+  runs = json.loads((out / "results.json").read_text())["runs"]
+  assert {k for k in runs if k.startswith("probe/")} == {
+      "probe/s3/model=gmlp/fraction=1/seed=0",
+      "probe/s3/model=gmlp/fraction=1/seed=1"}
+  assert ("| 70.0 ± 0.0 (n=2) | 70.0 ± 0.0 (n=2) | +0.0 |"
+          in (out / "table.md").read_text())
+  calls.clear()
+  main("--seeds=0,1", "--lrs=0.001")      # both recorded: nothing to train
+  assert not calls
+  with pytest.raises(SystemExit, match="--arms='pretrain': give scratch "
+                     "and/or pretrained"):
+    main("--arms=pretrain")
 
 
 def test_probe_reads_the_pretrained_encoder(shared_data, tmp_path):
