@@ -24,6 +24,9 @@ above?" is "agrees" / "disagrees" only where that interval excludes 0.
 
   python experiments/tuning_cost.py --scale=small --out=experiments/results/tuning_cost
 
+Two processes on one ``--out`` can split the study with ``--models=hypermixer``
+and ``--models=attention`` (the report pairs the draws recorded for both).
+
 Writes ``results.json``, ``table.md`` and ``tuning_cost.png``.
 """
 from __future__ import annotations
@@ -98,7 +101,15 @@ def main() -> None:
                         data_dir="", steps=glue.SMALL["steps"])
   p.add_argument("--task", default="sst2")
   p.add_argument("--trials", type=int, default=TRIALS)
+  p.add_argument("--models", default=",".join(MODELS),
+                 help="the models this process trains (the other's recorded "
+                      "trials still count): two processes on one --out can "
+                      "split the study by model")
   args = experiment.parse(p)
+  trained = experiment.split(args.models)
+  if not trained or set(trained) - set(MODELS):
+    raise SystemExit(f"tuning_cost: --models={args.models!r}: give "
+                     f"{' and/or '.join(MODELS)}, comma-separated.")
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   small = args.scale == "small"
@@ -117,13 +128,18 @@ def main() -> None:
   if small and not exp.report_only:
     exp.baseline(budget, lambda: glue.bag_of_words_baselines(
         config(MODELS[0], 1e-3, 0.0)))
-  by_trial = {}
+  def key(mixer, t):
+    return f"{budget}/{task}/{mixer}/trial{t}"
   # Draw by draw, both models each, so that a run cut short leaves pairs.
   for t, (lr, dropout) in enumerate(space):
+    for mixer in trained:
+      exp.cell(key(mixer, t), lambda c=config(mixer, lr, dropout),
+               k=key(mixer, t): run_trial(c, exp.workdir(k)))
+  exp.reload()   # with what another process recorded meanwhile
+  by_trial = {}
+  for t in range(len(space)):
     for mixer in MODELS:
-      key = f"{budget}/{task}/{mixer}/trial{t}"
-      result = exp.cell(key, lambda c=config(mixer, lr, dropout), k=key:
-                        run_trial(c, exp.workdir(k)))
+      result = exp.runs.get(key(mixer, t))
       if result is not None:
         accuracy = result["eval"].get("accuracy", float("nan"))
         by_trial[mixer, t] = accuracy if accuracy == accuracy else 0.0

@@ -336,6 +336,50 @@ class TuningCostTest(absltest.TestCase):
                      {"hypermixer": [], "attention": []})
 
 
+def test_tuning_cost_models_split_between_processes(shared_data, tmp_path,
+                                                    monkeypatch):
+  # One process per model trains each trial once; the second one's report
+  # pairs the draws, and a third run trains nothing.
+  calls = []
+
+  def train(config, workdir):
+    calls.append((pathlib.Path(workdir).relative_to(tmp_path).as_posix(),
+                  config.learning_rate, config.model.dropout_rate))
+    return {"eval": {"accuracy": 0.5 + config.model.dropout_rate}}
+  monkeypatch.setattr(tuning_cost.experiment, "train", train)
+  monkeypatch.setattr(tuning_cost.glue, "sst2_vocab", lambda exp, shared: {
+      "path": str(shared_data / "t5_spm/sentencepiece.model"),
+      "model_vocab_size": 32128})
+  monkeypatch.setattr(tuning_cost.glue, "bag_of_words_baselines",
+                      lambda c: {"naive_bayes": 0.75})
+
+  def main(*flags):
+    monkeypatch.setattr(sys, "argv", [
+        "tuning_cost.py", f"--out={tmp_path}", f"--shared={shared_data}",
+        "--scale=small", "--trials=3", "--steps=2", *flags])
+    tuning_cost.main()
+  space = tuning_cost.trials(3)
+  run = "runs/w128_s2_n64/sst2/{}/trial{}"
+  main("--models=attention")
+  assert calls == [(run.format("attention", t), lr, d)
+                   for t, (lr, d) in enumerate(space)]
+  assert not (tmp_path / "table.md").exists()   # no pair recorded yet
+  calls.clear()
+  main("--models=hypermixer")
+  assert calls == [(run.format("hypermixer", t), lr, d)
+                   for t, (lr, d) in enumerate(space)]
+  saved = json.loads((tmp_path / "results.json").read_text())
+  expected = [tuning_cost.expected_max([0.5 + d for _, d in space], n)
+              for n in (1, 2, 3)]
+  for mixer in tuning_cost.MODELS:
+    np.testing.assert_allclose(saved["expected_max"][mixer], expected)
+  calls.clear()
+  main()
+  assert not calls
+  with pytest.raises(SystemExit, match="--models='gmlp'"):
+    main("--models=gmlp")
+
+
 class LowResourceTest(absltest.TestCase):
 
   def test_subset_is_a_fixed_fraction_of_the_rows(self):
