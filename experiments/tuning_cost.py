@@ -25,7 +25,9 @@ above?" is "agrees" / "disagrees" only where that interval excludes 0.
   python experiments/tuning_cost.py --scale=small --out=experiments/results/tuning_cost
 
 Two processes on one ``--out`` can split the study with ``--models=hypermixer``
-and ``--models=attention`` (the report pairs the draws recorded for both).
+and ``--models=attention`` (the report pairs the draws recorded for both); a
+process with ``--order=reverse`` takes the draws from the end, so that two
+processes on the same model meet halfway instead of waiting on each other.
 
 Writes ``results.json``, ``table.md`` and ``tuning_cost.png``.
 """
@@ -105,6 +107,9 @@ def main() -> None:
                  help="the models this process trains (the other's recorded "
                       "trials still count): two processes on one --out can "
                       "split the study by model")
+  p.add_argument("--order", choices=("forward", "reverse"), default="forward",
+                 help="draw order: a second process on the same model with "
+                      "--order=reverse takes the draws from the end")
   args = experiment.parse(p)
   trained = experiment.split(args.models)
   if not trained or set(trained) - set(MODELS):
@@ -131,7 +136,8 @@ def main() -> None:
   def key(mixer, t):
     return f"{budget}/{task}/{mixer}/trial{t}"
   # Draw by draw, both models each, so that a run cut short leaves pairs.
-  for t, (lr, dropout) in enumerate(space):
+  draws = list(enumerate(space))
+  for t, (lr, dropout) in draws[::-1] if args.order == "reverse" else draws:
     for mixer in trained:
       exp.cell(key(mixer, t), lambda c=config(mixer, lr, dropout),
                k=key(mixer, t): run_trial(c, exp.workdir(k)))

@@ -360,9 +360,9 @@ def test_tuning_cost_models_split_between_processes(shared_data, tmp_path,
     tuning_cost.main()
   space = tuning_cost.trials(3)
   run = "runs/w128_s2_n64/sst2/{}/trial{}"
-  main("--models=attention")
+  main("--models=attention", "--order=reverse")
   assert calls == [(run.format("attention", t), lr, d)
-                   for t, (lr, d) in enumerate(space)]
+                   for t, (lr, d) in reversed(list(enumerate(space)))]
   assert not (tmp_path / "table.md").exists()   # no pair recorded yet
   calls.clear()
   main("--models=hypermixer")
