@@ -338,14 +338,17 @@ class TuningCostTest(absltest.TestCase):
 
 def test_tuning_cost_models_split_between_processes(shared_data, tmp_path,
                                                     monkeypatch):
-  # One process per model trains each trial once; the second one's report
-  # pairs the draws, and a third run trains nothing.
+  # One process per model trains each trial once; once the search is
+  # complete, each model's best draw runs again with --best_seeds; the
+  # report pairs the draws, and a last run trains nothing.
   calls = []
 
   def train(config, workdir):
     calls.append((pathlib.Path(workdir).relative_to(tmp_path).as_posix(),
-                  config.learning_rate, config.model.dropout_rate))
-    return {"eval": {"accuracy": 0.5 + config.model.dropout_rate}}
+                  config.learning_rate, config.model.dropout_rate,
+                  config.seed))
+    return {"eval": {"accuracy": 0.5 + config.model.dropout_rate
+                                 + 0.01 * config.seed}}
   monkeypatch.setattr(tuning_cost.experiment, "train", train)
   monkeypatch.setattr(tuning_cost.glue, "sst2_vocab", lambda exp, shared: {
       "path": str(shared_data / "t5_spm/sentencepiece.model"),
@@ -356,23 +359,43 @@ def test_tuning_cost_models_split_between_processes(shared_data, tmp_path,
   def main(*flags):
     monkeypatch.setattr(sys, "argv", [
         "tuning_cost.py", f"--out={tmp_path}", f"--shared={shared_data}",
-        "--scale=small", "--trials=3", "--steps=2", *flags])
+        "--scale=small", "--trials=3", "--steps=2", "--best_seeds=1,2",
+        *flags])
     tuning_cost.main()
   space = tuning_cost.trials(3)
   run = "runs/w128_s2_n64/sst2/{}/trial{}"
   main("--models=attention", "--order=reverse")
-  assert calls == [(run.format("attention", t), lr, d)
+  assert calls == [(run.format("attention", t), lr, d, 0)
                    for t, (lr, d) in reversed(list(enumerate(space)))]
   assert not (tmp_path / "table.md").exists()   # no pair recorded yet
   calls.clear()
   main("--models=hypermixer")
-  assert calls == [(run.format("hypermixer", t), lr, d)
-                   for t, (lr, d) in enumerate(space)]
+  top = int(np.argmax([d for _, d in space]))   # the fake's best draw
+  best = "runs/w128_s2_n64/sst2/{}/best/trial{}/seed={}"
+  assert calls == [(run.format("hypermixer", t), lr, d, 0)
+                   for t, (lr, d) in enumerate(space)] + [
+                       (best.format("hypermixer", top, s), *space[top], s)
+                       for s in (1, 2)]
   saved = json.loads((tmp_path / "results.json").read_text())
   expected = [tuning_cost.expected_max([0.5 + d for _, d in space], n)
               for n in (1, 2, 3)]
   for mixer in tuning_cost.MODELS:
     np.testing.assert_allclose(saved["expected_max"][mixer], expected)
+  # The Transformer's best draw has not run again yet.
+  assert saved["best_draws"]["attention"]["accuracy"] == [
+      0.5 + space[top][1]]
+  calls.clear()
+  main("--models=attention")
+  assert calls == [(best.format("attention", top, s), *space[top], s)
+                   for s in (1, 2)]
+  top_acc = [0.5 + space[top][1] + 0.01 * s for s in range(3)]
+  saved = json.loads((tmp_path / "results.json").read_text())
+  for mixer in tuning_cost.MODELS:
+    np.testing.assert_allclose(saved["best_draws"][mixer]["accuracy"],
+                               top_acc)
+  assert (f"| best draw, over seeds | "
+          f"{experiment.fmt_mean_sd(top_acc, 100)}: draw {top}"
+          in (tmp_path / "table.md").read_text())
   calls.clear()
   main()
   assert not calls
