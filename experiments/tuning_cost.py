@@ -101,6 +101,12 @@ def run_trial(config, workdir: str) -> dict:
   return out
 
 
+def accuracy(run: dict) -> float:
+  """A trial's dev accuracy; a NaN one (diverged) counts as 0."""
+  value = run["eval"].get("accuracy", float("nan"))
+  return value if value == value else 0.0
+
+
 def main() -> None:
   p = experiment.parser("tuning_cost", __doc__, report_only=True,
                         data_dir="", steps=glue.SMALL["steps"])
@@ -151,10 +157,8 @@ def main() -> None:
   by_trial = {}
   for t in range(len(space)):
     for mixer in MODELS:
-      result = exp.runs.get(key(mixer, t))
-      if result is not None:
-        accuracy = result["eval"].get("accuracy", float("nan"))
-        by_trial[mixer, t] = accuracy if accuracy == accuracy else 0.0
+      if key(mixer, t) in exp.runs:
+        by_trial[mixer, t] = accuracy(exp.runs[key(mixer, t)])
   best = {}
   if len(by_trial) == len(MODELS) * len(space):   # the search is complete
     for mixer in MODELS:
@@ -168,8 +172,7 @@ def main() -> None:
                    run_trial(c, exp.workdir(k)))
         exp.reload()
         if k in exp.runs:
-          a = exp.runs[k]["eval"].get("accuracy", float("nan"))
-          best[mixer]["accuracy"].append(a if a == a else 0.0)
+          best[mixer]["accuracy"].append(accuracy(exp.runs[k]))
   _report(exp, args, task, budget, paired_trials(by_trial, len(space)), best)
 
 
