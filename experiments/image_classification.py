@@ -20,13 +20,19 @@ recipe, the image task's seqio pipeline (JPEG decode, crop/flip, patches):
                  ``SMALL_STEPS`` steps of batch 128 on the 50,000 training
                  images; curves on a fixed 2,000-image test subset, final
                  accuracy on all 10,000 test images. Same recipe for all
-                 three.
+                 three; seeds ``--seeds`` (initialisation and data order).
+                 Beside them, fitted on the same train images and scored on
+                 the same test images: a linear classifier on the raw pixels
+                 (``baselines.ridge_classifier``), the majority class and
+                 chance.
 
-  python experiments/image_classification.py --scale=small --out=experiments/results/image_classification \
-      --cifar_dir=CIFAR_DIR
+  python experiments/image_classification.py --scale=small \
+      --out=experiments/results/image_classification --cifar_dir=CIFAR_DIR
 
-Writes ``results.json``, ``table.md`` and ``image_curves.png`` (test accuracy
-against step) into ``--out``.
+Writes ``results.json``, ``table.md`` (mean ± sd over seeds; the paper's
+claims, gMLP above MLP-Mixer and level with the Transformer, judged against
+the seed spread) and ``image_curves.png`` (test accuracy against step) into
+``--out``.
 """
 from __future__ import annotations
 
@@ -149,9 +155,82 @@ def final_accuracy(r: dict) -> float:
   return (r.get("test") or r["eval"])["accuracy"]
 
 
+def pixel_arrays(tsv: str):
+  """``(images uint8 [n, H, W, 3], labels [n])`` of a split's TSV, decoded
+  as the pipeline decodes them (``tf.io.decode_jpeg``, 3 channels) but
+  neither cropped nor flipped, in the TSV's order."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  base = os.path.dirname(tsv)
+  with open(tsv, encoding="utf-8") as f:
+    _, *rows = f.read().splitlines()
+  names, labels = zip(*(r.rsplit("\t", 1) for r in rows))
+  files = tf.data.Dataset.from_tensor_slices(
+      [os.path.join(base, n) for n in names])
+  decoded = files.map(lambda f: tf.io.decode_jpeg(tf.io.read_file(f),
+                                                  channels=3))
+  images = list(decoded.as_numpy_iterator())
+  shapes = {i.shape for i in images}
+  if len(shapes) != 1:
+    raise ValueError(f"{tsv}: images of {len(shapes)} sizes "
+                     f"({sorted(shapes)[:3]}...); the pixel baseline needs "
+                     "one size (CIFAR-10's 32x32).")
+  return np.stack(images), np.array(labels, np.int64)
+
+
+def pixel_baselines(tsvs: dict[str, str], archive: pathlib.Path) -> dict:
+  """Chance, the majority class and a linear classifier on the raw pixels
+  (``baselines.ridge_classifier``: standardised pixels, closed-form ridge,
+  its penalty picked on the last 10% of the train rows), fitted on every
+  train image and scored on every test image: what the models' pixels
+  alone give a linear model."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import baselines  # pylint: disable=g-import-not-at-top
+  train_x, train_y = pixel_arrays(tsvs["train"])
+  test_x, test_y = pixel_arrays(tsvs["test"])
+  pred, info = baselines.ridge_classifier(train_x, train_y, test_x)
+  majority = baselines.majority(train_y, len(test_y))
+  return dict(linear_pixels=float(np.mean(pred == test_y)), linear=info,
+              majority=float(np.mean(majority == test_y)),
+              chance=1.0 / (int(train_y.max()) + 1),
+              train_images=len(train_y), test_images=len(test_y),
+              archive_sha256=experiment.file_digest(archive))
+
+
+def versus(ours: list[float], base: float) -> str:
+  """'above' / 'below' a baseline's accuracy beyond the seeds' spread (one
+  sample sd), else 'level'."""
+  mean, sd = experiment.mean_sd(ours)
+  if len(ours) < experiment.MIN_SEEDS:
+    return "not decided"
+  return "above" if mean - sd > base else "below" if mean + sd < base \
+      else "level"
+
+
+# The paper's claim for each model against gMLP (PAPERS.md §2): gMLP above
+# MLP-Mixer; level with a DeiT Transformer of similar size.
+CLAIM = {"mixer": "gMLP higher", "vit": "level"}
+
+
+def claim_verdict(family: str, gmlp: list[float], other: list[float]) -> str:
+  """The paper's claim of ``CLAIM[family]`` on the seeds' accuracies."""
+  if family not in CLAIM or not gmlp or not other:
+    return ""
+  if CLAIM[family] == "gMLP higher":
+    return experiment.verdict(gmlp, other, paper_says_higher=True)
+  # Level: disagrees when either is ahead beyond the spread.
+  beyond = experiment.verdict(gmlp, other, paper_says_higher=True)
+  if beyond == "not decided":
+    return ("level inside the spread" if min(len(gmlp), len(other))
+            >= experiment.MIN_SEEDS else "not decided")
+  return "disagrees (gMLP higher)" if beyond == "agrees" else \
+      "disagrees (gMLP lower)"
+
+
 def main() -> None:
   p = experiment.parser("image_classification", __doc__, report_only=True,
-                        data_dir="", families=tuple(LABELS), steps=0)
+                        data_dir="", families=tuple(LABELS), steps=0,
+                        seeds="0,1,2")
   p.add_argument("--cifar_dir", default="",
                  help="where CIFAR-10 is (or gets) extracted, with its "
                  "train.tsv/test.tsv (default OUT/cifar10_data)")
@@ -160,7 +239,9 @@ def main() -> None:
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   families = experiment.split(args.families)
+  seeds = experiment.split(args.seeds, int)
   tsvs = None
+  archive = pathlib.Path(args.shared) / "cifar10/cifar10_jpeg_train_test.tar.gz"
   if args.scale == "small" and not args.report_only:
     tsvs = cifar_tsvs(pathlib.Path(args.shared),
                       args.cifar_dir or os.path.join(args.out, "cifar10_data"))
@@ -168,40 +249,61 @@ def main() -> None:
   prefix = f"{args.scale}/s{steps or 'paper'}/"
   if args.scale == "small" and args.batch_size != SMALL_BATCH:
     prefix = f"{args.scale}/s{steps}b{args.batch_size}/"
+  base = None
+  if args.scale == "small":
+    base = (exp.data.get("baselines", {}).get("small") if args.report_only
+            else exp.baseline("small", lambda: pixel_baselines(tsvs, archive)))
 
   runs = {}
   for family in families:
-    result = exp.cell(prefix + family, lambda f=family: _run(exp, image_config(
-        f, args.scale, tsvs=tsvs, data_dir=args.data_dir,
-        steps=args.steps or None, batch_size=args.batch_size), prefix + f))
-    if result is not None:
-      runs[family] = result
+    for seed in seeds:
+      key = f"{prefix}{family}/seed={seed}"
+      result = exp.cell(key, lambda f=family, k=key, s=seed: _run(
+          exp, image_config(f, args.scale, tsvs=tsvs, data_dir=args.data_dir,
+                            steps=args.steps or None,
+                            batch_size=args.batch_size, seed=s), k))
+      if result is not None:
+        runs.setdefault(family, []).append(result)
 
   dataset = "CIFAR-10 test" if args.scale == "small" else "ImageNet-1k val"
+  acc = {f: [final_accuracy(r) for r in rs] for f, rs in runs.items()}
   rows = []
   for family in families:
-    r = runs.get(family)
-    if r is None:
-      rows.append([LABELS[family], "not run", "", "", "", "",
+    rs = runs.get(family)
+    if not rs:
+      rows.append([LABELS[family], "not run", "", "", "", "", "", "",
                    PAPER[family]])
       continue
-    m = r["model"]
+    m = rs[0]["model"]
     rows.append([
         LABELS[family],
         f"{m['num_layers']}L d={m['d_model']} d_ffn={m['d_ffn']}",
-        f"{r['params'] / 1e6:.2f}M",
-        f"{100 * final_accuracy(r):.1f}",
-        f"{experiment.flops_per_step(r) / 1e9:.2f}",
-        f"{r['wall_s'] / 60:.1f}",
+        f"{rs[0]['params'] / 1e6:.2f}M",
+        experiment.fmt_mean_sd(acc[family], 100),
+        versus(acc[family], base["linear_pixels"]) if base else "",
+        claim_verdict(family, acc.get("gmlp", []), acc[family]),
+        f"{experiment.flops_per_step(rs[0]) / 1e9:.2f}",
+        f"{sum(r['wall_s'] for r in rs) / len(rs) / 60:.1f}",
         PAPER[family]])
+  if base:
+    rows.append(["linear classifier on the pixels (ridge, l2 "
+                 f"{base['linear']['l2']:g})", "", "", f"{100 * base['linear_pixels']:.1f}",
+                 "", "", "", "", ""])
+    rows.append(["majority class", "", "", f"{100 * base['majority']:.1f}",
+                 "", "", "", "", ""])
   headers = ["model", "layout", "params", f"{dataset} accuracy (ours, %)",
-             "GFLOP / train step", "wall (min)",
+             "vs linear on pixels", "paper's claim against gMLP",
+             "GFLOP / train step", "wall (min, per run)",
              "paper: ImageNet-1k top-1 (%)"]
   notes = ("Paper: ImageNet-1k top-1 of the gMLP paper (PAPERS.md §2), "
-           "at 224x224 and 300 epochs.")
+           "at 224x224 and 300 epochs; its claim: gMLP above MLP-Mixer, "
+           "level with a DeiT Transformer of similar size. "
+           f"Ours: mean ± sd over seeds {seeds}; 'agrees' / 'above' only "
+           "where the gap exceeds the seed spread (the sum of the sds; for a "
+           "baseline, one sd).")
   if args.scale == "small":
     notes += (
-        f" Ours: CIFAR-10 (the shared JPEG copy, quality 75), "
+        f" CIFAR-10 (the shared JPEG copy, quality 75), "
         f"{steps} steps of batch {args.batch_size} ("
         f"{steps * args.batch_size / 50000:.2f} epochs of the 50,000 training "
         "images), AdamW lr 1e-3, weight decay 0.05, 10% warm-up then cosine, "
@@ -209,21 +311,28 @@ def main() -> None:
         "test images at the last step (the figure's curves: the fixed "
         f"subset of the first {SUBSET_PER_CLASS} test images per class); "
         "float32 on one CPU core; GFLOP / train step: XLA's count of the "
-        "compiled step (wall time moves with the host's load). "
+        "compiled step (wall time moves with the host's load). Baselines: "
+        "fitted on the same 50,000 training images, uncropped, scored on "
+        "the same 10,000 test images; the linear classifier's penalty is "
+        "picked on the last 10% of the training images. "
         "Small-scale CIFAR-10 is not ImageNet: the columns are not "
         "comparable, only the ordering of the models is the claim to check.")
   exp.write_table(f"Image classification ({args.scale} scale)",
                   experiment.markdown_table(headers, rows), notes)
-  _plot(exp, runs)
+  _plot(exp, runs, base)
 
 
-def _plot(exp, runs) -> None:
+def _plot(exp, runs, base) -> None:
   fig, axes = experiment.figure()
   ax = axes[0, 0]
   experiment.plot_curves(
-      ax, {f: [r] for f, r in runs.items()}, "accuracy",
-      lambda f: f"{LABELS[f]} ({runs[f]['params'] / 1e6:.2f}M)", scale=100)
-  experiment.baseline_lines(ax, {"chance": 10})
+      ax, runs, "accuracy",
+      lambda f: f"{LABELS[f]} ({runs[f][0]['params'] / 1e6:.2f}M)", scale=100)
+  lines = {"chance": 10}
+  if base:
+    lines = {"linear on pixels (all test images)":
+             100 * base["linear_pixels"], **lines}
+  experiment.baseline_lines(ax, lines)
   experiment.style_axes(
       ax, "step", f"test accuracy (%), {10 * SUBSET_PER_CLASS} images")
   exp.save_figure(fig, "image_curves")

@@ -43,6 +43,69 @@ class NaiveBayesTest(absltest.TestCase):
                                   [1, 1, 1])
 
 
+class RidgeClassifierTest(absltest.TestCase):
+
+  @staticmethod
+  def _reference(x, y, q, l2, classes):
+    """Independent: the ridge problem as one augmented least-squares system
+    (penalty rows sqrt(l2) I, none on the intercept column), solved by
+    ``lstsq`` on the standardised features."""
+    mean, sd = x.mean(0), x.std(0)
+    sd = np.where(sd > 0, sd, 1.0)
+    z = np.hstack([(x - mean) / sd, np.ones((len(x), 1))])
+    pen = np.hstack([np.sqrt(l2) * np.eye(x.shape[1]),
+                     np.zeros((x.shape[1], 1))])
+    a = np.vstack([z, pen])
+    b = np.vstack([np.eye(classes)[y], np.zeros((x.shape[1], classes))])
+    w = np.linalg.lstsq(a, b, rcond=None)[0]
+    zq = np.hstack([(q - mean) / sd, np.ones((len(q), 1))])
+    return np.argmax(zq @ w, -1), zq @ w
+
+  def test_matches_augmented_least_squares(self):
+    rng = np.random.default_rng(0)
+    # Images-like input (rows of [4, 4, 3]) with one constant feature.
+    x = rng.normal(size=(60, 4, 4, 3)) + rng.normal(size=(3, 1, 1, 3))[
+        np.arange(60) % 3]
+    x[:, 0, 0, 0] = 5.0
+    y = np.arange(60) % 3
+    q = rng.normal(size=(25, 4, 4, 3))
+    for l2 in (0.5, 30.0):
+      pred, info = baselines.ridge_classifier(x, y, q, l2s=(l2,))
+      want, scores = self._reference(x.reshape(60, -1), y, q.reshape(25, -1),
+                                     l2, 3)
+      top2 = np.sort(scores, -1)[:, -2:]
+      clear = top2[:, 1] - top2[:, 0] > 1e-9
+      np.testing.assert_array_equal(pred[clear], want[clear])
+      self.assertEqual(info["l2"], l2)
+
+  def test_penalty_picked_on_the_held_out_rows(self):
+    rng = np.random.default_rng(1)
+    # Few rows, many noise features: a tiny penalty overfits.
+    x = rng.normal(size=(100, 80))
+    y = (x[:, 0] > 0).astype(int)
+    q = rng.normal(size=(400, 80))
+    l2s = (1e-6, 10.0, 1e3)
+    _, info = baselines.ridge_classifier(x, y, q, l2s=l2s, held_out=0.2)
+    for l2 in l2s:
+      want, _ = self._reference(x[:80], y[:80], x[80:], l2, 2)
+      self.assertAlmostEqual(info["held_out_accuracy"][f"{l2:g}"],
+                             np.mean(want == y[80:]))
+    best = max(info["held_out_accuracy"].values())
+    self.assertEqual(info["held_out_accuracy"][f"{info['l2']:g}"], best)
+    self.assertEqual(info["l2"], 10.0)
+    # The picked penalty generalises better than the overfitting one.
+    truth = q[:, 0] > 0
+    pred, _ = baselines.ridge_classifier(x, y, q, l2s=l2s, held_out=0.2)
+    tiny, _ = baselines.ridge_classifier(x, y, q, l2s=(1e-6,), held_out=0.2)
+    self.assertGreater(np.mean(pred == truth), np.mean(tiny == truth) + 0.05)
+
+  def test_bad_held_out_fraction(self):
+    x, y = np.zeros((5, 2)), np.array([0, 1, 0, 1, 0])
+    for bad in (0.0, 1.0, 0.1):   # 0.1 of 5 rows holds out none
+      with self.assertRaisesRegex(ValueError, "held_out="):
+        baselines.ridge_classifier(x, y, x, held_out=bad)
+
+
 class LanguageModelBaselinesTest(absltest.TestCase):
 
   def test_unigram_add_one(self):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from hypermixer_jax import baselines
 from hypermixer_jax import data
 from hypermixer_jax import experiment
 from hypermixer_jax import models
@@ -115,6 +116,47 @@ def test_prepare_refuses_a_missing_class(tmp_path):
   with pytest.raises(ValueError, match="split 'test' has no images of class "
                      "'bird'"):
     prepare_images.prepare(archive, str(tmp_path / "out"), CLASSES)
+
+
+def test_pixel_arrays_follow_the_tsv(tmp_path):
+  archive, files = _synthetic_archive(tmp_path)
+  paths = prepare_images.prepare(archive, str(tmp_path / "out"), CLASSES)
+  x, y = ic.pixel_arrays(paths["train"])
+  _, *rows = pathlib.Path(paths["train"]).read_text().splitlines()
+  assert x.shape == (9, 32, 32, 3) and x.dtype == np.uint8
+  for image, label, row in zip(x, y, rows):
+    name, cls = row.split("\t")
+    np.testing.assert_array_equal(
+        image, tf.io.decode_jpeg(files[name], channels=3).numpy())
+    assert label == int(cls) == CLASSES.index(name.split("/")[1])
+
+
+def test_pixel_arrays_refuse_mixed_sizes(tmp_path):
+  _, files = _synthetic_archive(tmp_path)
+  files["train/bird/0009.jpg"] = _jpeg(5, size=16)
+  archive = _tar(tmp_path / "mixed.tar.gz", files)
+  paths = prepare_images.prepare(archive, str(tmp_path / "out"), CLASSES)
+  with pytest.raises(ValueError, match="images of 2 sizes"):
+    ic.pixel_arrays(paths["train"])
+
+
+@pytest.mark.parametrize("gmlp,other,family,want", [
+    ([0.47, 0.48, 0.46], [0.39, 0.40, 0.41], "mixer", "agrees"),
+    ([0.39, 0.40, 0.41], [0.47, 0.48, 0.46], "mixer", "disagrees"),
+    ([0.47, 0.48, 0.46], [0.39, 0.40, 0.41], "vit", "disagrees (gMLP higher)"),
+    ([0.40, 0.42, 0.41], [0.41, 0.40, 0.42], "vit", "level inside the spread"),
+    ([0.40, 0.42], [0.41, 0.40, 0.42], "vit", "not decided"),
+    ([0.47, 0.48, 0.46], [0.47, 0.48, 0.46], "gmlp", ""),
+])
+def test_claim_verdicts(gmlp, other, family, want):
+  assert ic.claim_verdict(family, gmlp, other) == want
+
+
+def test_versus_a_baseline():
+  assert ic.versus([0.45, 0.46, 0.47], 0.40) == "above"
+  assert ic.versus([0.35, 0.36, 0.37], 0.40) == "below"
+  assert ic.versus([0.39, 0.40, 0.41], 0.40) == "level"
+  assert ic.versus([0.45], 0.40) == "not decided"
 
 
 def _cifar_cfg(tsv: str, **kw):
@@ -259,12 +301,21 @@ def test_experiment_end_to_end_at_toy_size(tmp_path):
   run = subprocess.run(
       [sys.executable, str(ROOT / "experiments/image_classification.py"),
        "--scale=small", f"--out={out}", f"--shared={tmp_path / 'shared'}",
-       "--families=vit", "--steps=4", "--batch_size=16"],
+       "--families=vit", "--steps=4", "--batch_size=16", "--seeds=0,1"],
       capture_output=True, text=True, env=env, timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]
   results = json.loads((out / "results.json").read_text())
-  r = results["runs"]["small/s4b16/vit"]
+  r = results["runs"]["small/s4b16/vit/seed=0"]
   assert r["step"] == 4 and 0.0 <= r["eval"]["accuracy"] <= 1.0
+  assert results["runs"]["small/s4b16/vit/seed=1"]["step"] == 4
+  # The baselines on the same images: 60 train, 20 test, 2 per class.
+  base = results["baselines"]["small"]
+  assert (base["train_images"], base["test_images"]) == (60, 20)
+  assert base["chance"] == 0.1 and base["majority"] == 0.1
+  x, y = ic.pixel_arrays(str(out / "cifar10_data/train.tsv"))
+  tx, ty = ic.pixel_arrays(str(out / "cifar10_data/test.tsv"))
+  pred, _ = baselines.ridge_classifier(x, y, tx)
+  assert base["linear_pixels"] == np.mean(pred == ty)
   assert sorted(map(int, r["eval_curve"])) == [1, 2, 3, 4]
   # The "task" evaluator on all 20 test images (batches of 200), at the end.
   assert abs(r["test"]["accuracy"] * 20 - round(r["test"]["accuracy"] * 20)
@@ -274,4 +325,7 @@ def test_experiment_end_to_end_at_toy_size(tmp_path):
   table = (out / "table.md").read_text()
   assert "ViT-style Transformer" in table and "DeiT-B 81.8" in table
   assert "not ImageNet" in table
+  assert "linear classifier on the pixels" in table
+  assert "(n=2)" in table  # two seeds: a mean, and no verdict
+  assert "not decided" in table
   assert (out / "image_curves.png").stat().st_size > 1000
