@@ -72,8 +72,8 @@ def _standardise(x: np.ndarray, mean: np.ndarray, scale: np.ndarray
 
 
 def ridge_classifier(train_x: np.ndarray, train_y: np.ndarray,
-                     test_x: np.ndarray, *, l2s: tuple[float, ...] = (
-                         1e-1, 1.0, 1e1, 1e2, 1e3, 1e4, 1e5),
+                     test_x: np.ndarray, *, l2s: tuple[float, ...] = tuple(
+                         10.0 ** k for k in range(-1, 9)),
                      held_out: float = 0.1, num_classes: int | None = None
                      ) -> tuple[np.ndarray, dict]:
   """Predicted labels of ``test_x`` by a linear least-squares classifier.
