@@ -98,8 +98,8 @@ def ridge_classifier(train_x: np.ndarray, train_y: np.ndarray,
 
   def fit(x, y):
     """``l2 -> predict``: the Gram matrix is formed once for every l2."""
-    mean = x.mean(0)
-    scale = np.where(x.std(0) > 0, x.std(0), 1.0)
+    mean, sd = x.mean(0), x.std(0)
+    scale = np.where(sd > 0, sd, 1.0)
     z = _standardise(x, mean, scale)
     # Centred features and targets: the intercept is the targets' mean.
     targets = np.eye(num_classes)[y]
