@@ -97,17 +97,28 @@ def ridge_classifier(train_x: np.ndarray, train_y: np.ndarray,
                      f"leaving at least one of the {len(flat)} train rows.")
 
   def fit(x, y):
-    """``l2 -> predict``: the Gram matrix is formed once for every l2."""
+    """``l2 -> predict``: one eigendecomposition of the smaller Gram matrix
+    (``Z^T Z``, or ``Z Z^T`` with fewer rows than features) serves every
+    l2, each then a matrix product."""
     mean, sd = x.mean(0), x.std(0)
     scale = np.where(sd > 0, sd, 1.0)
     z = _standardise(x, mean, scale)
     # Centred features and targets: the intercept is the targets' mean.
     targets = np.eye(num_classes)[y]
     offset = targets.mean(0)
-    gram, rhs = z.T @ z, z.T @ (targets - offset)
+    centred = targets - offset
+    if len(z) < z.shape[1]:
+      # W = Z^T (Z Z^T + l2 I)^-1 T, with Z Z^T = U S U^T.
+      s, u = np.linalg.eigh(z @ z.T)
+      left, right = z.T @ u, u.T @ centred
+    else:
+      # W = (Z^T Z + l2 I)^-1 Z^T T, with Z^T Z = U S U^T.
+      s, u = np.linalg.eigh(z.T @ z)
+      left, right = u, u.T @ (z.T @ centred)
+    s = np.maximum(s, 0.0)  # a PSD matrix's round-off below zero
 
     def with_l2(l2):
-      w = np.linalg.solve(gram + l2 * np.eye(len(gram)), rhs)
+      w = left @ (right / (s + l2)[:, None])
       return lambda q: np.argmax(_standardise(q, mean, scale) @ w + offset,
                                  axis=-1)
     return with_l2

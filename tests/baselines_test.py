@@ -78,6 +78,22 @@ class RidgeClassifierTest(absltest.TestCase):
       np.testing.assert_array_equal(pred[clear], want[clear])
       self.assertEqual(info["l2"], l2)
 
+  def test_fewer_rows_than_features_matches_too(self):
+    # 30 rows of 200 features: the fit goes through the 30 x 30 Gram matrix.
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(30, 200)) + 2.0 * np.eye(3)[np.arange(30) % 3] @ (
+        rng.normal(size=(3, 200)))
+    y = np.arange(30) % 3
+    q = rng.normal(size=(40, 200)) + np.eye(3)[np.arange(40) % 3] @ (
+        rng.normal(size=(3, 200)))
+    for l2 in (1e-3, 1.0, 1e4):
+      pred, _ = baselines.ridge_classifier(x, y, q, l2s=(l2,))
+      want, scores = self._reference(x, y, q, l2, 3)
+      top2 = np.sort(scores, -1)[:, -2:]
+      clear = top2[:, 1] - top2[:, 0] > 1e-9
+      self.assertGreater(clear.sum(), 30)
+      np.testing.assert_array_equal(pred[clear], want[clear])
+
   def test_penalty_picked_on_the_held_out_rows(self):
     rng = np.random.default_rng(1)
     # Few rows, many noise features: a tiny penalty overfits.
