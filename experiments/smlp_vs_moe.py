@@ -513,9 +513,9 @@ def main() -> None:
       "Layers' auction loop body once (training only), so its FLOPs are "
       "under-counted; Base Layers' training assignment reads the whole row "
       "(its inference routing is causal).")
+  unigram = base["all"]["unigram"] if base else None
   table = experiment.markdown_table(HEADERS, table_rows(
-      main_names, labels, runs, plan, REFERENCE, PAPER,
-      base["all"]["unigram"] if base else None)
+      main_names, labels, runs, plan, REFERENCE, PAPER, unigram)
       + (baseline_rows(base) if base else []))
   abl = [n for n in ABLATIONS if n in plan]
   if abl:
@@ -523,7 +523,7 @@ def main() -> None:
               f"{s['smlp_depth'][0]}+{s['smlp_depth'][1]}:\n\n")
     table += experiment.markdown_table(HEADERS[:-1], [
         r[:-1] for r in table_rows([REFERENCE] + abl, labels, runs, plan,
-                                   REFERENCE, {})])
+                                   REFERENCE, {}, unigram)])
   exp.write_table(f"sMLP vs MoE Transformers at equal FLOPs ({args.scale} "
                   f"scale, {'8k' if vocab else 'T5'} vocabulary)", table,
                   notes)
