@@ -362,6 +362,16 @@ def c4_vocab(exp: experiment.Experiment, shared: pathlib.Path) -> dict:
                    ("text",), VOCAB_PIECES, trained_on=C4_TRAIN)
 
 
+def report_names(scale: str, steps: int) -> tuple[str, str]:
+  """The table's and the figure's file names: ``table`` and
+  ``mlm_perplexity`` at the scale's own budget, ``_s<steps>`` added for any
+  other, so that a longer or shorter run in the same ``--out`` keeps the
+  main report."""
+  default = (SMALL if scale == "small" else PAPER_SIZES)["steps"]
+  suffix = "" if steps == default else f"_s{steps}"
+  return f"table{suffix}", f"mlm_perplexity{suffix}"
+
+
 def main() -> None:
   p = experiment.parser("mlm_perplexity", __doc__, report_only=True,
                         data_dir="", models=MODELS, seeds="0,1,2", steps=0,
@@ -433,10 +443,12 @@ def main() -> None:
         "and held-out set, ~10^4 x less training), only between the models "
         "and against the baselines.")
   notes += f" Paper, other sizes: {PAPER_OTHER_SIZES}."
+  table_name, figure_name = report_names(args.scale, steps)
   exp.write_table(
-      f"MLM perplexity at equal capacity ({args.scale} scale)",
+      f"MLM perplexity at equal capacity ({args.scale} scale, {steps} "
+      "steps)",
       experiment.markdown_table(HEADERS, table_rows(runs, sizes, base)),
-      notes)
+      notes, name=table_name)
   fig, axes = experiment.figure(size=(8.0, 3.6))
   ax = axes[0, 0]
   experiment.plot_curves(ax, runs, "perplexity", LABELS.get)
@@ -445,7 +457,7 @@ def main() -> None:
                                    "0.6 x unigram": 0.6 * base["unigram"]})
   experiment.style_axes(ax, "step", "held-out MLM perplexity", yscale="log",
                         legend=8, legend_outside=True)
-  exp.save_figure(fig, "mlm_perplexity")
+  exp.save_figure(fig, figure_name)
 
 
 if __name__ == "__main__":

@@ -536,12 +536,13 @@ class Experiment:
                    encoding="utf-8")
     tmp.replace(self.path)
 
-  def write_table(self, title: str, table: str, notes: str = "") -> str:
-    """Writes ``table.md`` (title, table, notes) and prints it."""
+  def write_table(self, title: str, table: str, notes: str = "", *,
+                  name: str = "table") -> str:
+    """Writes ``<name>.md`` (title, table, notes) and prints it."""
     text = f"## {title}\n\n{table}\n"
     if notes:
       text += f"\n{notes.strip()}\n"
-    (self.out / "table.md").write_text(text, encoding="utf-8")
+    (self.out / f"{name}.md").write_text(text, encoding="utf-8")
     if self._ran:  # a report from recorded runs adds no run time
       self.save(wall_s_total=self.data.get("wall_s_total", 0.0)
                 + time.time() - self._t0)

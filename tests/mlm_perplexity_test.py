@@ -11,6 +11,7 @@ import matplotlib.image
 import ml_collections
 import pytest
 
+from hypermixer_jax import experiment
 from hypermixer_jax.models import common
 from hypermixer_jax.models import zoo
 
@@ -184,10 +185,27 @@ def test_toy_run_end_to_end(shared_data, tmp_path, monkeypatch):
     assert ev["denominator"] == ho["scored_tokens"] if "denominator" in ev \
         else True
   table = (out / "table.md").read_text()
+  assert "(small scale, 4 steps)" in table
+  assert not list(out.glob("table_s*.md"))
   for text in ("BERT (Transformer)", "gMLP", "4.26 (12 layers",
                f"{ho['scored_tokens']:,} selected", "unigram (train counts"):
     assert text in table
   assert matplotlib.image.imread(str(out / "mlm_perplexity.png")).size
+
+
+def test_another_budget_reports_beside_the_main_report(tmp_path):
+  default = mlm.SMALL["steps"]
+  assert mlm.report_names("small", default) == ("table", "mlm_perplexity")
+  assert mlm.report_names("small", 3 * default) == (
+      f"table_s{3 * default}", f"mlm_perplexity_s{3 * default}")
+  assert mlm.report_names("paper", mlm.PAPER_SIZES["steps"])[0] == "table"
+  # The harness writes the named table and leaves table.md alone.
+  exp = experiment.Experiment(str(tmp_path), None)
+  exp.write_table("main", "| a |", name="table")
+  exp.write_table("longer", "| b |", "notes", name="table_s6000")
+  assert (tmp_path / "table.md").read_text() == "## main\n\n| a |\n"
+  assert (tmp_path / "table_s6000.md").read_text() == (
+      "## longer\n\n| b |\n\nnotes\n")
 
 
 def test_bert_diagnostics_change_one_choice_at_berts_size():
