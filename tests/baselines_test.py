@@ -11,6 +11,7 @@ import numpy as np
 from hypermixer_jax import baselines
 from hypermixer_jax import experiment
 from hypermixer_jax.data import testing
+from hypermixer_jax.experiment import records
 
 
 class NaiveBayesTest(absltest.TestCase):
@@ -229,13 +230,14 @@ class HarnessTest(absltest.TestCase):
                                         True), "not decided")
 
   def test_recorded_paths_are_relative_to_the_repository(self):
-    repo = pathlib.Path(experiment.__file__).resolve().parent.parent
-    self.assertEqual(experiment._portable(str(repo / "experiments/results/x")),
+    portable = records._portable  # pylint: disable=protected-access
+    repo = pathlib.Path(experiment.__file__).resolve().parents[2]
+    self.assertEqual(portable(str(repo / "experiments/results/x")),
                      "experiments/results/x")
-    self.assertEqual(experiment._portable(str(repo.parent / "shared/data")),
+    self.assertEqual(portable(str(repo.parent / "shared/data")),
                      os.path.join("..", "shared", "data"))
-    self.assertEqual(experiment._portable("/elsewhere/x"), "/elsewhere/x")
-    self.assertEqual(experiment._portable(3), 3)
+    self.assertEqual(portable("/elsewhere/x"), "/elsewhere/x")
+    self.assertEqual(portable(3), 3)
 
   def test_workdirs_are_absolute(self):
     # Orbax refuses relative checkpoint paths; --out is often relative.

@@ -133,4 +133,19 @@ def test_no_layer_imports_a_later_one():
             and (rel.replace(os.sep, "/"), layer) not in LAYER_EXCEPTIONS):
           wrong.append(f"{rel} imports {imported} ({layer})")
   assert not wrong, wrong
-  assert seen == set(LAYERS) - {"entry"}   # the walk found the imports
+  assert seen >= set(LAYERS) - {"entry"}   # the walk found the imports
+
+
+def test_the_layer_map_names_every_experiment_module():
+  """CONTRIBUTING.md's layer map lists the modules of the experiment
+  package, so that a new one is placed (and described) when it is added."""
+  text = open(os.path.join(ROOT, "CONTRIBUTING.md"), encoding="utf-8").read()
+  row = next(line for line in text.splitlines()
+             if line.startswith("| entry points |"))
+  listed = set(re.findall(r"`(\w+)`", row.split("`experiment/`", 1)[1]
+                          .split(")", 1)[0]))
+  folder = os.path.join(ROOT, "hypermixer_jax", "experiment")
+  modules = {name[:-3] for name in os.listdir(folder)
+             if name.endswith(".py") and name != "__init__.py"}
+  assert modules <= listed, (
+      f"add {sorted(modules - listed)} to CONTRIBUTING.md's layer map")

@@ -1,0 +1,272 @@
+"""An experiment's grid and its record, ``results.json``: each cell run
+once under its key, shared by processes, resumed after a kill."""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import pathlib
+import shutil
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+from hypermixer_jax.experiment.digests import config_fingerprint
+from hypermixer_jax.experiment.flags import REPO
+from hypermixer_jax.experiment.vocab import small_vocab
+
+
+def grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
+  """Every combination of the named axes, the first axis slowest.
+
+  ``grid(model=("a", "b"), seed=(0, 1))`` ->
+  ``[{'model': 'a', 'seed': 0}, {'model': 'a', 'seed': 1}, ...]``.
+  """
+  for name, values in axes.items():
+    if isinstance(values, (str, bytes)) or not len(values):  # pylint: disable=g-explicit-length-test
+      raise ValueError(f"grid axis {name}={values!r} must be a non-empty "
+                       "sequence of values (e.g. seed=(0, 1, 2)).")
+  names = list(axes)
+  return [dict(zip(names, values))
+          for values in itertools.product(*axes.values())]
+
+
+def cell_key(prefix: str, cell: dict[str, Any]) -> str:
+  """``prefix/name=value/...``: a cell's key in ``results.json``."""
+  parts = [prefix] if prefix else []
+  parts += [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in cell.items()]
+  return "/".join(parts)
+
+
+class Experiment:
+  """Results of one experiment directory, saved after every run."""
+
+  def __init__(self, out: os.PathLike | str, args: argparse.Namespace | None
+               = None):
+    self.out = pathlib.Path(out)
+    self.out.mkdir(parents=True, exist_ok=True)
+    self.path = self.out / "results.json"
+    self.data: dict[str, Any] = {"runs": {}}
+    if self.path.exists():
+      self.data = json.loads(self.path.read_text(encoding="utf-8"))
+    # A report (--report_only) trains nothing and keeps the recorded
+    # command's arguments.
+    self.report_only = bool(getattr(args, "report_only", False))
+    if args is not None and not self.report_only:
+      self.data["args"] = {k: _portable(v) for k, v in vars(args).items()}
+    self._t0 = time.time()
+    self._ran = False      # whether this process ran a cell (wall_s_total)
+    self._retired: set[str] = set()   # keys superseded by this process
+
+  @property
+  def runs(self) -> dict[str, Any]:
+    return self.data["runs"]
+
+  def workdir(self, key: str) -> str:
+    # Absolute: Orbax refuses relative checkpoint paths.
+    return str((self.out / "runs" / key).resolve())
+
+  def reload(self) -> None:
+    """Merges in the runs other processes recorded in ``results.json``."""
+    # Several processes may work on one experiment (e.g. one per core, with
+    # --order=reverse): runs recorded by the others are kept, never dropped.
+    if self.path.exists():
+      on_disk = json.loads(self.path.read_text(encoding="utf-8"))
+      self.data["runs"] = {**{k: v for k, v in on_disk.get("runs", {}).items()
+                              if k not in self._retired},
+                           **self.data["runs"]}
+
+  def _claim(self, key: str) -> bool:
+    """True when this process may run ``key``; False after waiting for
+    another live process that claimed it (its result is then merged in)."""
+    claims = self.out / "claims"
+    claims.mkdir(exist_ok=True)
+    path = claims / (key.replace("/", "__") + ".pid")
+    while True:
+      try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+      except FileExistsError:
+        try:
+          pid = int(path.read_text() or 0)
+        except (OSError, ValueError):
+          pid = 0
+        if pid and pid != os.getpid() and _alive(pid):
+          time.sleep(10)
+          self.reload()
+          if key in self.runs:
+            return False
+          continue
+        path.unlink(missing_ok=True)  # its process died: take it over
+        continue
+      with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+      return True
+
+  def run(self, key: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``fn()``'s result under ``key``; skipped when already recorded (by
+    this or another process working on the same directory)."""
+    self.reload()
+    if key not in self.runs and self._claim(key):
+      t0 = time.time()
+      result = dict(fn())
+      result.setdefault("wall_s", time.time() - t0)
+      self._ran = True
+      self.runs[key] = result
+      self.save()
+      print(f"[{self.out.name}] {key}: "
+            + json.dumps({k: v for k, v in result.items()
+                          if not isinstance(v, (dict, list))}), flush=True)
+    return self.runs[key]
+
+  def adopt(self, key: str, config, source: os.PathLike | str,
+            source_key: str, source_config) -> dict[str, Any] | None:
+    """Records another experiment's run as this one's ``key``, instead of
+    training it again, when both train the same run: ``source_key`` is
+    recorded in ``source``'s ``results.json`` and ``source_config`` (the
+    config the source trained it with) has ``config``'s fingerprint (equal
+    settings, files of equal content). The record keeps where it came from
+    (``adopted_from``). Returns it, or None (nothing recorded) when the
+    source lacks the run or the configs differ (``run`` then trains it), or
+    in a report (which records nothing)."""
+    self.reload()
+    if key in self.runs or self.report_only:
+      return self.runs.get(key)
+    source = pathlib.Path(source)
+    path = source / "results.json"
+    if not path.exists():
+      return None
+    run = json.loads(path.read_text(encoding="utf-8"))["runs"].get(source_key)
+    if run is None or (config_fingerprint(config)
+                       != config_fingerprint(source_config)):
+      return None
+    self.runs[key] = dict(run, adopted_from=f"{source.name}: {source_key}")
+    self.save()
+    print(f"[{self.out.name}] {key}: adopted from {source.name} "
+          f"({source_key}), the same config", flush=True)
+    return self.runs[key]
+
+  def supersede(self, key: str, why: str) -> None:
+    """Retires ``key``'s recorded result: it moves to ``superseded[key]``
+    with ``why`` (kept, for the record) and its work directory to
+    ``runs/superseded/`` (a run there would resume from its checkpoints),
+    so that the cell runs again. A report leaves the cell out."""
+    result = self.runs.pop(key)
+    self._retired.add(key)
+    self.data.setdefault("superseded", {})[key] = dict(
+        result, superseded_because=why)
+    print(f"[{self.out.name}] {key}: superseded ({why})", flush=True)
+    if self.report_only:   # a report changes nothing on disk
+      return
+    old = pathlib.Path(self.workdir(key))
+    if old.exists():
+      dest = self.out / "runs" / "superseded" / key
+      dest.parent.mkdir(parents=True, exist_ok=True)
+      if dest.exists():
+        shutil.rmtree(dest)
+      old.rename(dest)
+    self.save()
+
+  def cell(self, key: str, fn: Callable[[], dict[str, Any]]
+           ) -> dict[str, Any] | None:
+    """A grid cell's result: ``run(key, fn)``, or in a report
+    (``--report_only``) the recorded result, None where there is none."""
+    if self.report_only:
+      self.reload()
+      return self.runs.get(key)
+    return self.run(key, fn)
+
+  def cells(self, prefix: str, cells: Iterable[dict[str, Any]],
+            fn: Callable[[dict[str, Any], str], dict[str, Any]],
+            by: str = "model",
+            expect: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+            ) -> dict[Any, list[dict[str, Any]]]:
+    """Every cell under ``cell_key(prefix, cell)`` (``fn(cell, key)`` runs
+    it), grouped by ``cell[by]`` in grid order: ``{value: [result, ...]}``
+    (e.g. each model's seeds); a report leaves out the cells not recorded.
+
+    ``expect(cell)``: fields (e.g. the parameter count) a recorded result
+    of the cell must hold; a result that holds other values was made by
+    another setting of the cell, and is retired (``supersede``) and run
+    again rather than mixed into the current setting's seeds."""
+    out: dict[Any, list[dict[str, Any]]] = {}
+    for c in cells:
+      key = cell_key(prefix, c)
+      if expect is not None and key in self.runs:
+        want = expect(c)
+        got = {k: self.runs[key].get(k) for k in want}
+        if got != want:
+          self.supersede(key, f"recorded {got}, the cell now has {want}")
+      result = self.cell(key, lambda c=c, key=key: fn(c, key))
+      if result is not None:
+        out.setdefault(c[by], []).append(result)
+    return out
+
+  def baseline(self, key: str, fn: Callable[[], dict[str, Any]]
+               ) -> dict[str, Any]:
+    """The trivial baselines recorded under ``key`` in ``results.json``'s
+    ``baselines``: ``fn()``, computed and saved the first time they are
+    asked for (in a report too)."""
+    bases = self.data.setdefault("baselines", {})
+    if key not in bases:
+      bases[key] = fn()
+      self.save()
+    return bases[key]
+
+  def vocab(self, patterns: str | Sequence[str], fields: Sequence[str],
+            size: int, trained_on: str) -> dict[str, Any]:
+    """``small_vocab`` built in this directory and recorded in
+    ``results.json`` (its path relative to the directory, and what it was
+    trained on)."""
+    vocab = small_vocab(self.out, patterns, fields, size)
+    self.save(vocab={**vocab, "path": f"vocab/spm{size}.model",
+                     "trained_on": trained_on})
+    return vocab
+
+  def save(self, **extra) -> None:
+    self.data.update(extra)
+    self.reload()
+    tmp = self.path.with_suffix(f".json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(self.data, indent=1, default=float),
+                   encoding="utf-8")
+    tmp.replace(self.path)
+
+  def write_table(self, title: str, table: str, notes: str = "", *,
+                  name: str = "table") -> str:
+    """Writes ``<name>.md`` (title, table, notes) and prints it."""
+    text = f"## {title}\n\n{table}\n"
+    if notes:
+      text += f"\n{notes.strip()}\n"
+    (self.out / f"{name}.md").write_text(text, encoding="utf-8")
+    if self._ran:  # a report from recorded runs adds no run time
+      self.save(wall_s_total=self.data.get("wall_s_total", 0.0)
+                + time.time() - self._t0)
+    print(text, flush=True)
+    return text
+
+  def figure_path(self, name: str) -> str:
+    return str(self.out / f"{name}.png")
+
+  def save_figure(self, fig, name: str) -> None:
+    """Writes ``fig`` as ``<name>.png`` beside the table."""
+    fig.savefig(self.figure_path(name), dpi=120)
+
+
+def _portable(value: Any) -> Any:
+  """A path inside the repository's folder as a path relative to the
+  repository (recorded commands carry no machine's absolute paths)."""
+  if isinstance(value, str) and os.path.isabs(value):
+    rel = os.path.relpath(value, REPO)
+    if rel.split(os.sep)[:2] != [os.pardir, os.pardir]:
+      return rel
+  return value
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True

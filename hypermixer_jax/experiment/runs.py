@@ -1,0 +1,118 @@
+"""One training run of an experiment and the data it saw: the library's
+``train_and_evaluate`` wrapped to return what a record keeps, the arrays of
+the pipeline (for the trivial baselines) and a config field matched to a
+target (parameters, FLOPs)."""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Callable
+
+
+def match_field(config, field: str, measure: Callable[[Any], float],
+                target: float, *, lo: int, hi: int, multiple: int = 16):
+  """``config`` (a ``ConfigDict``) with ``field`` set to the multiple of
+  ``multiple`` (at least ``multiple``) whose ``measure(config)`` is nearest
+  ``target``: e.g. the FFN width that gives a model another's parameters or
+  FLOPs. ``measure`` must be affine in the field: its values at ``lo`` and
+  ``hi`` give the line."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  def at(value):
+    c = ml_collections.ConfigDict(config.to_dict())
+    c[field] = int(value)
+    return c
+  m_lo, m_hi = measure(at(lo)), measure(at(hi))
+  slope = (m_hi - m_lo) / (hi - lo)
+  best = lo + (target - m_lo) / slope
+  candidates = sorted({max(multiple, multiple * math.floor(best / multiple)),
+                       max(multiple, multiple * math.ceil(best / multiple))})
+  return at(min(candidates,
+                key=lambda v: abs(m_lo + slope * (v - lo) - target)))
+
+
+def pipeline_arrays(data_config, split: str, batch_size: int = 1024, *,
+                    seed: int = 0, batches: int = -1) -> dict[str, Any]:
+  """One unshuffled epoch of ``split`` as NumPy arrays (the batches the
+  library's pipeline hands a model, concatenated): the tokens and positions
+  the trivial baselines are fitted and scored on. ``batches``: only the
+  first that many batches (-1: all); ``seed``: the pipeline's (e.g. MLM
+  masks)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
+  pipeline = data.build_pipeline(data_config, split, batch_size=batch_size,
+                                 seed=seed, repeat=False, shuffle=False)
+  out = list(itertools.islice(pipeline, batches if batches >= 0 else None))
+  return {k: np.concatenate([b[k] for b in out]) for k in out[0]}
+
+
+def held_out_arrays(config) -> dict[str, Any]:
+  """The held-out batches a run of the training ``config`` is evaluated on
+  (what the training loop evaluates: ``eval_steps`` batches of its
+  ``eval_split``), concatenated."""
+  return pipeline_arrays(config.data, config.eval_split,
+                         config.eval_batch_size, seed=config.seed,
+                         batches=config.eval_steps)
+
+
+def train(config, workdir: str, *, with_params: bool = False
+          ) -> dict[str, Any]:
+  """Trains ``config`` in ``workdir`` and returns what an experiment records.
+
+  ``{'eval': final evaluation metrics, 'step': last step, 'source': where
+  the run started from ('scratch', 'init_checkpoint' or 'workdir': resumed),
+  'eval_curve': {step: metrics}, 'train_curve': {step: metrics}}``; curves
+  come from the run's ``metrics.jsonl``. A workdir that already holds checkpoints resumes.
+  With ``with_params`` the result also holds ``'params'``, the trained
+  parameters (``trained_params``): use them, then drop them before the result
+  is recorded (they are not JSON).
+  """
+  from hypermixer_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import metrics  # pylint: disable=g-import-not-at-top
+  result = loop.train_and_evaluate(config, workdir)
+  if isinstance(result, dict):  # {name: RunResult}, main model first
+    result = next(iter(result.values()))
+  curves = {split: {int(s): r for s, r in
+                    metrics.read_metrics(workdir, split).items()}
+            for split in ("train", "eval")}
+  out = {"eval": dict(result.eval_metrics), "step": int(result.step),
+         "source": result.source, "eval_curve": curves["eval"],
+         "train_curve": curves["train"]}
+  if with_params:
+    out["params"] = trained_params(config, workdir, result)
+  return out
+
+
+def trained_params(config, workdir: str, result: Any = None):
+  """The parameters a run in ``workdir`` ended with.
+
+  ``result.state.params`` when the training loop's result carries its final
+  state; otherwise they are read from the newest checkpoint in ``workdir``
+  into the freshly initialised model of ``config.model``.
+  """
+  state = getattr(result, "state", None)
+  if state is not None:
+    return state.params
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.models import zoo  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+  x = zoo.dummy_inputs(config.model)
+  params = zoo.build_model(config.model).init(
+      jax.random.key(0), jnp.zeros(x.shape, x.dtype))["params"]
+  return checkpoint.load_pretrained(workdir, nn.unbox(params), reinit=())
+
+
+def flops_per_step(run: dict[str, Any]) -> float:
+  """XLA's per-device FLOPs of one train step of a recorded run (the whole
+  step, on one device), from its logged throughput: ``tflops_per_device /
+  steps_per_sec`` of the last logged interval, the loop's count of the
+  compiled step, so it does not depend on the machine's load. NaN when the
+  run logged none."""
+  train = run.get("train_curve", {})
+  logs = [train[s] for s in sorted(train, key=int)
+          if "tflops_per_device" in train[s]]
+  if not logs:
+    return float("nan")
+  return logs[-1]["tflops_per_device"] * 1e12 / logs[-1]["steps_per_sec"]
