@@ -167,7 +167,7 @@ def parse_flags(argv: list[str]) -> list[str]:
       return FLAGS(argv)
     except flags.Error as e:
       raise run_config.ConfigFlagError(
-          f"{' '.join(str(e).split())} (--help lists the flags)") from None
+          run_config.flag_error(str(e), spec)) from None
     except (AttributeError, KeyError):   # config_flags: an unknown field
       line = spec and run_config.unknown_fields(
           run_config.load_config_file(spec), argv)

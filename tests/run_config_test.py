@@ -189,11 +189,31 @@ def test_unknown_fields_name_the_closest():
           "'num_train_step'; did you mean --config.num_train_steps?")
   assert run_config.unknown_fields(config, ["--config.model.d_mdl=3"]) == (
       "--config.model.d_mdl: the config has no field 'model.d_mdl'; did you "
-      "mean --config.model.d_model or --config.model.d_ffn or "
-      "--config.model.family?")
+      "mean --config.model.d_model?")
+  # A field at the wrong depth finds its nested name, not its misspelt
+  # parent's other children.
+  assert run_config.unknown_fields(config, ["--config.model.hyperdim=10"]) == (
+      "--config.model.hyperdim: the config has no field 'model.hyperdim'; "
+      "did you mean --config.model.mixer_kwargs.hyper_dim?")
+  assert run_config.unknown_fields(config, ["--config.seqlen=8"]) == (
+      "--config.seqlen: the config has no field 'seqlen'; did you mean "
+      "--config.data.seq_len or --config.data.synthetic.seq_len?")
   line = run_config.unknown_fields(config, ["--config.mesh.zzz=1"])
   assert line == ("--config.mesh.zzz: the config has no field 'mesh.zzz'; "
                   "config.mesh has data, expert, fsdp, tensor")
+
+
+def test_config_file_errors_lead_with_the_cause():
+  spec = os.path.join(ROOT, "configs", "glue.py") + ":sst-2,hypermixer"
+  # What config_flags raises: the config's own message after a traceback.
+  message = ("flag --config=x: Error whilst parsing config file: Traceback "
+             "(most recent call last):\n  File ...\nValueError: ...")
+  line = run_config.flag_error(message, spec)
+  assert line == (f"--config={spec}: unknown GLUE task 'sst-2'; tasks: "
+                  "['mnli', 'qnli', 'qqp', 'snli', 'sst2']")
+  # Other flag errors keep absl's words, on one line.
+  assert run_config.flag_error("Unknown command line flag\n 'bogus'", spec) \
+      == "Unknown command line flag 'bogus' (--help lists the flags)"
 
 
 def test_doubts_warn_about_warmup_and_silent_runs():

@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from absl import logging
 from etils import epath
@@ -400,6 +400,49 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   return module.get_config(*arg)
 
 
+def closest_fields(field: str, names: Collection[str], n: int = 3,
+                   cutoff: float = 0.75) -> list[str]:
+  """The ``n`` names of ``names`` closest to the misspelt ``field``.
+
+  A name scores by its whole dotted path and by its last part alone, with
+  underscores and case ignored, so that a field put at the wrong depth still
+  finds its place (``model.hyperdim`` -> ``model.mixer_kwargs.hyper_dim``);
+  on a tie, names under the same section come first, then shorter ones.
+  Only names within 0.1 of the best score are kept: a shared section prefix
+  alone scores about 0.8.
+  """
+  def norm(s: str) -> str:
+    return s.replace("_", "").lower()
+
+  def ratio(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+  leaf, root = norm(field.rpartition(".")[2]), field.split(".")[0]
+  scored = sorted(
+      (-max(ratio(norm(field), norm(name)),
+            ratio(leaf, norm(name.rpartition(".")[2]))),
+       name.split(".")[0] != root, len(name), name) for name in names)
+  best = -scored[0][0] if scored else 0.0
+  return [name for score, _, _, name in scored[:n]
+          if -score >= max(cutoff, best - 0.1)]
+
+
+def flag_error(message: str, spec: str | None) -> str:
+  """absl's message for a bad flag as one line that leads with the cause.
+
+  When ``--config=FILE:ARG`` fails in ``get_config``, config_flags puts
+  the config's own message (e.g. an unknown task) at the end of a
+  flattened traceback; it comes first here, the traceback is dropped.
+  """
+  if spec and "parsing config file" in message:
+    try:
+      load_config_file(spec)
+    except Exception as e:  # pylint: disable=broad-except
+      cause = str(e).strip().splitlines()[0] if str(e).strip() else ""
+      return f"--config={spec}: {cause or type(e).__name__}"
+  return f"{' '.join(message.split())} (--help lists the flags)"
+
+
 def unknown_fields(config: ml_collections.ConfigDict,
                    argv: Sequence[str]) -> str | None:
   """One line for the first ``--config.field`` that ``config`` lacks, with
@@ -416,9 +459,8 @@ def unknown_fields(config: ml_collections.ConfigDict,
     if field in names:
       continue
     parts = field.split(".")
-    candidates = sorted(names - {".".join(parts[:i])
-                                 for i in range(1, len(parts))})
-    close = difflib.get_close_matches(field, candidates, n=3, cutoff=0.6)
+    close = closest_fields(field, names - {".".join(parts[:i])
+                                           for i in range(1, len(parts))})
     parent, _, leaf = field.rpartition(".")
     siblings = sorted({n[len(parent) + 1 if parent else 0:].split(".")[0]
                        for n in names
