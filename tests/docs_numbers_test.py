@@ -1,0 +1,203 @@
+"""Figures in the docs come from the experiments' records, never typed.
+
+The rule, per page:
+* README.md and experiments/README.md: every number in prose and tables
+  (code blocks, inline code and included tables aside) appears in a
+  generated table (`table*.md`) of the experiment its section cites (the
+  `results/<name>/` folders it links), or in the claims table
+  (`experiments/results/claims.md`), or is a setting named in ALLOWED.
+* A page beside a record (`experiments/results/<name>/README.md`): every
+  number in its prose and its own tables appears in that folder's tables or
+  is a value of its `results.json` at the precision shown (a fraction may be
+  shown as a percentage). The figures written before this rule that no
+  record holds are listed, per page, in `docs_unrecorded.json`; a page may
+  lose them, never gain one.
+* Every included table equals its file (`scripts/docs_tables.py --check`).
+"""
+import collections
+import importlib.util
+import json
+import math
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "experiments" / "results"
+UNRECORDED = pathlib.Path(__file__).with_name("docs_unrecorded.json")
+
+# Settings rather than results: counts up to ten (seeds, layers), and per page
+# the sizes, steps and versions a reader needs to run the commands.
+SMALL = 10
+ALLOWED = {
+    "README.md": {"3.11", "32,128", "80/10/10", "32x32", "4x4", "1,500", "64",
+                  "1024", "128", "25", "200/1500", "15%", "60", "2048", "16",
+                  "2021", "2022", "2023"},
+    "experiments/README.md": {"2", "20", "4k", "8k", "128", "1000", "1500",
+                              "3,000", "2000", "6000", "400", "500", "5,000",
+                              "50,000", "8192", "256", "512", "4096", "2048",
+                              "10", "100", "80/20", "+12-14", "+2", "1.49M",
+                              "0.26M", "32", "2021", "2022", "2023"},
+}
+
+NUMBER = re.compile(
+    r"(?<![\w.§/:'-])[+-]?(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:e[-+]?\d+)?"
+    r"(?:[-/]\d+(?:\.\d+)?)*[%xMk]?(?![\w/])")
+INCLUDE = re.compile(r"<!-- table: [^ ]+ -->.*?<!-- /table -->", re.DOTALL)
+FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+
+
+def _prose(text):
+  """Text a reader takes as statements: no code, links' targets or
+  included tables (those are checked against their files)."""
+  text = FENCE.sub("", INCLUDE.sub("", text))
+  text = re.sub(r"<!--.*?-->", "", text, flags=re.DOTALL)
+  text = re.sub(r"`[^`\n]*`", " ", text)
+  text = re.sub(r"\]\([^)]*\)", "]", text)
+  text = re.sub(r"https?://\S+", " ", text)
+  # References into the papers: sections, figures, tables.
+  return re.sub(r"§\s?[\d.]+|\b(Fig|Figure|Table|Eq)\.?\s\d+[a-z]?", " ",
+                text)
+
+
+def _figures(text):
+  return [m.group(0) for m in NUMBER.finditer(text)]
+
+
+def _parts(figure):
+  """The plain numbers of a figure: "+1.8%" -> ["1.8"], "35-53%" -> both."""
+  return [p.replace(",", "") for p in
+          re.findall(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?", figure)]
+
+
+def _tokens(text):
+  return {p for f in _figures(text) for p in _parts(f)}
+
+
+def _table_tokens(folders):
+  tokens = set()
+  for folder in folders:
+    for table in folder.glob("table*.md"):
+      tokens |= _tokens(table.read_text())
+  claims = RESULTS / "claims.md"
+  if claims.exists():
+    tokens |= _tokens(claims.read_text())
+  return tokens
+
+
+def _leaves(obj):
+  if isinstance(obj, dict):
+    for v in obj.values():
+      yield from _leaves(v)
+  elif isinstance(obj, list):
+    for v in obj:
+      yield from _leaves(v)
+  elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+    if math.isfinite(obj):
+      yield float(obj)
+  elif isinstance(obj, str):
+    for p in _parts(" ".join(_figures(obj))):
+      yield float(p)
+
+
+class _Record:
+  """Numbers of one experiment folder: its tables' and its results.json's."""
+
+  def __init__(self, folder):
+    self.tokens = _table_tokens([folder])
+    path = folder / "results.json"
+    self.values = list(_leaves(json.loads(path.read_text()))) if path.exists() else []
+    self._rounded = {}
+
+  def holds(self, part):
+    if part in self.tokens:
+      return True
+    value = float(part)
+    mantissa = part.split("e")[0]
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    if "e" in part:  # scientific: compare at the mantissa's digits
+      return any(float(f"{v:.{decimals}e}") == value for v in self.values)
+    if decimals not in self._rounded:
+      self._rounded[decimals] = {round(abs(s * v), decimals)
+                                 for v in self.values for s in (1, 100)}
+    return round(value, decimals) in self._rounded[decimals]
+
+
+def _unbacked_in_page(page):
+  record = _Record(page.parent)
+  return [f for f in _figures(_prose(page.read_text()))
+          if not all(record.holds(p) for p in _parts(f))]
+
+
+def _sections(text):
+  """(section text, the experiment folders it cites)."""
+  for section in re.split(r"^#+ ", text, flags=re.MULTILINE):
+    cited = set(re.findall(r"results/([\w]+)/", section))
+    yield section, [RESULTS / name for name in sorted(cited)]
+
+
+def _unbacked_in_top(path):
+  allowed = ALLOWED.get(path, set())
+  bad = []
+  for section, folders in _sections((ROOT / path).read_text()):
+    tokens = _table_tokens(folders)
+    for f in _figures(_prose(section)):
+      parts = _parts(f)
+      if f in allowed or all(p in tokens for p in parts):
+        continue
+      if all(float(p) <= SMALL and "." not in p for p in parts):
+        continue
+      bad.append(f)
+  return bad
+
+
+@pytest.mark.parametrize("path", ["README.md", "experiments/README.md"])
+def test_top_pages_state_only_figures_of_the_generated_tables(path):
+  bad = _unbacked_in_top(path)
+  assert not bad, (f"{path} states figures that no generated table of the "
+                   f"experiment its section cites holds: {bad} (take them from "
+                   f"the experiment's table.md or claims.md, or name a setting "
+                   f"in ALLOWED)")
+
+
+def _pages():
+  return sorted(RESULTS.glob("*/README.md"))
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.parent.name)
+def test_experiment_pages_state_only_recorded_figures(page):
+  known = collections.Counter(
+      json.loads(UNRECORDED.read_text()).get(page.parent.name, []))
+  new = collections.Counter(_unbacked_in_page(page)) - known
+  assert not new, (f"{page.relative_to(ROOT)} states figures that neither its "
+                   f"tables nor its results.json hold: {sorted(new)} (take them "
+                   f"from the record, or record the run that gives them)")
+
+
+def test_included_tables_are_current():
+  spec = importlib.util.spec_from_file_location(
+      "docs_tables", ROOT / "scripts" / "docs_tables.py")
+  docs_tables = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(docs_tables)
+  stale = [f"{page.relative_to(ROOT)}: {path.name}"
+           for page in docs_tables.pages()
+           for path, copy, text in docs_tables.included(page) if copy != text]
+  assert not stale, (f"stale copies of generated tables: {stale} "
+                     f"(run: python scripts/docs_tables.py)")
+
+
+def test_the_rule_catches_a_typed_figure_and_passes_a_recorded_one(tmp_path):
+  folder = tmp_path / "study"
+  folder.mkdir()
+  (folder / "table.md").write_text("| model | acc |\n| --- | --- |\n"
+                                    "| A | 80.7 ± 0.9 (n=3) |\n")
+  (folder / "results.json").write_text(json.dumps(
+      {"runs": {"a/seed=0": {"accuracy": 0.81234, "mse": 1.567e-4}}}))
+  page = folder / "README.md"
+  page.write_text("A reaches 80.7 ± 0.9; seed 0 81.2% (MSE 1.57e-04), "
+                  "`--steps=1234` aside.\n\n<!-- table: table.md -->\n"
+                  "| 99.9 |\n<!-- /table -->\n")
+  assert _unbacked_in_page(page) == []
+  page.write_text("A reaches 80.7, 35-53% of the time, at 1,874.9.\n")
+  assert _unbacked_in_page(page) == ["35-53%", "1,874.9"]
