@@ -51,10 +51,13 @@ class Experiment:
     if self.path.exists():
       self.data = json.loads(self.path.read_text(encoding="utf-8"))
     # A report (--report_only) trains nothing and keeps the recorded
-    # command's arguments.
+    # command's arguments. Each run also keeps the arguments of the command
+    # that ran it: the top-level ``args`` are only the last command's.
     self.report_only = bool(getattr(args, "report_only", False))
+    self.args = None
     if args is not None and not self.report_only:
-      self.data["args"] = {k: _portable(v) for k, v in vars(args).items()}
+      self.args = {k: _portable(v) for k, v in vars(args).items()}
+      self.data["args"] = self.args
     self._t0 = time.time()
     self._ran = False      # whether this process ran a cell (wall_s_total)
     self._retired: set[str] = set()   # keys superseded by this process
@@ -111,6 +114,8 @@ class Experiment:
       t0 = time.time()
       result = dict(fn())
       result.setdefault("wall_s", time.time() - t0)
+      if self.args is not None:
+        result.setdefault("args", self.args)
       self._ran = True
       self.runs[key] = result
       self.save()
