@@ -29,7 +29,7 @@ def pages(root=ROOT):
     yield from sorted(root.glob(pattern))
 
 
-FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+FENCE = re.compile(r"^ *```.*?^ *```", re.DOTALL | re.MULTILINE)
 
 
 def _blocks(text):

@@ -20,7 +20,7 @@ def _prose_lines(text):
   """(line number, line) outside code blocks, tables and included tables."""
   fence = include = False
   for number, line in enumerate(text.splitlines(), 1):
-    if line.startswith("```"):
+    if line.lstrip(" ").startswith("```"):
       fence = not fence
     elif line.startswith("<!-- table:"):
       include = True
@@ -51,7 +51,7 @@ def test_pages_are_short_and_their_prose_lines_fit(path):
 @pytest.mark.parametrize("path", LINKED)
 def test_relative_links_resolve(path):
   page = ROOT / path
-  text = re.sub(r"^```.*?^```", "", page.read_text(),
+  text = re.sub(r"^ *```.*?^ *```", "", page.read_text(),
                 flags=re.DOTALL | re.MULTILINE)
   broken = []
   for target in re.findall(r"\]\(([^)\s]+)\)", text):

@@ -45,7 +45,7 @@ NUMBER = re.compile(
     r"(?<![\w.§/:'-])[+-]?(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:e[-+]?\d+)?"
     r"(?:[-/]\d+(?:\.\d+)?)*[%xMk]?(?![\w/])")
 INCLUDE = re.compile(r"<!-- table: [^ ]+ -->.*?<!-- /table -->", re.DOTALL)
-FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+FENCE = re.compile(r"^ *```.*?^ *```", re.DOTALL | re.MULTILINE)
 
 
 def _prose(text):
