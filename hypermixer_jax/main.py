@@ -253,6 +253,8 @@ def run():
     main_module.__doc__ = __doc__
   for flag in FLAGS.get_flags_for_module(__name__):
     FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+  from hypermixer_jax import runtime  # pylint: disable=g-import-not-at-top
+  runtime.choose_platforms()   # before any device query: no libtpu on CPUs
   app.run(main, flags_parser=parse_flags)
 
 

@@ -9,6 +9,12 @@ memory that JAX needs, and its start-up prints a page of C++ log lines on
 every host. ``hide_accelerators_from_tensorflow`` hides the GPUs (and TPUs)
 from it and silences those lines.
 
+``choose_platforms`` keeps libtpu out of runs on machines without TPU
+chips: installed (the ``tpu`` extra, for ``--mode=compile``), it would
+otherwise try to start a TPU runtime at JAX's first device query, print
+host-bound, worker-hostname and "no jellyfish device" lines, and hold a
+lock file that makes a second concurrent run fail its own attempt.
+
 ``initialize_distributed`` calls ``jax.distributed.initialize``:
 
 * explicit, when a coordinator address is given (any cluster; the test
@@ -102,10 +108,50 @@ def detect_cluster() -> str | None:
   if all(k in os.environ for k in slurm) and int(os.environ["SLURM_NTASKS"]) > 1:
     return "slurm"
   import importlib.util  # pylint: disable=g-import-not-at-top
-  chips = glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*")
-  if chips and importlib.util.find_spec("libtpu") is not None:
+  if _tpu_chips() and importlib.util.find_spec("libtpu") is not None:
     return "tpu"
   return None
+
+
+# JAX's GPU plugins (module, device node that shows a GPU is attached).
+_GPU_PLUGINS = (("cuda", ("jax_cuda13_plugin", "jax_cuda12_plugin"),
+                 "/dev/nvidiactl"),
+                ("rocm", ("jax_rocm7_plugin", "jax_rocm60_plugin"),
+                 "/dev/kfd"))
+
+
+def _tpu_chips() -> list[str]:
+  return glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*")
+
+
+def choose_platforms() -> str | None:
+  """Leaves the TPU backend out where no TPU chip is attached.
+
+  Runs before JAX initialises its backends (the first device query); it
+  sets ``jax_platforms`` to the attached GPU platforms and ``cpu`` when
+  libtpu is installed but the machine has no TPU chips, so that libtpu is
+  never started. An explicit ``JAX_PLATFORMS`` (or ``jax_platforms``), a TPU
+  VM and a machine without libtpu are left alone; in a process whose
+  backends already started the setting has no effect. Compile-only TPU
+  devices (``--mode=compile``) do not need the TPU backend: libtpu is
+  loaded for them on request.
+
+  Returns:
+    The platforms set, or None when nothing was changed.
+  """
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if os.environ.get("JAX_PLATFORMS") or _tpu_chips() or (
+      importlib.util.find_spec("libtpu") is None):
+    return None
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.config.jax_platforms:
+    return None
+  gpus = [name for name, modules, node in _GPU_PLUGINS
+          if os.path.exists(node)
+          and any(importlib.util.find_spec(m) for m in modules)]
+  platforms = ",".join([*gpus, "cpu"])
+  jax.config.update("jax_platforms", platforms)
+  return platforms
 
 
 def _is_loopback(address: str) -> bool:

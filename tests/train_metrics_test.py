@@ -84,3 +84,72 @@ def test_mfu_uses_the_peak():
   assert metrics_lib.device_peak_flops([dev, dev]) == 275e12
   assert metrics_lib.device_peak_flops([types.SimpleNamespace(
       device_kind="cpu")]) is None
+
+
+def _said(monkeypatch):
+  lines = []
+  monkeypatch.setattr(metrics_lib, "_say",
+                      lambda text, warn=False: lines.append((text, warn)))
+  return lines
+
+
+def _wait_for(condition, timeout=20.0):
+  import time  # pylint: disable=g-import-not-at-top
+  end = time.monotonic() + timeout
+  while not condition() and time.monotonic() < end:
+    time.sleep(0.01)
+  return condition()
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0.4, "0 s"), (59.6, "1 min 00 s"), (188, "3 min 08 s"),
+    (3725, "1 h 02 min")])
+def test_duration(seconds, text):
+  assert metrics_lib.duration(seconds) == text
+
+
+def test_heartbeat_speaks_while_the_caller_is_blocked(monkeypatch):
+  lines = _said(monkeypatch)
+  elapsed = []
+  beat = metrics_lib.Heartbeat(
+      lambda t: elapsed.append(t) or f"waiting {len(elapsed)}", every=0.05)
+  # The main thread is blocked (as in XLA's compiler): lines still come,
+  # each later than the one before.
+  assert _wait_for(lambda: len(lines) >= 3)
+  beat.stop()
+  count = len(lines)
+  assert lines[:2] == [("waiting 1", False), ("waiting 2", False)]
+  assert elapsed[0] >= 0.05 and elapsed[1] > elapsed[0]
+  import time  # pylint: disable=g-import-not-at-top
+  time.sleep(0.2)
+  assert len(lines) == count   # stopped means silent
+
+
+def test_announce_says_start_still_and_done(monkeypatch):
+  lines = _said(monkeypatch)
+  with metrics_lib.announce("compiling the train step", every=0.05):
+    assert _wait_for(lambda: len(lines) >= 2)
+  texts = [t for t, _ in lines]
+  assert texts[0] == "compiling the train step ..."
+  assert texts[1].startswith("still compiling the train step: ")
+  assert texts[-1].startswith("compiling the train step: done in ")
+  with metrics_lib.announce("quiet", enabled=False):
+    pass
+  assert [t for t, _ in lines] == texts
+
+
+def test_first_line_warning_comes_once_and_only_in_silence(monkeypatch):
+  lines = _said(monkeypatch)
+  bar = metrics_lib.ProgressBar(10, terminal=False)
+  bar.until_first_line(lambda t: "no log line yet", after=0.05)
+  assert _wait_for(lambda: lines)
+  import time  # pylint: disable=g-import-not-at-top
+  time.sleep(0.2)
+  assert lines == [("no log line yet", True)]   # once, as a warning
+  # A line written before the deadline cancels it.
+  bar.until_first_line(lambda t: "too late", after=1.0)
+  bar.update(2, {"loss": 0.5})
+  time.sleep(1.3)
+  bar.close()
+  assert [t for t, _ in lines] == ["no log line yet",
+                                   "[train] step 2/10: loss=0.5"]

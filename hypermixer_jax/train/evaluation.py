@@ -37,6 +37,7 @@ import numpy as np
 from hypermixer_jax import heads
 from hypermixer_jax import sharding
 from hypermixer_jax.data import metrics as task_metrics
+from hypermixer_jax.train import metrics as metrics_lib
 from hypermixer_jax.train import steps
 
 # Evaluator type -> module defining ``Evaluator``.
@@ -94,12 +95,18 @@ def evaluate(eval_step: Callable[[Any, dict], dict], state: Any,
   ``eval_step`` must be jitted (``steps.jit_eval_step``); sums stay on the
   device until the end, so evaluation does not sync per batch.
   """
-  total = None
-  for i, local in enumerate(batches):
-    if 0 <= max_batches <= i:
-      break
-    sums = eval_step(state, sharding.make_global_batch(local, mesh, rules))
-    total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+  total, done = None, 0
+  of = f"/{max_batches}" if max_batches >= 0 else ""
+  # A whole split (and the first batch's compilation) can take minutes.
+  with metrics_lib.Heartbeat(
+      lambda t: f"evaluating: {done}{of} batches in {metrics_lib.duration(t)}",
+      enabled=jax.process_index() == 0):
+    for i, local in enumerate(batches):
+      if 0 <= max_batches <= i:
+        break
+      sums = eval_step(state, sharding.make_global_batch(local, mesh, rules))
+      total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+      done = i + 1
   if total is None:
     raise ValueError("the evaluation split gave no batch")
   return finalize(jax.tree.map(np.asarray, jax.device_get(total)), head)

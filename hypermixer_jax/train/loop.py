@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import time
 from typing import Any, Callable
 
 from absl import logging
@@ -115,7 +114,7 @@ class _NonFinite(FloatingPointError):
   pass
 
 
-# A run that has logged nothing this long after its first step says so once.
+# A run that has logged nothing this long after its compilation says so once.
 QUIET_SECONDS = 60.0
 
 
@@ -211,11 +210,12 @@ def _compile(run: _Run):
                             loss_weights=run.facts.loss_weights),
       run.state_sh, batch_sh, run.mesh, run.rules)
   replicated = jax.NamedSharding(run.mesh, jax.P())
-  compiled = train_step.lower(
-      ckpt_lib.abstract_like(run.state, run.state_sh),
-      ckpt_lib.abstract_like(spec, batch_sh),
-      jax.ShapeDtypeStruct(run.train_rng.shape, run.train_rng.dtype,
-                           sharding=replicated)).compile()
+  with metrics_lib.announce("compiling the train step", enabled=run.is_main):
+    compiled = train_step.lower(
+        ckpt_lib.abstract_like(run.state, run.state_sh),
+        ckpt_lib.abstract_like(spec, batch_sh),
+        jax.ShapeDtypeStruct(run.train_rng.shape, run.train_rng.dtype,
+                             sharding=replicated)).compile()
   batch_size = run.config.batch_size
   # Batch contract (CONTRIBUTING.md): axis 1 of ``inputs`` is the sequence
   # (tokens, patches or positions).
@@ -299,7 +299,12 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
   total = int(config.num_train_steps)
   throughput.start(progress.step)
   it = iter(train_pipe)
-  quiet_until = time.monotonic() + QUIET_SECONDS  # None once a line is out
+  first = min(total, (progress.step // config.log_every + 1) * config.log_every)
+  bar.until_first_line(lambda t: (
+      f"step {progress.step}/{total}, no log line in {metrics_lib.duration(t)}"
+      f": the first comes at step {first} (log_every={config.log_every}); "
+      "pass a smaller --config.log_every to see progress sooner."),
+                       QUIET_SECONDS)
   for step in range(progress.step + 1, total + 1):
     local = next(it)
     if step == config.debug.nan_at_step:
@@ -312,15 +317,6 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
     progress.all_finite = jnp.logical_and(progress.all_finite, m["is_finite"])
     if step % config.log_every == 0 or step == total:
       _log(run, progress, ck, m, step, writer, bar, throughput)
-      quiet_until = None
-    elif quiet_until is not None and time.monotonic() > quiet_until:
-      if run.is_main:
-        logging.warning(
-            "step %d/%d, no log line in %.0f s: the first comes at step %d "
-            "(log_every=%d); pass a smaller --config.log_every to see "
-            "progress sooner.", step, total, QUIET_SECONDS,
-            min(config.log_every, total), config.log_every)
-      quiet_until = None
     progress.preempted = ck.reached_preemption(step)
     _save(run, progress, ck, train_pipe, step, step == total)
     if progress.preempted:

@@ -17,10 +17,12 @@ Logs are readable without a terminal (pod workers, SLURM output files):
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from absl import logging
 import numpy as np
@@ -209,6 +211,91 @@ def read_metrics(workdir: str, split: str = "train") -> dict[int, dict]:
   return dict(sorted(out.items()))
 
 
+def duration(seconds: float) -> str:
+  """``42 s``, ``3 min 08 s``, ``1 h 02 min``."""
+  seconds = int(round(seconds))
+  if seconds < 60:
+    return f"{seconds} s"
+  if seconds < 3600:
+    return f"{seconds // 60} min {seconds % 60:02d} s"
+  return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def _say(text: str, warn: bool = False) -> None:
+  """An absl log line, or stdout where INFO is not logged (a notebook)."""
+  if warn:
+    logging.warning("%s", text)
+  elif logging.level_info():
+    logging.info("%s", text)
+  else:
+    print(text, flush=True)
+
+
+class Heartbeat:
+  """A line whenever the process has said nothing for ``every`` seconds.
+
+  A daemon thread, so that the line comes while the main thread waits in
+  XLA's compiler, the input pipeline or a device transfer (a check between
+  steps would only run once they return; with asynchronous dispatch, not even
+  then). ``beat()`` restarts the clock (call it with each line written);
+  ``message(elapsed_seconds)`` says what is being waited for.
+  """
+
+  def __init__(self, message: Callable[[float], str], every: float = 60.0,
+               *, repeat: bool = True, warn: bool = False,
+               enabled: bool = True):
+    self._message, self.every = message, every
+    self._repeat, self._warn = repeat, warn
+    self._start = self._last = time.monotonic()
+    self._stopped = threading.Event()
+    self._thread = None
+    if enabled:
+      self._thread = threading.Thread(target=self._run, daemon=True,
+                                      name="heartbeat")
+      self._thread.start()
+
+  def _run(self) -> None:
+    while not self._stopped.wait(max(0.0, self._last + self.every
+                                     - time.monotonic())):
+      now = time.monotonic()
+      if now < self._last + self.every:
+        continue   # a beat came while waiting
+      _say(self._message(now - self._start), self._warn)
+      if not self._repeat:
+        return
+      self._last = now
+
+  def beat(self) -> None:
+    self._last = time.monotonic()
+
+  def stop(self) -> None:
+    self._stopped.set()
+    if self._thread is not None and self._thread is not threading.current_thread():
+      self._thread.join()
+
+  def __enter__(self) -> "Heartbeat":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.stop()
+
+
+@contextlib.contextmanager
+def announce(what: str, *, every: float = 60.0,
+             enabled: bool = True) -> Iterator[None]:
+  """Says ``what`` is starting, every ``every`` s that it is still going,
+  and how long it took (e.g. ``compiling the train step``: XLA gives no
+  sign of life for minutes on a large model or a slow host)."""
+  if enabled:
+    _say(f"{what} ...")
+  start = time.monotonic()
+  with Heartbeat(lambda t: f"still {what}: {duration(t)} so far", every,
+                 enabled=enabled):
+    yield
+  if enabled:
+    _say(f"{what}: done in {duration(time.monotonic() - start)}")
+
+
 class ProgressBar:
   """Progress of process 0: plain log lines, plus a tqdm bar on a terminal.
 
@@ -224,6 +311,7 @@ class ProgressBar:
     self._total = total
     self._name = name
     self.enabled = enabled
+    self._quiet = None
     if terminal is None:
       terminal = _is_terminal()
     if enabled and terminal:
@@ -248,14 +336,24 @@ class ProgressBar:
     stdout where INFO is not logged: a notebook, a script without app.run)."""
     if not self.enabled:
       return
+    self.until_first_line(None)
     if self._bar is not None:
       self._bar.write(text)
-    elif logging.level_info():
-      logging.info("%s", text)
     else:
-      print(text, flush=True)
+      _say(text)
+
+  def until_first_line(self, message: Callable[[float], str] | None,
+                       after: float = 60.0) -> None:
+    """Warns ``message(elapsed)`` once if no line is written in ``after``
+    seconds (None: no more warning)."""
+    if self._quiet is not None:
+      self._quiet.stop()
+      self._quiet = None
+    if message is not None and self.enabled:
+      self._quiet = Heartbeat(message, after, repeat=False, warn=True)
 
   def close(self) -> None:
+    self.until_first_line(None)
     if self._bar is not None:
       self._bar.close()
 
