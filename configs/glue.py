@@ -15,6 +15,7 @@ is dropped and the classifier initialised: ``init_reinit``).
 """
 import ml_collections
 
+from hypermixer_jax import models
 from hypermixer_jax.train.config import TEXT_SEQ_LEN
 from hypermixer_jax.train.config import base_config
 from hypermixer_jax.train.config import text_model
@@ -35,10 +36,9 @@ def get_config(arg: str = "sst2,hypermixer") -> ml_collections.ConfigDict:
   c.model.num_classes = NUM_CLASSES[task]
   c.data.task = f"glue_{task}"
   c.data.seq_len = TEXT_SEQ_LEN
-  # One example per row (data.packing is off); linear attention then sums
-  # each row in one einsum (LinearAttention.packed).
-  if c.model.mixer == "linear_attention":
-    c.model.mixer_kwargs.packed = False
+  # One example per row (data.packing is off): the mixer's options for that
+  # (e.g. linear attention sums each row in one einsum).
+  c.model.mixer_kwargs.update(models.unpacked_mixer_kwargs(c.model))
 
   c.mesh.data = -1
   c.sharding.rules = "data_parallel"

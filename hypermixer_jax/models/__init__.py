@@ -31,6 +31,7 @@ from hypermixer_jax.models.zoo import default_model_config
 from hypermixer_jax.models.zoo import get_model_config
 from hypermixer_jax.models.zoo import model_facts
 from hypermixer_jax.models.zoo import model_names
+from hypermixer_jax.models.zoo import unpacked_mixer_kwargs
 
 __all__ = [
     "ContinuousEncoder", "FAMILIES", "FeedForward", "FourierMixing", "GmlpBlock",
@@ -40,4 +41,5 @@ __all__ = [
     "SelfAttention", "SpatialGatingUnit", "TextEncoder", "TinyAttention",
     "build_model", "count_params", "default_model_config",
     "get_model_config", "model_facts", "model_names", "patchify",
+    "unpacked_mixer_kwargs",
 ]

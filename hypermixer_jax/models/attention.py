@@ -241,6 +241,11 @@ class SelfAttention(nn.Module):
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
+  @classmethod
+  def model_defaults(cls, model) -> dict:
+    """In a model (``models.registry``): heads of width 64."""
+    return {"num_heads": max(1, model["d_model"] // 64)}
+
   @nn.compact
   def __call__(self, x, *, mask=None, segment_ids=None, positions=None,
                deterministic=True):
@@ -531,6 +536,10 @@ class LinearAttention(nn.Module):
   implementation: str | None = None
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
+  # On rows of one example each the non-causal sums are one einsum a row.
+  unpacked_kwargs = {"packed": False}
+
+  model_defaults = SelfAttention.model_defaults
 
   @nn.compact
   def __call__(self, x, *, mask=None, segment_ids=None, positions=None,

@@ -100,6 +100,7 @@ class IdentityMixing(nn.Module):
   """
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32  # unused: kept for the interface
+  causal_by_construction = True
 
   @nn.compact
   def __call__(self, x: Array, *, mask: Array | None = None,

@@ -359,6 +359,11 @@ class HyperMixing(nn.Module):
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
+  @classmethod
+  def model_defaults(cls, model) -> dict:
+    """In a model (``models.registry``): d' = d, the paper's default."""
+    return {"hyper_dim": model["d_model"]}
+
   @nn.compact
   def __call__(self, x: Array, *, mask: Array | None = None,
                segment_ids: Array | None = None,

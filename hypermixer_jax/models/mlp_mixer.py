@@ -111,6 +111,12 @@ class MlpMixerTokenMixing(nn.Module):
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
+  @classmethod
+  def model_defaults(cls, model) -> dict:
+    """In a model (``models.registry``): D_S = C/2, as in every
+    configuration of the MLP-Mixer paper's Table 1."""
+    return {"token_mlp_dim": model["d_model"] // 2}
+
   @nn.compact
   def __call__(self, x: Array, *, mask: Array | None = None,
                segment_ids: Array | None = None,

@@ -47,7 +47,6 @@ prefix: the loss counts every position).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -55,20 +54,42 @@ import jax.numpy as jnp
 import ml_collections
 
 from hypermixer_jax.models import common
-from hypermixer_jax.models.attention import SelfAttention
-from hypermixer_jax.models.blocks import MixerBlock
-from hypermixer_jax.models.gmlp import GmlpBlock
-from hypermixer_jax.models.gmlp import SpatialGatingUnit
+from hypermixer_jax.models import registry
 from hypermixer_jax.models.moe.smoe import (SparseGatingUnit,
                                             partial_loss_weights,
                                             partial_prefix_len)
 from hypermixer_jax.models.moe.tmoe import MoeFeedForward
 
 Array = common.Array
-# Token mixer of every block: gMLP's spatial gating ('sgu': dense SGU, sMoE
-# in sparse blocks) or causal self-attention ('attention': Transformer
-# blocks, tMoE feed-forward in sparse blocks).
-TOKEN_MIXERS = ("sgu", "attention")
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenMixer:
+  """A token mixer of the family: a mixer of the registry and its place here.
+
+  Attributes:
+    mixer: its name in ``registry.MIXERS`` (class and defaults come from
+      there).
+    block: the registry block (``registry.BLOCKS``) of the dense layers.
+    smoe: sparse layers mix tokens with its sMoE form (``moe.smoe``:
+      spatial experts; partial routing); otherwise with the mixer itself,
+      a submodule named after the token mixer.
+    positions: sinusoidal positions added to the embeddings (a mixer that
+      cannot tell positions apart needs them).
+  """
+  mixer: str
+  block: str
+  smoe: bool = False
+  positions: bool = False
+
+
+# The names are the family's config values (``model.token_mixer``).
+TOKEN_MIXERS = {
+    # gMLP's spatial gating: dense SGU blocks, sMoE in sparse ones (sMLP).
+    "sgu": TokenMixer("gmlp", block="gmlp", smoe=True),
+    # Causal self-attention: Transformer blocks, tMoE in sparse ones.
+    "attention": TokenMixer("attention", block="pre_ln", positions=True),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +123,22 @@ def check_token_mixer(token_mixer: str) -> None:
   if token_mixer not in TOKEN_MIXERS:
     raise ValueError(
         f"smlp: model.token_mixer={token_mixer!r}; expected one of "
-        f"{TOKEN_MIXERS} ('sgu': sMLP / gMLP, 'attention': Transformer and "
-        "token-routed MoE Transformer).")
+        f"{tuple(TOKEN_MIXERS)} ('sgu': sMLP / gMLP, 'attention': Transformer "
+        "and token-routed MoE Transformer).")
+
+
+def mixer_kwargs(token_mixer: str, *, d_model: int, d_ffn: int, max_len: int,
+                 num_heads: int, dropout_rate: float, **dtypes) -> dict:
+  """The causal registry mixer's keyword arguments: its defaults from the
+  family's sizes, and the family's ``num_heads`` / ``dropout_rate`` where
+  the mixer has them."""
+  name = TOKEN_MIXERS[token_mixer].mixer
+  kwargs = registry.mixer_defaults(name, dict(
+      d_model=d_model, d_ffn=d_ffn, max_len=max_len, approximate_gelu=False))
+  fields = registry.fields(registry.mixer_class(name))
+  kwargs.update({k: v for k, v in dict(
+      num_heads=num_heads, dropout_rate=dropout_rate).items() if k in fields})
+  return dict(kwargs, causal=True, **dtypes)
 
 
 def sparse_layer_indices(num_dense: int, num_sparse: int) -> tuple[int, ...]:
@@ -136,11 +171,14 @@ class SparseBlock(nn.Module):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     o = self.moe
     h = common.LayerNorm(name="mixing_norm", **kw)(x)
-    if self.token_mixer == "attention":
-      h = SelfAttention(self.num_heads, causal=True,
-                        dropout_rate=self.dropout_rate, name="attention",
-                        **kw)(h, mask=mask, segment_ids=segment_ids,
-                              positions=positions, deterministic=deterministic)
+    if not TOKEN_MIXERS[self.token_mixer].smoe:
+      mixer = registry.mixer_class(TOKEN_MIXERS[self.token_mixer].mixer)
+      h = mixer(**mixer_kwargs(
+          self.token_mixer, d_model=x.shape[-1], d_ffn=self.d_ffn,
+          max_len=self.max_len, num_heads=self.num_heads,
+          dropout_rate=self.dropout_rate, **kw), name=self.token_mixer)(
+              h, mask=mask, segment_ids=segment_ids, positions=positions,
+              deterministic=deterministic)
     else:
       h = SparseGatingUnit(
           self.d_ffn, self.max_len, num_experts=o.num_experts,
@@ -193,7 +231,7 @@ class SmlpLM(nn.Module):
     routing). Nonzero means: weight the loss with ``loss_position_weights``,
     which starts each row at floor(0.2 n) of its own length n."""
     if (self.moe.smoe_routing == "partial" and self.num_sparse_layers
-        and self.token_mixer == "sgu"):
+        and TOKEN_MIXERS[self.token_mixer].smoe):
       return partial_prefix_len(self.max_len, self.moe.partial_fraction)
     return 0
 
@@ -220,8 +258,8 @@ class SmlpLM(nn.Module):
                                           (common.VOCAB, common.EMBED)),
         name="embed")
     x = embed(inputs)                                               # [B, N, d]
-    attention = self.token_mixer == "attention"
-    if attention:
+    token_mixer = TOKEN_MIXERS[self.token_mixer]
+    if token_mixer.positions:
       # Attention is permutation-equivariant: it needs positions, the SGU's
       # N x N weights are positional already. Packed rows restart at 0.
       n = inputs.shape[1]
@@ -236,17 +274,14 @@ class SmlpLM(nn.Module):
     mask = None if segment_ids is None else segment_ids > 0
     sparse = sparse_layer_indices(self.num_dense_layers,
                                   self.num_sparse_layers)
-    if attention:
-      dense_block = functools.partial(
-          MixerBlock, functools.partial(
-              SelfAttention, self.num_heads, causal=True,
-              dropout_rate=self.dropout_rate, **kw),
-          self.d_ffn, "pre_ln", self.dropout_rate, **kw)
-    else:
-      dense_block = functools.partial(GmlpBlock, functools.partial(
-          SpatialGatingUnit, self.d_ffn, self.max_len, causal=True,
-          dropout_rate=self.dropout_rate, **kw),
-                                      dropout_rate=self.dropout_rate, **kw)
+    dense_block = registry.BLOCKS[token_mixer.block](
+        token_mixer.mixer, mixer_kwargs(
+            self.token_mixer, d_model=self.d_model, d_ffn=self.d_ffn,
+            max_len=self.max_len, num_heads=self.num_heads,
+            dropout_rate=self.dropout_rate, **kw),
+        dict(d_ffn=self.d_ffn, block=token_mixer.block,
+             dropout_rate=self.dropout_rate, approximate_gelu=False),
+        self.dtype, self.param_dtype)
     for i in range(self.num_dense_layers + self.num_sparse_layers):
       if i in sparse:
         x = SparseBlock(

@@ -52,25 +52,15 @@ import ml_collections
 import numpy as np
 
 from hypermixer_jax import heads
-from hypermixer_jax.models import blocks
 from hypermixer_jax.models import common
 from hypermixer_jax.models import encoders
+from hypermixer_jax.models import registry
+from hypermixer_jax.models.registry import BLOCKS
+from hypermixer_jax.models.registry import MIXERS
+from hypermixer_jax.models.registry import mixer_class
 
-# name -> (module in hypermixer_jax.models, class). Imported on use, so that a
-# mixer's module is only needed by the models that use it.
-MIXERS = {
-    "hypermixer": ("hypermixer", "HyperMixing"),
-    "mlp_mixer": ("mlp_mixer", "MlpMixerTokenMixing"),
-    "gmlp": ("gmlp", "SpatialGatingUnit"),
-    "amlp": ("gmlp", "SpatialGatingUnit"),
-    "attention": ("attention", "SelfAttention"),
-    "linear_attention": ("attention", "LinearAttention"),
-    "fnet": ("fnet", "FourierMixing"),
-    "none": ("fnet", "IdentityMixing"),
-}
-BLOCKS = ("pre_ln", "post_ln", "gmlp")
-# Mixers that never read a later position, so a causal LM may use them.
-_CAUSAL_BY_CONSTRUCTION = ("none",)
+_choice = registry.choice
+_fields = registry.fields
 
 
 def default_model_config() -> ml_collections.ConfigDict:
@@ -121,27 +111,8 @@ def default_model_config() -> ml_collections.ConfigDict:
   ))
 
 
-def _choice(kind: str, value: str, valid) -> str:
-  if value not in valid:
-    raise ValueError(f"unknown {kind} {value!r}; valid {kind}s: "
-                     f"{', '.join(valid)}.")
-  return value
-
-
-def _fields(cls) -> tuple[str, ...]:
-  return tuple(f.name for f in dataclasses.fields(cls)
-               if f.name not in ("parent", "name"))
-
-
 def _as_dict(config: Mapping[str, Any]) -> dict[str, Any]:
   return config.to_dict() if hasattr(config, "to_dict") else dict(config)
-
-
-def mixer_class(name: str) -> type[nn.Module]:
-  """The token-mixer class registered under ``name``."""
-  module, cls = MIXERS[_choice("mixer", name, tuple(MIXERS))]
-  return getattr(importlib.import_module(f"hypermixer_jax.models.{module}"),
-                 cls)
 
 
 # ---------------------------------------------------------------------------
@@ -206,7 +177,7 @@ def build_model(config: Mapping[str, Any]) -> nn.Module:
   family does not have is an error. Encoder families raise ValueError,
   listing the valid choices, for an unknown mixer, block, head, dtype or
   mixer kwarg, for ``d_model`` not divisible by the heads, for
-  ``block='gmlp'`` with a mixer other than gmlp/amlp, and for a
+  ``block='gmlp'`` around a mixer that is no spatial gating unit, and for a
   ``causal_lm`` head over a mixer that cannot be causal.
   """
   family, cfg = _resolve(config)
@@ -228,63 +199,11 @@ def default_config() -> ml_collections.ConfigDict:
   return default_model_config()
 
 
-def _mixer_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
-  """Defaults derived from the model config (only those a mixer accepts)."""
-  defaults = dict(max_len=cfg["max_len"], d_ffn=cfg["d_ffn"],
-                  approximate_gelu=cfg["approximate_gelu"])
-  mixer = cfg["mixer"]
-  if mixer == "hypermixer":
-    defaults["hyper_dim"] = cfg["d_model"]
-  elif mixer == "mlp_mixer":
-    # MLP-Mixer's D_S is C/2 in every configuration of its Table 1.
-    defaults["token_mlp_dim"] = cfg["d_model"] // 2
-  elif mixer in ("attention", "linear_attention"):
-    defaults["num_heads"] = max(1, cfg["d_model"] // 64)
-  elif mixer == "amlp":
-    defaults["tiny_attention_dim"] = 64  # gMLP paper: one head of size 64
-  return defaults
-
-
-def _mixer_kwargs(cfg: Mapping[str, Any], cls, causal: bool,
-                  dtype, param_dtype) -> dict[str, Any]:
-  """Validated keyword arguments for the mixer class."""
-  fields = _fields(cls)
-  user = dict(cfg.get("mixer_kwargs") or {})
-  unknown = sorted(set(user) - set(fields))
-  if unknown:
-    raise ValueError(
-        f"unknown mixer_kwargs {unknown} for mixer {cfg['mixer']!r} "
-        f"({cls.__name__}); valid: {', '.join(sorted(fields))}.")
-  kwargs = {k: v for k, v in _mixer_defaults(cfg).items() if k in fields}
-  kwargs.update(user)
-  if causal:
-    if "causal" in fields:
-      if user.get("causal") is False:
-        raise ValueError("head 'causal_lm' needs a causal mixer but "
-                         "mixer_kwargs sets causal=False.")
-      kwargs["causal"] = True
-    elif cfg["mixer"] not in _CAUSAL_BY_CONSTRUCTION:
-      capable = [m for m in MIXERS if m in _CAUSAL_BY_CONSTRUCTION
-                 or "causal" in _fields(mixer_class(m))]
-      raise ValueError(
-          f"head 'causal_lm' needs a causal token mixer, but mixer "
-          f"{cfg['mixer']!r} ({cls.__name__}) has no causal mode (every output "
-          "would read later tokens); causal mixers: "
-          f"{', '.join(capable)}.")
-  heads_ = kwargs.get("num_heads")
-  if heads_ and cfg["d_model"] % heads_:
-    raise ValueError(
-        f"d_model={cfg['d_model']} is not divisible by num_heads={heads_} of "
-        f"mixer {cfg['mixer']!r}; choose num_heads dividing d_model.")
-  kwargs.update(dtype=dtype, param_dtype=param_dtype)
-  return kwargs
-
-
 def build(cfg: dict[str, Any]) -> encoders.Model:
   """The encoder families' builder (see ``build_model``)."""
   family = cfg["family"]
   head = _choice("head", cfg["head"], heads.names_for(family))
-  block = _choice("block", cfg["block"], BLOCKS)
+  block = _choice("block", cfg["block"], tuple(BLOCKS))
   mixer = _choice("mixer", cfg["mixer"], tuple(MIXERS))
   dtype = common.dtype(cfg["dtype"])
   param_dtype = common.dtype(cfg["param_dtype"])
@@ -296,24 +215,10 @@ def build(cfg: dict[str, Any]) -> encoders.Model:
   if any(k < 1 for k in conv_stem):
     raise ValueError(f"conv_stem kernel sizes must be >= 1, got {conv_stem}.")
 
-  cls = mixer_class(mixer)
-  kwargs = _mixer_kwargs(cfg, cls, causal, dtype, param_dtype)
-  if block == "gmlp":
-    if mixer not in ("gmlp", "amlp"):
-      raise ValueError(f"block 'gmlp' is gMLP's own block and needs mixer "
-                       f"'gmlp' or 'amlp', got {mixer!r}; use block 'pre_ln' "
-                       "or 'post_ln' for other mixers.")
-    gmlp = importlib.import_module("hypermixer_jax.models.gmlp")
-    kwargs.setdefault("dropout_rate", cfg["dropout_rate"])
-    layer = functools.partial(
-        gmlp.GmlpBlock, functools.partial(cls, **kwargs),
-        dropout_rate=kwargs["dropout_rate"], dtype=dtype,
-        param_dtype=param_dtype)
-  else:
-    layer = functools.partial(
-        blocks.MixerBlock, functools.partial(cls, **kwargs),
-        d_ffn=cfg["d_ffn"], layout=block, dropout_rate=cfg["dropout_rate"],
-        approximate_gelu=cfg["approximate_gelu"], dtype=dtype, param_dtype=param_dtype)
+  kwargs = registry.mixer_kwargs(mixer, cfg, cfg.get("mixer_kwargs"),
+                                 causal=causal, dtype=dtype,
+                                 param_dtype=param_dtype)
+  layer = BLOCKS[block](mixer, kwargs, cfg, dtype, param_dtype)
 
   return encoders.Model(
       family=family, head=head, layer=layer,
@@ -356,9 +261,8 @@ def facts(cfg: dict[str, Any]) -> common.ModelFacts:
   if "max_segments" not in fields or head == "causal_lm":
     return common.ModelFacts(head=head)
   slots = dict(cfg.get("mixer_kwargs") or {}).get(
-      "max_segments", dict(zip(fields, (
-          f.default for f in dataclasses.fields(mixer_class(mixer))
-          if f.name not in ("parent", "name"))))["max_segments"])
+      "max_segments", {f.name: f.default for f in dataclasses.fields(
+          mixer_class(mixer))}["max_segments"])
   error = None
   if slots < 2:
     error = (
@@ -370,6 +274,13 @@ def facts(cfg: dict[str, Any]) -> common.ModelFacts:
         "examples per row (compute grows with K).")
   return common.ModelFacts(head=head, packing_error=error,
                            packing_options={"max_segments": slots})
+
+
+def unpacked_mixer_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+  """The options of ``config``'s token mixer for rows of one example each,
+  for a config that turns ``data.packing`` off (``registry``)."""
+  _, cfg = _resolve(config)
+  return registry.unpacked_mixer_kwargs(cfg["mixer"]) if "mixer" in cfg else {}
 
 
 def dummy_inputs(config: Mapping[str, Any], batch: int = 1,
