@@ -165,15 +165,17 @@ def param_split(config: ml_collections.ConfigDict) -> dict:
 
 
 def hypermixer_above(task: str, mixer: str, hyper: list[float],
-                     other: list[float]) -> str:
+                     other: list[float], n_eval: int | None = None) -> str:
   """The table's "HyperMixer above it?" cell: the paper's answer for
-  ``task`` against ``mixer`` and whether our seeds (``hyper``, ``other``:
-  accuracies) agree; '' for HyperMixer itself or without runs."""
+  ``task`` against ``mixer`` and what Welch's test on our seeds (``hyper``,
+  ``other``: accuracies on ``n_eval`` examples) says of it; '' for
+  HyperMixer itself or without runs."""
   if mixer == "hypermixer" or not hyper or not other:
     return ""
   paper_higher = PAPER["hypermixer"][task] > PAPER[mixer][task]
-  return (f"paper {'yes' if paper_higher else 'no'}; ours "
-          + experiment.verdict(hyper, other, paper_higher))
+  v = experiment.verdict(hyper, other, "higher" if paper_higher else "lower",
+                         n_eval=n_eval)
+  return f"paper {'yes' if paper_higher else 'no'}; ours {v.text(100)}"
 
 
 def run_cell(exp: experiment.Experiment, config: ml_collections.ConfigDict,
@@ -263,6 +265,8 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
   for task in tasks:
     headers += [f"{task} dev, final (ours)", f"{task} dev, best eval (ours)",
                 f"{task} test (paper)", "HyperMixer above it?"]
+    headers += ["vs Naive Bayes"] if base else []
+  n_eval = base.get("dev_rows")
   if args.scale == "small":
     headers += ["params (embedding / token mixing)", "GFLOP / train step",
                 "wall min per run"]
@@ -277,7 +281,11 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
       row += [experiment.fmt_mean_sd(final, 100) or "not run",
               experiment.fmt_mean_sd(best, 100), PAPER[mixer][task],
               hypermixer_above(task, mixer, [a for a, _ in hyper.values()],
-                               final)]
+                               final, n_eval)]
+    if base:
+      row.append(experiment.against_baseline(
+          final, base["naive_bayes"], n_eval=n_eval).text(100)
+                 if final else "")
     if args.scale == "small":
       mine = [r for c, r in done if c["model"] == mixer]
       r = mine[0] if mine else {}
@@ -295,9 +303,8 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
           "model": label, headers[1]: f"{100 * base[name]:.1f}"}))
   notes = ("Final: dev accuracy at the last step; best eval: the best of the "
            "run's evaluations (selected on dev, so optimistic); mean ± sample "
-           "sd over seeds. Paper: test accuracy of the ~11M models. 'agrees' "
-           "only where the gap of the means exceeds the sum of the two sds "
-           "(final accuracy), else 'not decided'.")
+           "sd over seeds. Paper: test accuracy of the ~11M models. "
+           + experiment.VERDICT_NOTE)
   if args.scale == "small":
     vocab = exp.data.get("vocab", {})
     dropout = (args.dropout if args.dropout is not None else

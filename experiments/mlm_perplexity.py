@@ -339,7 +339,8 @@ def table_rows(runs: dict, sizes: dict, base: dict | None = None
     vs_bert = ""
     if mixer in ("gmlp", "amlp") and ppl and bert:
       # gMLP: slightly higher perplexity than BERT; aMLP: at most BERT's.
-      vs_bert = experiment.verdict(ppl, bert, mixer == "gmlp")
+      vs_bert = experiment.verdict(
+          ppl, bert, "higher" if mixer == "gmlp" else "lower").text()
     rows.append([LABELS[mixer], m["num_layers"], m["d_model"], m["d_ffn"],
                  f"{p['total'] / 1e6:.3f}M", f"{p['non_embedding'] / 1e6:.3f}M",
                  experiment.fmt_mean_sd(ppl) or "not run", ratio, vs_bert,
@@ -426,7 +427,9 @@ def main() -> None:
       "[MASK], 10% random, 10% kept), unpacked rows. Perplexity = exp(mean "
       "cross-entropy over the selected held-out tokens), mean ± sd over "
       "seeds; 'vs BERT': whether the seeds back the paper's order (gMLP "
-      "slightly above BERT, aMLP at most BERT) beyond the seed spread. "
+      "slightly above BERT, aMLP at most BERT): the difference of the "
+      "perplexities (the model's minus BERT's) by Welch's test on the "
+      "seeds, 95% interval and p; 'not decided' where p >= 0.05. "
       "Baselines: counts of the train tokens, scored on the same selected "
       "held-out positions (mean over the seeds' masks).")
   if seed_bases:

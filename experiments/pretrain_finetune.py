@@ -347,8 +347,9 @@ def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
           experiment.fmt_mean_sd(scratch, 100) or "not run",
           experiment.fmt_mean_sd(tuned, 100) or "not run",
           f"{gain:+.1f}" if gain is not None else "",
-          experiment.verdict(tuned, scratch, True) if gain is not None
-          else "",
+          experiment.verdict(tuned, scratch, "higher", n_eval=bases.get(
+              nb_key(*setting), {}).get("dev_rows")).text(100)
+          if gain is not None else "",
           " / ".join(f"{chosen[mixer, setting, a]:g}"
                      if chosen[mixer, setting, a] else "-"
                      for a in ("scratch", "pretrained")),
@@ -366,8 +367,9 @@ def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
       f"the best of {args.lrs} on seed 0 (selected on dev: optimistic for "
       "both arms alike). Pretrained: the encoder of an MLM run of "
       f"{args.pretrain_steps} steps of batch 64 x 64 tokens on {C4_TRAIN_ALL} "
-      "(same seed), classifier new. 'pretraining helps': 'agrees' when the "
-      "gap of the means exceeds the sum of the sds. TFLOPs of pretraining / "
+      "(same seed), classifier new. 'pretraining helps': Welch's test of "
+      "pretrained against scratch (see Verdicts below). TFLOPs of "
+      "pretraining / "
       "of one fine-tuning run: XLA's count of one train step times the steps. "
       f"Target: +{TARGET_GAIN:g} points at 10% of the labels for the best "
       "model. Linear probe: dev accuracy of a logistic regression (L2 "
@@ -380,6 +382,7 @@ def _report(exp, args, models, settings, seeds, chosen, keys) -> None:
               f"{np.mean([b['unigram'] for b in base]):.1f}, bigram "
               f"{np.mean([b['bigram'] for b in base]):.1f} on the same "
               "selected positions.")
+  notes += " " + experiment.VERDICT_NOTE
   exp.write_table(
       "Pretraining then fine-tuning against scratch (small scale)",
       experiment.markdown_table(

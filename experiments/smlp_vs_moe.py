@@ -360,7 +360,7 @@ def table_rows(names: Sequence[str], labels: Mapping[str, str],
   """One row per model: depth, parameters, FLOPs (total, layers, vs the
   reference), held-out perplexity over its seeds' runs (mean ± sd; as
   trained, over ``unigram``, on each row's last 80%), whether the
-  reference's perplexity is lower beyond the seed spread, tokens/s (mean,
+  reference's perplexity is lower (Welch's test), tokens/s (mean,
   and vs the reference), the paper's claim."""
   ref = plan[reference]["layer_flops"]
   ref_runs = runs.get(reference) or []
@@ -382,8 +382,8 @@ def table_rows(names: Sequence[str], labels: Mapping[str, str],
               f"{sum(ppl) / len(ppl) / unigram:.2f}" if unigram else "",
               experiment.fmt_mean_sd(last80),
               "" if name == reference else experiment.verdict(
-                  ref_ppl, ppl, False).replace("agrees", "yes").replace(
-                      "disagrees", "no, higher"),
+                  ref_ppl, ppl, "lower").text(words={
+                      "agrees": "yes", "disagrees": "no, higher"}),
               f"{tps:,.0f}", f"{tps / ref_tps:.2f}" if ref_runs else ""]
     else:
       row += ["not run", "", "", "", "", ""]
@@ -507,9 +507,11 @@ def main() -> None:
       f"({s['eval_steps']} batches of {s['batch_size']} rows); partial "
       "routing's counts each row's last 80% only, so the next column counts "
       "those positions for every model (`heldout_last80`). 'sMLP (det.) "
-      "lower?': yes / no only where the gap of the means exceeds the sum of "
-      "the sds. Unigram and add-k bigram: train-split counts, the same "
-      "positions. XLA counts Base "
+      "lower?': the difference of the perplexities (sMLP's minus the "
+      "model's) by Welch's test on the seeds (yes / no, higher: p < 0.05; "
+      "every model is scored on the same held-out tokens, whose own noise "
+      "is not in the interval). Unigram and add-k bigram: train-split "
+      "counts, the same positions. XLA counts Base "
       "Layers' auction loop body once (training only), so its FLOPs are "
       "under-counted; Base Layers' training assignment reads the whole row "
       "(its inference routing is causal).")

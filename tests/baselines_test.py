@@ -1,5 +1,6 @@
 """The trivial baselines against hand-computed examples, and the harness's
-grid, seed statistics, verdicts and vocabulary/token plumbing."""
+grid, seed statistics and vocabulary/token plumbing (verdicts:
+experiment_stats_test.py)."""
 import math
 import os
 import pathlib
@@ -216,18 +217,6 @@ class HarnessTest(absltest.TestCase):
                      "81.0 ± 1.4 (n=2)")
     # One value has no spread to show.
     self.assertEqual(experiment.fmt_mean_sd([0.8], 100), "80.0 (n=1)")
-
-  def test_verdict_needs_a_gap_beyond_the_seed_spread(self):
-    hi, lo = [0.80, 0.81, 0.82], [0.70, 0.71, 0.72]
-    self.assertEqual(experiment.verdict(hi, lo, True), "agrees")
-    self.assertEqual(experiment.verdict(hi, lo, False), "disagrees")
-    # A gap of 1.0 inside sds of 1.0 + 1.0: not decided either way.
-    self.assertEqual(experiment.verdict([1., 2., 3.], [2., 3., 4.], False),
-                     "not decided")
-    self.assertEqual(experiment.verdict([0.9], [0.1], True), "not decided")
-    # Two seeds a side decide nothing, however far apart.
-    self.assertEqual(experiment.verdict([0.9, 0.91], [0.1, 0.11, 0.12],
-                                        True), "not decided")
 
   def test_recorded_paths_are_relative_to_the_repository(self):
     portable = records._portable  # pylint: disable=protected-access

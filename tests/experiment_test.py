@@ -173,6 +173,14 @@ class HarnessTest(absltest.TestCase):
     self.assertIsNone(report.cell("p/model=b/seed=1", lambda: 1 / 0))
     saved = json.loads((pathlib.Path(out) / "results.json").read_text())
     self.assertEqual(saved["args"]["steps"], 5)
+    # Each run keeps the arguments of the command that ran it.
+    later = experiment.Experiment(
+        out, argparse.Namespace(report_only=False, steps=7))
+    later.cell("p/model=b/seed=1", lambda: {"k": 0})
+    saved = json.loads((pathlib.Path(out) / "results.json").read_text())
+    self.assertEqual(saved["args"]["steps"], 7)
+    self.assertEqual([saved["runs"][k]["args"]["steps"] for k in (
+        "p/model=a/seed=0", "p/model=b/seed=1")], [5, 7])
 
   def test_fingerprint_reads_files_by_content(self):
     import ml_collections  # pylint: disable=g-import-not-at-top
@@ -469,11 +477,15 @@ class GlueConfigTest(absltest.TestCase):
     # below linear attention's 66.9.
     hi, lo = [0.80, 0.81, 0.82], [0.70, 0.71, 0.72]
     self.assertEqual(above("sst2", "mlp_mixer", hi, lo),
-                     "paper yes; ours agrees")
+                     "paper yes; ours agrees: +10.0 [+7.7, +12.3], p < 0.001")
     self.assertEqual(above("mnli", "linear_attention", hi, lo),
-                     "paper no; ours disagrees")
+                     "paper no; ours disagrees: +10.0 [+7.7, +12.3], "
+                     "p < 0.001")
+    # The 872 examples of SST-2 dev add their own noise.
+    self.assertTrue(above("sst2", "mlp_mixer", hi, lo, 872).startswith(
+        "paper yes; ours agrees: +10.0 [+5.7, +14.3]"))
     self.assertEqual(above("sst2", "gmlp", [0.8], [0.7]),
-                     "paper yes; ours not decided")
+                     "paper yes; ours not decided (1 < 3 seeds)")
     self.assertEqual(above("sst2", "hypermixer", [0.8, 0.9], [0.8, 0.9]), "")
     self.assertEqual(above("sst2", "gmlp", [], [0.7, 0.8]), "")
 

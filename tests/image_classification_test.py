@@ -141,22 +141,17 @@ def test_pixel_arrays_refuse_mixed_sizes(tmp_path):
 
 
 @pytest.mark.parametrize("gmlp,other,family,want", [
-    ([0.47, 0.48, 0.46], [0.39, 0.40, 0.41], "mixer", "agrees"),
-    ([0.39, 0.40, 0.41], [0.47, 0.48, 0.46], "mixer", "disagrees"),
-    ([0.47, 0.48, 0.46], [0.39, 0.40, 0.41], "vit", "disagrees (gMLP higher)"),
-    ([0.40, 0.42, 0.41], [0.41, 0.40, 0.42], "vit", "level inside the spread"),
-    ([0.40, 0.42], [0.41, 0.40, 0.42], "vit", "not decided"),
+    ([0.47, 0.48, 0.46], [0.39, 0.40, 0.41], "mixer", "agrees: +7.0"),
+    ([0.39, 0.40, 0.41], [0.47, 0.48, 0.46], "mixer", "disagrees: -7.0"),
+    ([0.47, 0.48, 0.46], [0.39, 0.40, 0.41], "vit", "disagrees: +7.0"),
+    # Level only where the equivalence test puts the gap inside 1 point.
+    ([0.410, 0.412, 0.411], [0.411, 0.410, 0.412], "vit", "agrees: +0.0"),
+    ([0.40, 0.42, 0.41], [0.41, 0.40, 0.42], "vit", "not decided: +0.0"),
+    ([0.40, 0.42], [0.41, 0.40, 0.42], "vit", "not decided (2 < 3 seeds)"),
     ([0.47, 0.48, 0.46], [0.47, 0.48, 0.46], "gmlp", ""),
 ])
 def test_claim_verdicts(gmlp, other, family, want):
-  assert ic.claim_verdict(family, gmlp, other) == want
-
-
-def test_versus_a_baseline():
-  assert ic.versus([0.45, 0.46, 0.47], 0.40) == "above"
-  assert ic.versus([0.35, 0.36, 0.37], 0.40) == "below"
-  assert ic.versus([0.39, 0.40, 0.41], 0.40) == "level"
-  assert ic.versus([0.45], 0.40) == "not decided"
+  assert ic.claim_verdict(family, gmlp, other).startswith(want)
 
 
 def _cifar_cfg(tsv: str, **kw):

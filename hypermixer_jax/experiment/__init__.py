@@ -30,7 +30,9 @@ The modules, by concern (everything is re-exported here, so a script writes
   ``flops_per_step``;
 * ``vocab``: ``small_vocab``, a study's in-domain SentencePiece vocabulary;
 * ``stats``: seeds turned into a table's cells (``mean_sd``,
-  ``fmt_mean_sd``) and verdicts;
+  ``fmt_mean_sd``, ``mean_ci``) and verdicts (``verdict``,
+  ``against_baseline``: Welch's test, ``welch``, with the evaluation set's
+  noise for accuracies; equality only by ``tost``);
 * ``tables`` / ``figures``: Markdown tables and the learning-curve plots;
 * ``timing``: interleaved timing rounds and compiled memory.
 
@@ -63,10 +65,16 @@ from hypermixer_jax.experiment.runs import match_field
 from hypermixer_jax.experiment.runs import pipeline_arrays
 from hypermixer_jax.experiment.runs import train
 from hypermixer_jax.experiment.runs import trained_params
+from hypermixer_jax.experiment.stats import against_baseline
+from hypermixer_jax.experiment.stats import ALPHA
 from hypermixer_jax.experiment.stats import fmt_mean_sd
 from hypermixer_jax.experiment.stats import mean_sd
+from hypermixer_jax.experiment.stats import mean_ci
 from hypermixer_jax.experiment.stats import MIN_SEEDS
+from hypermixer_jax.experiment.stats import tost
 from hypermixer_jax.experiment.stats import verdict
+from hypermixer_jax.experiment.stats import VERDICT_NOTE
+from hypermixer_jax.experiment.stats import welch
 from hypermixer_jax.experiment.tables import markdown_table
 from hypermixer_jax.experiment.tables import perplexity_baseline_rows
 from hypermixer_jax.experiment.tables import table_row

@@ -1,8 +1,39 @@
-"""Seeds turned into the numbers and verdicts of a table."""
+"""Seeds turned into the numbers and verdicts of a table.
+
+A verdict comes from a test, never from a rule of thumb: Welch's t-test at
+``ALPHA`` (two-sided) on the seeds of two settings, with at least
+``MIN_SEEDS`` seeds a side, reported as the difference of the means with its
+95% confidence interval and p. A deterministic baseline (a number, e.g.
+Naive Bayes) is compared with a one-sample test. Equality is claimed only
+from an equivalence test (TOST, two one-sided tests) with its margin stated.
+
+Accuracies carry the evaluation set's own noise as well as the seeds': with
+``n_eval`` examples, each side's mean gains the binomial variance
+``p (1 - p) / n_eval`` (a deterministic baseline too, since it was scored on
+the same finite set), and the degrees of freedom follow Welch-Satterthwaite
+with ``n_eval - 1`` for those terms. Both sides are scored on the same
+examples, so treating their evaluation noise as independent is conservative;
+a paired bootstrap over the examples would be tighter, but the records hold
+no per-example predictions.
+"""
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
+
+ALPHA = 0.05      # two-sided level of every test
+MIN_SEEDS = 3     # seeds a side before a test decides anything
+CLAIMS = ("higher", "lower", "equal")
+# How a table's verdicts were reached, for its notes.
+VERDICT_NOTE = (
+    "Verdicts: Welch's t-test on the seeds, two-sided at alpha = 0.05, with "
+    "at least 3 seeds a side (a trivial baseline: a one-sample test); a cell "
+    "gives the difference of the means with its 95% confidence interval and "
+    "p. For accuracies each side also carries the evaluation set's binomial "
+    "noise, p (1 - p) / n (conservative: both sides are scored on the same "
+    "examples). 'not decided' where p >= 0.05; equality is claimed only "
+    "from an equivalence test (TOST) with its margin stated.")
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -29,23 +60,181 @@ def fmt_mean_sd(values: Sequence[float], scale: float = 1.0,
   return f"{mean:.{digits}f} ± {sd:.{digits}f} (n={len(values)})"
 
 
-MIN_SEEDS = 3     # seeds a side before ``verdict`` decides anything
+def mean_ci(values: Sequence[float], level: float = 0.95
+            ) -> tuple[float, float, float]:
+  """``(mean, low, high)``: the mean of the seeds with its t interval
+  (NaN bounds for fewer than two values)."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  mean, sd = mean_sd(values)
+  if len(values) < 2:
+    return mean, math.nan, math.nan
+  half = stats.t.ppf(0.5 + level / 2, len(values) - 1) * sd / math.sqrt(
+      len(values))
+  return mean, mean - half, mean + half
 
 
-def verdict(ours: Sequence[float], other: Sequence[float],
-            paper_says_higher: bool) -> str:
-  """Whether seeds of two settings back a paper's claim "ours > other"
-  (``paper_says_higher``) or "ours < other".
+@dataclasses.dataclass(frozen=True)
+class Difference:
+  """``mean(ours) - mean(other)`` with its standard error, Welch-Satterthwaite
+  degrees of freedom, 95% interval and two-sided p."""
+  diff: float
+  se: float
+  df: float
+  low: float
+  high: float
+  p: float
+  seeds: tuple[int, int]    # seeds a side (0: a deterministic baseline)
 
-  'agrees' / 'disagrees' when the difference of the means exceeds the seed
-  spread (the sum of the two sample standard deviations), with at least
-  ``MIN_SEEDS`` seeds on each side; 'not decided' otherwise. (Two seeds are
-  too few: on MNLI a Transformer at 44.4 / 44.6 was ahead of HyperMixer's
-  three seeds beyond the spread, and its third seed, 42.4, undid that.)
+
+def _side(values: Sequence[float] | float, n_eval: int | None
+          ) -> tuple[float, list[tuple[float, float]], int]:
+  """``(mean, [(variance of the mean, its df)], seeds)`` of one side."""
+  if isinstance(values, (int, float)):
+    mean, terms, k = float(values), [], 0
+  else:
+    values = [float(v) for v in values]
+    mean, sd = mean_sd(values)
+    k = len(values)
+    terms = [(sd ** 2 / k, k - 1)] if k > 1 else []
+  if n_eval:
+    if not 0.0 <= mean <= 1.0:
+      raise ValueError(f"n_eval={n_eval} is for accuracies in [0, 1]; got a "
+                       f"mean of {mean:g} (pass fractions, not percent).")
+    terms.append((mean * (1 - mean) / n_eval, n_eval - 1))
+  return mean, terms, k
+
+
+def welch(ours: Sequence[float], other: Sequence[float] | float, *,
+          n_eval: int | None = None, shift: float = 0.0,
+          level: float = 0.95) -> Difference:
+  """Welch's test of ``mean(ours) - mean(other) = shift``.
+
+  ``other`` a number: a deterministic baseline (a one-sample test).
+  ``n_eval``: the evaluation set's size, for accuracies (see the module's
+  docstring). With neither, this is ``scipy.stats.ttest_ind(ours, other,
+  equal_var=False)``.
   """
-  if len(ours) < MIN_SEEDS or len(other) < MIN_SEEDS:
-    return "not decided"
-  (m1, s1), (m2, s2) = mean_sd(ours), mean_sd(other)
-  if abs(m1 - m2) <= s1 + s2:
-    return "not decided"
-  return "agrees" if (m1 > m2) == paper_says_higher else "disagrees"
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  m1, t1, k1 = _side(ours, n_eval)
+  m2, t2, k2 = _side(other, n_eval)
+  if k1 < 2 and k2 < 2 and not n_eval:
+    raise ValueError(f"welch: {k1} and {k2} values have no spread; a test "
+                     "needs at least two seeds on one side.")
+  terms = t1 + t2
+  var = sum(v for v, _ in terms)
+  if var == 0:
+    raise ValueError("welch: every value is equal on both sides; the "
+                     "difference has no spread to test against.")
+  df = var ** 2 / sum(v ** 2 / d for v, d in terms if v > 0)
+  se = math.sqrt(var)
+  diff = m1 - m2
+  p = 2 * stats.t.sf(abs(diff - shift) / se, df)
+  half = stats.t.ppf(0.5 + level / 2, df) * se
+  return Difference(diff, se, df, diff - half, diff + half, float(p),
+                    (k1, k2))
+
+
+def tost(ours: Sequence[float], other: Sequence[float] | float,
+         margin: float, *, n_eval: int | None = None) -> float:
+  """p of the equivalence test "``|mean(ours) - mean(other)| < margin``":
+  the larger p of the two one-sided Welch tests (equivalent at ``ALPHA``
+  exactly when the 90% interval lies inside ``(-margin, margin)``)."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  if margin <= 0:
+    raise ValueError(f"tost: margin={margin} must be positive (the largest "
+                     "difference that still counts as equal).")
+  d = welch(ours, other, n_eval=n_eval)
+  p_low = stats.t.sf((d.diff + margin) / d.se, d.df)    # H0: diff <= -m
+  p_high = stats.t.cdf((d.diff - margin) / d.se, d.df)  # H0: diff >= +m
+  return float(max(p_low, p_high))
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+  """What the seeds say of a paper's claim about ``ours`` against
+  ``other``: ``word`` is 'agrees', 'disagrees' or 'not decided'."""
+  word: str
+  claim: str
+  test: Difference | None = None
+  margin: float | None = None
+  p_equal: float | None = None     # TOST's p, when a margin was given
+  why: str = ""                    # why nothing was decided, if so
+
+  def text(self, scale: float = 1.0, digits: int = 1,
+           words: Mapping[str, str] | None = None, spec: str = "") -> str:
+    """The table's cell: ``'agrees: +1.2 [+0.3, +2.1], p = 0.012'`` (the
+    difference and its 95% interval times ``scale``, ``digits`` decimals or
+    the format ``spec``, e.g. ``'+.1e'``; ``words`` renames the verdict,
+    e.g. ``{'agrees': 'yes'}``)."""
+    word = (words or {}).get(self.word, self.word)
+    if self.test is None:
+      return f"{word} ({self.why})"
+    t, f = self.test, spec or f"+.{digits}f"
+    out = (f"{word}: {scale * t.diff:{f}} "
+           f"[{scale * t.low:{f}}, {scale * t.high:{f}}], {_p(t.p)}")
+    if self.margin is not None:
+      out += (f"; equal within ±{scale * self.margin:{f[1:]}}: "
+              f"TOST {_p(self.p_equal)}")
+    return out
+
+  def __str__(self) -> str:
+    return self.text()
+
+
+def _p(p: float) -> str:
+  return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
+def verdict(ours: Sequence[float], other: Sequence[float] | float,
+            claim: str, *, n_eval: int | None = None,
+            margin: float | None = None) -> Verdict:
+  """Whether the seeds back a paper's claim that ``ours`` is ``claim``
+  ('higher', 'lower' or 'equal') than ``other`` (seeds, or a number: a
+  deterministic baseline).
+
+  'agrees' / 'disagrees' where Welch's test rejects equal means at ``ALPHA``
+  (a difference in the claimed / the other direction; for 'equal': any
+  difference disagrees); with ``margin`` (required for 'equal') and no
+  significant difference, TOST decides equality: within the margin agrees
+  with 'equal' and disagrees with 'higher' / 'lower'. Anything else, or
+  fewer than ``MIN_SEEDS`` seeds a side, is 'not decided'. Pass values
+  where higher is better or not, as the claim reads (perplexities as they
+  are, with 'lower').
+  """
+  if claim not in CLAIMS:
+    raise ValueError(f"verdict: claim={claim!r}; use one of {CLAIMS}.")
+  if claim == "equal" and margin is None:
+    raise ValueError("verdict: a claim of equality needs margin= (the "
+                     "largest difference that still counts as equal).")
+  seeds = [len(ours)] + ([] if isinstance(other, (int, float))
+                         else [len(other)])
+  if min(seeds) < MIN_SEEDS:
+    return Verdict("not decided", claim,
+                   why=f"{min(seeds)} < {MIN_SEEDS} seeds")
+  spread = [ours] + ([] if isinstance(other, (int, float)) else [other])
+  if not n_eval and all(max(v) == min(v) for v in spread):
+    return Verdict("not decided", claim, why="no spread between the seeds")
+  test = welch(ours, other, n_eval=n_eval)
+  p_equal = None if margin is None else tost(ours, other, margin,
+                                             n_eval=n_eval)
+  if test.p < ALPHA:
+    higher = test.diff > 0
+    word = ("agrees" if claim != "equal" and higher == (claim == "higher")
+            else "disagrees")
+  elif p_equal is not None and p_equal < ALPHA:
+    word = "agrees" if claim == "equal" else "disagrees"
+  else:
+    word = "not decided"
+  return Verdict(word, claim, test, margin, p_equal)
+
+
+def against_baseline(ours: Sequence[float], baseline: float, *,
+                     n_eval: int | None = None) -> Verdict:
+  """``ours`` against a trivial baseline (a number) by the same test as
+  ``verdict``: 'above' / 'below' where it decides, else 'level' (or 'not
+  decided' with too few seeds)."""
+  v = verdict(ours, baseline, "higher", n_eval=n_eval)
+  words = {"agrees": "above", "disagrees": "below"}
+  if v.test is not None:
+    words["not decided"] = "level"
+  return dataclasses.replace(v, word=words.get(v.word, v.word))
