@@ -1,0 +1,351 @@
+"""The claims table: each paper claim beside what the committed records say.
+
+    python -m hypermixer_jax.experiment.claims [--results=experiments/results]
+
+writes ``<results>/claims.md`` from the ``results.json`` of each experiment
+(and, with ``--insert=FILE``, puts the table between FILE's
+``<!-- claims -->`` and ``<!-- /claims -->`` lines). A claim is data
+(``Claim``): the runs of each side, selected by a pattern of their keys in a
+record (one run per seed), the number the paper gives, the trivial baseline,
+the direction the paper claims, and the regime the runs were made in. Its
+verdict is ``stats.verdict``: Welch's test on the seeds, the evaluation
+set's noise included for accuracies, equality only by TOST.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import json
+import pathlib
+import re
+from typing import Any, Sequence
+
+from hypermixer_jax.experiment import stats
+from hypermixer_jax.experiment import tables
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+  """One side of a claim: the runs of ``experiment`` whose keys match
+  ``pattern`` (``fnmatch``; one per seed), each read at ``metric`` (the
+  keys down to it in the run's record), or ``record``: the keys of numbers
+  kept once in the record (e.g. ``('best_draws', 'hypermixer',
+  'accuracy')``)."""
+  label: str
+  pattern: str = ""
+  metric: tuple[str, ...] = ("eval", "accuracy")
+  record: tuple[str, ...] = ()
+
+  def values(self, data: dict[str, Any]) -> list[float]:
+    if self.record:
+      value = _path(data, self.record)
+      return [float(v) for v in (value if isinstance(value, list)
+                                 else [value])]
+    keys = sorted(k for k in data["runs"] if fnmatch.fnmatchcase(
+        k, self.pattern))
+    return [float(_path(data["runs"][k], self.metric)) for k in keys]
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """A paper's claim that ``ours`` is ``direction`` than each of
+  ``others`` (every pair must agree), with the paper's number, the trivial
+  baseline of the task (a label and its keys in the record), the evaluation
+  set's size for accuracies (its keys; none for perplexities and MSE), the
+  margin of a claim of equality, and the regime of the runs."""
+  paper: str
+  experiment: str
+  text: str
+  paper_number: str
+  ours: Arm
+  others: tuple[Arm, ...]
+  direction: str
+  baseline: tuple[str, tuple[str, ...]] = ("", ())
+  n_eval: tuple[str, ...] = ()
+  margin: float | None = None
+  scale: float = 100.0         # accuracies in points
+  spec: str = "+.1f"           # how a difference is written
+  regime: str = ""
+  at_scale: str = ""
+
+
+def _path(data: Any, keys: Sequence[str]) -> Any:
+  for key in keys:
+    data = data[key]
+  return data
+
+
+PPL = ("eval", "perplexity")
+HM = "HyperMixer (Mai et al. 2023)"
+GMLP = "gMLP (Liu et al. 2021)"
+SMLP = "sMLP (Yu et al. 2022)"
+SST2 = "w128_s1000_n64/task=sst2/model={}/lr=0.001/seed=*"
+SST2_NB = ("Naive Bayes", ("baselines", "w128_s1000_n64", "naive_bayes"))
+SST2_N = ("baselines", "w128_s1000_n64", "dev_rows")
+SST2_REGIME = ("SST-2, 100% of train (67k phrases), 1,000 steps x 64 "
+               "(0.95 epoch, <= 4.1M tokens), ~1.3M params")
+SST2_SCALE = ("the paper's 11M models train 50k steps; here no model is "
+              "distinguishable from a bag of words, so none yet shows what "
+              "its token mixing adds")
+NLI = "w128_s1000_n128_g/task={}/model={}/seed=*"
+NLI_REGIME = ("{}: 80% of the dev file (4-8k pairs, ~1% of train), "
+              "1,000 steps x 64 (<= 8.2M tokens), ~0.8M params")
+NLI_SCALE = ("the paper trains on the full train sets (100x more pairs); "
+             "here the models overfit a few thousand pairs")
+SYN = "{}/n{}/seed*"
+SYN_REGIME = "{:,} training sequences, 1,500 steps x 64, 3 seeds"
+SYN_SCALE = ("the paper runs 1k-100k sequences, 5 seeds and 5,000 steps; "
+             "HyperMixer's seeds spread widely here")
+IMG = "small/s300/{}/seed=*"
+PIXELS = ("linear on pixels", ("baselines", "small", "linear_pixels"))
+IMG_N = ("baselines", "small", "test_images")
+IMG_REGIME = ("CIFAR-10 32x32, 100% of train, 300 steps x 256 (1.5 "
+              "epochs, 77k images), ~0.25M params")
+IMG_SCALE = ("ImageNet at 224x224 and 300 epochs; attention's lack of "
+             "inductive bias costs most in short, small runs")
+MLM = "small/s2000/vocab=small/model={}/seed=*"
+MLM_REGIME = ("C4 sample (0.5M train tokens, 8k vocabulary), 2,000 steps "
+              "x 32 x 128 (8.2M tokens), ~1.5M params; BERT at one lr, 20 "
+              "warm-up steps")
+MLM_BIGRAM = ("bigram", ("baselines", "small/s2000/vocab=small/seed=0",
+                         "bigram"))
+MLM_SCALE = ("the paper's 100M models on 1e9+ tokens; BERT was not tuned "
+             "here as gMLP was, so the gap may be BERT's budget")
+MOE = "small8k/s1000/runs/{}/seed=*"
+MOE_BIGRAM = ("bigram", ("baselines", "small8k", "all", "bigram"))
+MOE_REGIME = ("C4 sample train (8k vocabulary), WikiText-2 valid, 1,000 "
+              "steps x 16 x 128 (2.0M tokens), ~3M params, 4 experts")
+MOE_SCALE = ("the paper's 64-expert models on 100B tokens; routing "
+             "balance and capacity matter more with many experts")
+
+
+def _sst2(other: str, label: str, number: str) -> Claim:
+  return Claim(HM, "glue_from_scratch", f"SST-2: HyperMixer above {label}",
+               number, Arm("HyperMixer", SST2.format("hypermixer")),
+               (Arm(label, SST2.format(other)),), "higher",
+               SST2_NB,
+               SST2_N, regime=SST2_REGIME,
+               at_scale=SST2_SCALE)
+
+
+def _nli(task: str, number: str) -> Claim:
+  base = ("baselines", f"{task}/w128_s1000_n128_g")
+  return Claim(HM, "nli_splits",
+               f"{task.upper()}: HyperMixer above the Transformer", number,
+               Arm("HyperMixer", NLI.format(task, "hypermixer")),
+               (Arm("Transformer", NLI.format(task, "attention")),),
+               "higher", ("Naive Bayes", (*base, "naive_bayes")),
+               (*base, "dev_rows"), regime=NLI_REGIME.format(task.upper()),
+               at_scale=NLI_SCALE)
+
+
+def _synthetic(size: int) -> Claim:
+  return Claim(HM, "synthetic_data_efficiency",
+               f"synthetic, {size:,} sequences: HyperMixer's test MSE below "
+               "attention's (more data-efficient below 100k)",
+               "a figure, no numbers",
+               Arm("HyperMixer", SYN.format("hypermixer", size), ("mse",)),
+               (Arm("attention", SYN.format("attention", size), ("mse",)),),
+               "lower", ("copy the input", ("baselines", "copy_input")),
+               scale=1.0, spec="+.1e", regime=SYN_REGIME.format(size),
+               at_scale=SYN_SCALE)
+
+
+def _moe_pair(other: str, label: str) -> Claim:
+  return Claim(SMLP, "smlp_vs_moe",
+               f"sMLP (deterministic): lower perplexity than {label}",
+               "best valid ppl of all (§4.3, Table 4)",
+               Arm("sMLP", MOE.format("smlp_deterministic"),
+                   PPL),
+               (Arm(label, MOE.format(other), PPL),), "lower",
+               MOE_BIGRAM, scale=1.0,
+               regime=MOE_REGIME, at_scale=MOE_SCALE)
+
+
+CLAIMS: tuple[Claim, ...] = (
+    _sst2("attention", "the Transformer", "81.4 vs 79.4 (test)"),
+    _sst2("gmlp", "gMLP", "81.4 vs 79.5 (test)"),
+    _sst2("mlp_mixer", "MLP-Mixer", "81.4 vs 81.2 (test)"),
+    _sst2("fnet", "FNet", "81.4 vs 80.0 (test)"),
+    _sst2("linear_attention", "the Linear Transformer", "81.4 vs 80.8 (test)"),
+    _nli("mnli", "66.1 vs 65.8 (test)"),
+    _nli("snli", "81.7 vs 80.7 (test)"),
+    _nli("qnli", "77.1 vs 73.2 (test)"),
+    Claim(HM, "low_resource", "SST-2 at 10% of the labels: HyperMixer above "
+          "the Transformer", "SNLI/MNLI: +12-14% relative at 10%",
+          Arm("HyperMixer", "w128_s1000/fraction=0.1/model=hypermixer/seed=*"),
+          (Arm("Transformer",
+               "w128_s1000/fraction=0.1/model=attention/seed=*"),),
+          "higher", ("Naive Bayes", ("baselines", "0.1", "naive_bayes")),
+          ("baselines", "0.1", "dev_rows"),
+          regime="SST-2, 10% of train (6.7k phrases), 1,000 steps x 64",
+          at_scale="the paper measures SNLI/MNLI, not SST-2, at 11M params"),
+    Claim(HM, "tuning_cost", "tuning: HyperMixer's best random-search draw "
+          "above the Transformer's", "expected-max curve above (§4.6)",
+          Arm("HyperMixer", record=("best_draws", "hypermixer", "accuracy")),
+          (Arm("Transformer", record=("best_draws", "attention", "accuracy")),),
+          "higher", SST2_NB,
+          SST2_N,
+          regime="SST-2, 20 draws of (lr, dropout) per model, 1,000 steps; "
+          "each best draw over 3 seeds",
+          at_scale="the best draw is picked on the dev set it is scored on "
+          "(optimistic for both); 11M models may rank draws otherwise"),
+    *(_synthetic(n) for n in (500, 5_000, 50_000)),
+    Claim(HM, "synthetic_data_efficiency", "synthetic, 50,000 sequences: "
+          "MLP-Mixer's test MSE above HyperMixer's", "5-10x the data for "
+          "the same MSE (Fig. 5b)",
+          Arm("MLP-Mixer", SYN.format("mlp_mixer", 50_000), ("mse",)),
+          (Arm("HyperMixer", SYN.format("hypermixer", 50_000), ("mse",)),),
+          "higher", ("copy the input", ("baselines", "copy_input")), scale=1.0,
+          spec="+.1e", regime=SYN_REGIME.format(50_000),
+          at_scale=SYN_SCALE),
+    Claim(GMLP, "image_classification", "CIFAR-10: gMLP above MLP-Mixer",
+          "ImageNet top-1: gMLP-S 79.6 (20M), Mixer-B/16 76.4 (59M)",
+          Arm("gMLP", IMG.format("gmlp"), ("test", "accuracy")),
+          (Arm("MLP-Mixer", IMG.format("mixer"), ("test", "accuracy")),),
+          "higher", PIXELS,
+          IMG_N, regime=IMG_REGIME,
+          at_scale=IMG_SCALE),
+    Claim(GMLP, "image_classification", "CIFAR-10: gMLP level with a ViT "
+          "(equal within 1 point)", "ImageNet top-1: gMLP-B 81.6, DeiT-B 81.8",
+          Arm("gMLP", IMG.format("gmlp"), ("test", "accuracy")),
+          (Arm("ViT", IMG.format("vit"), ("test", "accuracy")),),
+          "equal", PIXELS,
+          IMG_N, margin=0.01, regime=IMG_REGIME,
+          at_scale=IMG_SCALE),
+    Claim(GMLP, "mlm_perplexity", "MLM: gMLP's perplexity slightly above "
+          "BERT's", "C4 ppl 4.35 (36 layers) vs 4.26 (12 layers)",
+          Arm("gMLP", MLM.format("gmlp"), PPL),
+          (Arm("BERT", MLM.format("attention"), PPL),),
+          "higher", MLM_BIGRAM, scale=1.0, regime=MLM_REGIME,
+          at_scale=MLM_SCALE),
+    Claim(GMLP, "mlm_perplexity", "MLM: aMLP's perplexity at most BERT's",
+          "not in PAPERS.md",
+          Arm("aMLP", MLM.format("amlp"), PPL),
+          (Arm("BERT", MLM.format("attention"), PPL),),
+          "lower", MLM_BIGRAM, scale=1.0, regime=MLM_REGIME,
+          at_scale=MLM_SCALE),
+    _moe_pair("switch", "Switch Transformer"),
+    _moe_pair("gshard", "GShard"),
+    _moe_pair("base_layers", "Base Layers"),
+    _moe_pair("hash", "HASH Layers"),
+    _moe_pair("transformer", "the dense Transformer"),
+    _moe_pair("gmlp", "dense gMLP"),
+    Claim(SMLP, "smlp_vs_moe", "HASH Layers the lowest perplexity of the "
+          "Transformer MoEs", "best of the Transformer MoEs (Table 4)",
+          Arm("HASH", MOE.format("hash"), PPL),
+          tuple(Arm(label, MOE.format(name), PPL)
+                for name, label in (("switch", "Switch"),
+                                    ("gshard", "GShard"),
+                                    ("base_layers", "Base Layers"))),
+          "lower", MOE_BIGRAM, scale=1.0,
+          regime=MOE_REGIME, at_scale=MOE_SCALE),
+)
+
+HEADERS = ("paper", "claim", "paper's number", "ours (mean ± sd, 95% CI)",
+           "against (mean ± sd)", "trivial baseline", "verdict (difference "
+           "[95% CI], p)", "regime", "why it may change at scale")
+
+
+def _mean_sd_ci(values: Sequence[float], c: Claim, ci: bool = True) -> str:
+  """``'80.7 ± 0.9 (n=3), 95% CI [78.4, 83.0]'`` in the claim's units."""
+  if not values:
+    return "not run"
+  f = c.spec.lstrip("+")
+  mean, sd = stats.mean_sd(values)
+  text = f"{c.scale * mean:{f}} ± {c.scale * sd:{f}} (n={len(values)})"
+  if ci and len(values) > 1:
+    _, low, high = stats.mean_ci(values)
+    text += f", 95% CI [{c.scale * low:{f}}, {c.scale * high:{f}}]"
+  return text
+
+
+def judge(c: Claim, data: dict[str, Any]) -> list[str]:
+  """The claim's row of the table from its experiment's record ``data``."""
+  ours = c.ours.values(data)
+  n_eval = int(_path(data, c.n_eval)) if c.n_eval else None
+  verdicts = []
+  for other in c.others:
+    theirs = other.values(data)
+    if not ours or not theirs:
+      return [c.paper, c.text, c.paper_number, _mean_sd_ci(ours, c),
+              "not run", "", "not run", c.regime, c.at_scale]
+    verdicts.append(stats.verdict(ours, theirs, c.direction, n_eval=n_eval,
+                                  margin=c.margin))
+  words = {v.word for v in verdicts}
+  word = ("disagrees" if "disagrees" in words else "agrees"
+          if words == {"agrees"} else "not decided")
+  cells = [v.text(c.scale, spec=c.spec) for v in verdicts]
+  verdict = cells[0] if len(cells) == 1 else f"{word}: " + "; ".join(
+      f"vs {o.label}: {t}" for o, t in zip(c.others, cells))
+  label, path = c.baseline
+  base = ""
+  if path:
+    value = float(_path(data, path))
+    f = c.spec.lstrip("+")
+    base = f"{label} {c.scale * value:{f}}"
+    if len(ours) >= stats.MIN_SEEDS:
+      base += ": ours " + stats.against_baseline(
+          ours, value, n_eval=n_eval).text(c.scale, spec=c.spec)
+  against = "; ".join(f"{o.label} {_mean_sd_ci(o.values(data), c, False)}"
+                      for o in c.others)
+  return [c.paper, c.text, c.paper_number, _mean_sd_ci(ours, c), against,
+          base, verdict, c.regime, c.at_scale]
+
+
+def table(results: pathlib.Path, claims: Sequence[Claim] = CLAIMS) -> str:
+  """The claims table (Markdown) from the records under ``results``."""
+  records: dict[str, dict[str, Any]] = {}
+  for c in claims:
+    if c.experiment not in records:
+      path = results / c.experiment / "results.json"
+      if not path.exists():
+        raise FileNotFoundError(
+            f"claims: no record {path} for the claim '{c.text}'; run its "
+            "experiment, or pass --results=DIR (the experiments' results).")
+      records[c.experiment] = json.loads(path.read_text(encoding="utf-8"))
+  rows = [judge(c, records[c.experiment]) for c in claims]
+  return (tables.markdown_table(HEADERS, rows) + "\n\n"
+          + stats.VERDICT_NOTE + " Accuracies in points; perplexities and "
+          "MSE as recorded; a claim against several models agrees only "
+          "where every pair does. The papers' numbers are from their own "
+          "settings (PAPERS.md) and are not comparable in absolute value.")
+
+
+def insert(text: str, file: pathlib.Path) -> None:
+  """Replaces what lies between ``file``'s ``<!-- claims -->`` and
+  ``<!-- /claims -->`` lines with ``text``."""
+  doc = file.read_text(encoding="utf-8")
+  pattern = re.compile(r"(<!-- claims -->\n).*?(<!-- /claims -->)", re.S)
+  if not pattern.search(doc):
+    raise ValueError(f"{file}: no '<!-- claims -->' ... '<!-- /claims -->' "
+                     "lines to put the claims table between; add them.")
+  file.write_text(pattern.sub(lambda m: m[1] + text + "\n" + m[2], doc),
+                  encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--results", default="experiments/results",
+                 help="the folder of the experiments' records")
+  p.add_argument("--out", default="",
+                 help="the table's file (default RESULTS/claims.md)")
+  p.add_argument("--insert", default="",
+                 help="a Markdown file to put the table into, between its "
+                 "'<!-- claims -->' and '<!-- /claims -->' lines")
+  args = p.parse_args(argv)
+  results = pathlib.Path(args.results)
+  text = ("## Claims of the papers against the committed records\n\n"
+          "Generated by `python -m hypermixer_jax.experiment.claims` from "
+          "each experiment's `results.json`.\n\n" + table(results) + "\n")
+  out = pathlib.Path(args.out) if args.out else results / "claims.md"
+  out.write_text(text, encoding="utf-8")
+  if args.insert:
+    insert(text, pathlib.Path(args.insert))
+  print(text)
+  return text
+
+
+if __name__ == "__main__":
+  main()

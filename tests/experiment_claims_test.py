@@ -1,0 +1,109 @@
+"""The claims table: generated from records, by the statistics of
+``experiment.stats``, and the committed one up to date."""
+import json
+import pathlib
+import tempfile
+
+from absl.testing import absltest
+import numpy as np
+from scipy import stats as sps
+
+from hypermixer_jax.experiment import claims
+from hypermixer_jax.experiment import stats
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "experiments" / "results"
+
+OURS = [0.812, 0.809, 0.821, 0.804, 0.815]
+OTHER = [0.791, 0.797, 0.786]
+
+
+def _record(tmp: pathlib.Path, runs: dict, **extra) -> pathlib.Path:
+  (tmp / "toy").mkdir(parents=True, exist_ok=True)
+  (tmp / "toy" / "results.json").write_text(json.dumps(
+      {"runs": runs, **extra}))
+  return tmp
+
+
+def _claim(**kw) -> claims.Claim:
+  fields = dict(
+      paper="P", experiment="toy", text="a above b", paper_number="1 vs 0",
+      ours=claims.Arm("a", "a/seed=*"), others=(claims.Arm("b", "b/seed=*"),),
+      direction="higher", baseline=("majority", ("baselines", "majority")),
+      regime="tiny", at_scale="more data")
+  fields.update(kw)
+  return claims.Claim(**fields)
+
+
+def _runs(name: str, values) -> dict:
+  return {f"{name}/seed={i}": {"eval": {"accuracy": v}}
+          for i, v in enumerate(values)}
+
+
+class ClaimsTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.tmp = pathlib.Path(tempfile.mkdtemp())
+
+  def test_row_is_welchs_test_on_the_matching_runs(self):
+    runs = {**_runs("a", OURS), **_runs("b", OTHER),
+            # Another budget's run of the same model stays out.
+            "a_long/seed=0": {"eval": {"accuracy": 0.0}}}
+    data = json.loads(_record(self.tmp, runs, baselines={"majority": 0.5})
+                      .joinpath("toy", "results.json").read_text())
+    row = dict(zip(claims.HEADERS, claims.judge(_claim(), data)))
+    ref = sps.ttest_ind(OURS, OTHER, equal_var=False)
+    ci = ref.confidence_interval()
+    self.assertEqual(
+        row["verdict (difference [95% CI], p)"],
+        f"agrees: {100 * (np.mean(OURS) - np.mean(OTHER)):+.1f} "
+        f"[{100 * ci.low:+.1f}, {100 * ci.high:+.1f}], p = {ref.pvalue:.3f}")
+    low, high = sps.t.interval(0.95, 4, np.mean(OURS), sps.sem(OURS))
+    self.assertEqual(
+        row["ours (mean ± sd, 95% CI)"],
+        f"{100 * np.mean(OURS):.1f} ± {100 * np.std(OURS, ddof=1):.1f} "
+        f"(n=5), 95% CI [{100 * low:.1f}, {100 * high:.1f}]")
+    self.assertTrue(row["trivial baseline"].startswith(
+        "majority 50.0: ours above: +31.2"))
+
+  def test_evaluation_noise_and_several_opponents(self):
+    runs = {**_runs("a", OURS), **_runs("b", OTHER), **_runs("c", OURS)}
+    data = {"runs": runs, "baselines": {"majority": 0.5, "n": 872}}
+    c = _claim(n_eval=("baselines", "n"),
+               others=(claims.Arm("b", "b/seed=*"),
+                       claims.Arm("c", "c/seed=*")))
+    verdict = claims.judge(c, data)[6]
+    # With 872 examples the gap to b is no longer decided, and c ties.
+    want = [stats.verdict(OURS, o, "higher", n_eval=872).text(100)
+            for o in (OTHER, OURS)]
+    self.assertEqual(verdict, f"not decided: vs b: {want[0]}; vs c: {want[1]}")
+
+  def test_missing_runs_and_records(self):
+    data = {"runs": _runs("a", OURS), "baselines": {"majority": 0.5}}
+    self.assertEqual(claims.judge(_claim(), data)[6], "not run")
+    with self.assertRaisesRegex(FileNotFoundError, "no record .* --results"):
+      claims.table(self.tmp, [_claim(experiment="absent")])
+
+  def test_insert_between_the_markers(self):
+    doc = self.tmp / "doc.md"
+    doc.write_text("# T\n<!-- claims -->\nold\n<!-- /claims -->\nend\n")
+    claims.insert("new table", doc)
+    self.assertEqual(doc.read_text(),
+                     "# T\n<!-- claims -->\nnew table\n<!-- /claims -->\nend\n")
+    doc.write_text("no markers")
+    with self.assertRaisesRegex(ValueError, "no '<!-- claims -->'"):
+      claims.insert("x", doc)
+
+  def test_the_committed_table_is_generated_from_the_committed_records(self):
+    committed = RESULTS / "claims.md"
+    out = self.tmp / "claims.md"
+    claims.main([f"--results={RESULTS}", f"--out={out}"])
+    self.assertEqual(
+        committed.read_text(encoding="utf-8"), out.read_text(encoding="utf-8"),
+        "experiments/results/claims.md is stale; run "
+        "python -m hypermixer_jax.experiment.claims")
+
+
+if __name__ == "__main__":
+  absltest.main()
