@@ -11,6 +11,8 @@ r"""Trains, evaluates, predicts or exports; the logic lives in ``hypermixer_jax.
         --input=sentences.txt --output=predictions.jsonl
     hypermixer-train --mode=export --workdir=/tmp/sst2 --output=/tmp/sst2_params
     hypermixer-train --mode=evaluate --workdir=/tmp/sst2_params
+    # every checkpoint step read and checked against its fingerprints
+    hypermixer-train --mode=verify --workdir=/tmp/sst2
     # compile for a TPU topology without owning it (no --workdir; needs
     # the [tpu] extra): per-chip memory, FLOPs, collectives, estimated MFU
     hypermixer-train --mode=compile --config=configs/c4_mlm.py:hypermixer \
@@ -61,6 +63,19 @@ def _export(config) -> None:
   artifacts.export_params(config, FLAGS.workdir, FLAGS.output, step=FLAGS.step)
 
 
+def _verify(config) -> None:
+  """Prints every checkpoint step's state; exits 1 when one is damaged."""
+  del config   # each step is read by its own metadata
+  from hypermixer_jax.train import verify  # pylint: disable=g-import-not-at-top
+  rows = verify.verify(FLAGS.workdir)
+  print(verify.format_table(rows), flush=True)
+  bad = [r.step for r in rows if r.status == verify.DAMAGED]
+  if bad:
+    sys.exit(f"Damaged: step(s) {', '.join(bad)} of {FLAGS.workdir}; "
+             "training on this workdir moves them to checkpoints/damaged/ "
+             "and resumes from the newest step that is ok.")
+
+
 def _compile(config) -> None:
   """Prints the per-chip report for ``--topology``, or stops with why the
   configuration does not fit and what would."""
@@ -80,6 +95,7 @@ MODES = {
     "predict": (_predict, ("workdir", "input", "output")),
     "export": (_export, ("workdir", "output")),
     "compile": (_compile, ("config", "topology")),
+    "verify": (_verify, ("workdir",)),
 }
 # Modes that read a checkpoint, and so start from the workdir's saved config
 # (``train`` does when it resumes).
@@ -99,7 +115,9 @@ flags.DEFINE_enum("mode", "train", list(MODES),
                   "train | evaluate (a checkpoint of --workdir, no training) "
                   "| predict (--input file -> --output JSONL) | export "
                   "(parameters, config and vocabulary, to --output) | compile "
-                  "(for --topology, without a TPU).")
+                  "(for --topology, without a TPU) | verify (every checkpoint "
+                  "step of --workdir read and checked against its "
+                  "fingerprints).")
 flags.DEFINE_integer("step", None, "evaluate/predict/export: checkpoint step "
                      "of --workdir (default: the latest).")
 flags.DEFINE_string("input", None, "predict: input file (.txt one example a "
@@ -139,7 +157,8 @@ def _saved_config_argv(argv: list[str]) -> list[str]:
   from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
   workdir = run_config.flag_value(argv, "workdir")
   mode = run_config.flag_value(argv, "mode") or "train"
-  if workdir is None or run_config.flag_value(argv, "config") is not None:
+  if (workdir is None or mode == "verify"
+      or run_config.flag_value(argv, "config") is not None):
     return argv
   if mode not in FROM_CHECKPOINT and not run_config.has_checkpoint(workdir):
     return argv
@@ -225,6 +244,9 @@ def main(argv):
     raise app.UsageError(
         f"--mode={FLAGS.mode} needs {' and '.join(missing)}{hint}")
   try:
+    if FLAGS.mode == "verify":   # reads no config
+      run_mode(None)
+      return
     config = FLAGS.config if FLAGS.mode == "compile" else _config(FLAGS.mode)
     # TensorFlow (input pipelines) must not take the accelerators from JAX.
     # Only the synthetic task reads no tf.data pipeline: its runs never

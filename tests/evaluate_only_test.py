@@ -5,8 +5,6 @@ import os
 import subprocess
 import sys
 
-from absl import flags
-from ml_collections import config_flags
 import numpy as np
 import pytest
 
@@ -14,27 +12,15 @@ from hypermixer_jax.train import artifacts
 from hypermixer_jax.train import loop
 from hypermixer_jax.train import metrics as metrics_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT = os.path.join(ROOT, "configs", "default.py")
-TINY = ["--config.model.num_layers=1", "--config.model.d_model=16",
-        "--config.model.d_ffn=32", "--config.model.max_len=40",
-        "--config.model.mixer_kwargs.hyper_dim=8",
-        "--config.data.synthetic.seq_len=40",
-        "--config.data.synthetic.num_eval_examples=48",
-        "--config.batch_size=8", "--config.eval_batch_size=16",
-        "--config.eval_steps=-1", "--config.warmup_steps=2",
-        "--config.num_train_steps=8", "--config.eval_every=4",
-        "--config.checkpoint_every=4", "--config.keep_checkpoints=3",
-        "--config.log_every=4", "--config.evals.pseudo_attention.every=-1"]
+import flag_configs
+
+ROOT = flag_configs.ROOT
+DEFAULT = flag_configs.DEFAULT
+TINY = flag_configs.TINY
 
 
 def _config():
-  argv = ["prog", f"--config={DEFAULT}", *TINY]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
-                                  sys_argv=argv)
-  fv(argv)
-  return fv.config
+  return flag_configs.load(DEFAULT, *TINY)
 
 
 @pytest.fixture(scope="module")

@@ -53,7 +53,8 @@ def _route_combine(layer, params, x, ids, seg, deterministic):
     logits = None
   else:
     logits = x @ params["router"]["dense"]["kernel"]
-  return layer._route(x, logits, mask, ids, deterministic)[1]
+  routes, _, cap = layer._route(x, logits, mask, ids, deterministic)
+  return jax.vmap(lambda r: routers.dense(r, E, cap)[1])(routes)
 
 
 @pytest.mark.parametrize("router", ["switch", "gshard", "base", "hash"])

@@ -38,15 +38,22 @@ def _np_top_k(logits, k, cap, mask, normalize, priority="choice"):
   return dispatch, combine
 
 
+def _dense(routed, capacity):
+  """A router's (routes, aux) as GShard's (dispatch, combine, aux)."""
+  routes, aux = routed
+  return (*routers.dense(routes, aux["expert_usage"].shape[-1], capacity),
+          aux)
+
+
 def test_switch_load_balancing_loss_hand_example():
   probs = np.array([[0.7, 0.3], [0.6, 0.4], [0.2, 0.8], [0.9, 0.1]])
   logits = jnp.asarray(np.log(probs), jnp.float32)
-  _, _, aux = routers.switch_route(logits, capacity=4)
+  _, aux = routers.switch_route(logits, capacity=4)
   # f = (3/4, 1/4), P = (0.6, 0.4): 2 * (0.75 * 0.6 + 0.25 * 0.4) = 1.1.
   np.testing.assert_allclose(aux["load_balancing_loss"], 1.1, rtol=1e-6)
   # The padding token 3 is not counted: f = (2/3, 1/3), P = (0.5, 0.5).
   mask = jnp.array([True, True, True, False])
-  _, _, aux = routers.switch_route(logits, capacity=4, mask=mask)
+  _, aux = routers.switch_route(logits, capacity=4, mask=mask)
   np.testing.assert_allclose(aux["load_balancing_loss"], 1.0, rtol=1e-6)
   # z-loss: logsumexp(log p) = 0 for every token.
   np.testing.assert_allclose(aux["z_loss"], 0.0, atol=1e-6)
@@ -76,7 +83,8 @@ def test_capacity_and_dropped_fraction_constructed_batch():
   mask = jnp.array([1, 1, 1, 1, 0, 1], bool)
   assert routers.expert_capacity(6, 2, 1.25) == 4
   assert routers.expert_capacity(6, 2, 1.0, k=2) == 6
-  dispatch, combine, aux = routers.switch_route(logits, capacity=2, mask=mask)
+  dispatch, combine, aux = _dense(routers.switch_route(logits, capacity=2,
+                                                      mask=mask), 2)
   want = np.zeros((6, 2, 2))
   want[0, 0, 0] = want[1, 0, 1] = want[3, 1, 0] = want[5, 1, 1] = 1
   np.testing.assert_array_equal(dispatch, want)        # token 2 dropped
@@ -94,13 +102,22 @@ def test_top_k_route_matches_numpy_loop(k, normalize, priority):
   s, e, cap = 13, 5, 3
   logits = rng.randn(s, e).astype(np.float32)
   mask = rng.rand(s) > 0.2
-  dispatch, combine, aux = jax.jit(
+  routes, aux = jax.jit(
       lambda l, m: routers.top_k_route(
           l, k=k, capacity=cap, mask=m, normalize_gates=normalize,
           priority=priority))(logits, mask)
+  dispatch, combine = routers.dense(routes, e, cap)
   want_d, want_c = _np_top_k(logits, k, cap, mask, normalize, priority)
   np.testing.assert_array_equal(dispatch, want_d)
   np.testing.assert_allclose(combine, want_c, rtol=1e-5, atol=1e-7)
+  # Moving tokens by index: the slots and the gated sum of the NumPy loop.
+  x = rng.randn(s, 2, 7).astype(np.float32)
+  xe = jax.jit(routers.gather_slots, static_argnums=(2, 3))(x, routes, e, cap)
+  np.testing.assert_array_equal(xe, np.einsum("sec,sab->ecab", want_d, x))
+  ye = rng.randn(e, cap, 2, 7).astype(np.float32)
+  np.testing.assert_allclose(jax.jit(routers.combine_slots)(ye, routes),
+                             np.einsum("sec,ecab->sab", want_c, ye),
+                             rtol=1e-5, atol=1e-6)
   kept = want_d.sum()
   np.testing.assert_allclose(aux["dropped_fraction"],
                              1 - kept / (k * mask.sum()), rtol=1e-5)
@@ -189,8 +206,9 @@ def test_base_route_train_balanced_and_inference_greedy():
 
 
 def base_route_jit(logits, train):
-  return jax.jit(lambda l: routers.base_route(l, train=train, capacity=6,
-                                              epsilon=1e-4))(logits)
+  cap = logits.shape[0] // logits.shape[1] if train else 6
+  return _dense(jax.jit(lambda l: routers.base_route(
+      l, train=train, capacity=6, epsilon=1e-4))(logits), cap)
 
 
 def test_hash_route_table_and_dispatch():
@@ -201,9 +219,9 @@ def test_hash_route_table_and_dispatch():
   ids = np.random.RandomState(0).randint(0, 101, size=11)
   mask = np.ones(11, bool)
   mask[5] = False
-  dispatch, combine, aux = routers.hash_route(
+  dispatch, combine, aux = _dense(routers.hash_route(
       jnp.asarray(ids), table=jnp.asarray(table), num_experts=4, capacity=2,
-      mask=jnp.asarray(mask))
+      mask=jnp.asarray(mask)), 2)
   want = np.zeros((11, 4, 2))
   count = np.zeros(4, int)
   for t, i in enumerate(ids):

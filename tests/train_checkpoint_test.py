@@ -148,8 +148,11 @@ def test_damaged_newest_step_falls_back(tmp_path, how, caplog):
   np.testing.assert_array_equal(restored["params"]["head"]["kernel"],
                                 np.asarray(state["params"]["head"]["kernel"])
                                 + 1)
-  assert f"{tmp_path}/2 skipped (left on disk)" in caplog.text
-  assert os.path.isdir(os.path.join(tmp_path, "2"))   # never deleted
+  assert f"Checkpoint {tmp_path}/2 does not restore: " in caplog.text
+  # Set aside, never deleted, so that the step can be saved again.
+  [aside] = os.listdir(tmp_path / "damaged")
+  assert aside.startswith("2-") and not os.path.exists(tmp_path / "2")
+  assert f"{tmp_path}/2 moved to {tmp_path}/damaged/{aside}" in caplog.text
 
   # Every step damaged: an error naming each folder, never a fresh start.
   _damage(os.path.join(tmp_path, "1"), how)
@@ -157,8 +160,8 @@ def test_damaged_newest_step_falls_back(tmp_path, how, caplog):
     with pytest.raises(ckpt_lib.CheckpointError) as e:
       ck.restore_latest(abstract)
   msg = str(e.value)
-  assert f"{tmp_path}/2: " in msg and f"{tmp_path}/1: " in msg
-  assert "Not starting from scratch" in msg
+  assert f"{tmp_path}/1: " in msg and "Not starting from scratch" in msg
+  assert os.path.isdir(tmp_path / "1")   # nothing to fall back to: left
 
 
 def test_empty_directory_restores_nothing(tmp_path):

@@ -106,6 +106,8 @@ class MoeOptions:
       inference.
     jitter_noise: Switch's router-input noise in training.
     load_balancing_weight, z_loss_weight: the routers' sown losses.
+    dispatch: how tokens (tMoE) and columns (partial sMoE) reach the expert
+      slots: 'index' (gather / scatter) or 'einsum' (one-hot tensors).
   """
   num_experts: int = 4
   expert_d_ffn: int | None = None
@@ -117,6 +119,7 @@ class MoeOptions:
   jitter_noise: float = 0.0
   load_balancing_weight: float = 1e-2
   z_loss_weight: float = 1e-3
+  dispatch: str = "index"
 
 
 def check_token_mixer(token_mixer: str) -> None:
@@ -187,9 +190,10 @@ class SparseBlock(nn.Module):
           capacity_factor=o.capacity_factor,
           eval_capacity_factor=o.eval_capacity_factor,
           load_balancing_weight=o.load_balancing_weight,
-          z_loss_weight=o.z_loss_weight, dropout_rate=self.dropout_rate,
-          name="smoe", **kw)(h, mask=mask, segment_ids=segment_ids,
-                             positions=positions, deterministic=deterministic)
+          z_loss_weight=o.z_loss_weight, dispatch=o.dispatch,
+          dropout_rate=self.dropout_rate, name="smoe", **kw)(
+              h, mask=mask, segment_ids=segment_ids, positions=positions,
+              deterministic=deterministic)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     x = x + h.astype(x.dtype)
     h = common.LayerNorm(name="ffn_norm", **kw)(x)
@@ -200,6 +204,7 @@ class SparseBlock(nn.Module):
         jitter_noise=o.jitter_noise,
         load_balancing_weight=o.load_balancing_weight,
         z_loss_weight=o.z_loss_weight, token_priority=True,
+        dispatch=o.dispatch,
         vocab_size=self.vocab_size, dropout_rate=self.dropout_rate,
         name="tmoe", **kw)(
             h, mask=mask, segment_ids=segment_ids, token_ids=token_ids,

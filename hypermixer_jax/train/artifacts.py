@@ -102,17 +102,19 @@ def load_params(config: ml_collections.ConfigDict, workdir: str,
   """``(params, step)`` of ``workdir``'s checkpoint (latest or ``step``).
 
   ``workdir`` may be a training workdir, its ``checkpoints`` folder or an
-  exported parameters folder. Raises ValueError naming every parameter that
-  does not fit ``config.model``.
+  exported parameters folder. Without ``step``, the newest step that reads
+  (``checkpoint.load_pretrained_step``: a damaged step, or one that a running
+  training's retention removes while it is read, gives way to the newest
+  other). The parameters are then in memory: retention can no longer take
+  them away. Raises ValueError naming every parameter that does not fit
+  ``config.model``.
   """
   if mesh is None:
     mesh = sharding.build_mesh(config.mesh)
     rules = sharding.get_rules(config.sharding)
-  path = _checkpoint_path(workdir, step)
-  _, found = ckpt_lib.resolve_checkpoint(path)
-  params = ckpt_lib.load_pretrained(path, abstract_params(config, mesh, rules),
-                                    reinit=())
-  return params, found
+  return ckpt_lib.load_pretrained_step(_checkpoint_path(workdir, step),
+                                       abstract_params(config, mesh, rules),
+                                       reinit=())
 
 
 def export_params(config: ml_collections.ConfigDict, workdir: str,

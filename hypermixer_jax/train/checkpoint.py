@@ -1,6 +1,6 @@
 """Checkpoints: one small wrapper around ``orbax.checkpoint.CheckpointManager``.
 
-A checkpoint step holds two items:
+A checkpoint step holds three items:
 
 * ``state``: the train state (params, optimiser state, step), written with
   ``ocp.args.StandardSave`` and restored with ``ocp.args.StandardRestore``
@@ -9,17 +9,29 @@ A checkpoint step holds two items:
   the other way round;
 * ``data``: the input pipeline's position (``pipeline.get_state()``, with
   the tf.data iterator state), as JSON, one file per process
-  (``multihost.DataStateHandler``: each host writes and reads its own).
+  (``multihost.DataStateHandler``: each host writes and reads its own);
+* ``fingerprints``: one fingerprint per array of the state
+  (``integrity.record``, computed on the devices), written by the primary
+  process as JSON.
 
 Saves are asynchronous, every ``save_every`` steps, keeping the newest
 ``keep`` (Orbax's ``max_to_keep``); a save is also due when Orbax's
-``reached_preemption`` says the job is being preempted.
+``reached_preemption`` says the job is being preempted. ``restore``
+recomputes the fingerprints and checks that every restored float is finite:
+a mismatch (a flipped bit, a zeroed block) makes the step damaged exactly as
+an unreadable one. Steps saved before fingerprints existed restore with the
+finiteness check alone.
 
-``Checkpointer.restore_latest`` falls back to the newest step that restores
-when the newest ones are damaged (truncated files, garbage metadata, an
-emptied folder), logging each skipped step and why; it never deletes one, and
-when step folders exist but none restores it stops with an error naming
-them, rather than starting from scratch over them.
+``Checkpointer.restore_latest`` (training, which holds the workdir) falls
+back to the newest step that restores when the newest ones are damaged
+(truncated files, garbage metadata, an emptied folder, a fingerprint
+mismatch, NaN/Inf), and moves each damaged step to
+``damaged/<step>-<time>/`` beside the steps (never deleted), so that the
+resumed run saves that step again. When step folders exist but none
+restores it stops with an error naming them, rather than starting from
+scratch over them. Readers of another run's steps (``load_pretrained``:
+evaluate, predict, export, ``init_checkpoint``) fall back the same way but
+move nothing, and log the step they use.
 
 ``load_pretrained`` reads the parameters of another run (fine-tuning): every
 parameter must match in path and shape except the ones under the prefixes
@@ -31,6 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from typing import Any, Sequence
 
 from etils import epath
@@ -40,15 +53,23 @@ import orbax.checkpoint as ocp
 
 from hypermixer_jax import heads
 from hypermixer_jax.models import common
+from hypermixer_jax.train import integrity
 from hypermixer_jax.train import multihost
 
 PyTree = Any
 STATE = "state"
 DATA = "data"
+FINGERPRINTS = integrity.ITEM
+# Where damaged steps are moved, inside the checkpoints folder.
+DAMAGED = "damaged"
 
 
 class CheckpointError(RuntimeError):
   """No usable checkpoint where one is expected; the message names it."""
+
+
+class IntegrityError(CheckpointError):
+  """A step read back differs from its fingerprints or holds NaN/Inf."""
 
 
 def abstract_like(tree: PyTree, shardings: PyTree | None = None) -> PyTree:
@@ -93,7 +114,8 @@ class Checkpointer:
         cleanup_tmp_directories=True,
     )
     self.manager = ocp.CheckpointManager(
-        self.directory, options=options, item_names=(STATE, DATA))
+        self.directory, options=options,
+        item_names=(STATE, DATA, FINGERPRINTS))
 
   def latest_step(self) -> int | None:
     """The newest complete checkpoint step, or None."""
@@ -121,8 +143,10 @@ class Checkpointer:
     """Starts an asynchronous save of ``state`` and the pipeline position.
 
     Returns True if a save was started: steps that are not due (see
-    ``should_save``) are skipped unless ``force``, and a step is never
-    written twice.
+    ``should_save``) are skipped unless ``force``, and a finished step is
+    never written twice (a damaged one is moved away by ``restore_latest``
+    first, so the resumed run writes it again). The fingerprints are
+    computed here, on the devices, before the state can change.
     """
     if step in self.manager.all_steps():
       return False
@@ -131,6 +155,7 @@ class Checkpointer:
     args = ocp.args.Composite(**{
         STATE: ocp.args.StandardSave(state),
         DATA: multihost.DataStateSave(_jsonable(data_state)),
+        FINGERPRINTS: ocp.args.JsonSave(integrity.record(state)),
     })
     return self.manager.save(step, args=args, force=True)
 
@@ -143,14 +168,22 @@ class Checkpointer:
     mesh does not matter. Returns ``(state, data_state)``, ``data_state``
     being this process's input position (None when the checkpoint was
     written by a different number of processes).
+
+    Raises:
+      IntegrityError: the restored arrays differ from the step's
+        fingerprints, or hold NaN/Inf.
     """
     step = self.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    restored = self.manager.restore(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.StandardRestore(abstract_state),
-        DATA: multihost.DataStateRestore(),
-    }))
+    items = {STATE: ocp.args.StandardRestore(abstract_state),
+             DATA: multihost.DataStateRestore()}
+    if has_fingerprints(self.directory, step):
+      items[FINGERPRINTS] = ocp.args.JsonRestore()
+    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    check_restored(restored[STATE], restored[FINGERPRINTS]
+                   if FINGERPRINTS in items else None,
+                   f"{self.directory}/{step}")
     return restored[STATE], restored[DATA]
 
   def step_folders(self) -> list[int]:
@@ -165,32 +198,29 @@ class Checkpointer:
                      ) -> tuple[int, PyTree, Any] | None:
     """``(step, state, data_state)`` of the newest step that restores.
 
-    Damaged newer steps are skipped with a warning naming the folder and the
-    error, and left on disk. Returns None only when the directory holds no
-    step folder at all.
+    For the training run that owns the folder: each damaged newer step is
+    named in a warning with why, and moved to ``damaged/<step>-<time>/``
+    (``set_aside``) so that training saves that step again. Returns None
+    only when the directory holds no step folder at all.
 
     Raises:
       CheckpointError: step folders exist but none restores (each is named
         with its error), so that a run never starts from scratch over them.
     """
     complete = set(self.all_steps())
-    on_disk = self.step_folders()
     failures = []
-    for step in sorted(complete | set(on_disk), reverse=True):
+    for step in sorted(complete | set(self.step_folders()), reverse=True):
       folder = os.path.join(self.directory, str(step))
       if step not in complete:
-        failures.append((folder, "not a finished checkpoint (no commit "
-                                 "marker or metadata Orbax recognises)"))
+        failures.append((folder, UNFINISHED))
       else:
         try:
           state, data_state = self.restore(step, abstract_state)
         except Exception as e:  # pylint: disable=broad-except
-          failures.append((folder, _short(e)))
+          failures.append((folder, one_line(e)))
         else:
-          for f, why in failures:
-            logging.warning("Checkpoint %s skipped (left on disk): %s", f,
-                            why)
           if failures:
+            self.set_aside([f for f, _ in failures])
             logging.warning("Resuming from step %d, the newest step that "
                             "restores.", step)
           return step, state, data_state
@@ -201,8 +231,31 @@ class Checkpointer:
         f"{self.directory} holds checkpoint steps but none restores:\n"
         + "\n".join(f"  {f}: {why}" for f, why in failures)
         + "\nNot starting from scratch over them. Move the damaged step "
-        "folders away (e.g. mv STEP STEP.bad) to resume from an older one, "
-        "or use a new --workdir.")
+        f"folders away (e.g. into {self.directory}/{DAMAGED}/) to resume from "
+        "an older one, or use a new --workdir; --mode=verify --workdir=... "
+        "lists what failed in each.")
+
+  def set_aside(self, folders: Sequence[str]) -> None:
+    """Moves each damaged step folder to ``damaged/<step>-<UTC time>/``
+    (the primary process moves; all processes then see the new step
+    list)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    if jax.process_index() == 0:
+      for folder in folders:
+        name = f"{epath.Path(folder).name}-{stamp}"
+        target = epath.Path(self.directory) / DAMAGED / name
+        n = 1
+        while target.exists():   # the same step damaged twice in a second
+          n += 1
+          target = target.parent / f"{name}.{n}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        epath.Path(folder).rename(target)
+        logging.warning("Checkpoint %s moved to %s (kept, not deleted); this "
+                        "run saves that step again.", folder, target)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices("checkpoints set aside")
+    self.manager.reload()
 
   def wait_until_finished(self) -> None:
     """Blocks until the pending asynchronous save (if any) is on disk."""
@@ -230,7 +283,27 @@ class Checkpointer:
     self.close()
 
 
-def _short(e: Exception) -> str:
+UNFINISHED = ("not a finished checkpoint (no commit marker or metadata Orbax "
+              "recognises)")
+
+
+def has_fingerprints(directory: str | os.PathLike, step: int) -> bool:
+  """True when ``step`` records fingerprints (steps saved before they
+  existed do not)."""
+  return (epath.Path(directory) / str(step) / FINGERPRINTS).is_dir()
+
+
+def check_restored(tree: PyTree, record: Any, where: str, *,
+                   prefix: str = "") -> None:
+  """Raises ``IntegrityError`` naming ``where`` and the arrays when ``tree``
+  (as read back) differs from the fingerprint ``record`` or holds NaN/Inf
+  (``integrity.problems``)."""
+  found = integrity.problems(tree, record, prefix=prefix)
+  if found:
+    raise IntegrityError(f"{where}: " + "; ".join(found))
+
+
+def one_line(e: Exception) -> str:
   """One line of an exception (Orbax/tensorstore errors span pages)."""
   text = " ".join(str(e).split())
   return f"{type(e).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
@@ -259,13 +332,20 @@ def _flatten(tree: PyTree) -> dict[str, Any]:
           for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def _reader(directory: str) -> ocp.CheckpointManager:
-  """Read-only manager that can read item metadata without a target."""
+def reader(directory: str) -> ocp.CheckpointManager:
+  """A manager that reads item metadata without a target and never writes.
+
+  Not Orbax's ``read_only=True``: that logs a warning for each option it
+  overrides; these options already save and delete nothing.
+  """
   return ocp.CheckpointManager(
       directory,
-      options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+      options=ocp.CheckpointManagerOptions(
+          save_interval_steps=0, max_to_keep=None, create=False,
+          cleanup_tmp_directories=False),
       item_handlers={STATE: ocp.PyTreeCheckpointHandler(),
-                     DATA: multihost.DataStateHandler()})
+                     DATA: multihost.DataStateHandler(),
+                     FINGERPRINTS: ocp.JsonCheckpointHandler()})
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> tuple[str, int]:
@@ -274,6 +354,13 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[str, int]:
   Accepts ``WORKDIR`` (uses ``WORKDIR/checkpoints``), a checkpoints folder
   (latest step) or one step folder ``.../checkpoints/<step>``.
   """
+  directory, steps, _ = _steps_to_try(path)
+  return directory, steps[0]
+
+
+def _steps_to_try(path: str | os.PathLike) -> tuple[str, list[int], bool]:
+  """``(manager directory, finished steps newest first, explicit)``; a step
+  folder gives only its own step (``explicit``: no fallback)."""
   path = os.fspath(path).rstrip("/")
   if not epath.Path(path).exists():
     raise FileNotFoundError(
@@ -283,19 +370,64 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[str, int]:
     path = os.fspath(epath.Path(path) / "checkpoints")
   base = epath.Path(path).name
   if base.isdigit() and (epath.Path(path) / STATE).is_dir():
-    return os.fspath(epath.Path(path).parent), int(base)
-  manager = _reader(path)
-  step = manager.latest_step()
+    return os.fspath(epath.Path(path).parent), [int(base)], True
+  manager = _listing(lambda: reader(path))
+  steps = _finished_steps(manager)
   manager.close()
-  if step is None:
+  if not steps:
     raise FileNotFoundError(f"init checkpoint {path!r} holds no checkpoint")
-  return path, step
+  return path, steps, False
+
+
+def _listing(fn, tries: int = 5):
+  """``fn()``, tried again when a step folder vanishes while Orbax lists
+  the steps (the retention of a training writing there)."""
+  for attempt in range(tries):
+    try:
+      return fn()
+    except FileNotFoundError:
+      if attempt == tries - 1:
+        raise
+      time.sleep(0.05)
+
+
+def _finished_steps(manager: ocp.CheckpointManager) -> list[int]:
+  """The finished steps on disk now, newest first."""
+  def listed():
+    manager.reload()
+    return sorted(manager.all_steps(), reverse=True)
+  return _listing(listed)
+
+
+class _Unreadable(Exception):
+  """A step that cannot be read (damaged, or removed while being read)."""
+
+
+# Fallbacks of one read before giving up (steps removed by a running
+# training's retention while being read are retried on the newest one).
+MAX_READ_TRIES = 8
 
 
 def load_pretrained(path: str | os.PathLike, params: PyTree,
                     reinit: Sequence[str] | None = None, *,
                     collection: str = "params") -> PyTree:
-  """Returns ``params`` with every leaf not under ``reinit`` read from ``path``.
+  """``params`` with every leaf not under ``reinit`` read from ``path``
+  (``load_pretrained_step`` without the step)."""
+  return load_pretrained_step(path, params, reinit, collection=collection)[0]
+
+
+def load_pretrained_step(path: str | os.PathLike, params: PyTree,
+                         reinit: Sequence[str] | None = None, *,
+                         collection: str = "params") -> tuple[PyTree, int]:
+  """``(params, step)``: ``params`` with every leaf not under ``reinit``
+  read from ``path``'s newest step that reads, and that step.
+
+  The arrays read are checked against the step's fingerprints and for
+  NaN/Inf. A step that does not read (damaged, or removed by a running
+  training's checkpoint retention while being read) is named in a warning
+  and the newest other step is read instead; nothing is moved or deleted
+  (``path`` may be another run's). A step folder given as ``path`` is read
+  or refused, never replaced by another step.
 
   Args:
     path: a run's workdir, its checkpoints folder, or one step folder.
@@ -312,53 +444,97 @@ def load_pretrained(path: str | os.PathLike, params: PyTree,
   Raises:
     ValueError: naming every path that is missing from the checkpoint,
       unexpected in it, or of a different shape. Nothing is loaded partially.
+    CheckpointError: no step reads (each named with why).
   """
   if reinit is None:
     reinit = (heads.param_modules_regex(),)
-  directory, step = resolve_checkpoint(path)
-  manager = _reader(directory)
+  directory, steps, explicit = _steps_to_try(path)
+  failures: list[tuple[int, str]] = []
+  manager = _listing(lambda: reader(directory))
   try:
-    meta = manager.item_metadata(step)[STATE]
-    meta = getattr(meta, "tree", meta)
-    if collection not in meta:
-      raise ValueError(f"checkpoint {directory}/{step} has no "
-                       f"{collection!r} subtree (has {sorted(meta)})")
-    saved = _flatten(meta[collection])
-    new = _flatten(params)
-    patterns = [re.compile(r) for r in reinit]
-    skip = lambda k: any(p.match(k) for p in patterns)  # noqa: E731
-    sources = {k: _source(k, new, saved) for k in new if not skip(k)}
-    used = {key for src in sources.values() if src for key in src[1]}
-    errors = []
-    for k in sorted(k for k, src in sources.items() if src is None):
-      errors.append(f"  missing from checkpoint: {k} {tuple(new[k].shape)}")
-    for k in sorted(set(saved) - used):
-      if not skip(k):
-        errors.append(f"  unexpected in checkpoint: {k} "
-                      f"{tuple(saved[k].shape)}")
-    for k, src in sorted(sources.items()):
-      if src and (bad := _shape_error(k, src, new, saved)):
-        errors.append(bad)
-    if errors:
-      raise ValueError(
-          f"init checkpoint {directory}/{step} does not fit the model "
-          f"(re-initialised: {list(reinit)}):\n" + "\n".join(errors)
-          + _layout_hint(new, saved))
-    # Abstract target of the saved leaves to read only, with the new
-    # shardings and dtypes; the rest of the saved tree is left on disk.
-    target = _nest({key: _saved_target(src, new[k], saved[key])
-                    for k, src in sources.items() for key in src[1]})
-    restored = manager.restore(step, args=ocp.args.Composite(**{
-        STATE: ocp.args.PyTreeRestore(
-            item={collection: target},
-            restore_args={collection: jax.tree.map(
-                lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding,
-                                               dtype=s.dtype,
-                                               global_shape=s.shape), target)},
-            partial_restore=True)}))[STATE][collection]
+    while True:
+      step = steps[0]
+      try:
+        return _load_step(manager, directory, step, params, reinit,
+                          collection), step
+      except _Unreadable as e:
+        failures.append((step, str(e)))
+      tried = {s for s, _ in failures}
+      steps = [s for s in _finished_steps(manager) if s not in tried]
+      if explicit or not steps or len(failures) >= MAX_READ_TRIES:
+        raise CheckpointError(_unreadable_message(directory, failures,
+                                                  explicit))
+      if steps[0] > step:   # what retention does while a run trains
+        logging.warning("Checkpoint %s/%d went away while being read (the "
+                        "checkpoint retention of a running training?); "
+                        "reading the newer step %d.", directory, step,
+                        steps[0])
+      else:
+        logging.warning("Checkpoint %s/%d does not read: %s; reading step %d "
+                        "instead.", directory, step, failures[-1][1],
+                        steps[0])
   finally:
     manager.close()
-  read = _flatten(restored)
+
+
+def _unreadable_message(directory: str, failures, explicit: bool) -> str:
+  if explicit:
+    step, why = failures[0]
+    return (f"checkpoint {directory}/{step} does not read: {why}. Choose "
+            f"another step (--mode=verify --workdir={directory} checks each).")
+  return (f"no step of {directory} reads:\n"
+          + "\n".join(f"  {directory}/{s}: {why}" for s, why in failures)
+          + f"\n--mode=verify --workdir={directory} checks each step.")
+
+
+def _load_step(manager: ocp.CheckpointManager, directory: str, step: int,
+               params: PyTree, reinit: Sequence[str],
+               collection: str) -> PyTree:
+  """``load_pretrained_step`` of one step; ``_Unreadable`` if it does not
+  read, ValueError if it does not fit ``params``."""
+  try:
+    meta = manager.item_metadata(step)[STATE]
+  except Exception as e:  # pylint: disable=broad-except
+    raise _Unreadable(one_line(e)) from e
+  meta = getattr(meta, "tree", meta)
+  if not isinstance(meta, dict):
+    raise _Unreadable(f"no readable metadata in {directory}/{step}/{STATE}")
+  if collection not in meta:
+    raise ValueError(f"checkpoint {directory}/{step} has no "
+                     f"{collection!r} subtree (has {sorted(meta)})")
+  saved = _flatten(meta[collection])
+  new = _flatten(params)
+  patterns = [re.compile(r) for r in reinit]
+  skip = lambda k: any(p.match(k) for p in patterns)  # noqa: E731
+  sources = {k: _source(k, new, saved) for k in new if not skip(k)}
+  used = {key for src in sources.values() if src for key in src[1]}
+  errors = []
+  for k in sorted(k for k, src in sources.items() if src is None):
+    errors.append(f"  missing from checkpoint: {k} {tuple(new[k].shape)}")
+  for k in sorted(set(saved) - used):
+    if not skip(k):
+      errors.append(f"  unexpected in checkpoint: {k} "
+                    f"{tuple(saved[k].shape)}")
+  for k, src in sorted(sources.items()):
+    if src and (bad := _shape_error(k, src, new, saved)):
+      errors.append(bad)
+  if errors:
+    raise ValueError(
+        f"init checkpoint {directory}/{step} does not fit the model "
+        f"(re-initialised: {list(reinit)}):\n" + "\n".join(errors)
+        + _layout_hint(new, saved))
+  # Abstract target of the saved leaves to read only, with the new
+  # shardings and dtypes; the rest of the saved tree is left on disk.
+  target = _nest({key: _saved_target(src, new[k], saved[key])
+                  for k, src in sources.items() for key in src[1]})
+  try:
+    restored = read_tree(manager, directory, step, {collection: target})
+    check_restored(restored[STATE][collection],
+                   restored.get(FINGERPRINTS), f"{directory}/{step}",
+                   prefix=f"{collection}/")
+  except Exception as e:  # pylint: disable=broad-except
+    raise _Unreadable(one_line(e)) from e
+  read = _flatten(restored[STATE][collection])
   loaded = {k: _assemble(src, read, new[k]) for k, src in sources.items()}
   converted = sum(src[0] != "same" for src in sources.values())
   logging.info("Loaded %d parameter arrays from %s/%d (%d converted between "
@@ -369,6 +545,25 @@ def load_pretrained(path: str | os.PathLike, params: PyTree,
   flat, treedef = jax.tree_util.tree_flatten_with_path(params)
   return jax.tree_util.tree_unflatten(
       treedef, [loaded.get(common.path_str(p), x) for p, x in flat])
+
+
+def read_tree(manager: ocp.CheckpointManager, directory: str, step: int,
+               target: PyTree) -> dict[str, Any]:
+  """``{STATE: the leaves of target read, FINGERPRINTS: the record or
+  None}``; ``target`` is a (partial) tree of ``jax.ShapeDtypeStruct``
+  carrying the shardings and dtypes to read into."""
+  items = {STATE: ocp.args.PyTreeRestore(
+      item=target,
+      restore_args=jax.tree.map(
+          lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, dtype=s.dtype,
+                                         global_shape=s.shape), target),
+      partial_restore=True)}
+  if has_fingerprints(directory, step):
+    items[FINGERPRINTS] = ocp.args.JsonRestore()
+  restored = manager.restore(step, args=ocp.args.Composite(**items))
+  return {STATE: restored[STATE],
+          FINGERPRINTS: restored[FINGERPRINTS] if FINGERPRINTS in items
+                        else None}
 
 
 # Layer layouts: a scanned stack holds ``.../stack/layers/layer/<leaf>`` with a

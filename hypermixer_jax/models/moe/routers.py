@@ -3,14 +3,20 @@
 Every router works on ONE routing group of ``S`` tokens (the layers vmap them
 over groups) and returns
 
-  dispatch  [S, E, C] float 0/1: token s fills slot c of expert e;
-  combine   [S, E, C] float:     dispatch times the token's gate for e;
+  routes    ``Routes``: for each token's k choices its expert, its slot in
+            that expert, its gate and whether it was kept ([S, k] each);
   aux       dict of scalars / [E] vectors (losses and statistics),
 
 with ``E`` experts of capacity ``C`` slots. A token whose expert is full is
-dropped: its rows of ``dispatch``/``combine`` are zero, so the MoE output is
-zero there and the token passes through the block's residual. Padding tokens
-(``mask`` False) are never routed. Slots are filled in token order (earlier
+dropped (not kept): the MoE output is zero there and the token passes
+through the block's residual. Padding tokens (``mask`` False) are never
+routed.
+
+Two ways to move tokens into the ``[E, C, ...]`` expert slots and back:
+``gather_slots`` / ``combine_slots`` index them (O(S k) copies, the layers'
+default), ``dense`` builds GShard's one-hot ``[S, E, C]`` dispatch and
+combine tensors for einsums, whose cost grows with S * E * C, i.e. with S^2
+at a fixed capacity factor (kept for comparison and tests). Slots are filled in token order (earlier
 tokens first), so with a per-sequence group a token's routing never depends
 on later tokens (top-1 routers, and top-k with ``priority='token'``).
 
@@ -33,6 +39,7 @@ k * #tokens assignments each expert processed), ``dropped_fraction``,
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,6 +61,20 @@ def _real(mask: Array | None, s: int) -> Array:
           else mask.astype(jnp.float32))
 
 
+class Routes(NamedTuple):
+  """Where a group's tokens go: ``[S, k]`` each (k choices per token).
+
+  ``slot`` is the token's place in its expert in filling order; it is
+  ``>= capacity`` for a dropped choice. ``keep``: routed (a real token) and
+  within the capacity. ``gate``: the choice's weight in the output (also
+  given where not kept; ``keep`` decides).
+  """
+  expert: Array
+  slot: Array
+  gate: Array
+  keep: Array
+
+
 def _slots(choice: Array, taken: Array, capacity: int):
   """Token-order slot of each token in its chosen expert.
 
@@ -61,22 +82,60 @@ def _slots(choice: Array, taken: Array, capacity: int):
     choice: [S, E] one-hot (0 rows for tokens not routed by this choice).
     taken: [E] slots already filled by earlier choices.
   Returns:
-    keep [S, E] (choice and a free slot), slot [S] int, new ``taken``.
+    keep [S] bool (a choice and a free slot), slot [S] int, new ``taken``.
   """
   pos = jnp.cumsum(choice, axis=0) - choice + taken[None, :]     # [S, E]
-  keep = choice * (pos < capacity)
+  keep = jnp.sum(choice * (pos < capacity), axis=-1) > 0
   slot = jnp.sum(pos * choice, axis=-1).astype(jnp.int32)         # [S]
   return keep, slot, taken + jnp.sum(choice, axis=0)
 
 
-def _dispatch(keep: Array, slot: Array, capacity: int) -> Array:
-  """[S, E] kept choice and [S] slot -> [S, E, C] 0/1 dispatch tensor."""
-  return keep[:, :, None] * jax.nn.one_hot(slot, capacity)[:, None, :]
+def _flat_slots(routes: Routes, num_experts: int, capacity: int) -> Array:
+  """[S, k] index into the flattened ``[E * C]`` slots; ``E * C`` when not
+  kept (out of range: dropped by scatters, filled by gathers)."""
+  flat = routes.expert * capacity + routes.slot
+  return jnp.where(routes.keep, flat, num_experts * capacity)
 
 
-def _stats(probs: Array | None, dispatch: Array, real: Array, k: int) -> dict:
+def gather_slots(x: Array, routes: Routes, num_experts: int,
+                 capacity: int) -> Array:
+  """``x [S, ...]`` -> ``[E, C, ...]``: each slot holds its token (0 if
+  empty). One scatter of S * k token ids and one gather of the slots."""
+  s, k = routes.expert.shape
+  flat = _flat_slots(routes, num_experts, capacity).reshape(-1)
+  token = jnp.full((num_experts * capacity,), s, jnp.int32).at[flat].set(
+      jnp.repeat(jnp.arange(s, dtype=jnp.int32), k), mode="drop")
+  xe = jnp.take(x, token, axis=0, mode="fill", fill_value=0)
+  return xe.reshape((num_experts, capacity) + x.shape[1:])
+
+
+def combine_slots(ye: Array, routes: Routes) -> Array:
+  """``ye [E, C, ...]`` -> ``[S, ...]``: y_s = sum_i gate_si ye[e_si, c_si]
+  over the kept choices i of token s (0 for a token with none)."""
+  e, c = ye.shape[:2]
+  flat = _flat_slots(routes, e, c)                                  # [S, k]
+  picked = jnp.take(ye.reshape((e * c,) + ye.shape[2:]), flat, axis=0,
+                    mode="fill", fill_value=0)                      # [S, k, ..]
+  gate = jnp.where(routes.keep, routes.gate, 0).astype(ye.dtype)
+  gate = gate.reshape(gate.shape + (1,) * (ye.ndim - 2))
+  return jnp.sum(picked * gate, axis=1)
+
+
+def dense(routes: Routes, num_experts: int, capacity: int):
+  """GShard's one-hot tensors of ``routes``: dispatch [S, E, C] (0/1: token
+  s fills slot c of expert e) and combine [S, E, C] (dispatch times gate)."""
+  d = (jax.nn.one_hot(routes.expert, num_experts)
+       * routes.keep[..., None])[..., None] * jax.nn.one_hot(
+           routes.slot, capacity)[..., None, :]                   # [S,k,E,C]
+  return jnp.sum(d, axis=1), jnp.einsum("skec,sk->sec", d, routes.gate)
+
+
+def _stats(probs: Array | None, routes: Routes, num_experts: int,
+           real: Array) -> dict:
   n_real = jnp.maximum(jnp.sum(real), 1.0)
-  processed = jnp.sum(dispatch, axis=(0, 2))                      # [E]
+  k = routes.expert.shape[1]
+  processed = jnp.sum(jax.nn.one_hot(routes.expert, num_experts)
+                      * routes.keep[..., None], axis=(0, 1))      # [E]
   out = {
       "expert_usage": processed / (k * n_real),
       "dropped_fraction": 1.0 - jnp.sum(processed) / (k * n_real),
@@ -87,6 +146,16 @@ def _stats(probs: Array | None, dispatch: Array, real: Array, k: int) -> dict:
     out["router_confidence"] = jnp.sum(top * real) / n_real
     out["router_entropy"] = jnp.sum(ent * real) / n_real
   return out
+
+
+def _single_choice(expert: Array, gate: Array, real: Array, num_experts: int,
+                   capacity: int) -> Routes:
+  """Routes of a top-1 assignment ``expert [S]`` filled in token order."""
+  choice = jax.nn.one_hot(expert, num_experts) * real[:, None]
+  keep, slot, _ = _slots(choice, jnp.zeros((num_experts,), jnp.float32),
+                         capacity)
+  return Routes(expert[:, None].astype(jnp.int32), slot[:, None],
+                gate[:, None], keep[:, None])
 
 
 def load_balancing_loss(probs: Array, top1: Array, real: Array) -> Array:
@@ -127,7 +196,7 @@ def top_k_route(logits: Array, *, k: int, capacity: int,
       'token': all choices of token s before those of token s+1 (causal).
       Identical for k = 1.
   Returns:
-    (dispatch [S, E, C], combine [S, E, C], aux).
+    (``Routes`` [S, k], aux).
   """
   if priority not in ("choice", "token"):
     raise ValueError(f"top_k_route: priority={priority!r}, expected 'choice' "
@@ -144,16 +213,15 @@ def top_k_route(logits: Array, *, k: int, capacity: int,
     choice = jnp.swapaxes(choice, 0, 1)                           # [k, S, E]
   keep, slot, _ = _slots(choice.reshape(-1, e), jnp.zeros((e,), jnp.float32),
                          capacity)
-  d = _dispatch(keep, slot, capacity).reshape(choice.shape + (capacity,))
+  keep, slot = keep.reshape(choice.shape[:2]), slot.reshape(choice.shape[:2])
   if priority == "choice":
-    d = jnp.swapaxes(d, 0, 1)                                     # [S, k, E, C]
-  dispatch = jnp.sum(d, axis=1)
-  combine = jnp.einsum("skec,sk->sec", d, gates)
+    keep, slot = keep.T, slot.T                                   # [S, k]
+  routes = Routes(experts.astype(jnp.int32), slot, gates, keep)
   top1 = jax.nn.one_hot(experts[:, 0], e)
   aux = {"load_balancing_loss": load_balancing_loss(probs, top1, real),
          "z_loss": router_z_loss(logits, real)}
-  aux.update(_stats(probs, dispatch, real, k))
-  return dispatch, combine, aux
+  aux.update(_stats(probs, routes, e, real))
+  return routes, aux
 
 
 def switch_route(logits: Array, *, capacity: int, mask: Array | None = None):
@@ -314,14 +382,13 @@ def base_route(logits: Array, *, train: bool, capacity: int | None = None,
     if capacity is None:
       raise ValueError("base_route: inference routing needs a capacity.")
     expert = jnp.argmax(logits, axis=-1)
-  choice = jax.nn.one_hot(expert, e)
-  keep, slot, _ = _slots(choice, jnp.zeros((e,), jnp.float32), capacity)
-  keep = keep * real[:, None]
   gate = jax.nn.sigmoid(jnp.take_along_axis(logits, expert[:, None], -1))[:, 0]
-  dispatch = _dispatch(keep, slot, capacity)
-  combine = dispatch * gate[:, None, None]
-  return dispatch, combine, _stats(jax.nn.softmax(logits, -1), dispatch,
-                                   real, 1)
+  # Padding takes its slot in training (the loads stay exactly S / E), then
+  # is left out.
+  routes = _single_choice(expert, gate, jnp.ones((s,), jnp.float32), e,
+                          capacity)
+  routes = routes._replace(keep=routes.keep & (real[:, None] > 0))
+  return routes, _stats(jax.nn.softmax(logits, -1), routes, e, real)
 
 
 def make_hash_table(vocab_size: int, num_experts: int, seed: int = 0
@@ -337,8 +404,6 @@ def hash_route(token_ids: Array, *, table: Array, num_experts: int,
   s = token_ids.shape[0]
   real = _real(mask, s)
   expert = jnp.asarray(table)[token_ids]
-  choice = jax.nn.one_hot(expert, num_experts) * real[:, None]
-  keep, slot, _ = _slots(choice, jnp.zeros((num_experts,), jnp.float32),
-                         capacity)
-  dispatch = _dispatch(keep, slot, capacity)
-  return dispatch, dispatch, _stats(None, dispatch, real, 1)
+  routes = _single_choice(expert, jnp.ones((s,), jnp.float32), real,
+                          num_experts, capacity)
+  return routes, _stats(None, routes, num_experts, real)

@@ -64,8 +64,9 @@ import numpy as np
 from hypermixer_jax.models import common
 from hypermixer_jax.models import gmlp
 from hypermixer_jax.models.moe import routers
-from hypermixer_jax.models.moe.tmoe import (apply_experts, route_groups,
-                                            sow_router_aux)
+from hypermixer_jax.models.moe.tmoe import (apply_experts, check_dispatch,
+                                            from_slots, route_groups,
+                                            sow_router_aux, to_slots)
 
 Array = common.Array
 ROUTINGS = ("deterministic", "partial")
@@ -145,6 +146,8 @@ class SparseSpatialMixing(nn.Module):
     load_balancing_weight, z_loss_weight: partial router's sown losses.
     init_scale: W_e ~ U(-init_scale / max_len, init_scale / max_len), b_e = 1
       (each expert starts as the identity gate, like gMLP's SGU).
+    dispatch: partial routing's column dispatch, 'index' or 'einsum' (as
+      ``MoeFeedForward.dispatch``).
   """
   num_experts: int
   max_len: int
@@ -156,6 +159,7 @@ class SparseSpatialMixing(nn.Module):
   load_balancing_weight: float = 1e-2
   z_loss_weight: float = 1e-3
   init_scale: float = 1e-3
+  dispatch: str = "index"
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
@@ -179,6 +183,7 @@ class SparseSpatialMixing(nn.Module):
     if self.routing not in ROUTINGS:
       raise ValueError(f"SparseSpatialMixing: routing={self.routing!r}, "
                        f"expected one of {ROUTINGS}.")
+    check_dispatch(self.dispatch, "SparseSpatialMixing")
     b, n, h = v.shape
     e, L = self.num_experts, self.max_len
     if n > L:
@@ -243,17 +248,18 @@ class SparseSpatialMixing(nn.Module):
                         w_r[:n1].astype(jnp.float32))              # [B, H, E]
     cf = self.eval_capacity_factor if deterministic else self.capacity_factor
     cap = routers.expert_capacity(h, e, cf)
-    dispatch, combine, aux = route_groups(
-        lambda l: routers.switch_route(l, capacity=cap), logits)   # [B,H,E,C]
+    routes, aux = route_groups(
+        lambda l: routers.switch_route(l, capacity=cap), logits)   # [B, H, 1]
     sow_router_aux(self, aux, {"load_balancing_loss": self.load_balancing_weight,
                                "z_loss": self.z_loss_weight})
     # X2 shifted to the front of each row: v2[b, t] = v[b, s_b + t].
     src = s[:, None] + jnp.arange(n2)[None, :]                     # [B, n2]
     v2 = jnp.take_along_axis(v, jnp.minimum(src, n - 1)[:, :, None], axis=1)
     v2 = jnp.where((src < lengths[:, None])[:, :, None], v2, 0)
-    xe = jnp.einsum("bjec,btj->bect", dispatch.astype(dt), v2)     # [B,E,C,n2]
+    xe = to_slots(jnp.swapaxes(v2, 1, 2), routes, e, cap,
+                  self.dispatch)                                   # [B,E,C,n2]
     ye = apply_experts(expert_fn, params, xe, None)
-    f2 = jnp.einsum("bjec,bect->btj", combine.astype(dt), ye)      # [B, n2, H]
+    f2 = jnp.swapaxes(from_slots(ye, routes, self.dispatch), 1, 2)  # [B,n2,H]
     # Back to the row's positions: f[b, t] = f2[b, t - s_b] on X2, 1 on X1.
     rel = jnp.arange(n)[None, :] - s[:, None]                      # [B, n]
     f = jnp.take_along_axis(f2, jnp.clip(rel, 0, n2 - 1)[:, :, None], axis=1)
@@ -275,6 +281,7 @@ class SparseGatingUnit(gmlp.SpatialGatingUnit):
   eval_capacity_factor: float = 2.0
   load_balancing_weight: float = 1e-2
   z_loss_weight: float = 1e-3
+  dispatch: str = "index"
 
   def spatial_mixing(self, z2, *, mask, segment_ids, positions, deterministic):
     if self.num_experts < 1:
@@ -286,7 +293,8 @@ class SparseGatingUnit(gmlp.SpatialGatingUnit):
         capacity_factor=self.capacity_factor,
         eval_capacity_factor=self.eval_capacity_factor,
         load_balancing_weight=self.load_balancing_weight,
-        z_loss_weight=self.z_loss_weight, dtype=self.dtype,
+        z_loss_weight=self.z_loss_weight, dispatch=self.dispatch,
+        dtype=self.dtype,
         param_dtype=self.param_dtype, name="spatial")(
             z2, mask=mask, segment_ids=segment_ids, positions=positions,
             deterministic=deterministic)

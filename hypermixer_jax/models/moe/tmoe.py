@@ -9,13 +9,19 @@ the other examples nor on the mesh, and a top-1 router is causal (slots are
 filled in token order). Dropped and padding tokens get y = 0, i.e. they pass
 through the block's residual.
 
+Tokens reach the expert slots [G, E, C, d] by index (``dispatch='index'``:
+each row's slots gathered by token id, the outputs gathered back by slot and
+weighted by the gates; O(N k d) per row) or, for comparison, by GShard's
+one-hot einsums (``'einsum'``: O(N E C d), quadratic in N at a fixed
+capacity factor); both give the same numbers.
+
 Expert parallelism: with a mesh whose 'expert' axis has n > 1 devices, each
-device holds E/n experts; the per-row dispatch [G, E, C, d] (G rows sharded
+device holds E/n experts; the per-row slots [G, E, C, d] (G rows sharded
 over the batch axes plus 'expert') is exchanged by ``jax.lax.all_to_all``
 inside ``jax.shard_map`` so that each device receives the slots of its own
 experts from every row of its expert group, applies them, and sends the
-results back by a second all-to-all. Without such a mesh the same einsums run
-densely; both give the same numbers.
+results back by a second all-to-all. Without such a mesh the experts run
+on all slots at once; both give the same numbers.
 """
 from __future__ import annotations
 
@@ -31,6 +37,33 @@ from hypermixer_jax.models.moe import routers
 Array = common.Array
 EXPERT_AXIS = "expert"          # mesh axis of the experts
 ROUTERS = ("switch", "gshard", "base", "hash")
+DISPATCHES = ("index", "einsum")
+
+
+def check_dispatch(dispatch: str, owner: str) -> None:
+  if dispatch not in DISPATCHES:
+    raise ValueError(f"{owner}: dispatch={dispatch!r}, expected 'index' "
+                     "(gather/scatter by slot) or 'einsum' (one-hot tensors).")
+
+
+def to_slots(x: Array, routes: routers.Routes, num_experts: int,
+             capacity: int, dispatch: str) -> Array:
+  """``x [G, S, ...]`` -> the expert slots ``[G, E, C, ...]`` of each group."""
+  if dispatch == "index":
+    return jax.vmap(lambda a, r: routers.gather_slots(a, r, num_experts,
+                                                      capacity))(x, routes)
+  d, _ = jax.vmap(lambda r: routers.dense(r, num_experts, capacity))(routes)
+  return jnp.einsum("gsec,gs...->gec...", d.astype(x.dtype), x)
+
+
+def from_slots(ye: Array, routes: routers.Routes, dispatch: str) -> Array:
+  """``ye [G, E, C, ...]`` -> ``[G, S, ...]``, gate-weighted sum over the
+  slots each token filled."""
+  if dispatch == "index":
+    return jax.vmap(routers.combine_slots)(ye, routes)
+  e, c = ye.shape[1:3]
+  _, comb = jax.vmap(lambda r: routers.dense(r, e, c))(routes)
+  return jnp.einsum("gsec,gec...->gs...", comb.astype(ye.dtype), ye)
 
 
 def expert_mesh_size(axis: str = EXPERT_AXIS) -> int:
@@ -147,6 +180,9 @@ class MoeFeedForward(nn.Module):
     vocab_size, hash_seed: the Hash router's table (call with ``token_ids``).
     auction_epsilon, auction_max_iters: Base Layers' assignment solver.
     dropout_rate: dropout on the layer's output.
+    dispatch: how tokens reach the expert slots: 'index' (gather / scatter
+      by slot, linear in the tokens) or 'einsum' (GShard's one-hot
+      ``[S, E, C]`` tensors, quadratic; the same numbers).
   """
   num_experts: int
   d_ffn: int
@@ -162,11 +198,12 @@ class MoeFeedForward(nn.Module):
   auction_epsilon: float | None = None
   auction_max_iters: int = 1000
   dropout_rate: float = 0.0
+  dispatch: str = "index"
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
   def _route(self, x, logits, mask, token_ids, deterministic):
-    """Per-row routing: ([B, N, E, C] dispatch, combine, aux [B, ...])."""
+    """Per-row routing: (``Routes`` [B, N, k], aux [B, ...], capacity)."""
     n, e = x.shape[1], self.num_experts
     k = 2 if self.router == "gshard" else 1
     cf = self.eval_capacity_factor if deterministic else self.capacity_factor
@@ -175,12 +212,14 @@ class MoeFeedForward(nn.Module):
       fn = lambda l, m: routers.top_k_route(
           l, k=k, capacity=cap, mask=m, normalize_gates=k > 1,
           priority="token" if self.token_priority else "choice")
-      return route_groups(fn, logits, mask)
+      return route_groups(fn, logits, mask) + (cap,)
     if self.router == "base":
       fn = lambda l, m: routers.base_route(
           l, train=not deterministic, capacity=cap, mask=m,
           epsilon=self.auction_epsilon, max_iters=self.auction_max_iters)
-      return route_groups(fn, logits, mask)
+      # Training's balanced assignment fills exactly N / E slots per expert.
+      return route_groups(fn, logits, mask) + (
+          cap if deterministic else n // e,)
     if token_ids is None or self.vocab_size is None:
       raise ValueError("MoeFeedForward(router='hash') needs vocab_size and "
                        "the token_ids of x.")
@@ -188,7 +227,7 @@ class MoeFeedForward(nn.Module):
                                                 self.hash_seed))
     fn = lambda t, m: routers.hash_route(t, table=table, num_experts=e,
                                          capacity=cap, mask=m)
-    return route_groups(fn, token_ids, mask)
+    return route_groups(fn, token_ids, mask) + (cap,)
 
   @nn.compact
   def __call__(self, x: Array, *, mask: Array | None = None,
@@ -198,6 +237,7 @@ class MoeFeedForward(nn.Module):
     if self.router not in ROUTERS:
       raise ValueError(f"MoeFeedForward: router={self.router!r}, expected "
                        f"one of {ROUTERS}.")
+    check_dispatch(self.dispatch, "MoeFeedForward")
     common.check_width(x, None, "MoeFeedForward")
     b, n, d = x.shape
     e, f = self.num_experts, self.d_ffn
@@ -217,8 +257,8 @@ class MoeFeedForward(nn.Module):
       logits = common.Dense(e, (common.EMBED, None), use_bias=False,
                             dtype=jnp.float32, param_dtype=self.param_dtype,
                             name="router")(r_in.astype(jnp.float32))  # [B,N,E]
-    dispatch, combine, aux = self._route(x, logits, mask, token_ids,
-                                         deterministic)   # [B, N, E, C]
+    routes, aux, cap = self._route(x, logits, mask, token_ids,
+                                   deterministic)         # [B, N, k]
     sow_router_aux(self, aux, {"load_balancing_loss": self.load_balancing_weight,
                                "z_loss": self.z_loss_weight})
 
@@ -238,13 +278,13 @@ class MoeFeedForward(nn.Module):
     w1, b1 = layer("wi", "bi", (common.EMBED, common.MLP), d, f)
     w2, b2 = layer("wo", "bo", (common.MLP, common.EMBED), f, d)
     dt = self.dtype
-    xe = jnp.einsum("bnec,bnd->becd", dispatch.astype(dt), x.astype(dt))
+    xe = to_slots(x.astype(dt), routes, e, cap, self.dispatch)  # [B, E, C, d]
     def experts(p, xs, _):
       w1, b1, w2, b2 = (a.astype(dt) for a in p)
       h = common.gelu(jnp.einsum("gecd,edf->gecf", xs, w1) + b1[:, None])
       return jnp.einsum("gecf,efd->gecd", h, w2) + b2[:, None]
 
     ye = apply_experts(experts, (w1, b1, w2, b2), xe)        # [B, E, C, d]
-    y = jnp.einsum("bnec,becd->bnd", combine.astype(dt), ye)
+    y = from_slots(ye, routes, self.dispatch)                # [B, N, d]
     y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     return common.constrain(y, (common.BATCH, common.LENGTH, common.EMBED))

@@ -1,0 +1,132 @@
+"""``--mode=verify``: every checkpoint step of a workdir or an export, checked.
+
+Each step is read in full (every array of its state, into the shapes and
+dtypes its own metadata gives, spread over the local devices: no config is
+needed), its arrays compared with the fingerprints saved with it and checked
+for NaN/Inf, and each process's input position parsed. The table says, per
+step, ``ok``, ``ok, no fingerprint`` (saved before fingerprints were
+recorded: read and finite, nothing to compare), ``damaged`` with what failed,
+or ``set aside`` for the steps a training run moved to ``damaged/``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from etils import epath
+import jax
+import numpy as np
+
+from hypermixer_jax.train import checkpoint as ckpt_lib
+from hypermixer_jax.train import integrity
+
+OK = "ok"
+NO_FINGERPRINT = "ok, no fingerprint"
+DAMAGED = "damaged"
+SET_ASIDE = "set aside"
+
+
+@dataclasses.dataclass
+class Row:
+  """One line of the table: a step (or a set-aside folder) and its state."""
+  step: str
+  status: str
+  what: str = ""
+
+
+def checkpoints_folder(path: str | os.PathLike) -> tuple[str, int | None]:
+  """``(folder holding the step folders, the one step or None)`` of a
+  workdir, its ``checkpoints`` folder, an export or one step folder."""
+  path = epath.Path(os.fspath(path).rstrip("/"))
+  if not path.is_dir():
+    raise FileNotFoundError(f"--workdir={path} is not a folder; give a run's "
+                            "workdir, an exported folder or one step folder.")
+  if (path / "checkpoints").is_dir():
+    return os.fspath(path / "checkpoints"), None
+  if path.name.isdigit() and (path / ckpt_lib.STATE).is_dir():
+    return os.fspath(path.parent), int(path.name)
+  return os.fspath(path), None
+
+
+def verify(path: str | os.PathLike) -> list[Row]:
+  """One ``Row`` per step folder of ``path`` (newest first), then the
+  set-aside ones. Raises FileNotFoundError when it holds no step at all."""
+  directory, only = checkpoints_folder(path)
+  on_disk = ([only] if only is not None else
+             [int(p.name) for p in epath.Path(directory).iterdir()
+              if p.name.isdigit()])
+  aside = sorted(p.name for p in (epath.Path(directory)
+                                  / ckpt_lib.DAMAGED).glob("*")
+                 ) if only is None else []
+  if not on_disk and not aside:
+    raise FileNotFoundError(
+        f"no checkpoint step in {directory}: give the --workdir of a trained "
+        "run (it has checkpoints/) or an exported folder.")
+  manager = ckpt_lib.reader(directory)
+  try:
+    finished = set(manager.all_steps())
+    rows = [_check(manager, directory, step, finished)
+            for step in sorted(set(on_disk), reverse=True)]
+  finally:
+    manager.close()
+  return rows + [Row(name, SET_ASIDE, f"{ckpt_lib.DAMAGED}/{name}")
+                 for name in aside]
+
+
+def _check(manager, directory: str, step: int, finished: set[int]) -> Row:
+  if step not in finished:
+    return Row(str(step), DAMAGED, ckpt_lib.UNFINISHED)
+  try:
+    meta = manager.item_metadata(step)[ckpt_lib.STATE]
+    meta = getattr(meta, "tree", meta)
+    devices = np.asarray(jax.local_devices())
+    mesh = jax.sharding.Mesh(devices, ("all",))
+    target = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype,
+                                       sharding=_spread(m.shape, mesh)),
+        meta)
+    restored = ckpt_lib.read_tree(manager, directory, step, target)
+    _check_positions(epath.Path(directory) / str(step) / ckpt_lib.DATA)
+    record = restored[ckpt_lib.FINGERPRINTS]
+    found = integrity.problems(restored[ckpt_lib.STATE], record)
+  except Exception as e:  # pylint: disable=broad-except
+    return Row(str(step), DAMAGED, ckpt_lib.one_line(e))
+  if found:
+    return Row(str(step), DAMAGED, "; ".join(found))
+  if record is None:
+    return Row(str(step), NO_FINGERPRINT,
+               "saved before fingerprints were recorded; read and finite")
+  return Row(str(step), OK, f"{len(record['arrays'])} arrays match")
+
+
+def _spread(shape, mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
+  """The first axis the devices divide is split over them (a large array
+  need not fit one device); replicated when none is."""
+  n = mesh.devices.size
+  spec = [None] * len(shape)
+  for axis, size in enumerate(shape):
+    if size % n == 0:
+      spec[axis] = "all"
+      break
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+
+
+def _check_positions(folder: epath.Path) -> None:
+  """Each process's input position file parses as JSON."""
+  if not folder.is_dir():
+    raise FileNotFoundError(f"{folder} is missing")
+  for f in folder.glob("*.json"):
+    try:
+      json.loads(f.read_text())
+    except ValueError as e:
+      raise ValueError(f"{f} is not JSON: {e}") from e
+
+
+def format_table(rows: list[Row]) -> str:
+  """The rows as an aligned text table (step, status, what failed)."""
+  head = Row("step", "status", "what failed / checked")
+  width = [max(len(getattr(r, f)) for r in [head, *rows])
+           for f in ("step", "status")]
+  return "\n".join(f"{r.step:>{width[0]}}  {r.status:<{width[1]}}  {r.what}"
+                   .rstrip() for r in [head, *rows])

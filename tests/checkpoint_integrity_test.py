@@ -1,0 +1,276 @@
+"""Checkpoint integrity: fingerprints checked on restore, damaged steps set
+aside and saved again, readers that fall back and name their step, and
+``--mode=verify``; on the files of real Orbax steps of a tiny run."""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from hypermixer_jax.train import artifacts
+from hypermixer_jax.train import checkpoint as ckpt_lib
+from hypermixer_jax.train import integrity
+from hypermixer_jax.train import loop
+from hypermixer_jax.train import metrics as metrics_lib
+from hypermixer_jax.train import multihost
+from hypermixer_jax.train import verify
+
+import flag_configs
+
+ROOT = flag_configs.ROOT
+DEFAULT = flag_configs.DEFAULT
+TINY = flag_configs.TINY
+
+
+def _config(*extra):
+  return flag_configs.load(DEFAULT, *TINY, *extra)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """A finished tiny run (steps 4 and 8) and its step-8 state."""
+  workdir = tmp_path_factory.mktemp("run")
+  result = loop.train_and_evaluate(_config(), str(workdir))
+  return workdir, jax.device_get(result.state)
+
+
+def _copy(run, tmp_path):
+  workdir = tmp_path / "w"
+  shutil.copytree(run[0], workdir)
+  return workdir
+
+
+def _largest_data_files(step_dir):
+  """The largest OCDBT data file of each data folder of the step's state
+  (the process's own database and the merged one)."""
+  folders = glob.glob(f"{step_dir}/state/**/d/", recursive=True)
+  return [max(glob.glob(f"{d}*"), key=os.path.getsize) for d in folders]
+
+
+def _damage(step_dir, how):
+  """The newest step's files damaged the ways a crash or a disk can."""
+  if how == "emptied":   # every file of the step 0 bytes long
+    for f in glob.glob(f"{step_dir}/**/*", recursive=True):
+      if os.path.isfile(f):
+        os.truncate(f, 0)
+    return
+  for data in _largest_data_files(step_dir):
+    size = os.path.getsize(data)
+    if how == "truncated":
+      os.truncate(data, size // 2)
+    elif how == "zeroed":
+      with open(data, "r+b") as f:
+        f.write(bytes(size))
+    elif how == "bitflip":   # 64 bytes XOR-ed in the middle
+      with open(data, "r+b") as f:
+        f.seek(size // 2 - 32)
+        block = f.read(64)
+        f.seek(size // 2 - 32)
+        f.write(bytes(b ^ 0xFF for b in block))
+
+
+def _np_fingerprint(x: np.ndarray) -> str:
+  """The module docstring's formula, in NumPy integers (a reference)."""
+  bits = np.ascontiguousarray(x).view(
+      {1: np.uint8, 2: np.uint16, 4: np.uint32}[x.dtype.itemsize]
+  ).reshape(-1).astype(np.uint64)
+  i = np.arange(bits.size, dtype=np.uint64)
+  m32 = np.uint64(2**32 - 1)
+  g = np.uint64(0x9E3779B1)
+  weighted = int(np.sum((bits * (((2 * i + 1) * g) & m32)) & m32)) % 2**32
+  v = (bits ^ ((i * g) & m32)) & m32
+  v ^= v >> np.uint64(16)
+  v = (v * np.uint64(0x7FEB352D)) & m32
+  v ^= v >> np.uint64(15)
+  v = (v * np.uint64(0x846CA68B)) & m32
+  v ^= v >> np.uint64(16)
+  mixed = int(np.sum(v)) % 2**32
+  shape = ",".join(map(str, x.shape))
+  return f"{x.dtype}[{shape}]:{weighted:08x}-{mixed:08x}"
+
+
+def test_fingerprint_equals_numpy_on_any_sharding_and_sees_one_bit():
+  rng = np.random.default_rng(0)
+  arrays = {"f": rng.normal(size=(8, 6)).astype(np.float32),
+            "b": rng.normal(size=(5, 8)).astype(jnp.bfloat16),
+            "i": rng.integers(-9, 9, size=(3,)).astype(np.int32)}
+  want = {k: _np_fingerprint(v) for k, v in arrays.items()}
+  mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+  specs = {"f": P("d", None), "b": P(None, "d"), "i": P()}
+  sharded = {k: jax.device_put(v, NamedSharding(mesh, specs[k]))
+             for k, v in arrays.items()}
+  for tree in (arrays, sharded, jax.device_put(arrays, jax.devices()[0])):
+    assert integrity.summarise(tree)[0] == want
+  flipped = arrays["f"].copy()
+  flipped.view(np.uint32)[3, 4] ^= 1 << 31
+  swapped = arrays["f"].copy()
+  swapped[[0, 1]] = swapped[[1, 0]]
+  for other in (flipped, swapped):
+    assert integrity.problems({"f": other}, {"arrays": want}) == [
+        "fingerprint mismatch in f"]
+  nan = arrays["f"].copy()
+  nan[2, 2] = np.nan
+  assert integrity.problems({"f": nan}, None) == ["NaN/Inf in f"]
+
+
+def _alter_silently(step_dir):
+  """A flipped bit that Orbax cannot notice: the step's state item written
+  again, by Orbax, with one bit of one float changed (a file system or a
+  copy that changed data under a valid container)."""
+  checkpointer = ocp.StandardCheckpointer()
+  tree = checkpointer.restore(step_dir / "state")
+  kernel = tree["params"]["encoder"]["stack"]["layer_0"]["token_mixing"]
+  leaf = max(jax.tree.leaves(kernel), key=lambda x: x.size)
+  bits = np.array(leaf).view(np.uint32)
+  bits.flat[bits.size // 2] ^= 1   # the lowest mantissa bit
+  path = jax.tree_util.tree_flatten_with_path(tree)[0]
+  flat = [bits.view(np.float32) if x is leaf else x for _, x in path]
+  tree = jax.tree_util.tree_unflatten(jax.tree.structure(tree), flat)
+  shutil.rmtree(step_dir / "state")
+  checkpointer.save(step_dir / "state", tree)
+  checkpointer.wait_until_finished()
+  checkpointer.close()
+
+
+@pytest.mark.slow
+def test_silently_altered_newest_step_is_set_aside_and_trained_again(
+    run, tmp_path, caplog):
+  workdir = _copy(run, tmp_path)
+  ck = workdir / "checkpoints"
+  _alter_silently(ck / "8")
+  [row, _] = verify.verify(workdir)
+  assert row.status == "damaged"
+  assert row.what.startswith("fingerprint mismatch in params/encoder/stack/"
+                             "layer_0/token_mixing/")
+  with caplog.at_level("WARNING"):
+    result = loop.train_and_evaluate(_config(), str(workdir))
+  assert result.source == "workdir" and result.step == 8
+  assert f"Checkpoint {ck}/8 does not restore: IntegrityError: " in caplog.text
+  assert "Resuming from step 4, the newest step that restores." in caplog.text
+  [aside] = os.listdir(ck / "damaged")
+  assert aside.startswith("8-") and os.listdir(ck / "damaged" / aside)
+  # Step 8 saved again, bit for bit the state of the undamaged run.
+  rows = verify.verify(workdir)
+  assert [(r.step, r.status) for r in rows] == [
+      ("8", "ok"), ("4", "ok"), (aside, "set aside")]
+  for a, b in zip(jax.tree.leaves(jax.device_get(result.state)),
+                  jax.tree.leaves(run[1])):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("how", ["truncated", "zeroed", "emptied", "bitflip"])
+def test_verify_names_the_damaged_step(run, tmp_path, how):
+  workdir = _copy(run, tmp_path)
+  _damage(workdir / "checkpoints" / "8", how)
+  rows = verify.verify(workdir)
+  assert [(r.step, r.status) for r in rows] == [("8", "damaged"), ("4", "ok")]
+  assert rows[1].what.endswith("arrays match")
+  assert rows[0].what and "\n" not in rows[0].what
+
+
+def test_readers_fall_back_and_name_their_step(run, tmp_path, caplog):
+  workdir = _copy(run, tmp_path)
+  _damage(workdir / "checkpoints" / "8", "zeroed")
+  with caplog.at_level("WARNING"):
+    metrics = artifacts.evaluate_checkpoint(_config(), str(workdir))
+  assert f"checkpoints/8 does not read: " in caplog.text
+  assert "reading step 4 instead" in caplog.text
+  saved = json.load(open(workdir / "evaluations" / "validation_step4.json"))
+  assert saved["step"] == 4 and saved["mse"] == metrics["mse"]
+  logged = metrics_lib.read_metrics(str(workdir), "eval")[4]["mse"]
+  np.testing.assert_allclose(metrics["mse"], logged, rtol=1e-6)
+  assert os.path.isdir(workdir / "checkpoints" / "8")   # a reader moves nothing
+  # A step asked for by name is never replaced by another.
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    artifacts.load_params(_config(), str(workdir), step=8)
+  assert str(e.value).startswith(f"checkpoint {workdir}/checkpoints/8 does "
+                                 "not read: ")
+  assert "\n" not in str(e.value)
+
+
+def test_steps_saved_without_fingerprints_still_restore(tmp_path):
+  """A step written the way checkpoints were before fingerprints."""
+  state = {"params": {"w": np.arange(6, dtype=np.float32)}}
+  manager = ocp.CheckpointManager(tmp_path, item_names=("state", "data"))
+  manager.save(3, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state),
+      data=multihost.DataStateSave({"batch": 3})))
+  manager.wait_until_finished()
+  manager.close()
+  with ckpt_lib.Checkpointer(tmp_path) as ck:
+    step, restored, data = ck.restore_latest(
+        jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=NamedSharding(
+                jax.make_mesh((1,), ("d",)), P())), state))
+  assert step == 3 and data == {"batch": 3}
+  np.testing.assert_array_equal(restored["params"]["w"], np.arange(6))
+  [row] = verify.verify(tmp_path)
+  assert (row.step, row.status) == ("3", "ok, no fingerprint")
+
+
+def test_verify_from_the_command_line(run, tmp_path):
+  workdir = _copy(run, tmp_path)
+  _damage(workdir / "checkpoints" / "8", "bitflip")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run(
+      [sys.executable, "-m", "hypermixer_jax.main", "--mode=verify",
+       f"--workdir={workdir}"], cwd=ROOT, env=env, capture_output=True,
+      text=True, timeout=120)
+  assert out.returncode == 1, out.stderr[-2000:]
+  lines = out.stdout.splitlines()
+  assert lines[0].split() == ["step", "status", "what", "failed", "/",
+                              "checked"]
+  assert lines[1].split()[:2] == ["8", "damaged"]
+  assert lines[2].split()[:2] == ["4", "ok"]
+  assert out.stderr.splitlines()[-1] == (
+      f"Damaged: step(s) 8 of {workdir}; training on this workdir moves them "
+      "to checkpoints/damaged/ and resumes from the newest step that is ok.")
+  assert "Traceback" not in out.stderr
+
+
+def _main_env():
+  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+              XLA_FLAGS=(os.environ["HYPERMIXER_TEST_XLA_FLAGS"] +
+                         " --xla_force_host_platform_device_count=8"))
+
+
+@pytest.mark.slow
+def test_evaluate_beside_training_with_keep_checkpoints_1(tmp_path, caplog):
+  """Retention deletes each step once the next is saved; evaluations read
+  while it does still finish, each on a step that the run saved."""
+  workdir = tmp_path / "w"
+  train = subprocess.Popen(
+      [sys.executable, "-m", "hypermixer_jax.main", f"--config={DEFAULT}",
+       *TINY, "--config.num_train_steps=40", "--config.checkpoint_every=1",
+       "--config.keep_checkpoints=1", "--config.eval_every=0",
+       "--config.log_every=20", f"--workdir={workdir}"],
+      cwd=ROOT, env=_main_env(), stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, text=True)
+  evaluated = 0
+  try:
+    while not any(p.name.isdigit()
+                  for p in (workdir / "checkpoints").glob("*")):
+      assert train.poll() is None, train.stderr.read()[-2000:]
+      time.sleep(0.1)
+    with caplog.at_level("WARNING"):
+      while train.poll() is None and evaluated < 3:
+        artifacts.evaluate_checkpoint(_config(), str(workdir))
+        evaluated += 1
+  finally:
+    if train.poll() is None:   # enough evaluations beside it
+      train.kill()
+    train.communicate()
+  assert train.returncode in (0, -9)
+  steps = sorted(int(f.split("step")[1].split(".")[0])
+                 for f in os.listdir(workdir / "evaluations"))
+  assert evaluated >= 2 and steps and all(1 <= s <= 40 for s in steps)
+  assert "does not read" not in caplog.text   # nothing was damaged
