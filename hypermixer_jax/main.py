@@ -44,6 +44,10 @@ from ml_collections import config_flags  # noqa: E402
 
 def _train(config) -> None:
   from hypermixer_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
+  if not run_config.has_checkpoint(FLAGS.workdir):   # else it resumes
+    config = run_config.adopt_init_checkpoint(
+        config, explicit=config_flags.get_override_values(FLAGS["config"]))
   loop.train_and_evaluate(config, FLAGS.workdir)
 
 

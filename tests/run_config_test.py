@@ -231,3 +231,19 @@ def test_doubts_warn_about_warmup_and_silent_runs():
   assert config_checks.problems(config) == [
       "data.image_normalization='imagenet21k': must be 'imagenet' or "
       "'inception'"]
+
+
+def test_init_checkpoint_of_another_family_is_named(tmp_path):
+  pre = _load("default")   # a continuous-family model
+  run_config.write(pre, tmp_path / "synthetic")
+  fine = _load("glue", "sst2,hypermixer,finetune")
+  # Without a saved config there is nothing to compare: unchanged.
+  fine.init_checkpoint = str(tmp_path / "none")
+  assert run_config.adopt_init_checkpoint(fine) is fine
+  fine.init_checkpoint = str(tmp_path / "synthetic")
+  with pytest.raises(config_checks.ConfigError) as e:
+    run_config.adopt_init_checkpoint(fine)
+  assert str(e.value) == (
+      f"init_checkpoint {tmp_path / 'synthetic'} holds a "
+      "model.family='continuous' model, this run builds 'text'; fine-tune it "
+      "with a config of its family, or drop --config.init_checkpoint.")

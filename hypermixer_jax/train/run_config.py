@@ -17,6 +17,7 @@ only its model and its image normalisation (``models.official_mixer``);
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import json
@@ -341,6 +342,73 @@ def write(config: ml_collections.ConfigDict | Mapping[str, Any],
     record.update(file=f"{VOCAB_DIR}/{name}",
                   sha256=hashlib.sha256(content).hexdigest())
   (folder / VOCAB_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def adopt_init_checkpoint(config: ml_collections.ConfigDict,
+                          explicit: Collection[str] = ()
+                          ) -> ml_collections.ConfigDict:
+  """``config`` with the model shapes of ``config.init_checkpoint``.
+
+  The checkpoint's saved config (its run's or export's ``config.json``, a
+  converted checkpoint's model) knows the shapes of its parameters. A model
+  field that gives the parameters fine-tuning loads (all but ``init_reinit``'s
+  heads) another shape is taken from it when the command line left it at
+  the config file's value (logged); one set on the command line
+  (``explicit``: flattened ``--config.`` names) stops the run in one line
+  naming each field with both values. Fields that shape nothing loaded
+  (``head``, ``num_classes``, ``dropout_rate``, ``dtype``) stay this
+  config's.
+
+  Raises:
+    ConfigFlagError: a conflict, or another model family.
+  """
+  path = find(config.init_checkpoint) if config.get("init_checkpoint") else None
+  saved = load(path).get("model") if path is not None else None
+  if not saved:
+    return config
+  ours = _tuples(_plain(config)["model"])
+  where = f"init_checkpoint {config.init_checkpoint}"
+  if saved.get("family", ours.get("family")) != ours.get("family"):
+    raise ConfigFlagError(
+        f"{where} holds a model.family={saved['family']!r} model, this run "
+        f"builds {ours.get('family')!r}; fine-tune it with a config of its "
+        "family, or drop --config.init_checkpoint.")
+  reinit = [r for r in config.init_reinit.split(",") if r]
+
+  def loaded(model: Mapping) -> dict[str, tuple[int, ...]]:
+    return {k: v for k, v in _param_shapes(model).items()
+            if not any(re.match(r, k) for r in reinit)}
+
+  target, mine = loaded(saved), loaded(ours)
+  if mine == target:
+    return config
+  theirs, flat = flatten(saved), flatten(ours)
+  fields = []
+  for k in (k for k in flat if k in theirs and theirs[k] != flat[k]):
+    try:
+      if loaded(_merge(ours, _unflatten({k: theirs[k]}), top=False)) != mine:
+        fields.append(k)
+    except Exception:  # pylint: disable=broad-except
+      fields.append(k)  # a value the family cannot build with alone
+  refused = [k for k in fields if f"model.{k}" in explicit]
+  both = "; ".join(f"model.{k}: checkpoint {_show(theirs[k])}, config "
+                   f"{_show(flat[k])}" for k in (refused or fields))
+  adopted = _merge(ours, _unflatten({k: theirs[k] for k in fields}), top=False)
+  if refused or not fields or loaded(adopted) != target:
+    drop = (", ".join(f"--config.model.{k}" for k in refused)
+            if refused else "the differing --config.model fields")
+    raise ConfigFlagError(
+        f"{where} has other parameter shapes than this config ("
+        f"{both or 'no single field explains it'}); drop {drop} to take the "
+        "checkpoint's values, or train from scratch without "
+        "--config.init_checkpoint.")
+  logging.info("Model fields from %s (%s): %s", where, path, "; ".join(
+      f"model.{k}: {_show(flat[k])} -> {_show(theirs[k])}" for k in fields))
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    config.update_from_flattened_dict(
+        {f"model.{k}": theirs[k] for k in fields})
+  return config
 
 
 def input_mismatches(config: ml_collections.ConfigDict) -> list[str]:
