@@ -30,8 +30,10 @@ TESTS_REQUIRE = ["pytest", "pytest-xdist", "gcp-storage-emulator", "gcsfs",
                  *GCS_REQUIRE]
 
 # Accelerator builds of jax (its own extras name the matching jaxlib and the
-# TPU runtime / CUDA plugin). A plain install gets the CPU jaxlib. Pin what
-# was tested with ``-c constraints.txt``.
+# TPU runtime / CUDA plugin). A plain install gets the CPU jaxlib. Install
+# with ``-c constraints.txt`` (the tested versions of every package, the
+# extras' dependencies included), all extras in one command:
+#   pip install -e ".[test,tpu]" -c constraints.txt
 EXTRAS_REQUIRE = {
     "test": TESTS_REQUIRE,
     "tpu": ["jax[tpu]>=0.9"],            # Cloud TPU VMs (libtpu)
