@@ -7,7 +7,7 @@ its fastest path, under ``torch.inference_mode``) at B x N x d with H heads,
 forward, float32. PyTorch runs in a child process (``torch_worker.py``)
 started with the interpreter given by ``--torch_python`` (an environment
 with torch: torch is no dependency of this project), one torch thread; the
-two processes take turns, round by round (``bench_common.interleave``:
+two processes take turns, round by round (``bench.interleave``:
 ceiling, ours, library path, torch, ceiling, ...), so pin the parent
 (``taskset -c 1``) and both sides share one core. Reported: min and median ms per call, and
 ours / torch both as min / min and as the median of per-round ratios.
@@ -23,15 +23,13 @@ scan on CPU for N > block size); ``library`` forces
 from __future__ import annotations
 
 import os
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-import bench_common as bc  # noqa: E402
+from hypermixer_jax.experiment import bench as bc  # noqa: E402
 from hypermixer_jax.models.attention import SelfAttention  # noqa: E402
 
 

@@ -6,7 +6,7 @@ Two tables, both measured in this process on this device:
    hyper_dim d' for several N: time, XLA-counted FLOPs, FLOP/s as a share
    of a jitted 2048 x 2048 matmul's, and time(N) / time(N / 4) (linear cost
    gives 4). The ceiling and every N are timed in interleaved rounds
-   (``bench_common.interleave``): minimum and median times, and the
+   (``bench.interleave``): minimum and median times, and the
    scaling ratio both from the minima and as the median of per-round
    ratios.
 2. ``--official=CHECKOUT --torch_python=PY``: against the official PyTorch
@@ -37,16 +37,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import bench_common as bc  # noqa: E402
+from hypermixer_jax.experiment import bench as bc  # noqa: E402
 from hypermixer_jax.models.hypermixer import HyperMixing  # noqa: E402
 
 
@@ -58,7 +56,7 @@ def _module(args, n, causal=False, dtype=jnp.float32, **kw):
 
 
 def forward_table(args):
-  """Every N and the ceiling timed in interleaved rounds (bench_common)."""
+  """Every N and the ceiling timed in interleaved rounds (experiment.bench)."""
   dtype = jnp.dtype(args.dtype)
   ceiling, ceiling_flops = bc.ceiling_timer(dtype,
                                             min_seconds=args.min_seconds)

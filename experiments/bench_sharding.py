@@ -14,19 +14,17 @@ exact everywhere.
 """
 import argparse
 import os
-import sys
 
 if "xla_force_host_platform_device_count" not in os.environ.get(
     "XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              " --xla_force_host_platform_device_count=8")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-import bench_common as bc  # noqa: E402
+from hypermixer_jax.experiment import bench as bc  # noqa: E402
 from hypermixer_jax import models  # noqa: E402
 from hypermixer_jax import sharding  # noqa: E402
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 if __name__ == "__main__":
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -27,13 +26,12 @@ if __name__ == "__main__":
   if "xla_force_host_platform_device_count" not in flags:
     os.environ["XLA_FLAGS"] = (
         flags + " --xla_force_host_platform_device_count=8").strip()
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-import bench_common as bc  # noqa: E402
+from hypermixer_jax.experiment import bench as bc  # noqa: E402
 from hypermixer_jax import sharding  # noqa: E402
 from hypermixer_jax.models import smlp  # noqa: E402
 from hypermixer_jax.train import metrics as metrics_lib  # noqa: E402
@@ -52,7 +50,7 @@ def _config(args, num_dense, num_sparse):
 
 def build(args, mesh, rules, num_dense, num_sparse):
   """(compiled train step, sharded state, batch, rng, n_params) of one model:
-  the library's train step (``bench_common.train_step``, Adam) and sharded
+  the library's train step (``bench.train_step``, Adam) and sharded
   state, on the ``expert`` rules preset."""
   cfg = _config(args, num_dense, num_sparse)
   rng = np.random.RandomState(0)

@@ -26,11 +26,11 @@ Transformer in the same interleaved rounds, and prints steps/s and the
 speed ratios to the outer-product form.
 
 Timing: ``--rounds`` rounds alternate the ceiling and the step (ceiling,
-step, ceiling, ..., ceiling; ``bench_common.interleave``), each round at
+step, ceiling, ..., ceiling; ``bench.interleave``), each round at
 least ``--min_seconds``, after untimed warm-up calls. The table gives the
 step's minimum and median time, and the MFU two ways: best step against
 best ceiling, and the median over rounds of each round's step against the
-mean of the two ceiling rounds around it (``bench_common.summarize``).
+mean of the two ceiling rounds around it (``bench.summarize``).
 On an accelerator (``JAX_PLATFORMS=cuda`` or ``tpu``) the table also gives
 MFU against the device's dense peak from ``PEAK_FLOPS``.
 
@@ -44,16 +44,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import bench_common as bc  # noqa: E402
+from hypermixer_jax.experiment import bench as bc  # noqa: E402
 from hypermixer_jax import models  # noqa: E402
 from hypermixer_jax import sharding  # noqa: E402
 from hypermixer_jax.data import preprocessors  # noqa: E402

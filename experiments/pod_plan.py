@@ -26,14 +26,12 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 
 from hypermixer_jax import experiment
 from hypermixer_jax.train import compile as tc
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_common as bc  # noqa: E402  pylint: disable=g-import-not-at-top
+from hypermixer_jax.experiment import bench as bc  # noqa: E402
 
 # Accelerator type -> (libtpu topology, slices).
 TOPOLOGIES = {

@@ -5,10 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "experiments"))
-
-import bench_common as bc  # noqa: E402
+from hypermixer_jax.experiment import bench as bc
 
 
 class FakeClock:

@@ -1,5 +1,5 @@
-"""Shared helpers of the benchmarks: matmul ceiling, timing, the library's
-train step, XLA cost, tables.
+"""Shared helpers of the benchmarks (``experiments/bench_*.py``): matmul
+ceiling, timing, the library's train step, XLA cost, tables.
 
 Every MFU these scripts print is a ratio of two measurements taken in the same
 process on the same device: the step's XLA-counted FLOPs per second over the
@@ -30,6 +30,8 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from hypermixer_jax.experiment.flags import REPO
 
 
 def time_call(fn: Callable[..., Any], *args, repeats: int = 5,
@@ -114,8 +116,7 @@ class TorchTimed:
 
   def __init__(self, python: str, workload: str, cfg: Mapping[str, Any]):
     import subprocess  # pylint: disable=g-import-not-at-top
-    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                          "torch_worker.py")
+    worker = str(REPO / "experiments" / "torch_worker.py")
     self.proc = subprocess.Popen([python, worker, workload, json.dumps(cfg)],
                                  stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
