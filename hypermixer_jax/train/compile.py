@@ -33,6 +33,8 @@ import functools
 import math
 import os
 import re
+import sys
+import time
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -47,6 +49,7 @@ from hypermixer_jax.data import preprocessors
 from hypermixer_jax.train import checkpoint as ckpt_lib
 from hypermixer_jax.train import evaluation
 from hypermixer_jax.train import flop_count
+from hypermixer_jax.train import hlo_costs
 from hypermixer_jax.train import metrics as metrics_lib
 from hypermixer_jax.train import optim
 from hypermixer_jax.train import steps
@@ -204,16 +207,36 @@ def trace_train_step(config: ml_collections.ConfigDict, devices: list[Any],
   return traced, (state, state_sh), mesh, rules, model, facts
 
 
+def stderr_progress(start: float | None = None) -> Callable[[str], None]:
+  """A progress callback that prints ``compile: <what> (<elapsed> s)`` to
+  stderr: compile mode is otherwise silent for minutes."""
+  t0 = time.perf_counter() if start is None else start
+
+  def say(what: str) -> None:
+    print(f"compile: {what} ({time.perf_counter() - t0:.0f} s)",
+          file=sys.stderr, flush=True)
+  return say
+
+
 def compile_steps(config: ml_collections.ConfigDict, devices: list[Any], *,
-                  batch_size: int | None = None, with_eval: bool = True
+                  batch_size: int | None = None, with_eval: bool = True,
+                  progress: Callable[[str], None] | None = None
                   ) -> Compiled:
-  """Lowers and compiles the loop's train (and eval) step on ``devices``."""
+  """Lowers and compiles the loop's train (and eval) step on ``devices``;
+  ``progress(what)`` is told each phase as it begins."""
+  say = progress or (lambda _: None)
   b = int(batch_size or config.batch_size)
+  say(f"tracing the train step at global batch {b} on {len(devices)} "
+      f"{devices[0].device_kind} chips")
   traced, (state, state_sh), mesh, rules, model, facts = trace_train_step(
       config, devices, b)
-  train = traced.lower().compile()
+  say("lowering the train step to HLO")
+  lowered = traced.lower()
+  say("compiling the train step with XLA:TPU (minutes for a large model)")
+  train = lowered.compile()
   ev = None
   if with_eval:
+    say("compiling the eval step")
     espec = abstract_batch(config, int(config.eval_batch_size))
     esh = sharding.batch_shardings(espec, mesh, rules)
     ev = steps.jit_eval_step(
@@ -221,6 +244,7 @@ def compile_steps(config: ml_collections.ConfigDict, devices: list[Any], *,
                                   loss_weights=facts.loss_weights),
         state_sh, esh, mesh, rules).lower(
             state, ckpt_lib.abstract_like(espec, esh)).compile()
+  say("counting matmul FLOPs and HBM traffic")
   return Compiled(train, ev, state, mesh, b,
                   flop_count.count(traced.jaxpr))
 
@@ -280,71 +304,9 @@ def traffic_factor(kind: str, n: int) -> float:
 
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
-_CALLEE = re.compile(r"\b(body|condition|calls|to_apply)=%?([\w.\-]+)")
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-_CONSTANT = re.compile(r"\bconstant\((\d+)\)")
 _WHILE = re.compile(r"^\s*(?:ROOT\s+)?%?\S+ = .* while\(", re.M)
-
-
-def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
-  """``({computation: its instruction lines}, entry name)``."""
-  comps, entry, current = {}, "", None
-  for line in hlo_text.splitlines():
-    m = _COMPUTATION.match(line)
-    if m:
-      current = m.group(1)
-      comps[current] = []
-      if line.startswith("ENTRY"):
-        entry = current
-    elif current is not None:
-      if line.startswith("}"):
-        current = None
-      else:
-        comps[current].append(line)
-  return comps, entry
-
-
-def trip_count(condition: list[str]) -> int | None:
-  """A loop's trip count from its condition computation: the one integer
-  constant a counter from 0 is compared with (``lax.scan`` and XLA's
-  windowed dot-general loops have this form); None where it is not."""
-  consts = {int(c) for line in condition for c in _CONSTANT.findall(line)}
-  compares = [line for line in condition if " compare(" in line]
-  if len(consts) == 1 and len(compares) == 1 and "direction=LT" in compares[0]:
-    return consts.pop()
-  return None
-
-
-@functools.lru_cache(maxsize=4)  # collectives and traffic read one module
-def loop_multipliers(hlo_text: str) -> tuple[dict[str, int], int]:
-  """``({computation: times it runs per step}, loops of unknown trip
-  count)``: the entry once, a ``while`` body its trip count times its
-  caller's (``trip_count``; once where unknown), other callees as often as
-  their caller."""
-  comps, entry = _computations(hlo_text)
-  times, unknown = {}, set()
-  # Every call site adds its runs (a body shared by two loops runs for
-  # both); computations with callees are few and called once, reducers
-  # (``to_apply``) many times but call nothing.
-  stack = [(entry or next(iter(comps), ""), 1)]
-  while stack:
-    name, n = stack.pop()
-    if name not in comps:
-      continue
-    times[name] = times.get(name, 0) + n
-    for k, line in enumerate(comps[name]):
-      callees = dict(_CALLEE.findall(line))
-      trips = 1
-      if "body" in callees and _WHILE.match(line):
-        trips = trip_count(comps.get(callees.get("condition", ""), []))
-        if trips is None:
-          trips = 1
-          unknown.add((name, k))
-      for kind, callee in callees.items():
-        stack.append((callee, n * (trips if kind == "body" else 1)))
-      for group in _BRANCHES.findall(line):
-        stack.extend((b.strip().lstrip("%"), n) for b in group.split(","))
-  return times, len(unknown)
+loop_multipliers = hlo_costs.loop_multipliers
+trip_count = hlo_costs.trip_count
 
 
 def _collective_lines(hlo_text: str):
@@ -414,12 +376,23 @@ def _per_chip_bytes(tree: Any) -> int:
       for x in jax.tree.leaves(tree))
 
 
-def _flops_and_bytes(compiled) -> tuple[float, float]:
+def _cost_analysis(compiled) -> dict[str, float]:
   analysis = compiled.cost_analysis()
   if isinstance(analysis, (list, tuple)):
     analysis = analysis[0] if analysis else {}
+  return analysis or {}
+
+
+def _flops_and_bytes(compiled) -> tuple[float, float]:
+  analysis = _cost_analysis(compiled)
   return (float(analysis.get("flops", 0.0)),
           float(analysis.get("bytes accessed", 0.0)))
+
+
+def _short_op_name(op_name: str) -> str:
+  """An op_name without the jit wrapper, module paths from the model."""
+  name = re.sub(r"^jit\([^)]*\)/", "", op_name)
+  return name if len(name) <= 90 else "..." + name[-87:]
 
 
 def largest_buffers(hlo_text: str, k: int = 3) -> list[tuple[int, str]]:
@@ -446,13 +419,16 @@ def estimate(r: dict[str, Any], traffic: float | None = None
              ) -> tuple[dict[str, float], float, float]:
   """``roofline`` of a report ``r`` (or a recorded one): the compute term
   from the larger of XLA's FLOPs and the matmul FLOPs (loops by their trip
-  counts), MFU from the matmul FLOPs (XLA's for records without them);
-  ``traffic`` replaces the recorded collective bytes."""
+  counts), the HBM term from the HBM traffic counted once
+  (``hlo_costs.traffic``; XLA's ``bytes accessed`` for records without it),
+  MFU from the matmul FLOPs (XLA's for records without them); ``traffic``
+  replaces the recorded collective bytes."""
   chip = next(c for c in CHIPS.values() if c.name == r["chip"])
   peak = metrics_lib.peak_flops(r["chip"])
   matmul = r.get("matmul_flops") or 0.0
   times, step, _ = roofline(
-      max(r["flops"], matmul), r["bytes_accessed"],
+      max(r["flops"], matmul), r.get("hbm_traffic_bytes",
+                                     r["bytes_accessed"]),
       r["collective_traffic_bytes"] if traffic is None else traffic, chip,
       peak)
   return times, step, ((matmul or r["flops"]) / peak / step if step else 0.0)
@@ -468,16 +444,20 @@ def report(c: Compiled) -> dict[str, Any]:
   # are not aliased is what the step holds at once.
   total = (mem.argument_size_in_bytes + mem.temp_size_in_bytes
            + mem.output_size_in_bytes - mem.alias_size_in_bytes)
+  analysis = _cost_analysis(c.train)
   flops, accessed = _flops_and_bytes(c.train)
   hlo = c.train.as_text()
   coll = collectives(hlo)
   comm = sum(collective_traffic(hlo, c.mesh.size).values())
+  hbm = hlo_costs.traffic(hlo)
   # XLA's count reads loop bodies once; the jaxpr's matmul count does not.
   matmul = c.matmul.flops / c.mesh.size if c.matmul else 0.0
   times, step, mfu = estimate(dict(chip=chip.name, flops=flops,
                                    matmul_flops=matmul,
                                    bytes_accessed=accessed,
+                                   hbm_traffic_bytes=hbm.hbm_bytes,
                                    collective_traffic_bytes=comm))
+  optimal = float(analysis.get("optimal_seconds", -1.0))
   out = {
       "chip": chip.name, "chips": c.mesh.size, "mesh": dict(c.mesh.shape),
       "batch_size": c.batch_size,
@@ -487,6 +467,18 @@ def report(c: Compiled) -> dict[str, Any]:
       "temp_bytes": mem.temp_size_in_bytes, "total_bytes": total,
       "hbm_bytes": chip.hbm_bytes, "fits": total <= chip.hbm_bytes,
       "flops": flops, "bytes_accessed": accessed, "matmul_flops": matmul,
+      "hbm_traffic_bytes": hbm.hbm_bytes,
+      "xla_rule_bytes": hbm.xla_bytes,
+      "async_moves_xla_bytes": hbm.moves_xla_bytes,
+      # XLA:TPU's own step estimate; negative where it has none.
+      "xla_optimal_s": optimal if optimal > 0 else None,
+      "hbm_bytes_by_part": {k: v for k, v in hbm.by_part.items() if v},
+      "matmul_flops_by_part": {
+          k: v / c.mesh.size for k, v in c.matmul.by_part.items() if v}
+                              if c.matmul else {},
+      "top_instructions": [
+          [it.hbm_bytes, it.xla_bytes, it.opcode, it.part,
+           _short_op_name(it.op_name), it.runs] for it in hbm.top(8)],
       "collectives": {k: list(v) for k, v in coll.items()},
       "collective_traffic_bytes": comm,
       "est_step_s": step, "est_limit": max(times, key=times.get),
@@ -542,6 +534,86 @@ def _gib(x: float) -> str:
   return f"{x / 1024:.1f} KiB"
 
 
+def breakdown(r: dict[str, Any], k: int = 6) -> list[str]:
+  """Where a step's bytes and FLOPs go: HBM traffic counted once beside
+  XLA's ``bytes accessed``, by model part, and the largest transfers."""
+  if "hbm_traffic_bytes" not in r:
+    return []
+  lines = [
+      f"HBM traffic per chip, each transfer once (loops by trip count): "
+      f"{_gib(r['hbm_traffic_bytes'])}; XLA's bytes accessed "
+      f"{_gib(r['bytes_accessed'])} counts every operand and result in any "
+      f"memory space (async copies and slices into on-chip memory: "
+      f"{_gib(r['async_moves_xla_bytes'])} of it) and loop bodies once"]
+  if r.get("xla_optimal_s"):
+    lines.append(f"XLA:TPU's own step estimate (optimal_seconds; it sums "
+                 f"each instruction's bottleneck, phantom copy bytes "
+                 f"included): {r['xla_optimal_s'] * 1e3:.2f} ms")
+  flops = r.get("matmul_flops_by_part", {})
+  hbm = r.get("hbm_bytes_by_part", {})
+  parts = sorted(set(flops) | set(hbm), key=lambda p: -hbm.get(p, 0.0))
+  lines.append("by part (HBM traffic / matmul FLOPs per chip): " + ", ".join(
+      f"{p} {_gib(hbm.get(p, 0.0))} / {flops.get(p, 0.0) / 1e12:.3f} TFLOP"
+      for p in parts))
+  lines.append("largest HBM transfers (bytes per step, XLA's count, "
+               "instruction, part, op_name):")
+  for b, xla, opcode, part, name, runs in r["top_instructions"][:k]:
+    lines.append(f"  {_gib(b)} (XLA {_gib(xla)}) {opcode}"
+                 + (f" x{runs}" if runs > 1 else "")
+                 + f" [{part}] {name or '(no op_name)'}")
+  return lines
+
+
+def batch_advice(r: dict[str, Any]) -> str | None:
+  """A global batch that lifts the estimated MFU, where the per-chip batch
+  is what holds it down: assumes the optimizer's HBM traffic and the
+  collectives stay fixed while the rest grows with the batch (the layers'
+  parameter reads stay fixed too, so the gain is at least this); the
+  largest batch that fits extrapolates the temporaries linearly. A note
+  on what bounds MFU instead where a larger batch does not help."""
+  if "hbm_traffic_bytes" not in r or not r.get("matmul_flops"):
+    return None
+  chip = next(c for c in CHIPS.values() if c.name == r["chip"])
+  peak = metrics_lib.peak_flops(r["chip"])
+  b = r["batch_size"]
+  fixed = r.get("hbm_bytes_by_part", {}).get("optimizer", 0.0)
+  per_hbm = max(r["hbm_traffic_bytes"] - fixed, 0.0) / b
+  per_flops = max(r["flops"], r["matmul_flops"]) / b
+  share = r["matmul_flops"] / max(r["flops"], r["matmul_flops"])
+  ici = r["collective_traffic_bytes"] / chip.ici_bandwidth
+
+  def mfu(batch: float) -> float:
+    compute = per_flops * batch / peak
+    return share * compute / max(compute, (fixed + per_hbm * batch)
+                                 / chip.hbm_bandwidth, ici)
+
+  ceiling = share * min(1.0, per_flops / peak / (per_hbm / chip.hbm_bandwidth)
+                        ) if per_hbm else share
+  room = chip.hbm_bytes - (r["total_bytes"] - r["temp_bytes"])
+  largest = b * room / r["temp_bytes"] if r["temp_bytes"] else 0.0
+  best = b
+  while best * 2 <= largest and mfu(best) < 0.9 * ceiling:
+    best *= 2
+  now = mfu(b)
+  per_chip = f"{b / r['chips']:g} examples per chip"
+  if best > b and mfu(best) >= 1.25 * now:
+    return (f"the per-chip batch ({per_chip}) holds MFU down: the "
+            f"optimizer's HBM traffic and the collectives do not grow with "
+            f"the batch; --config.batch_size={best} (about "
+            f"{best / r['chips']:g} per chip, within the estimated "
+            f"{int(largest):d} that fit) gives an estimated MFU of "
+            f"{mfu(best):.0%} (now {now:.0%}; at most {ceiling:.0%} at any "
+            "batch)")
+  if now < 0.4:
+    top = max(r.get("hbm_bytes_by_part", {"other": 0}).items(),
+              key=lambda kv: kv[1])[0]
+    return (f"not the batch ({per_chip}): the traffic that grows with the "
+            f"batch bounds MFU at {ceiling:.0%} whatever the batch (matmul "
+            f"FLOPs per HBM byte of this model's width and dtype; most of "
+            f"the bytes: {top}); see the breakdown above")
+  return None
+
+
 def format_report(r: dict[str, Any]) -> str:
   """The printed report (one chip)."""
   coll = ", ".join(f"{k} {n} ({_gib(b)})" for k, (n, b) in
@@ -556,7 +628,8 @@ def format_report(r: dict[str, Any]) -> str:
       f"HBM: {'fits' if r['fits'] else 'DOES NOT FIT'}",
       f"train step per chip: {r['flops'] / 1e12:.3f} TFLOP (XLA), "
       f"{r.get('matmul_flops', 0) / 1e12:.3f} TFLOP of matmuls (jaxpr, loops "
-      f"by trip count), {_gib(r['bytes_accessed'])} accessed",
+      f"by trip count), {_gib(r['bytes_accessed'])} accessed (XLA)",
+      *breakdown(r),
       f"collectives per step (ops run, loop bodies by trip count; result "
       f"bytes): {coll or 'none'}; a chip sends "
       f"{_gib(r['collective_traffic_bytes'])}",
@@ -565,18 +638,18 @@ def format_report(r: dict[str, Any]) -> str:
       "at the chip's peak over the step; with model.remat the recomputed "
       "ones count too)",
   ]
+  advice = batch_advice(r)
+  if advice:
+    lines.append("MFU: " + advice)
   if r.get("loops"):
     lines.append(
-        f"caveat: the step holds {r['loops']} while loop(s) (scanned layers, "
+        f"note: the step holds {r['loops']} while loop(s) (scanned layers, "
         "chunked scans, XLA's windowed dot-general loops of sharded weight "
-        "gradients), whose bodies XLA's cost analysis reads once whatever "
-        "their trip count: the XLA FLOPs and bytes accessed under-count them "
-        "(memory is exact; the matmul FLOPs, MFU, compute bound and "
-        "collectives count each loop by its trip count"
+        "gradients), whose bodies XLA's cost analysis (FLOPs, bytes "
+        "accessed) reads once whatever their trip count; the HBM traffic, "
+        "matmul FLOPs, MFU and collectives count each loop by its trip count"
         + (f", except {r['uncounted_loops']} loop(s) of unknown trip count"
-           if r.get("uncounted_loops") else "")
-        + "). With model.scan_layers, compile again with "
-        "--config.model.scan_layers=False for exact bytes accessed.")
+           if r.get("uncounted_loops") else "") + ".")
   if "eval_total_bytes" in r:
     lines.append(f"eval step per chip: total {_gib(r['eval_total_bytes'])}, "
                  f"{r['eval_flops'] / 1e12:.3f} TFLOP")
@@ -632,20 +705,27 @@ def try_report(config: ml_collections.ConfigDict, devices: list[Any], **kw
 
 
 def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
-                         num_slices: int = 1) -> dict[str, Any]:
-  """Compiles ``config`` for the topology and returns ``report``'s figures.
+                         num_slices: int = 1,
+                         progress: Callable[[str], None] | None = None
+                         ) -> dict[str, Any]:
+  """Compiles ``config`` for the topology and returns ``report``'s figures,
+  saying what it is doing (``progress``; default: ``stderr_progress``).
 
   Raises ``DoesNotFit`` (largest buffers, the largest batch that fits) when
   the train step needs more HBM than a chip has, also where libtpu refuses
   to compile it at all (its temporaries alone exceed the HBM).
   """
+  say = progress or stderr_progress()
+  say(f"describing {topology} x {num_slices} slice(s) with libtpu")
   devices = topology_devices(topology, num_slices)
-  r, refused = try_report(config, devices)
+  r, refused = try_report(config, devices, progress=say)
   if refused is None and r["fits"]:
     return r
 
   def fits(b):
-    rb, _ = try_report(config, devices, batch_size=b, with_eval=False)
+    say(f"batch {int(config.batch_size)} does not fit; trying {b}")
+    rb, _ = try_report(config, devices, batch_size=b, with_eval=False,
+                       progress=say)
     return rb is not None and rb["fits"]
 
   best = largest_batch(fits, int(config.batch_size), batch_step(

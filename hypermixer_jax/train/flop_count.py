@@ -18,7 +18,9 @@ jaxpr instead, before XLA rewrites anything:
 
 Elementwise work is not counted: the figure is the matmul FLOPs as they run,
 recomputation under ``remat`` included (hardware FLOPs; a model-FLOPs MFU
-would leave the recomputed forward out).
+would leave the recomputed forward out). ``FlopCount.by_part`` splits them by
+the model part of each equation's name stack (``hlo_costs.part_of``: the Flax
+module path, forward and backward together).
 """
 from __future__ import annotations
 
@@ -28,18 +30,25 @@ from typing import Any
 
 from jax.extend import core as jex_core
 
+from hypermixer_jax.train import hlo_costs
+
 
 @dataclasses.dataclass(frozen=True)
 class FlopCount:
   flops: float                 # matmul FLOPs of the whole program
   uncounted_loops: int = 0     # while loops whose body was counted once
+  by_part: dict[str, float] = dataclasses.field(default_factory=dict)
 
   def __add__(self, other: "FlopCount") -> "FlopCount":
+    parts = dict(self.by_part)
+    for k, v in other.by_part.items():
+      parts[k] = parts.get(k, 0.0) + v
     return FlopCount(self.flops + other.flops,
-                     self.uncounted_loops + other.uncounted_loops)
+                     self.uncounted_loops + other.uncounted_loops, parts)
 
   def scaled(self, factor: float) -> "FlopCount":
-    return FlopCount(self.flops * factor, self.uncounted_loops)
+    return FlopCount(self.flops * factor, self.uncounted_loops,
+                     {k: v * factor for k, v in self.by_part.items()})
 
 
 def _jaxpr(x: Any):
@@ -72,30 +81,37 @@ def _manual_devices(params: dict) -> int:
       shape.values())
 
 
-def count(jaxpr: Any) -> FlopCount:
-  """Matmul FLOPs of ``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``)."""
+def _matmul(flops: float, scope: str) -> FlopCount:
+  return FlopCount(flops, 0, {hlo_costs.part_of(scope) or "other": flops})
+
+
+def count(jaxpr: Any, scope: str = "") -> FlopCount:
+  """Matmul FLOPs of ``jaxpr`` (a ``Jaxpr`` or ``ClosedJaxpr``); ``scope``:
+  the name stack of the equation that holds it."""
   total = FlopCount(0.0)
   for eqn in _jaxpr(jaxpr).eqns:
     name = eqn.primitive.name
     params = eqn.params
+    inner = "/".join(s for s in (scope, str(eqn.source_info.name_stack)) if s)
     if name == "dot_general":
-      total += FlopCount(_dot_flops(eqn))
+      total += _matmul(_dot_flops(eqn), inner)
     elif name == "conv_general_dilated":
-      total += FlopCount(_conv_flops(eqn))
+      total += _matmul(_conv_flops(eqn), inner)
     elif name == "scan":
-      total += count(params["jaxpr"]).scaled(params["length"])
+      total += count(params["jaxpr"], inner).scaled(params["length"])
     elif name == "while":
-      total += count(params["body_jaxpr"]) + count(params["cond_jaxpr"])
+      total += count(params["body_jaxpr"], inner) + count(
+          params["cond_jaxpr"], inner)
       total += FlopCount(0.0, 1)
     elif name == "cond":
-      total += max((count(b) for b in params["branches"]),
+      total += max((count(b, inner) for b in params["branches"]),
                    key=lambda c: c.flops)
     elif name == "shard_map":
-      total += count(params["jaxpr"]).scaled(_manual_devices(params))
+      total += count(params["jaxpr"], inner).scaled(_manual_devices(params))
     else:
       for value in params.values():
         if isinstance(value, (jex_core.Jaxpr, jex_core.ClosedJaxpr)):
-          total += count(value)
+          total += count(value, inner)
   return total
 
 
