@@ -53,7 +53,8 @@ def _train(config) -> None:
 
 def _evaluate(config) -> None:
   from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
-  artifacts.evaluate_checkpoint(config, FLAGS.workdir, FLAGS.step)
+  artifacts.evaluate_checkpoint(config, FLAGS.workdir, FLAGS.step,
+                                eval_steps=FLAGS.eval_steps)
 
 
 def _predict(config) -> None:
@@ -124,6 +125,9 @@ flags.DEFINE_enum("mode", "train", list(MODES),
                   "fingerprints).")
 flags.DEFINE_integer("step", None, "evaluate/predict/export: checkpoint step "
                      "of --workdir (default: the latest).")
+flags.DEFINE_integer("eval_steps", -1, "evaluate: batches of eval_batch_size "
+                     "to score (-1: the whole eval_split; training's "
+                     "evaluations take --config.eval_steps).")
 flags.DEFINE_string("input", None, "predict: input file (.txt one example a "
                     "line, .tsv/.jsonl with the task's columns).")
 flags.DEFINE_string("output", None, "predict: JSONL file; export: directory.")

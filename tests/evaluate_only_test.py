@@ -41,6 +41,13 @@ def test_latest_and_given_step_equal_the_logged_evaluations(run, tmp_path):
   assert mid["mse"] != latest["mse"]
   saved = json.load(open(run / "evaluations" / "validation_step4.json"))
   assert saved["step"] == 4 and saved["mse"] == mid["mse"]
+  assert saved["examples"] == saved["split_examples"] == 48
+  # Fewer batches: the examples scored out of the split's size.
+  first = artifacts.evaluate_checkpoint(_config(), str(run), step=4,
+                                        eval_steps=2)
+  saved = json.load(open(run / "evaluations" / "validation_step4.json"))
+  assert (saved["examples"], saved["split_examples"]) == (32, 48)
+  assert first["mse"] != mid["mse"]
   # Exported parameters evaluate the same.
   artifacts.export_params(_config(), str(run), str(tmp_path / "p"), step=4)
   again = artifacts.evaluate_checkpoint(_config(), str(tmp_path / "p"))
@@ -48,7 +55,7 @@ def test_latest_and_given_step_equal_the_logged_evaluations(run, tmp_path):
 
 
 NOISE = ("oneDNN", "cuda drivers", "cuInit", "Length validation is skipped",
-         "Traceback")
+         "Traceback", "read_only=True", "read only")
 
 
 @pytest.mark.slow
@@ -70,7 +77,7 @@ def test_main_modes_from_the_command_line(run, tmp_path):
   out = main(f"--workdir={run}", "--mode=evaluate", "--step=8")
   assert out.returncode == 0, out.stderr[-3000:]
   logged = metrics_lib.read_metrics(str(run), "eval")
-  assert "step 8 on validation: " in out.stdout
+  assert "step 8 on validation (48 of 48 examples): " in out.stdout
   assert f"mse={logged[8]['mse']:.5g}" in out.stdout
   # The export carries the config: evaluating it needs nothing else.
   out = main(f"--workdir={run}", "--mode=export", "--step=4",

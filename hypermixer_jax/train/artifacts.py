@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import Any
@@ -27,6 +28,7 @@ import flax
 import flax.linen as nn
 import jax
 import ml_collections
+import numpy as np
 
 from hypermixer_jax import heads
 from hypermixer_jax import models
@@ -239,7 +241,6 @@ def _needed_tokens(config, records: list[dict | None]) -> list[int]:
 
 def _padded(batch: dict, size: int) -> dict:
   """Rows repeated up to ``size`` (a fixed batch shape; extras dropped)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   n = len(next(iter(batch.values())))
   if n == size:
     return batch
@@ -280,7 +281,6 @@ def _mlm_rows(config, input_path: str):
 
 
 def _mlm_batch(rows: list[list[int]], n: int) -> dict:
-  import numpy as np  # pylint: disable=g-import-not-at-top
   inputs = np.zeros((len(rows), n), np.int32)
   segments = np.zeros((len(rows), n), np.int32)
   for r, ids in enumerate(rows):
@@ -316,7 +316,6 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str,
   Runs on the devices of process 0 (other processes return at once).
   Returns the number of examples predicted.
   """
-  import numpy as np  # pylint: disable=g-import-not-at-top
   head = models.model_facts(config.model).head
   if head not in CLASSIFIER_HEADS + ("mlm",):
     raise config_checks.ConfigError(
@@ -365,7 +364,6 @@ def _mlm_predictions(config: ml_collections.ConfigDict, input_path: str,
                      ) -> tuple[list[dict], int]:
   """``predict_file``'s lines for a masked LM: the top ``top_k`` tokens of
   each ``[MASK]``, and the text with the top-1 tokens filled in."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   rows, vocab, mask_id = _mlm_rows(config, input_path)
   todo = [(rec, ids) for rec, ids in rows if ids is not None]
   for start in range(0, len(todo), batch_size):
@@ -392,7 +390,6 @@ def _classifier_predictions(config: ml_collections.ConfigDict,
   """``predict_file``'s lines for a classifier: label, id and probabilities
   of each input through the task's evaluation preprocessing."""
   import tempfile  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.data import tasks  # pylint: disable=g-import-not-at-top
   with tempfile.TemporaryDirectory() as tmp:
@@ -448,15 +445,18 @@ class ParamsOnly:
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
-                        step: int | None = None) -> dict[str, float]:
+                        step: int | None = None, *,
+                        eval_steps: int | None = None) -> dict[str, float]:
   """The task's evaluation of ``workdir``'s checkpoint (latest or ``step``).
 
-  The same evaluation as during training (``config.eval_split``,
-  ``eval_steps`` batches of ``eval_batch_size``), on the parameters alone,
-  so exported parameters evaluate too. The metrics are logged and written to
-  ``workdir/evaluations/<split>_step<N>.json`` (process 0).
+  The evaluation that training runs (``config.eval_split`` in batches of
+  ``eval_batch_size``), on the parameters alone, so exported parameters
+  evaluate too: ``eval_steps`` batches (-1: the whole split, as
+  ``--mode=evaluate`` does by default; None: ``config.eval_steps``, as
+  training did). The metrics, with ``examples`` (scored) and
+  ``split_examples`` (the split's size, when known), are logged and written
+  to ``workdir/evaluations/<split>_step<N>.json`` (process 0).
   """
-  import json  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import evaluation  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   mesh = sharding.build_mesh(config.mesh)
@@ -467,12 +467,17 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   if config.eval_batch_size % pcount:
     raise ValueError(f"eval_batch_size={config.eval_batch_size} must be "
                      f"divisible by the {pcount} processes.")
+  steps = int(config.eval_steps if eval_steps is None else eval_steps)
+  rows = [0]   # this host's examples scored
 
   def pipeline(split, batch_size):
-    return data_lib.build_pipeline(
+    pipe = data_lib.build_pipeline(
         config.data, split, batch_size=batch_size // pcount,
         shard_index=jax.process_index(), num_shards=pcount, seed=config.seed,
         repeat=False, shuffle=False)
+    for batch in itertools.islice(pipe, steps if steps >= 0 else None):
+      rows[0] += len(batch["inputs"])
+      yield batch
 
   # The training loop's own evaluator, on the parameters alone.
   result = evaluation.TaskEvaluator(evaluation.Context(
@@ -481,14 +486,42 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
       state_shardings=ParamsOnly(
           params=jax.tree.map(lambda x: x.sharding, params)),
       pipeline=pipeline, write_image=lambda *a: None,
-      is_main=jax.process_index() == 0)).run(state, found)
-  line = (f"evaluation of {workdir} step {found} on {config.eval_split}: "
-          + ", ".join(f"{k}={v:.5g}" for k, v in result.items()))
+      is_main=jax.process_index() == 0), steps=steps).run(state, found)
+  scored = _sum_over_processes(rows[0])
+  size = scored if steps < 0 else split_size(config, config.eval_split)
+  what = (f"{scored} of {size} examples" if size is not None else
+          f"{scored} examples")
+  line = (f"evaluation of {workdir} step {found} on {config.eval_split} "
+          f"({what}): " + ", ".join(f"{k}={v:.5g}" for k, v in result.items()))
+  if steps >= 0 and (size is None or scored < size):
+    line += (f" (the first {steps} batches of {config.eval_batch_size}; "
+             "--eval_steps=-1 scores the whole split)")
   logging.info("%s", line)
   if jax.process_index() == 0:
     print(line, flush=True)
     out_dir = storage.path(workdir) / "evaluations"
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{config.eval_split}_step{found}.json").write_text(
-        json.dumps({"step": found, **result}, indent=1))
+    storage.replace(out_dir / f"{config.eval_split}_step{found}.json",
+                    json.dumps({"step": found, "examples": scored,
+                                "split_examples": size, **result}, indent=1))
   return result
+
+
+def split_size(config: ml_collections.ConfigDict, split: str) -> int | None:
+  """Examples in ``split`` when known without reading it (the synthetic
+  task's size, a TFDS split's record count); None otherwise."""
+  from hypermixer_jax.data import synthetic  # pylint: disable=g-import-not-at-top
+  if config.data.task == "synthetic_pairs":
+    return synthetic.num_examples(config.data.synthetic, split) or None
+  from hypermixer_jax.data import tasks  # pylint: disable=g-import-not-at-top
+  try:
+    return tasks.get_task(config.data).source.num_input_examples(split)
+  except Exception:  # pylint: disable=broad-except
+    return None   # local files: their size is not recorded anywhere
+
+
+def _sum_over_processes(n: int) -> int:
+  if jax.process_count() == 1:
+    return n
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return int(np.sum(multihost_utils.process_allgather(np.int64(n))))
