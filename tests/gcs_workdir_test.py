@@ -395,11 +395,9 @@ def test_replace_writes_utf8_whole_or_not_at_all(tmp_path, monkeypatch):
   assert target.read_bytes() == "é ✓\n".encode("utf-8")
   # A rename that fails (e.g. the disk went read-only) leaves the old file
   # and no temporary file behind.
-  cls = type(storage.path(target))
-
-  def failing_rename(self, other):
-    raise OSError(30, f"Read-only file system: {self} -> {other}")
-  monkeypatch.setattr(cls, "replace", failing_rename)
+  def failing_rename(src, dst):
+    raise OSError(30, f"Read-only file system: {src} -> {dst}")
+  monkeypatch.setattr(storage.os, "replace", failing_rename)
   with pytest.raises(OSError, match="Read-only"):
     storage.replace(target, "new")
   monkeypatch.undo()

@@ -31,8 +31,10 @@ write TFRecord framing (event files) without TensorFlow's file system.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+import tempfile
 import threading
 
 from etils import epath
@@ -50,7 +52,15 @@ def is_local(p: str | os.PathLike) -> bool:
 
 def replace(target: str | os.PathLike, data: bytes | str) -> None:
   """Writes ``data`` (text as UTF-8) to ``target`` so that readers see all
-  of it or none."""
+  of it or none.
+
+  Locally the data go to a new temporary file in the target's folder,
+  created exclusively without following links (``tempfile.mkstemp``:
+  ``O_CREAT | O_EXCL | O_NOFOLLOW``, an unpredictable name), so a link
+  planted in a shared folder cannot redirect the write; it is synced and
+  renamed over the target (the rename replaces a link at the target, never
+  the file it points to).
+  """
   target = path(target)
   if isinstance(data, str):
     data = data.encode("utf-8")
@@ -58,14 +68,23 @@ def replace(target: str | os.PathLike, data: bytes | str) -> None:
     with target.open("wb") as f:
       f.write(data)
     return
-  tmp = target.parent / f"{target.name}.{os.getpid()}.tmp"
   try:
-    with tmp.open("wb") as f:
+    mode = os.stat(target, follow_symlinks=False).st_mode & 0o777
+  except FileNotFoundError:
+    mode = 0o644
+  fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                             dir=os.fspath(target.parent))
+  try:
+    with os.fdopen(fd, "wb") as f:
       f.write(data)
-    tmp.replace(target)
-  finally:
-    if tmp.exists():   # the write failed (e.g. a full disk)
-      tmp.unlink()
+      f.flush()
+      os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, target)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):   # e.g. a full disk
+      os.unlink(tmp)
+    raise
 
 
 class AppendFile:
