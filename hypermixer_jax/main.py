@@ -172,6 +172,7 @@ def _saved_config_argv(argv: list[str]) -> list[str]:
     return argv
   saved = run_config.find(workdir)
   if saved is None:
+    run_config.check_present(workdir)
     return argv
   run_config.load_complete(saved)   # an error here reads better than later
   return [argv[0], f"--config={run_config.__file__}:{saved.parent}",

@@ -88,9 +88,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.evals = ml_collections.ConfigDict()
 
   # Test hooks: SIGKILL this process right after the given step has been
-  # logged; replace the loss of the given step by NaN (by poisoning the
-  # batch's float arrays). -1 disables.
-  c.debug = ml_collections.ConfigDict(dict(kill_at_step=-1, nan_at_step=-1))
+  # logged (kill_at_step), or right after its checkpoint, before its
+  # evaluation (kill_after_save_at_step); replace the loss of the given step
+  # by NaN (by poisoning the batch's float arrays). -1 disables.
+  c.debug = ml_collections.ConfigDict(dict(
+      kill_at_step=-1, kill_after_save_at_step=-1, nan_at_step=-1))
   return c
 
 

@@ -39,6 +39,7 @@ from hypermixer_jax import sharding
 from hypermixer_jax.data import metrics as task_metrics
 from hypermixer_jax.train import metrics as metrics_lib
 from hypermixer_jax.train import steps
+from hypermixer_jax.train import workdir as workdir_lib
 
 # Evaluator type -> module defining ``Evaluator``.
 EVALUATORS = {
@@ -201,6 +202,9 @@ def declared(context: Context) -> list[Scheduled]:
       raise ValueError(f"config.evals.{name}.type={kind!r}; evaluator types: "
                        f"{', '.join(EVALUATORS)}.")
     every = int(options.pop("every", 0))
+    if "filename" in options:   # an evaluator's files stay in the workdir
+      workdir_lib.inside(context.workdir, options["filename"],
+                         f"evals.{name}.filename")
     module = importlib.import_module(EVALUATORS[kind])
     out.append(Scheduled(name, module.Evaluator(context, **options), every))
   return out

@@ -319,17 +319,38 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
       _log(run, progress, ck, m, step, writer, bar, throughput)
     progress.preempted = ck.reached_preemption(step)
     _save(run, progress, ck, train_pipe, step, step == total)
+    if step == config.debug.kill_after_save_at_step:
+      _die(ck, writer)   # the window between a save and its evaluation
     if progress.preempted:
       logging.warning("preemption at step %d: checkpoint saved, stopping.",
                       step)
       return
     _evaluate(run, progress, evaluators, step, step == total, writer, bar)
     if step == config.debug.kill_at_step:
-      # Test hook: die like a preempted VM (no cleanup), after the pending
-      # checkpoint is on disk so that the resume point is known.
-      ck.wait_until_finished()
-      writer.flush()
-      os.kill(os.getpid(), signal.SIGKILL)
+      _die(ck, writer)
+
+
+def _die(ck, writer) -> None:
+  """Test hook: dies like a preempted VM (no cleanup), after the pending
+  checkpoint is on disk so that the resume point is known."""
+  ck.wait_until_finished()
+  writer.flush()
+  os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _missed(run: _Run, evaluators, step: int) -> list:
+  """The evaluators due at ``step`` (the step a run resumes from) that left
+  no record of it in ``metrics.jsonl``: the interrupted run stopped between
+  the save and the evaluation (a kill, a preemption). Evaluators without
+  scalars leave no record and run again (they rewrite their files)."""
+  due = [ev for ev in evaluators if ev.due(step, False)]
+  logged = workdir_lib.logged_splits(run.workdir, step) if run.is_main \
+      else set()
+  missing = np.array([ev.name not in logged for ev in due])
+  if jax.process_count() > 1:   # every process runs the same evaluations
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    missing = multihost_utils.broadcast_one_to_all(missing)
+  return [ev for ev, m in zip(due, missing) if m]
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,
@@ -337,7 +358,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   """Trains ``config``'s model in ``workdir``; see the module docstring."""
   # Config and data checked before anything is built; the workdir locked.
   with workdir_lib.guard(config, workdir, is_main=jax.process_index() == 0):
-    return _train_and_evaluate(config, workdir)
+    # A full disk fails in many places (Orbax's threads, logs, configs):
+    # one line, with what is safe on disk.
+    with workdir_lib.quiet_disk_full():
+      try:
+        return _train_and_evaluate(config, workdir)
+      except Exception as e:  # pylint: disable=broad-except
+        if workdir_lib.disk_full(e) is None:
+          raise
+        raise workdir_lib.disk_full_error(workdir) from None
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict,
@@ -368,6 +397,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
     total = int(config.num_train_steps)
     bar = metrics_lib.ProgressBar(total, start, enabled=run.is_main)
     progress = _Progress(step=start, checked_until=start)
+    if 0 < start < total:
+      missed = _missed(run, evaluators, start)
+      if missed:
+        logging.warning("Evaluating step %d (%s) first: the run that saved "
+                        "it stopped before evaluating it.", start,
+                        ", ".join(ev.name for ev in missed))
+        _evaluate(run, progress, missed, start, False, writer, bar)
     _train(run, progress, ck, train_pipe, compiled, throughput, evaluators,
            writer, bar, profiler)
     if start >= total:  # nothing left to train: evaluate what is there

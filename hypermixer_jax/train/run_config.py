@@ -31,6 +31,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from hypermixer_jax.train import config_checks
+from hypermixer_jax.train import storage
 
 CONFIG_FILE = "config.json"
 VOCAB_RECORD = "vocabulary.json"
@@ -71,10 +72,84 @@ def find(workdir: str | os.PathLike) -> epath.Path | None:
   return None
 
 
+def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
+  """The step folders of ``workdir/checkpoints``, oldest first."""
+  folder = epath.Path(workdir) / "checkpoints"
+  return sorted(int(p.name) for p in folder.iterdir()
+                if p.name.isdigit()) if folder.is_dir() else []
+
+
 def has_checkpoint(workdir: str | os.PathLike) -> bool:
   """Whether ``workdir/checkpoints`` holds a step folder (a run to resume)."""
-  folder = epath.Path(workdir) / "checkpoints"
-  return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+  return bool(checkpoint_steps(workdir))
+
+
+def run_copies(workdir: str | os.PathLike) -> list[epath.Path]:
+  """The per-run copies of a workdir's config (``configs/<UTC
+  time>-step<N>.json``, written by ``workdir.save_config``) that read as
+  configs, newest first."""
+  folder = epath.Path(workdir) / "configs"
+  out = []
+  for p in sorted(folder.glob("*.json"), reverse=True) if folder.is_dir() \
+      else []:
+    try:
+      if isinstance(json.loads(p.read_text()), dict):
+        out.append(p)
+    except ValueError:
+      continue
+  return out
+
+
+def _restore_hint(workdir: epath.Path) -> str:
+  """What to do about a workdir's missing or unreadable config.json."""
+  steps = checkpoint_steps(workdir)
+  held = (f"the checkpoints (steps {', '.join(map(str, steps))}) are not "
+          "affected" if steps else "no checkpoint is affected")
+  copies = run_copies(workdir)
+  if copies:
+    return (f"{held}. Restore it from the copy its last run saved: cp "
+            f"{copies[0]} {workdir / CONFIG_FILE}")
+  return (f"{held}. Write it again with the run's fields, or pass "
+          "--config=FILE with them (the saved config of a run that had one "
+          "wins over --config, so move the broken file away first).")
+
+
+def check_present(workdir: str | os.PathLike) -> None:
+  """Refuses a workdir whose checkpoints have lost their ``config.json``
+  (the command line would otherwise read it as a fresh run's)."""
+  workdir = epath.Path(workdir)
+  if has_checkpoint(workdir) and find(workdir) is None:
+    raise ConfigFlagError(
+        f"{workdir / CONFIG_FILE} is missing: {_restore_hint(workdir)}")
+
+
+def check_fits_checkpoints(config: ml_collections.ConfigDict | Mapping,
+                           workdir: str | os.PathLike) -> None:
+  """Refuses ``config`` when it gives the parameters other shapes (or
+  another vocabulary) than the run that saved ``workdir``'s checkpoints
+  had, naming the fields; an edited ``config.json`` must not make intact
+  checkpoints look damaged.
+
+  The reference is the newest per-run copy (``run_copies``): the config of
+  the run that wrote the newest steps. Nothing is checked without one.
+  """
+  workdir = epath.Path(workdir)
+  copies = run_copies(workdir) if has_checkpoint(workdir) else []
+  if not copies:
+    return
+  saved = load(copies[0])
+  fields = shape_fields(saved, config)
+  if not fields:
+    return
+  ours, theirs = flatten(_plain(config)), flatten(saved)
+  changes = ", ".join(f"{k}: {_show(theirs.get(k, '-'))} -> "
+                      f"{_show(ours.get(k, '-'))}" for k in fields)
+  raise ConfigFlagError(
+      f"this config changes the shapes or the vocabulary of the parameters "
+      f"that {workdir / 'checkpoints'} holds ({changes}; the checkpoints "
+      f"were saved with {copies[0]}, and they are intact). Put those fields "
+      f"back (cp {copies[0]} {workdir / CONFIG_FILE} if config.json was "
+      "edited), or train the new shapes in another --workdir.")
 
 
 def _tuples(x: Any) -> Any:
@@ -109,9 +184,12 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
   path = epath.Path(path)
   try:
     saved = _tuples(json.loads(path.read_text()))
+    if not isinstance(saved, dict):
+      raise ValueError(f"a JSON {type(saved).__name__}, not an object")
   except ValueError as e:
-    raise ConfigFlagError(f"{path} is not a readable saved config ({e}); "
-                          "pass --config=FILE instead.") from e
+    raise ConfigFlagError(
+        f"{path} is cut short or not a config ({' '.join(str(e).split())}); "
+        f"{_restore_hint(path.parent)}") from e
   for key in PER_COMMAND:
     saved.pop(key, None)
   record = path.parent / VOCAB_RECORD
@@ -311,6 +389,7 @@ def resolve(saved_path: str | os.PathLike, overrides: Mapping[str, Any], *,
         f"saved with {os.fspath(epath.Path(saved_path).parent)} (see its "
         f"{CONFIG_FILE}); drop the override(s), or train a new run in "
         "another --workdir.")
+  check_fits_checkpoints(config, epath.Path(saved_path).parent)
   config.lock()
   return config
 
@@ -324,8 +403,8 @@ def write(config: ml_collections.ConfigDict | Mapping[str, Any],
   folder = epath.Path(folder)
   folder.mkdir(parents=True, exist_ok=True)
   tree = _plain(config)
-  (folder / CONFIG_FILE).write_text(
-      json.dumps(tree, indent=1, sort_keys=True, default=str) + "\n")
+  storage.replace(folder / CONFIG_FILE, json.dumps(
+      tree, indent=1, sort_keys=True, default=str) + "\n")
   path = tree.get("data", {}).get("vocab_path") if vocabulary else None
   if not path or tree.get("model", {}).get("family") not in TOKEN_FAMILIES:
     return
@@ -338,10 +417,10 @@ def write(config: ml_collections.ConfigDict | Mapping[str, Any],
   else:
     name = epath.Path(path).name
     (folder / VOCAB_DIR).mkdir(exist_ok=True)
-    (folder / VOCAB_DIR / name).write_bytes(content)
+    storage.replace(folder / VOCAB_DIR / name, content)
     record.update(file=f"{VOCAB_DIR}/{name}",
                   sha256=hashlib.sha256(content).hexdigest())
-  (folder / VOCAB_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+  storage.replace(folder / VOCAB_RECORD, json.dumps(record, indent=1) + "\n")
 
 
 def adopt_init_checkpoint(config: ml_collections.ConfigDict,

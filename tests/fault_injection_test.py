@@ -1,0 +1,294 @@
+"""Faults a run must survive or refuse in one line: a kill between a save and
+its evaluation, a full or read-only disk, a workdir that is a file, batches
+the devices do not divide, missing data files, damaged or edited
+``config.json``, links planted where temporary files go.
+
+The kill and the full disk run ``python -m hypermixer_jax.main`` on a tiny
+synthetic model (one device); the full disk is a small tmpfs and the
+read-only workdir a read-only bind mount (the tests run as root, which file
+modes do not stop); both are skipped where mounting is not allowed. The
+damaged and bit-flipped checkpoints are ``checkpoint_integrity_test.py``'s.
+"""
+import contextlib
+import errno
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hypermixer_jax.train import config as train_config
+from hypermixer_jax.train import config_checks
+from hypermixer_jax.train import run_config
+from hypermixer_jax.train import storage
+from hypermixer_jax.train import workdir as workdir_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config.model.num_layers=1", "--config.model.d_model=16",
+        "--config.model.d_ffn=32", "--config.model.max_len=40",
+        "--config.model.mixer_kwargs.hyper_dim=8",
+        "--config.data.synthetic.seq_len=40",
+        "--config.data.synthetic.num_eval_examples=8",
+        "--config.batch_size=8", "--config.eval_batch_size=8",
+        "--config.eval_steps=1", "--config.warmup_steps=0",
+        "--config.log_every=1", "--config.eval_every=3",
+        "--config.checkpoint_every=3", "--config.num_train_steps=6",
+        "--config.evals.pseudo_attention.every=-1"]
+
+
+def _run(workdir, *flags, config="configs/default.py"):
+  cmd = [sys.executable, "-m", "hypermixer_jax.main", f"--workdir={workdir}",
+         *([f"--config={config}", *TINY] if config else []), *flags]
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=os.environ["HYPERMIXER_TEST_XLA_FLAGS"])  # one device
+  return subprocess.run(cmd, capture_output=True, text=True, env=env,
+                        timeout=300, cwd=ROOT)
+
+
+def _records(workdir, split):
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  return [r["step"] for r in map(json.loads, lines) if r["split"] == split]
+
+
+def _stopped(out) -> str:
+  """The command's one-line stop; nothing else but absl's INFO lines."""
+  assert out.returncode == 1, out.stderr[-3000:]
+  others = [l for l in out.stderr.splitlines() if not l.startswith("I1")]
+  assert len(others) == 1 and others[0].startswith("Stopped: "), others[:40]
+  return others[0]
+
+
+def test_a_kill_between_save_and_evaluation_loses_no_evaluation(tmp_path):
+  work = tmp_path / "w"
+  out = _run(work, "--config.debug.kill_after_save_at_step=3")
+  assert out.returncode == -9, out.stderr[-3000:]
+  assert (work / "checkpoints" / "3").is_dir()
+  assert _records(work, "eval") == []          # killed before evaluating 3
+  out = _run(work, config=None)                # resumes from its config
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "Evaluating step 3 (eval) first" in out.stderr
+  assert _records(work, "eval") == [3, 6]
+  assert _records(work, "train") == [1, 2, 3, 4, 5, 6]
+
+
+@contextlib.contextmanager
+def _mounted(target, *commands):
+  """``mount`` ``commands`` on ``target``; skips the test where not allowed."""
+  target.mkdir(parents=True, exist_ok=True)
+  for i, args in enumerate(commands):
+    done = subprocess.run(["mount", *args], capture_output=True, text=True)
+    if done.returncode:
+      if i:
+        subprocess.run(["umount", str(target)], check=False)
+      pytest.skip(f"cannot mount here: {done.stderr.strip()}")
+  try:
+    yield target
+  finally:
+    subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def test_a_full_disk_stops_in_one_line_naming_the_last_good_step(tmp_path):
+  disk = tmp_path / "disk"
+  with _mounted(disk, ["-t", "tmpfs", "-o", "size=700k", "tmpfs",
+                       str(disk)]):
+    line = _stopped(_run(disk / "w", "--config.num_train_steps=60",
+                         "--config.keep_checkpoints=0"))
+    steps = run_config.checkpoint_steps(disk / "w")
+  assert steps, "the disk filled before the first checkpoint"
+  assert line == (
+      f"Stopped: No space left on the disk of --workdir={disk / 'w'}: "
+      f"stopped, the last good checkpoint is step {steps[-1]} in "
+      f"{disk / 'w' / 'checkpoints'}; free space (or lower "
+      "--config.keep_checkpoints) and run the same command again: it "
+      "resumes from there.")
+
+
+def test_disk_full_is_found_behind_library_errors():
+  full = OSError(errno.ENOSPC, "No space left on device")
+  try:
+    try:
+      raise full
+    except OSError as e:
+      raise ValueError("RESOURCE_EXHAUSTED: Error writing 'x'") from e
+  except ValueError as wrapped:
+    assert workdir_lib.disk_full(wrapped) is full
+  assert workdir_lib.disk_full(OSError(errno.EROFS, "read-only")) is None
+  assert workdir_lib.disk_full(ValueError("bad shape")) is None
+
+
+def test_a_read_only_workdir_is_refused_before_the_run(tmp_path):
+  work = tmp_path / "w"
+  work.mkdir()
+  with _mounted(work, ["--bind", str(work), str(work)],
+                ["-o", "remount,bind,ro", str(work)]):
+    with pytest.raises(workdir_lib.WorkdirError) as e:
+      workdir_lib.guard(_config(), str(work), is_main=True)
+  assert str(e.value) == (
+      f"--workdir={work} cannot be written (Read-only file system); make "
+      "it writable (a read-only mount, or no write permission) or pass "
+      "another --workdir.")
+  assert not (work / ".lock").exists()
+
+
+def test_a_workdir_that_is_a_file_is_refused(tmp_path):
+  (tmp_path / "f").write_text("x")
+  with pytest.raises(workdir_lib.WorkdirError,
+                     match=r"--workdir=.*/f is a file, not a folder; pass"):
+    workdir_lib.check_writable(str(tmp_path / "f"))
+  with pytest.raises(workdir_lib.WorkdirError,
+                     match=r"cannot be written \(Not a directory\); a path "
+                     "on the way is a file"):
+    workdir_lib.check_writable(str(tmp_path / "f" / "w"))
+
+
+def _config(**fields):
+  config = run_config.load_config_file(
+      os.path.join(ROOT, "configs", "default.py"))
+  config.update(fields)
+  return config
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("batch_size", 12, "batch_size=12 does not divide over the 8 devices "
+     "that split the batch (mesh data=8 x fsdp=1 x expert=1 of 8 devices); "
+     "pass --config.batch_size=8"),
+    ("eval_batch_size", 20, "pass --config.eval_batch_size=16 (a multiple"),
+])
+def test_batches_the_devices_do_not_divide_stop_at_the_start(field, value,
+                                                            message):
+  with pytest.raises(config_checks.ConfigError, match=message.replace(
+      "(", r"\(").replace(")", r"\)")):
+    workdir_lib.check_batches(_config(**{field: value}))
+  workdir_lib.check_batches(_config(eval_every=-1, eval_batch_size=20))
+
+
+def test_missing_or_unreadable_data_files_stop_at_the_start(tmp_path):
+  train = tmp_path / "train.tsv"
+  train.write_text("sentence\tlabel\nok\t1\n")
+  config = _config()
+  config.data.local_files.train = str(train)
+  config.data.local_files.validation = str(tmp_path / "dev.tsv")
+  with pytest.raises(FileNotFoundError, match=(
+      r"^--config.data.local_files.validation: no file '.*/dev.tsv'; check "
+      "the path.$")):
+    workdir_lib.check_data_files(config)
+  config.data.local_files.validation = str(tmp_path / "dev*.tsv")
+  with pytest.raises(FileNotFoundError, match=r"/dev\*.tsv' matches; check"):
+    workdir_lib.check_data_files(config)
+  (tmp_path / "dev.tsv").mkdir()   # root reads any file: a folder cannot
+  with pytest.raises(FileNotFoundError, match=(
+      r"--config.data.local_files.validation: .*/dev.tsv cannot be read "
+      r"\(Is a directory\); pass a readable file.")):
+    workdir_lib.check_data_files(config)
+  config.eval_every = -1           # a split the run does not read
+  config.evals.pseudo_attention.every = -1
+  workdir_lib.check_data_files(config)
+
+
+def test_temporary_files_do_not_follow_planted_links(tmp_path):
+  victim = tmp_path / "victim"
+  victim.write_text("precious")
+  target = tmp_path / "shared" / "metrics.jsonl"
+  target.parent.mkdir()
+  # Links at every name the writer could be expected to use.
+  for name in (f"{target.name}.{os.getpid()}.tmp", f".{target.name}.tmp"):
+    os.symlink(victim, target.parent / name)
+  storage.replace(target, "mine\n")
+  assert victim.read_text() == "precious"
+  assert target.read_text() == "mine\n"
+  assert oct(target.stat().st_mode & 0o777) == oct(0o644)
+  # A link at the target itself is replaced, never written through.
+  target.unlink()
+  os.symlink(victim, target)
+  storage.replace(target, "again\n")
+  assert victim.read_text() == "precious"
+  assert not target.is_symlink() and target.read_text() == "again\n"
+  assert sorted(p.name for p in target.parent.iterdir()) == sorted(
+      [f"{target.name}.{os.getpid()}.tmp", f".{target.name}.tmp",
+       target.name])
+
+
+def _trained_workdir(tmp_path, config):
+  """A workdir as a run leaves it: checkpoint steps, config.json and the
+  per-run copy (no training: the checks read only these)."""
+  work = tmp_path / "w"
+  for step in (3, 6):
+    (work / "checkpoints" / str(step)).mkdir(parents=True)
+  copy = workdir_lib.save_config(config, str(work), 0)
+  return work, copy
+
+
+def test_config_json_damaged_missing_or_edited_says_what_is_true(tmp_path):
+  config = _config()
+  work, copy = _trained_workdir(tmp_path, config)
+  saved = work / "config.json"
+  text = saved.read_text()
+
+  saved.write_text(text[:len(text) // 2])          # cut short
+  with pytest.raises(run_config.ConfigFlagError) as e:
+    run_config.resolve(saved, {}, given=config)    # --config passed too
+  assert str(e.value).startswith(f"{saved} is cut short or not a config (")
+  assert str(e.value).endswith(
+      f"the checkpoints (steps 3, 6) are not affected. Restore it from the "
+      f"copy its last run saved: cp {copy} {saved}")
+
+  saved.unlink()                                   # deleted
+  with pytest.raises(run_config.ConfigFlagError, match=(
+      f"^{saved} is missing: the checkpoints \\(steps 3, 6\\) are not "
+      f"affected. Restore it from the copy its last run saved: cp {copy} ")):
+    run_config.check_present(work)
+
+  edited = json.loads(text)                        # d_model edited
+  edited["model"]["d_model"] = 24
+  saved.write_text(json.dumps(edited))
+  with pytest.raises(run_config.ConfigFlagError) as e:
+    run_config.resolve(saved, {})
+  message = str(e.value)
+  assert (f"changes the shapes or the vocabulary of the parameters that "
+          f"{work / 'checkpoints'} holds (model.d_model: "
+          f"{config.model.d_model} -> 24; the checkpoints were saved with "
+          f"{copy}, and they are intact)") in message
+  assert "damaged" not in message.replace(str(tmp_path), "")
+  edited["model"]["d_model"] = config.model.d_model
+  edited["learning_rate"] = 1e-4                   # not a shape: fine
+  saved.write_text(json.dumps(edited))
+  assert run_config.resolve(saved, {}).learning_rate == 1e-4
+
+
+def test_config_json_is_written_whole(tmp_path, monkeypatch):
+  config = _config()
+  workdir_lib.save_config(config, str(tmp_path), 0)
+  before = (tmp_path / "config.json").read_text()
+
+  def full_disk(fd, data):
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(storage.os, "fsync", lambda fd: full_disk(fd, b""))
+  with pytest.raises(OSError, match="No space left"):
+    workdir_lib.save_config(train_config.base_config(), str(tmp_path), 3)
+  monkeypatch.undo()
+  assert (tmp_path / "config.json").read_text() == before
+  assert not [p for p in tmp_path.rglob("*.tmp")]
+
+
+@pytest.mark.parametrize("name", ["../x.png", "/tmp/x.png", "a/../../x.png",
+                                  "out/x.png"])
+def test_evaluator_files_stay_inside_the_workdir(tmp_path, name):
+  from hypermixer_jax.train import evaluation  # pylint: disable=g-import-not-at-top
+  work = tmp_path / "w"
+  work.mkdir()
+  os.symlink(tmp_path, work / "out")          # a link that leads out
+  config = _config()
+  config.evals.pseudo_attention.filename = name
+  context = evaluation.Context(
+      config=config, workdir=str(work), model=None, facts=None, mesh=None,
+      rules=None, state_shardings=None, pipeline=None, write_image=None,
+      is_main=True)
+  with pytest.raises(config_checks.ConfigError, match=(
+      f"^evals.pseudo_attention.filename='{name}' must be a file name "
+      r"relative to the workdir that stays inside it \(no absolute path, no "
+      r"'..'\); e.g. --config.evals.pseudo_attention.filename=x.png.$")):
+    evaluation.declared(context)
+  config.evals.pseudo_attention.filename = "maps/x.png"
+  assert [ev.name for ev in evaluation.declared(context)] == [
+      "eval", "pseudo_attention"]
