@@ -8,6 +8,7 @@
         --workdir=gs://BUCKET/mlm_hm -- --config.batch_size=1024
     scripts/tpu_pod.py status  $S     # the slice's state, and the job on each worker
     scripts/tpu_pod.py logs    $S     # ~/hypermixer.log of each worker, copied here
+                                      # (--parallel=16 copies at a time)
     scripts/tpu_pod.py stop    $S     # the job on every worker (it saves first)
     scripts/tpu_pod.py delete  $S
 
@@ -38,10 +39,18 @@ exact commands and runs nothing.
   exits), then SIGKILL after ``--grace`` seconds.
 * ``status``: the slice (or queued resource) state, then on each worker
   whether the job runs and its last log line.
+* ``logs``: one ``scp`` per worker (``scp --worker=all`` would copy every
+  worker's file onto one local path), ``--parallel`` of them at a time; the
+  workers whose copy failed are named at the end.
+
+``--accelerator-type`` takes Cloud TPU's names, which differ by generation:
+``v2-N``, ``v3-N``, ``v4-N`` and ``v5p-N`` count TensorCores (multiples of
+8), ``v5litepod-N`` (v5e) and ``v6e-N`` count chips (1, 4, 8, ..., 256).
 """
 from __future__ import annotations
 
 import argparse
+from concurrent import futures
 import re
 import shlex
 import subprocess
@@ -58,21 +67,43 @@ PYTHON = "3.11"
 RUNTIME_VERSIONS = {
     "v2": "tpu-ubuntu2204-base", "v3": "tpu-ubuntu2204-base",
     "v4": "tpu-ubuntu2204-base",
-    "v5litepod": "v2-alpha-tpuv5-lite", "v5e": "v2-alpha-tpuv5-lite",
+    "v5litepod": "v2-alpha-tpuv5-lite",
     "v5p": "v2-alpha-tpuv5",
     "v6e": "v2-alpha-tpuv6e",
 }
-_TYPE = re.compile(r"(v2|v3|v4|v5p|v5litepod|v5e|v6e)-(\d+)")
+# gcloud's accelerator types by generation (cloud.google.com/tpu/docs: "TPU
+# versions"): the number after the dash counts TensorCores up to v5p (two
+# per chip, slices of 8 and up), chips for v5e and v6e (fixed slice sizes).
+CHIP_SIZES = (1, 4, 8, 16, 32, 64, 128, 256)
+# Names people write for a generation that gcloud spells otherwise.
+SPELLINGS = {"v5e": "v5litepod", "v5lite": "v5litepod", "v6": "v6e",
+             "v6litepod": "v6e", "v5": "v5p"}
+_TYPE = re.compile(r"(v\w+?)-(\d+)")
 
 
 def _generation(accelerator_type: str) -> tuple[str, int]:
   m = _TYPE.fullmatch(accelerator_type)
-  if not m:
+  gen, n = (m.group(1), int(m.group(2))) if m else (None, 0)
+  flag = f"--accelerator-type={accelerator_type}"
+  if gen in SPELLINGS:
     raise SystemExit(
-        f"--accelerator-type={accelerator_type!r}: unknown; use one of "
-        "v4-N, v5litepod-N, v5p-N, v6e-N (and give --runtime-version and "
-        "--num-workers for others).")
-  return m.group(1), int(m.group(2))
+        f"{flag}: Cloud TPU names {gen} slices {SPELLINGS[gen]}-N; use "
+        f"--accelerator-type={SPELLINGS[gen]}-{n}.")
+  if gen not in RUNTIME_VERSIONS:
+    raise SystemExit(
+        f"{flag}: unknown; use one of v4-N, v5litepod-N (v5e), v5p-N, v6e-N "
+        "(or v2-N, v3-N).")
+  if gen in ("v5litepod", "v6e") and n not in CHIP_SIZES:
+    raise SystemExit(
+        f"{flag}: {gen} slices have {', '.join(map(str, CHIP_SIZES))} chips; "
+        f"e.g. --accelerator-type={gen}-"
+        f"{min(CHIP_SIZES, key=lambda c: abs(c - n))}.")
+  if gen not in ("v5litepod", "v6e") and (n < 8 or n % 8):
+    raise SystemExit(
+        f"{flag}: {gen}-N counts TensorCores (2 per chip), in slices of 8 or "
+        f"more in steps of 8; e.g. --accelerator-type={gen}-"
+        f"{max(8, (n + 7) // 8 * 8)}.")
+  return gen, n
 
 
 def num_workers(accelerator_type: str) -> int:
@@ -247,6 +278,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--grace", type=int, default=300,
                  help="stop: seconds between SIGTERM and SIGKILL")
   p.add_argument("--logs-dir", default="tpu_logs")
+  p.add_argument("--parallel", type=int, default=16,
+                 help="logs: copies running at a time")
   p.add_argument("--dry-run", action="store_true",
                  help="print the commands instead of running them")
   own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) \
@@ -257,12 +290,36 @@ def parse(argv: list[str]) -> argparse.Namespace:
   args.extra = [f for f in extra if f != "--dry-run"]
   if args.num_slices < 1:
     p.error(f"--num-slices={args.num_slices}: must be >= 1")
+  if args.parallel < 1:
+    p.error(f"--parallel={args.parallel}: must be >= 1")
   return args
+
+
+def _fetch(cmds: list[list[str]], parallel: int) -> int:
+  """Runs the ``scp`` commands ``parallel`` at a time; names the failures."""
+  with futures.ThreadPoolExecutor(parallel) as pool:
+    done = list(pool.map(lambda c: subprocess.run(
+        c, capture_output=True, text=True), cmds))
+  failed = [(c, d) for c, d in zip(cmds, done) if d.returncode]
+  for cmd, d in failed:
+    why = (d.stderr or d.stdout).strip().splitlines()
+    print(f"not copied: {shlex.join(cmd)}: "
+          f"{why[-1] if why else f'exit status {d.returncode}'}",
+          file=sys.stderr)
+  print(f"copied {len(cmds) - len(failed)} of {len(cmds)} worker logs",
+        flush=True)
+  return 1 if failed else 0
 
 
 def main(argv=None) -> int:
   args = parse(list(sys.argv[1:] if argv is None else argv))
-  for cmd in commands(args):
+  cmds = commands(args)
+  if args.action == "logs" and not args.dry_run:
+    for cmd in cmds:
+      print(shlex.join(cmd), flush=True)
+    rc = subprocess.call(cmds[0])   # the local folder
+    return rc or _fetch(cmds[1:], args.parallel)
+  for cmd in cmds:
     print(shlex.join(cmd), flush=True)
     if not args.dry_run:
       rc = subprocess.call(cmd)

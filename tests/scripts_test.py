@@ -3,6 +3,7 @@ records its calls, the remote shell logic run locally, and JAX's own SLURM
 detection on the environment the sbatch script gives each task."""
 import json
 import os
+import pathlib
 import shlex
 import stat
 import subprocess
@@ -108,6 +109,67 @@ def test_tpu_logs_fetched_from_each_worker(kind, workers):
       ["gcloud", "compute", "tpus", "tpu-vm", "scp", "hm-pod:~/hypermixer.log",
        f"/tmp/l/hm-pod/worker-{i}.log", "--zone=us-central2-b",
        f"--worker={i}", "--project=proj"] for i in range(workers)]
+
+
+@pytest.mark.parametrize("kind, line", [
+    ("v5e-16", "--accelerator-type=v5e-16: Cloud TPU names v5e slices "
+     "v5litepod-N; use --accelerator-type=v5litepod-16."),
+    ("v6e-3", "--accelerator-type=v6e-3: v6e slices have 1, 4, 8, 16, 32, "
+     "64, 128, 256 chips; e.g. --accelerator-type=v6e-4."),
+    ("v5litepod-12", "--accelerator-type=v5litepod-12: v5litepod slices have "
+     "1, 4, 8, 16, 32, 64, 128, 256 chips; e.g. "
+     "--accelerator-type=v5litepod-8."),
+    ("v4-12", "--accelerator-type=v4-12: v4-N counts TensorCores (2 per "
+     "chip), in slices of 8 or more in steps of 8; e.g. "
+     "--accelerator-type=v4-16."),
+    ("v5p-4", "--accelerator-type=v5p-4: v5p-N counts TensorCores (2 per "
+     "chip), in slices of 8 or more in steps of 8; e.g. "
+     "--accelerator-type=v5p-8.")])
+def test_tpu_accelerator_types_are_gclouds_names(kind, line):
+  """Each generation's own spelling and sizes, checked before gcloud is
+  called; the error gives the name gcloud takes."""
+  out = _tpu("create", *COMMON, f"--accelerator-type={kind}", ok=False)
+  assert out.stderr.strip() == line
+  assert out.stdout == ""
+
+
+def test_tpu_logs_copied_in_parallel_and_failures_named(worker, tmp_path):
+  """One scp per worker (``--worker=all`` would copy every worker's file
+  onto one path), run together; a worker whose copy fails is named."""
+  env, calls, _ = worker
+  gcloud = pathlib.Path(env["PATH"].split(":")[0]) / "gcloud"
+  # Each scp holds until 4 copies run at once (a sequential loop never gets
+  # there), then copies; worker 2's copy fails.
+  gcloud.write_text(FAKE_GCLOUD.format(python=sys.executable) + """
+import pathlib, time
+if "scp" in sys.argv:
+  running = pathlib.Path(os.environ["GCLOUD_CALLS"]).with_suffix(".running")
+  with open(running, "a") as f:
+    f.write("x")
+  for _ in range(500):
+    if len(running.read_text()) >= 4:
+      break
+    time.sleep(0.01)
+  else:
+    sys.exit("copies ran one after the other")
+  if "--worker=2" in sys.argv:
+    sys.exit("ERROR: (gcloud.compute.tpus.tpu-vm.scp) worker 2 unreachable")
+  pathlib.Path(sys.argv[6]).write_text("log of " + sys.argv[-1])
+""")
+  out = subprocess.run(
+      [sys.executable, TPU, "logs", "--name=hm", "--zone=z",
+       "--accelerator-type=v5litepod-16", f"--logs-dir={tmp_path / 'l'}",
+       "--parallel=4"], env=env, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 1
+  assert out.stdout.splitlines()[-1] == "copied 3 of 4 worker logs"
+  assert out.stderr.strip().endswith(
+      "--worker=2: ERROR: (gcloud.compute.tpus.tpu-vm.scp) worker 2 "
+      "unreachable")
+  logs = tmp_path / "l" / "hm"
+  assert sorted(p.name for p in logs.iterdir()) == [
+      "worker-0.log", "worker-1.log", "worker-3.log"]
+  assert (logs / "worker-3.log").read_text() == "log of --worker=3"
+  assert len(_calls(calls)) == 4
 
 
 def test_tpu_errors_name_the_fix():
