@@ -6,7 +6,8 @@
 Argument: a zoo image model (``mixer_s16``, ``mixer_b16``, ``mixer_b32``,
 ``gmlp_ti``, ``gmlp_s``, ``gmlp_b``, ``vit_ti16``). DeiT-style recipe of the gMLP paper
 (AdamW, batch 4096, lr 1e-3 with 10k warm-up steps and cosine decay, weight
-decay 0.05, 300 epochs); FSDP sharding, bf16 compute. ViT-style peer of
+decay 0.05, 300 epochs); FSDP sharding, bf16 compute on TPU / GPU (the
+precision policy, ``model.dtype='auto'``). ViT-style peer of
 gMLP-Ti: ``vit_ti16`` (DeiT-Ti layout).
 
 CIFAR-10 with the same models, pipeline and recipe is one flag away:
@@ -23,7 +24,6 @@ TRAIN_IMAGES = 1_281_167
 def get_config(arg: str = "gmlp_s") -> ml_collections.ConfigDict:
   c = base_config()
   c.model = models.get_model_config(arg or "gmlp_s")
-  c.model.dtype = "bfloat16"
   c.model.dropout_rate = 0.0
   c.data.task = "imagenet_patches"
   c.data.num_classes = c.model.num_classes = 1000

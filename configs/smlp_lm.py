@@ -30,7 +30,6 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
   arg = arg or "base"
   c.model = smlp.smlp_config(arg)
   c.model.vocab_size = TEXT_VOCAB_SIZE     # what the SentencePiece task emits
-  c.model.dtype = "bfloat16"
   c.data.task = "c4_lm"
   c.data.seq_len = c.model.max_len
   c.data.packing = True
@@ -54,7 +53,6 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
   c.checkpoint_every = 5_000
   c.keep_checkpoints = 3
   if arg == "tiny":
-    c.model.dtype = "float32"              # bf16 compiles slowly on CPU
     c.batch_size = c.eval_batch_size = 16
     c.learning_rate = 2e-2                 # d=16: small steps barely move
     c.warmup_steps = 5

@@ -76,15 +76,32 @@ def path_str(path: tuple[Any, ...]) -> str:
 # Config spellings of the compute / storage dtypes.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
           "float16": jnp.float16}
+# The precision policy, ``model.dtype = "auto"`` (every config's default):
+# activations and matmul inputs in bfloat16 where the matrix units take it
+# natively, float32 on CPUs (where XLA emulates bf16 matmuls, slower than
+# float32). Parameters and optimizer state stay float32 (``param_dtype``);
+# router and attention softmaxes, LayerNorm statistics and the loss compute
+# in float32 whatever the compute dtype.
+AUTO = "auto"
+AUTO_DTYPES = {"tpu": jnp.bfloat16, "gpu": jnp.bfloat16, "cpu": jnp.float32}
 
 
 def dtype(value: Any) -> Dtype:
-  """A dtype from its config spelling (``'bfloat16'``) or a dtype itself."""
+  """A dtype from its config spelling (``'bfloat16'``) or a dtype itself.
+
+  ``'auto'`` is the compute dtype of the platform being built for
+  (``AUTO_DTYPES[target_platform()]``): build the model inside the target
+  mesh (``jax.sharding.use_abstract_mesh``) to resolve it for devices other
+  than the host's.
+  """
   if not isinstance(value, str):
     return value
+  if value == AUTO:
+    return AUTO_DTYPES.get(target_platform(), jnp.bfloat16)
   if value not in DTYPES:
     raise ValueError(f"unknown dtype {value!r}; valid dtypes: "
-                     f"{', '.join(DTYPES)}.")
+                     f"{', '.join((AUTO,) + tuple(DTYPES))} ('auto': "
+                     "bfloat16 on TPU / GPU, float32 on CPU).")
   return DTYPES[value]
 
 

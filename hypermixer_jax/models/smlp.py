@@ -342,7 +342,7 @@ def smlp_config(size: str = "tiny") -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(dict(
       family="smlp", vocab_size=vocab, d_model=d, d_ffn=f, max_len=n,
       num_dense_layers=n1, num_sparse_layers=n2, token_mixer="sgu",
-      num_heads=h, dropout_rate=0.0, dtype="float32", param_dtype="float32",
+      num_heads=h, dropout_rate=0.0, dtype="auto", param_dtype="float32",
       moe=moe))
 
 

@@ -96,7 +96,7 @@ def default_model_config() -> ml_collections.ConfigDict:
       num_classes=2,
       input_dim=0,
       position_embeddings="sinusoidal",
-      dtype="float32",
+      dtype="auto",
       param_dtype="float32",
       mixer_kwargs=ml_collections.ConfigDict(),
       type_vocab_size=2,

@@ -191,8 +191,11 @@ def trace_train_step(config: ml_collections.ConfigDict, devices: list[Any],
   ``flop_count.count(traced.jaxpr)`` is its matmul work)."""
   mesh = sharding.build_mesh(config.mesh, devices)
   rules = sharding.get_rules(config.sharding)
-  model, facts = models.build_model(config.model), models.model_facts(
-      config.model)
+  # Inside the target mesh, ``model.dtype='auto'`` resolves for its devices
+  # (bfloat16 on TPU), not for this host's CPU.
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    model, facts = models.build_model(config.model), models.model_facts(
+        config.model)
   tx, _ = optim.make_optimizer(config)
   spec = abstract_batch(config, int(batch_size or config.batch_size))
   state, state_sh = steps.abstract_train_state(model, tx, spec, mesh, rules)
@@ -747,4 +750,3 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
       f" HBM): parameters {_gib(r['param_bytes'])}, optimizer "
       f"{_gib(r['opt_bytes'])}, temporaries {_gib(r['temp_bytes'])}; largest "
       f"buffers {bufs}. {fit_advice(config, r, best)}.")
-
