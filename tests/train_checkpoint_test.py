@@ -164,6 +164,47 @@ def test_damaged_newest_step_falls_back(tmp_path, how, caplog):
   assert os.path.isdir(tmp_path / "1")   # nothing to fall back to: left
 
 
+def test_readers_fall_back_and_follow_retention(tmp_path, caplog,
+                                                monkeypatch):
+  """``load_pretrained_step`` (evaluate, predict, export, init_checkpoint):
+  past a damaged step, moving nothing; on to the newer step when the one it
+  reads is deleted under it."""
+  import os  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  state, _ = _state(_mesh(2))
+  bumped = lambda s: jax.tree.map(lambda x: x + s, state)  # noqa: E731
+  with ckpt_lib.Checkpointer(tmp_path, save_every=1, keep=5) as ck:
+    for step in (1, 2):
+      ck.save(step, bumped(step), {})
+  _damage(os.path.join(tmp_path, "2"), "truncated")
+  with caplog.at_level("WARNING"):
+    params, step = ckpt_lib.load_pretrained_step(tmp_path, state["params"], ())
+  assert step == 1
+  assert (f"Checkpoint {tmp_path}/2 does not read: ValueError: "
+          in caplog.text) and "reading step 1 instead" in caplog.text
+  np.testing.assert_array_equal(params["head"]["kernel"],
+                                bumped(1)["params"]["head"]["kernel"])
+  assert os.path.isdir(tmp_path / "2")   # a reader moves nothing
+
+  real = ckpt_lib._load_step
+
+  def retention(manager, directory, step, *args):
+    if step == 1:   # a training saves step 3 and deletes step 1 meanwhile
+      with ckpt_lib.Checkpointer(tmp_path, save_every=1) as ck:
+        ck.save(3, bumped(3), {})
+      shutil.rmtree(tmp_path / "1")
+    return real(manager, directory, step, *args)
+
+  monkeypatch.setattr(ckpt_lib, "_load_step", retention)
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    params, step = ckpt_lib.load_pretrained_step(tmp_path, state["params"], ())
+  assert step == 3 and (f"Checkpoint {tmp_path}/1 went away while being "
+                        "read" in caplog.text)
+  np.testing.assert_array_equal(params["head"]["kernel"],
+                                bumped(3)["params"]["head"]["kernel"])
+
+
 def test_empty_directory_restores_nothing(tmp_path):
   state, shardings = _state(_mesh(1))
   with ckpt_lib.Checkpointer(tmp_path) as ck:

@@ -249,7 +249,7 @@ class Checkpointer:
           n += 1
           target = target.parent / f"{name}.{n}"
         target.parent.mkdir(parents=True, exist_ok=True)
-        epath.Path(folder).rename(target)
+        _move_folder(epath.Path(folder), target)
         logging.warning("Checkpoint %s moved to %s (kept, not deleted); this "
                         "run saves that step again.", folder, target)
     if jax.process_count() > 1:
@@ -281,6 +281,23 @@ class Checkpointer:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def _move_folder(source: epath.Path, target: epath.Path) -> None:
+  """A rename on a disk; on an object store, where folders cannot be
+  renamed, a copy of every file and then the removal of the source."""
+  try:
+    source.rename(target)
+    return
+  except (OSError, NotImplementedError):
+    if "://" not in os.fspath(source):
+      raise
+  for f in source.rglob("*"):
+    if f.is_file():
+      dest = target / f.relative_to(source)
+      dest.parent.mkdir(parents=True, exist_ok=True)
+      f.copy(dest)
+  source.rmtree()
 
 
 UNFINISHED = ("not a finished checkpoint (no commit marker or metadata Orbax "
