@@ -79,6 +79,16 @@ class ClaimsTest(absltest.TestCase):
             for o in (OTHER, OURS)]
     self.assertEqual(verdict, f"not decided: vs b: {want[0]}; vs c: {want[1]}")
 
+  def test_a_baseline_pattern_averages_its_matches(self):
+    data = {"runs": {**_runs("a", OURS), **_runs("b", OTHER)},
+            "baselines": {"m/seed=0": {"x": 0.4}, "m/seed=1": {"x": 0.6},
+                          "other": {"x": 0.0}}}
+    c = _claim(baseline=("avg", ("baselines", "m/seed=*", "x")))
+    self.assertTrue(claims.judge(c, data)[5].startswith("avg 50.0: ours"))
+    with self.assertRaisesRegex(KeyError, "nothing at 'n/seed=\\*'"):
+      claims.judge(_claim(baseline=("avg", ("baselines", "n/seed=*", "x"))),
+                   data)
+
   def test_missing_runs_and_records(self):
     data = {"runs": _runs("a", OURS), "baselines": {"majority": 0.5}}
     self.assertEqual(claims.judge(_claim(), data)[6], "not run")
