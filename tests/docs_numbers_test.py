@@ -131,7 +131,9 @@ def _unbacked_in_page(page):
 
 
 def _sections(text):
-  """(section text, the experiment folders it cites)."""
+  """(section text, the experiment folders it cites); code blocks go first,
+  so that a shell comment is not taken for a heading."""
+  text = FENCE.sub("", INCLUDE.sub("", text))
   for section in re.split(r"^#+ ", text, flags=re.MULTILINE):
     cited = set(re.findall(r"results/([\w]+)/", section))
     yield section, [RESULTS / name for name in sorted(cited)]
