@@ -55,14 +55,20 @@ def held_out_arrays(config) -> dict[str, Any]:
                          batches=config.eval_steps)
 
 
+# What a record keeps of each logged training interval.
+THROUGHPUT = ("steps_per_sec", "tokens_per_sec", "tflops_per_device")
+
+
 def train(config, workdir: str, *, with_params: bool = False
           ) -> dict[str, Any]:
   """Trains ``config`` in ``workdir`` and returns what an experiment records.
 
   ``{'eval': final evaluation metrics, 'step': last step, 'source': where
   the run started from ('scratch', 'init_checkpoint' or 'workdir': resumed),
-  'eval_curve': {step: metrics}, 'train_curve': {step: metrics}}``; curves
-  come from the run's ``metrics.jsonl``. A workdir that already holds checkpoints resumes.
+  'eval_curve': {step: metrics}, 'train_curve': {step: throughput}}``;
+  curves come from the run's ``metrics.jsonl``, of which the training
+  intervals keep only their throughput (``THROUGHPUT``: what tables read; the
+  losses stay in the workdir). A workdir that already holds checkpoints resumes.
   With ``with_params`` the result also holds ``'params'``, the trained
   parameters (``trained_params``): use them, then drop them before the result
   is recorded (they are not JSON).
@@ -75,9 +81,11 @@ def train(config, workdir: str, *, with_params: bool = False
   curves = {split: {int(s): r for s, r in
                     metrics.read_metrics(workdir, split).items()}
             for split in ("train", "eval")}
+  train_curve = {s: {k: v for k, v in r.items() if k in THROUGHPUT}
+                 for s, r in curves["train"].items()}
   out = {"eval": dict(result.eval_metrics), "step": int(result.step),
          "source": result.source, "eval_curve": curves["eval"],
-         "train_curve": curves["train"]}
+         "train_curve": {s: r for s, r in train_curve.items() if r}}
   if with_params:
     out["params"] = trained_params(config, workdir, result)
   return out
