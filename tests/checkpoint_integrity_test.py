@@ -189,6 +189,10 @@ def test_readers_fall_back_and_name_their_step(run, tmp_path, caplog):
   logged = metrics_lib.read_metrics(str(workdir), "eval")[4]["mse"]
   np.testing.assert_allclose(metrics["mse"], logged, rtol=1e-6)
   assert os.path.isdir(workdir / "checkpoints" / "8")   # a reader moves nothing
+  # Export falls back the same way; --mode=verify reads exports too.
+  artifacts.export_params(_config(), str(workdir), str(tmp_path / "p"))
+  assert [(r.step, r.status) for r in verify.verify(tmp_path / "p")] == [
+      ("4", "ok")]
   # A step asked for by name is never replaced by another.
   with pytest.raises(ckpt_lib.CheckpointError) as e:
     artifacts.load_params(_config(), str(workdir), step=8)
