@@ -182,6 +182,19 @@ class HarnessTest(absltest.TestCase):
     self.assertEqual([saved["runs"][k]["args"]["steps"] for k in (
         "p/model=a/seed=0", "p/model=b/seed=1")], [5, 7])
 
+  def test_a_report_rewrites_nothing_in_the_record(self):
+    out = pathlib.Path(tempfile.mkdtemp())
+    exp = experiment.Experiment(out, argparse.Namespace(report_only=False))
+    exp.cell("p/seed=0", lambda: {"k": 1})
+    exp.save(sizes={"dtype": "float32"})
+    before = (out / "results.json").read_bytes()
+    report = experiment.Experiment(out, argparse.Namespace(report_only=True))
+    # What a report computes from today's settings stays in memory.
+    report.save(sizes={"dtype": "auto"})
+    self.assertEqual(report.baseline("b", lambda: {"nb": 0.5}), {"nb": 0.5})
+    self.assertEqual(report.data["sizes"], {"dtype": "auto"})
+    self.assertEqual((out / "results.json").read_bytes(), before)
+
   def test_fingerprint_reads_files_by_content(self):
     import ml_collections  # pylint: disable=g-import-not-at-top
     tmp = pathlib.Path(tempfile.mkdtemp())
