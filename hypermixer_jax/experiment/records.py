@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Sequence
 from hypermixer_jax.experiment.digests import config_fingerprint
 from hypermixer_jax.experiment.flags import REPO
 from hypermixer_jax.experiment.vocab import small_vocab
+from hypermixer_jax.experiment.vocab import stored_name
 
 
 def grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
@@ -220,13 +221,22 @@ class Experiment:
 
   def vocab(self, patterns: str | Sequence[str], fields: Sequence[str],
             size: int, trained_on: str) -> dict[str, Any]:
-    """``small_vocab`` built in this directory and recorded in
-    ``results.json`` (its path relative to the directory, and what it was
-    trained on)."""
-    vocab = small_vocab(self.out, patterns, fields, size)
-    self.save(vocab={**vocab, "path": f"vocab/spm{size}.model",
-                     "trained_on": trained_on})
+    """``small_vocab`` built in this directory (or restored from the store
+    beside it, ``vocab_store``, by the digest recorded before) and recorded
+    in ``results.json``: its digest, its stored file relative to this
+    directory, and what it was trained on."""
+    vocab = small_vocab(self.out, patterns, fields, size,
+                        store_dir=self.vocab_store,
+                        digest=self.data.get("vocab", {}).get("sha256"))
+    record = {k: v for k, v in vocab.items() if k != "path"}
+    self.save(vocab={**record, "stored": "../vocab/" + stored_name(
+        vocab["sha256"]), "trained_on": trained_on})
     return vocab
+
+  @property
+  def vocab_store(self) -> pathlib.Path:
+    """The experiments' vocabulary store (one copy of each, by digest)."""
+    return self.out.parent / "vocab"
 
   def save(self, **extra) -> None:
     """Records ``extra`` and writes ``results.json``; a report
