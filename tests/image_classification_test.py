@@ -96,6 +96,18 @@ def test_prepare_writes_tsvs_and_extracts(tmp_path):
     assert (out / name).read_bytes() == blob
 
 
+def test_prepare_reports_its_progress(tmp_path, capsys):
+  """The extraction of a large archive says how far it is (a line at the
+  end here; a line a minute in a log file, a bar on a terminal)."""
+  archive, _ = _synthetic_archive(tmp_path)
+  prepare_images.prepare(archive, str(tmp_path / "out"), CLASSES)
+  last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+  with tarfile.open(archive) as tar:
+    n = len(tar.getmembers())
+  assert last.startswith("extracting cifar.tar.gz: 100%|")
+  assert f"| {n}/{n} [" in last
+
+
 @pytest.mark.parametrize("extra,message", [
     ({"test/horse/0000.jpg": b"x"}, "has class folder 'horse', not one of"),
     ({"val/bird/0000.jpg": b"x"}, "is in split folder 'val'"),

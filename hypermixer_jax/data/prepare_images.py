@@ -31,8 +31,11 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
 import tarfile
 from typing import Sequence
+
+import tqdm
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog",
                    "frog", "horse", "ship", "truck")
@@ -87,7 +90,13 @@ def prepare(archive: str, out: str, classes: Sequence[str] = CIFAR10_CLASSES,
   os.makedirs(out, exist_ok=True)
   with tarfile.open(archive) as tar:
     members = _image_members(tar, archive, splits, classes)
-    tar.extractall(out, filter="data")
+    # Tens of thousands of files: a bar on a terminal, a line a minute in a
+    # log file.
+    terminal = sys.stderr.isatty()
+    tar.extractall(out, members=tqdm.tqdm(
+        tar.getmembers(), desc=f"extracting {os.path.basename(archive)}",
+        unit=" files", mininterval=0.1 if terminal else 60.0,
+        ascii=not terminal), filter="data")
   paths = {}
   for split, by_class in members.items():
     path = os.path.join(out, f"{split}.tsv")
