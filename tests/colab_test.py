@@ -1,12 +1,18 @@
 """Executes every code cell of the Colab notebooks, so that one that rots fails.
 
 Cells are run in order in one namespace, in quick mode
-(``HYPERMIXER_COLAB_QUICK=1``: a few training steps, tiny sizes). Shell and
-magic cells (``!pip install ...``, ``%...``) are Colab set-up and skipped.
+(``HYPERMIXER_COLAB_QUICK=1``: a few training steps, tiny sizes). The install
+cell runs too: its guard must leave this checkout's own install alone (the
+commands it would run on Colab are checked with ``subprocess.run`` faked).
+Shell and magic cells (``!...``, ``%...``) would be skipped; there are none.
 """
+import importlib.util
 import json
 import pathlib
+import subprocess
+import sys
 import tempfile
+import types
 
 import matplotlib
 import pytest
@@ -61,20 +67,62 @@ def test_notebook_runs(path, request, tmp_path, monkeypatch):
     plt.close("all")
 
 
-def _shell_lines(path):
-  return [l.strip() for source in _code_cells(path) if _is_shell(source)
-          for l in source.splitlines() if l.strip().startswith("!")]
+REPO = "https://example.org/fork/hypermixer-jax"
+
+
+def _install(path, monkeypatch, *, colab=False, installed=True):
+  """``(commands run, namespace)`` of the notebook's install cell, with
+  ``subprocess.run`` faked, on Colab or not, with the library importable or
+  not."""
+  [cell] = [s for s in _code_cells(path) if "INSTALL = [" in s]
+  ran = []
+  monkeypatch.setattr(subprocess, "run", lambda command, **kw: ran.append(
+      command) or subprocess.CompletedProcess(command, 0, "", ""))
+  if colab:
+    monkeypatch.setitem(sys.modules, "google.colab",
+                        types.ModuleType("google.colab"))
+  else:
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+  if not installed:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        None if name == "hypermixer_jax" else real(name, *a)))
+  namespace = {"ROOT": "/content/hypermixer-jax", "REF": "main",
+               "REPO_URL": REPO}
+  exec(compile(cell, f"{path.name}[install]", "exec"), namespace)  # pylint: disable=exec-used
+  return ran, namespace
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_install_keeps_colabs_jax_and_needs_no_restart(path):
+def test_install_runs_only_on_colab_or_without_the_library(
+    path, monkeypatch, capsys):
+  """Run locally (nbconvert, "Run all") beside an installed checkout, the
+  install cell leaves that install alone; on Colab, or where the library is
+  missing, it clones and installs."""
+  ran, _ = _install(path, monkeypatch)
+  assert ran == []
+  assert capsys.readouterr().out == (
+      f"hypermixer_jax is installed already ({ROOT / 'hypermixer_jax'}): "
+      "nothing to install\n")
+  on_colab, _ = _install(path, monkeypatch, colab=True)
+  assert on_colab[0] == (f"test -d /content/hypermixer-jax || git clone -q "
+                         f"--depth 1 --branch main {REPO} "
+                         "/content/hypermixer-jax")
+  assert on_colab[2] == (f"{sys.executable} -m pip install -q -c "
+                         "/tmp/colab_keep.txt /content/hypermixer-jax")
+  missing, _ = _install(path, monkeypatch, installed=False)
+  assert missing == on_colab
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_install_keeps_colabs_jax_and_needs_no_restart(path, monkeypatch):
   """One variable holds the repository; the install pins Colab's own
   jax/jaxlib/TensorFlow (constraints), is not editable, and nothing switches
   matplotlib's backend."""
   sources = list(_code_cells(path))
   assert sum("REPO_URL = " in s for s in sources) == 1
-  shell = _shell_lines(path)
-  assert any("git clone" in l and "{REPO_URL}" in l for l in shell), shell
+  assert not any(_is_shell(s) for s in sources)
+  shell, _ = _install(path, monkeypatch, colab=True)
   assert not any("github.com" in l for l in shell), shell
   installs = [l for l in shell if "pip install" in l]
   assert installs and all("-c /tmp/colab_keep.txt" in l for l in installs)
@@ -83,14 +131,14 @@ def test_install_keeps_colabs_jax_and_needs_no_restart(path):
   assert not any("matplotlib.use" in s for s in sources)
 
 
-def test_constraints_line_pins_jax_and_tensorflow():
+def test_constraints_line_pins_jax_and_tensorflow(monkeypatch):
   """The notebooks' `pip freeze | grep` keeps exactly the packages Colab's
   runtime provides and the library must not replace."""
   import re  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  [line] = [l for l in _shell_lines(NOTEBOOKS[0]) if "pip freeze" in l]
+  shell, _ = _install(NOTEBOOKS[0], monkeypatch, colab=True)
+  [line] = [l for l in shell if "pip freeze" in l]
   pattern = re.search(r"grep -iE '([^']+)'", line).group(1)
+  monkeypatch.undo()   # the real subprocess.run again
   freeze = subprocess.run([sys.executable, "-m", "pip", "freeze"],
                           capture_output=True, text=True, check=True).stdout
   kept = {l.split("==")[0].lower() for l in freeze.splitlines()
@@ -122,9 +170,6 @@ def test_empty_repo_url_stops_with_a_message_and_a_checkout_is_used(
   namespace = {}
   exec(compile(cell, "cell", "exec"), namespace)  # pylint: disable=exec-used
   assert namespace["ROOT"] == str(ROOT)
-  shell = _shell_lines(path)
-  assert any(l.startswith("!pip install") and l.endswith(" {ROOT}")
-             for l in shell), shell
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
