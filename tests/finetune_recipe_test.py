@@ -62,8 +62,13 @@ def _readme_commands() -> list[list[str]]:
     text = f.read().replace("\\\n", " ")
   out = []
   for line in text.splitlines():
-    if "hypermixer_jax.main" in line and (PRETRAIN in line or FINETUNE in line):
+    if PRETRAIN not in line and FINETUNE not in line:
+      continue
+    try:
       words = shlex.split(line.split("#", 1)[0])
+    except ValueError:   # prose with an apostrophe
+      continue
+    if "hypermixer_jax.main" in words:
       out.append(words[words.index("hypermixer_jax.main") + 1:])
   return out
 
