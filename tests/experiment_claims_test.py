@@ -1,5 +1,6 @@
 """The claims table: generated from records, by the statistics of
 ``experiment.stats``, and the committed one up to date."""
+import dataclasses
 import json
 import pathlib
 import tempfile
@@ -88,6 +89,19 @@ class ClaimsTest(absltest.TestCase):
     with self.assertRaisesRegex(KeyError, "nothing at 'n/seed=\\*'"):
       claims.judge(_claim(baseline=("avg", ("baselines", "n/seed=*", "x"))),
                    data)
+
+  def test_a_measured_claim_compares_without_a_test(self):
+    data = {"exponents": {"a": {"time": 1.1}, "b": {"time": 1.8}}}
+    m = claims.Measured("P", "toy", "a's exponent below b's", "a figure",
+                        ("a", ("exponents", "a", "time")),
+                        (("b", ("exponents", "b", "time")),), "lower")
+    row = m.row(data)
+    self.assertEqual(row[3:7], ["a 1.10 (one run)", "b 1.80", "",
+                                "agrees as measured (one run a side, no "
+                                "test)"])
+    self.assertTrue(
+        dataclasses.replace(m, direction="higher").row(data)[6].startswith(
+            "disagrees"))
 
   def test_missing_runs_and_records(self):
     data = {"runs": _runs("a", OURS), "baselines": {"majority": 0.5}}
