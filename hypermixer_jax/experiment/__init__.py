@@ -36,8 +36,14 @@ The modules, by concern (everything is re-exported here, so a script writes
 * ``tables`` / ``figures``: Markdown tables and the learning-curve plots;
 * ``timing``: interleaved timing rounds and compiled memory.
 
-Nothing here knows a model or a task: the scripts declare their runs as
-configs.
+Two modules are imported by name, not re-exported: ``bench`` (the
+benchmarks' matmul ceiling, interleaved rounds and MFU; it loads JAX) and
+``claims`` (the claims table of the papers against the committed records:
+``python -m hypermixer_jax.experiment.claims``, the one module here that
+names experiments, as data).
+
+Apart from ``claims``, nothing here knows a model or a task: the scripts
+declare their runs as configs.
 """
 # pylint: disable=g-importing-member
 from hypermixer_jax.experiment.digests import config_fingerprint
