@@ -24,6 +24,7 @@ Writes ``results.json``, ``table.md`` and ``low_resource.png``.
 """
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 
@@ -31,6 +32,7 @@ import numpy as np
 
 import glue_from_scratch as glue
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import vocab as vocab_store
 
 MODELS = ("hypermixer", "attention")
 PAPER_LRS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
@@ -52,11 +54,17 @@ def subset_tsv(source: str, fraction: float, out: pathlib.Path) -> str:
 
 def glue_vocab(exp: experiment.Experiment) -> experiment.Experiment:
   """``exp`` with ``glue_from_scratch``'s vocabulary (in its directory beside
-  ``exp.out``) copied in when it is there: SentencePiece's training is not
+  ``exp.out``, restored from the store by the digest it recorded when its
+  working copy is missing) copied in: SentencePiece's training is not
   bit-reproducible, and the same file makes the full-set cells its runs."""
   name = f"spm{glue.VOCAB_PIECES}.model"
   source = exp.out.parent / "glue_from_scratch" / "vocab" / name
   ours = exp.out / "vocab" / name
+  results = source.parent.parent / "results.json"
+  if not source.exists() and results.exists():
+    digest = json.loads(results.read_text()).get("vocab", {}).get("sha256")
+    if digest:
+      vocab_store.restore(digest, exp.vocab_store, source)
   if source.exists() and not ours.exists():
     ours.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, ours)
