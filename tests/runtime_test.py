@@ -1,4 +1,5 @@
 """Start-up of a process: TensorFlow on the host only, distributed flags."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -90,3 +91,25 @@ def test_slurm_is_detected_with_several_tasks(monkeypatch):
     ("10.0.0.1:1234", False), ("node-1:1234", False)])
 def test_loopback_coordinator_binds_loopback_only(address, loopback):
   assert runtime._is_loopback(address) is loopback  # pylint: disable=protected-access
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed")
+@pytest.mark.parametrize("platforms, chosen", [(None, "cpu"), ("cpu", "None")])
+def test_libtpu_is_left_out_without_tpu_chips(platforms, chosen):
+  """libtpu installed, no TPU chip: JAX starts on the CPU without trying
+  libtpu (whose start-up prints host-bound and worker-hostname errors and
+  takes a lock file); an explicit JAX_PLATFORMS is left as it is."""
+  code = ("from hypermixer_jax import runtime\n"
+          "print(runtime.choose_platforms())\n"
+          "import jax\n"
+          "print(jax.devices()[0].platform)\n")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  if platforms:
+    env["JAX_PLATFORMS"] = platforms
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=120,
+                       env=dict(env, PYTHONPATH=ROOT), capture_output=True,
+                       text=True)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.split() == [chosen, "cpu"]
+  assert out.stderr.strip() == "", out.stderr
