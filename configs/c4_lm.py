@@ -14,6 +14,7 @@ Optimiser as in GPT-style LM training (AdamW 0.9/0.95, cosine decay).
 """
 import ml_collections
 
+from hypermixer_jax import models
 from hypermixer_jax.train.config import base_config
 from hypermixer_jax.train.config import text_model
 
@@ -26,8 +27,9 @@ def get_config(arg: str = "hypermixer") -> ml_collections.ConfigDict:
   c.model.max_len = LM_SEQ_LEN
   c.model.type_vocab_size = 0
   c.model.dropout_rate = 0.0
-  if c.model.mixer == "hypermixer":
-    c.model.mixer_kwargs.causal_chunk_size = 64
+  # The mixer's causal options (HyperMixing's chunk), so that the command
+  # line can change them.
+  c.model.mixer_kwargs.update(models.causal_mixer_kwargs(c.model))
   c.data.task = "c4_lm"
   c.data.seq_len = LM_SEQ_LEN
   c.data.packing = True

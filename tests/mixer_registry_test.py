@@ -91,6 +91,21 @@ def test_the_registry_line_is_the_only_place_that_names_it(registered):
     models.build_model(_text_config(registered, block="gmlp"))
 
 
+def test_configs_take_the_mixers_declared_options(registered):
+  # The example declares none of the optional attributes.
+  assert models.unpacked_mixer_kwargs(_text_config(registered)) == {}
+  assert models.causal_mixer_kwargs(_text_config(registered)) == {}
+  glue = models.get_model_config
+  assert models.unpacked_mixer_kwargs(glue("glue_linear_attention")) == {
+      "packed": False}
+  assert models.causal_mixer_kwargs(glue("glue_hypermixer")) == {
+      "causal_chunk_size": models.HyperMixing.causal_chunk_size}
+  # HyperMixing adds positions itself: its models add none.
+  assert [glue(f"glue_{m}").position_embeddings for m in (
+      "hypermixer", "hypermixer_untied", "attention", "fnet")] == [
+          "none", "none", "sinusoidal", "sinusoidal"]
+
+
 def test_without_the_line_the_name_is_unknown():
   with pytest.raises(ValueError, match="unknown mixer 'segment_mean'; valid "
                      "mixers: hypermixer, mlp_mixer"):

@@ -26,6 +26,7 @@ from hypermixer_jax.models.mlp_mixer import MlpMixerTokenMixing
 from hypermixer_jax.models.zoo import FAMILIES
 from hypermixer_jax.models.zoo import MIXERS
 from hypermixer_jax.models.zoo import build_model
+from hypermixer_jax.models.zoo import causal_mixer_kwargs
 from hypermixer_jax.models.zoo import count_params
 from hypermixer_jax.models.zoo import default_model_config
 from hypermixer_jax.models.zoo import get_model_config
@@ -39,7 +40,7 @@ __all__ = [
     "MIXERS", "MixerBlock", "MlmHead", "MlpMixerTokenMixing", "Model",
     "ModelFacts",
     "SelfAttention", "SpatialGatingUnit", "TextEncoder", "TinyAttention",
-    "build_model", "count_params", "default_model_config",
-    "get_model_config", "model_facts", "model_names", "patchify",
-    "unpacked_mixer_kwargs",
+    "build_model", "causal_mixer_kwargs", "count_params",
+    "default_model_config", "get_model_config", "model_facts", "model_names",
+    "patchify", "unpacked_mixer_kwargs",
 ]

@@ -359,6 +359,13 @@ class HyperMixing(nn.Module):
   dtype: common.Dtype = jnp.float32
   param_dtype: common.Dtype = jnp.float32
 
+  # Positions enter the hypernetworks' inputs only (Algorithm 1; the
+  # position-invariance argument rests on the values never seeing them), so
+  # a model on HyperMixing adds none to its residual stream.
+  adds_positions = True
+  # What a causal config exposes to the command line (``models.registry``).
+  causal_options = ("causal_chunk_size",)
+
   @classmethod
   def model_defaults(cls, model) -> dict:
     """In a model (``models.registry``): d' = d, the paper's default."""

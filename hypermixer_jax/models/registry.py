@@ -13,7 +13,12 @@ mixer's class owns its defaults; the registry knows no mixer by name:
 * ``causal_by_construction`` (a class attribute, optional) marks a mixer
   that never reads a later position without a ``causal`` field;
 * ``unpacked_kwargs`` (a class attribute, optional) are the options for
-  rows that hold one example each (``unpacked_mixer_kwargs``).
+  rows that hold one example each (``unpacked_mixer_kwargs``);
+* ``causal_options`` (a class attribute, optional) names the fields a
+  causal config sets explicitly, at their defaults, so that the command line
+  can change them (``causal_mixer_kwargs``);
+* ``adds_positions`` (a class attribute, optional) marks a mixer that adds
+  positions itself, so that a model on it needs none in its residual stream.
 
 The user's ``mixer_kwargs`` override all of them. A block (``BLOCKS``) wraps
 a mixer factory into one layer of the stack.
@@ -132,6 +137,19 @@ def unpacked_mixer_kwargs(name: str) -> dict[str, Any]:
   """Mixer ``name``'s options for rows of one example each (a config that
   turns ``data.packing`` off sets them; empty for most mixers)."""
   return dict(getattr(mixer_class(name), "unpacked_kwargs", {}))
+
+
+def causal_mixer_kwargs(name: str) -> dict[str, Any]:
+  """Mixer ``name``'s ``causal_options`` at their defaults (empty for most
+  mixers), for a causal config to set (a locked config takes command-line
+  overrides only of the fields it has)."""
+  cls = mixer_class(name)
+  defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+  return {k: defaults[k] for k in getattr(cls, "causal_options", ())}
+
+
+def adds_positions(name: str) -> bool:
+  return bool(getattr(mixer_class(name), "adds_positions", False))
 
 
 # ---------------------------------------------------------------------------

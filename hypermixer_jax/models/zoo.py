@@ -283,6 +283,13 @@ def unpacked_mixer_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
   return registry.unpacked_mixer_kwargs(cfg["mixer"]) if "mixer" in cfg else {}
 
 
+def causal_mixer_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+  """The options of ``config``'s token mixer that a causal config sets, at
+  their defaults, so that the command line can change them (``registry``)."""
+  _, cfg = _resolve(config)
+  return registry.causal_mixer_kwargs(cfg["mixer"]) if "mixer" in cfg else {}
+
+
 def dummy_inputs(config: Mapping[str, Any], batch: int = 1,
                  length: int | None = None) -> jax.Array | jax.ShapeDtypeStruct:
   """Abstract inputs of the right shape and dtype for ``config``."""
@@ -373,10 +380,9 @@ _GLUE_MIXERS = {
 
 def _glue(mixer_name: str) -> ml_collections.ConfigDict:
   mixer, kwargs = _GLUE_MIXERS[mixer_name]
-  # HyperMixer adds positions to its hypernetworks' inputs only (Algorithm 1;
-  # its position-invariance argument rests on the values never seeing them),
-  # so its residual stream carries none; the other models add sinusoids.
-  positions = "none" if mixer == "hypermixer" else "sinusoidal"
+  # A mixer that adds positions itself (HyperMixing's hypernetworks) gets
+  # none in the residual stream; the other models add sinusoids.
+  positions = "none" if registry.adds_positions(mixer) else "sinusoidal"
   return _config(family="text", mixer=mixer, block="pre_ln",
                  head="pair_classify", num_layers=6, d_model=256, d_ffn=512,
                  dropout_rate=0.1, max_len=256, vocab_size=30522,
