@@ -26,6 +26,11 @@ from hypermixer_jax.train import verify
 
 import flag_configs
 
+# A failed read's leftover callbacks must not report (hundreds of
+# tracebacks in a user's log): checkpoint.quiet_failed_reads.
+pytestmark = pytest.mark.filterwarnings(
+    "error::pytest.PytestUnraisableExceptionWarning")
+
 ROOT = flag_configs.ROOT
 DEFAULT = flag_configs.DEFAULT
 TINY = flag_configs.TINY

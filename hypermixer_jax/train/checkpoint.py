@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import time
 from typing import Any, Sequence
 
@@ -207,6 +208,7 @@ class Checkpointer:
       CheckpointError: step folders exist but none restores (each is named
         with its error), so that a run never starts from scratch over them.
     """
+    quiet_failed_reads()
     complete = set(self.all_steps())
     failures = []
     for step in sorted(complete | set(self.step_folders()), reverse=True):
@@ -304,6 +306,29 @@ UNFINISHED = ("not a finished checkpoint (no commit marker or metadata Orbax "
               "recognises)")
 
 
+def quiet_failed_reads() -> None:
+  """Drops the reports of a failed Orbax read's leftover callbacks.
+
+  When a read fails (a damaged step), Orbax's event loop closes while
+  TensorStore still completes the step's other reads; each completion then
+  reports ``RuntimeError('Event loop is closed')`` through
+  ``sys.unraisablehook``, hundreds of tracebacks that bury the one-line
+  reason. Only that report is dropped; every other goes to the previous
+  hook. Installed once per process, before a read that may fail.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "_drops_closed_loop", False):
+    return
+
+  def hook(report):
+    if not (isinstance(report.exc_value, RuntimeError)
+            and str(report.exc_value) == "Event loop is closed"):
+      previous(report)
+
+  hook._drops_closed_loop = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook
+
+
 def has_fingerprints(directory: str | os.PathLike, step: int) -> bool:
   """True when ``step`` records fingerprints (steps saved before they
   existed do not)."""
@@ -321,8 +346,9 @@ def check_restored(tree: PyTree, record: Any, where: str, *,
 
 
 def one_line(e: Exception) -> str:
-  """One line of an exception (Orbax/tensorstore errors span pages)."""
-  text = " ".join(str(e).split())
+  """One line of an exception (Orbax/tensorstore errors span pages; the
+  JSON spec TensorStore appends says nothing the error did not)."""
+  text = " ".join(str(e).split()).split(" [tensorstore_spec=")[0]
   return f"{type(e).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
 
 
@@ -466,6 +492,7 @@ def load_pretrained_step(path: str | os.PathLike, params: PyTree,
   if reinit is None:
     reinit = (heads.param_modules_regex(),)
   directory, steps, explicit = _steps_to_try(path)
+  quiet_failed_reads()
   failures: list[tuple[int, str]] = []
   manager = _listing(lambda: reader(directory))
   try:

@@ -63,6 +63,7 @@ def verify(path: str | os.PathLike) -> list[Row]:
     raise FileNotFoundError(
         f"no checkpoint step in {directory}: give the --workdir of a trained "
         "run (it has checkpoints/) or an exported folder.")
+  ckpt_lib.quiet_failed_reads()
   manager = ckpt_lib.reader(directory)
   try:
     finished = set(manager.all_steps())
