@@ -194,6 +194,13 @@ def test_readers_fall_back_and_name_their_step(run, tmp_path, caplog):
   logged = metrics_lib.read_metrics(str(workdir), "eval")[4]["mse"]
   np.testing.assert_allclose(metrics["mse"], logged, rtol=1e-6)
   assert os.path.isdir(workdir / "checkpoints" / "8")   # a reader moves nothing
+  # Every kind of damage, the same fallback (the errors Orbax gave each
+  # were OUT_OF_RANGE, a TypeError on None metadata, a KeyError).
+  for how in ("truncated", "emptied", "bitflip"):
+    other = tmp_path / how
+    shutil.copytree(run[0], other)
+    _damage(other / "checkpoints" / "8", how)
+    assert artifacts.load_params(_config(), str(other))[1] == 4, how
   # Export falls back the same way; --mode=verify reads exports too.
   artifacts.export_params(_config(), str(workdir), str(tmp_path / "p"))
   assert [(r.step, r.status) for r in verify.verify(tmp_path / "p")] == [
