@@ -567,15 +567,14 @@ def breakdown(r: dict[str, Any], k: int = 6) -> list[str]:
   return lines
 
 
-def batch_advice(r: dict[str, Any]) -> str | None:
-  """A global batch that lifts the estimated MFU, where the per-chip batch
-  is what holds it down: assumes the optimizer's HBM traffic and the
-  collectives stay fixed while the rest grows with the batch (the layers'
-  parameter reads stay fixed too, so the gain is at least this); the
-  largest batch that fits extrapolates the temporaries linearly. A note
-  on what bounds MFU instead where a larger batch does not help."""
-  if "hbm_traffic_bytes" not in r or not r.get("matmul_flops"):
-    return None
+def suggest_batch(r: dict[str, Any]) -> tuple[int, float, float, float]:
+  """``(batch, its estimated MFU, the MFU now, the MFU at any batch)``:
+  the smallest power-of-two multiple of the global batch that reaches 90%
+  of the MFU a larger batch could give (within the batch that fits,
+  extrapolated linearly from the temporaries). Assumes the optimizer's HBM
+  traffic and the collectives stay fixed while the rest grows with the
+  batch (the layers' parameter reads stay fixed too: the gain is at least
+  this)."""
   chip = next(c for c in CHIPS.values() if c.name == r["chip"])
   peak = metrics_lib.peak_flops(r["chip"])
   b = r["batch_size"]
@@ -590,23 +589,32 @@ def batch_advice(r: dict[str, Any]) -> str | None:
     return share * compute / max(compute, (fixed + per_hbm * batch)
                                  / chip.hbm_bandwidth, ici)
 
-  ceiling = share * min(1.0, per_flops / peak / (per_hbm / chip.hbm_bandwidth)
-                        ) if per_hbm else share
+  ceiling = share * min(1.0, per_flops / peak / (
+      per_hbm / chip.hbm_bandwidth)) if per_hbm else share
   room = chip.hbm_bytes - (r["total_bytes"] - r["temp_bytes"])
   largest = b * room / r["temp_bytes"] if r["temp_bytes"] else 0.0
   best = b
   while best * 2 <= largest and mfu(best) < 0.9 * ceiling:
     best *= 2
-  now = mfu(b)
+  return best, mfu(best), mfu(b), ceiling
+
+
+def batch_advice(r: dict[str, Any]) -> str | None:
+  """A global batch that lifts the estimated MFU where the per-chip batch
+  is what holds it down (``suggest_batch``), or what bounds MFU instead
+  where a larger batch does not help; None where MFU is not low."""
+  if "hbm_traffic_bytes" not in r or not r.get("matmul_flops"):
+    return None
+  b = r["batch_size"]
+  best, better, now, ceiling = suggest_batch(r)
   per_chip = f"{b / r['chips']:g} examples per chip"
-  if best > b and mfu(best) >= 1.25 * now:
+  if best > b and better >= 1.25 * now:
     return (f"the per-chip batch ({per_chip}) holds MFU down: the "
             f"optimizer's HBM traffic and the collectives do not grow with "
             f"the batch; --config.batch_size={best} (about "
-            f"{best / r['chips']:g} per chip, within the estimated "
-            f"{int(largest):d} that fit) gives an estimated MFU of "
-            f"{mfu(best):.0%} (now {now:.0%}; at most {ceiling:.0%} at any "
-            "batch)")
+            f"{best / r['chips']:g} per chip, within the batch estimated to "
+            f"fit) gives an estimated MFU of {better:.0%} (now {now:.0%}; "
+            f"at most {ceiling:.0%} at any batch)")
   if now < 0.4:
     top = max(r.get("hbm_bytes_by_part", {"other": 0}).items(),
               key=lambda kv: kv[1])[0]
@@ -750,3 +758,4 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
       f" HBM): parameters {_gib(r['param_bytes'])}, optimizer "
       f"{_gib(r['opt_bytes'])}, temporaries {_gib(r['temp_bytes'])}; largest "
       f"buffers {bufs}. {fit_advice(config, r, best)}.")
+

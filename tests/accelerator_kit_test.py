@@ -1,0 +1,37 @@
+"""experiments/accelerator_kit.py at toy size on CPU (what CI can run)."""
+import json
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
+                       / "experiments"))
+import accelerator_kit as kit  # noqa: E402  pylint: disable=g-import-not-at-top
+
+
+@pytest.mark.slow
+def test_toy_run_writes_every_section(tmp_path):
+  kit.main(["--toy", "--mixers", "hypermixer", "--out", str(tmp_path)])
+  r = json.loads((tmp_path / "results.json").read_text())
+  assert r["toy"] and r["dtype"] == "float32"
+  step = r["mlm_mfu"]["hypermixer"]
+  # 4 rows of 32 tokens per step; no peak is known for a CPU, so no MFU.
+  assert step["tokens_per_s"] * step["step_s"] == pytest.approx(4 * 32)
+  assert r["peak_flops"] is None and step["mfu"] is None
+  # The matmuls are part of XLA's count (which adds the elementwise work).
+  assert 0 < step["matmul_flops"] <= 1.05 * step["xla_flops"]
+  row = r["token_mixing"]["64"]
+  for name in ("hypermixing", "attention"):
+    assert 0 < row[name]["forward_s"] < row[name]["forward_backward_s"]
+  # The Switch Transformer's depth is the one closest to sMLP's FLOPs.
+  sw = r["smlp_vs_switch"]
+  assert sw["switch"]["num_dense_layers"] >= 1
+  assert abs(sw["switch"]["matmul_flops"] - sw["smlp"]["matmul_flops"]) < (
+      0.5 * sw["smlp"]["matmul_flops"])
+  assert "| hypermixer |" in (tmp_path / "table.md").read_text()
+
+
+def test_a_failing_row_is_recorded_not_fatal():
+  got = kit._guarded(lambda: 1 / 0)  # pylint: disable=protected-access
+  assert got["error"].startswith("ZeroDivisionError: division by zero")
