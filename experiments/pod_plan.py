@@ -68,6 +68,9 @@ def _load(path: str, arg: str):
 def _mlm(mixer: str, bert_base: bool = True):
   c = _load("configs/c4_mlm.py", mixer)
   if bert_base:
+    # The precision policy's choice on TPU, stated so that the cells do not
+    # depend on the config's default.
+    c.model.dtype = "bfloat16"
     c.model.update(BERT_BASE)
     kw = c.model.mixer_kwargs
     if "hyper_dim" in kw:          # the GLUE model's 3 d
@@ -177,6 +180,8 @@ def run_cell(name: str, preset: str, topo: str) -> dict:
             "compile_cpu_s": time.process_time() - cpu}
   # Wall time depends on the host's load; CPU seconds (all threads) less so.
   r["compile_s"] = time.perf_counter() - t
+  r["dtype"] = str(c.model.get("dtype", ""))
+  r["commit"] = source_commit()
   r["compile_cpu_s"] = time.process_time() - cpu
   # Temporaries grow with the batch; the state does not.
   fixed = r["total_bytes"] - r["temp_bytes"]
@@ -185,6 +190,40 @@ def run_cell(name: str, preset: str, topo: str) -> dict:
   r["est_max_batch"] = (int(room / per_example) // step * step
                         if room > 0 else 0)
   return r
+
+
+def source_commit() -> str:
+  """The checkout's commit, ``+`` when its tracked files differ from it."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                          capture_output=True, text=True, check=True
+                          ).stdout.strip()
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--",
+                            "hypermixer_jax", "configs"], cwd=root).returncode
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+  return head + ("+" if dirty else "")
+
+
+def compiled(r: dict) -> bool:
+  """Whether a cell's record holds a compiled step's report."""
+  return not ("skipped" in r or "error" in r or r.get("refused"))
+
+
+def previous_of(name: str, r: dict) -> dict:
+  """What a cell's record said, kept beside its recompile: the estimate as
+  its own figures give it (``tc.estimate``: XLA's bytes accessed where it
+  has no HBM traffic counted once), the bytes and the compute dtype (the
+  text MLM configs computed in float32 before the precision policy)."""
+  times, step, mfu = tc.estimate(r, traffic_bytes(r))
+  dtype = r.get("dtype") or ("float32" if name.startswith(
+      ("bert_mlm", "causal_lm")) or name == "glue_mlm_hypermixer"
+                             else "bfloat16")
+  return {"est_mfu": mfu, "est_limit": max(times, key=times.get),
+          "est_step_s": step, "bytes_accessed": r["bytes_accessed"],
+          "dtype": dtype, "batch_size": r["batch_size"]}
 
 
 def _gib(x):
@@ -259,6 +298,23 @@ def loop_heavy(r: dict) -> bool:
   return r.get("matmul_flops", 0.0) > 1.1 * r["flops"]
 
 
+def change_note(r: dict) -> str:
+  """What a recompiled cell's estimate was and why it moved: HBM traffic
+  counted once instead of XLA's bytes accessed, and the compute dtype."""
+  prev = r.get("previous")
+  if not prev:
+    return ("XLA's bytes accessed (not recompiled)"
+            if "hbm_traffic_bytes" not in r else "")
+  why = ["HBM counted once (XLA's bytes accessed "
+         f"{_gib(prev['bytes_accessed'])} GiB)"]
+  if prev.get("dtype") != r.get("dtype"):
+    why.append(f"{prev.get('dtype')} -> {r.get('dtype')}")
+  if prev.get("batch_size") != r["batch_size"]:
+    why.append(f"batch {prev['batch_size']} -> {r['batch_size']}")
+  return (f"was {prev['est_mfu']:.0%} ({prev['est_limit']}, "
+          f"{prev['est_step_s'] * 1e3:.1f} ms): " + "; ".join(why))
+
+
 def table(results: dict) -> str:
   rows = []
   for key, r in results.items():
@@ -267,33 +323,110 @@ def table(results: dict) -> str:
       continue
     if "error" in r:
       rows.append([name, preset, topo, "error: " + r["error"][:80]] +
-                  [""] * 6)
+                  [""] * 7)
       continue
     if r.get("refused"):   # libtpu would not compile it: no report
       rows.append([name, preset, topo, "**no**",
                    f"> {_gib(r['temp_bytes'])} / {_gib(r['hbm_bytes'])} "
                    "(temporaries alone; libtpu refused to compile)"] +
-                  [""] * 3 + [f"{r['batch_size']} / -"])
+                  [""] * 4 + [f"{r['batch_size']} / -", ""])
       continue
     coll = ", ".join(f"{k.replace('collective-', 'c-')} {n}"
                      for k, (n, _) in r["collectives"].items() if n)
     coll_bytes = sum(b for _, b in r["collectives"].values())
     times, _, mfu = tc.estimate(r, traffic_bytes(r))
     limit = max(times, key=times.get)
+    hbm = (f"{_gib(r['hbm_traffic_bytes'])} / {_gib(r['bytes_accessed'])}"
+           if "hbm_traffic_bytes" in r else f"- / {_gib(r['bytes_accessed'])}")
     rows.append([
         name, preset, topo, "yes" if r["fits"] else "**no**",
         f"{_gib(r['total_bytes'])} / {_gib(r['hbm_bytes'])}",
         # "loops": counted per step (each loop body times its trip count);
         # cells compiled before that count them as written (a dagger).
         f"{coll} ({_gib(coll_bytes)} GiB)" + ("" if "loops" in r else " †"),
+        hbm,
         " / ".join(f"{t * 1e3:.1f}" for t in times.values()),
-        f"{mfu:.0%} ({limit})" + (" *" if loop_heavy(r) else ""),
-        f"{r['batch_size']} / {r['est_max_batch']}"])
+        f"{mfu:.0%} ({limit})" + (" *" if loop_heavy(r) and (
+            "hbm_traffic_bytes" not in r) else ""),
+        f"{r['batch_size']} / {r['est_max_batch']}", change_note(r)])
   return bc.markdown_table(
       ["config", "preset", "topology", "fits", "HBM/chip GiB (of)",
        "collectives per step (result bytes/chip; † as written)",
-       "est. ms: FLOPs / HBM / ICI", "est. MFU (bound)",
-       "batch / est. largest"], rows)
+       "HBM GiB/step: once / XLA", "est. ms: FLOPs / HBM / ICI",
+       "est. MFU (bound)", "batch / est. largest", "what changed"], rows)
+
+
+# The paper's budget of each configuration, in its unit (tokens or images):
+# the gMLP paper's MLM ablation setting (125k steps of 2048 x 128 tokens,
+# /work/shared/PAPERS.md), 300 ImageNet epochs (configs/imagenet.py), the
+# sMLP config's 100k steps of 256 x 1024 tokens (configs/smlp_lm.py).
+BUDGETS = {"mlm": 125_000 * 2048 * 128, "imagenet": 300 * 1_281_167,
+           "smlp": 100_000 * 256 * 1024}
+RECOMMENDED = ("bert_mlm_hypermixer", "bert_mlm_mlp_mixer", "bert_mlm_gmlp",
+               "bert_mlm_attention", "bert_mlm_fnet",
+               "bert_mlm_linear_attention", "gmlp_b", "mixer_b16",
+               "smlp_base_64e")
+
+
+def _budget(name: str) -> tuple[float, str]:
+  if name.startswith("bert_mlm"):
+    return BUDGETS["mlm"], "tokens"
+  if name in ("gmlp_b", "mixer_b16"):
+    return BUDGETS["imagenet"], "images"
+  return BUDGETS["smlp"], "tokens"
+
+
+def recommend_rows(results: dict, topologies=("v5e-256", "v4-32"),
+                   pipelines: dict | None = None) -> list[list]:
+  """Per model and pod: the fitting cell of highest estimated MFU among
+  those compiled with the HBM traffic counted once, with its step time,
+  throughput, chip-hours for the paper's budget (``BUDGETS``) and the batch
+  ``tc.suggest_batch`` proposes where the per-chip batch holds MFU down."""
+  rows = []
+  for name in RECOMMENDED:
+    for topo in topologies:
+      cells = [(key.split("|")[1], r) for key, r in results.items()
+               if key.startswith(f"{name}|") and key.endswith(f"|{topo}")
+               and compiled(r) and r.get("fits") and "hbm_traffic_bytes" in r]
+      if not cells:
+        rows.append([name, topo, "not compiled with the corrected estimator"]
+                    + [""] * 6)
+        continue
+      preset, r = max(cells, key=lambda c: tc.estimate(c[1])[2])
+      _, step, mfu = tc.estimate(r)
+      _, length = (pipelines or {}).get(name) or pipeline_of(name)
+      budget, unit = _budget(name)
+      rate = r["batch_size"] * max(length, 1) / step
+      best, better, now, _ = tc.suggest_batch(r)
+      rows.append([
+          name, topo, preset, r["batch_size"], f"{step * 1e3:.1f}",
+          f"{mfu:.0%}", f"{rate:,.0f} {unit}/s",
+          f"{budget / rate * r['chips'] / 3600:,.0f}",
+          f"{best} ({better:.0%})" if best > r["batch_size"] and (
+              better >= 1.25 * now) else "-"])
+  return rows
+
+
+RECOMMEND_HEAD = """# Recommended setups (compile-mode estimates, not measurements)
+
+Written by `python experiments/pod_plan.py --recommend FILE` from
+`results.json`: per model and pod, the fitting cell of highest estimated MFU
+among those compiled with the HBM traffic counted once
+(`hypermixer_jax/train/hlo_costs.py`); roofline step time, MFU (matmul FLOPs
+at the chip's bf16 peak over the step), throughput, chip-hours for the
+paper's budget (MLM: 125k steps of 2048 x 128 tokens; ImageNet: 300 epochs;
+sMLP: 100k steps of 256 x 1024 tokens) and, where the per-chip batch holds
+MFU down, the batch `main.py --mode=compile` suggests (its estimated MFU).
+The full grid: `python experiments/pod_plan.py --table`.
+
+"""
+
+
+def recommend_table(results: dict, **kw) -> str:
+  return bc.markdown_table(
+      ["model", "pod", "preset", "global batch", "est. step ms",
+       "est. MFU", "throughput", "chip-hours (paper's budget)",
+       "suggested batch (est. MFU)"], recommend_rows(results, **kw))
 
 
 def missing(results: dict, names, presets, topologies) -> str:
@@ -355,7 +488,14 @@ def main():
                  help="add the matmul FLOPs (traced, no compile) to the "
                  "compiled cells recorded without them, then print the "
                  "table")
+  p.add_argument("--redo", action="store_true",
+                 help="compile again the recorded cells of the grid asked "
+                 "for that lack the HBM traffic counted once; the record's "
+                 "estimate is kept under 'previous'")
   p.add_argument("--table", action="store_true")
+  p.add_argument("--recommend", default="",
+                 help="write the recommended-setup table (Markdown) to this "
+                 "file, e.g. experiments/results/pod_plan/recommended.md")
   p.add_argument("--hosts", action="store_true",
                  help="print the host-cores table of the compiled cells")
   p.add_argument("--pipeline_rates", default=",".join(
@@ -385,6 +525,11 @@ def main():
       print(key, f"{r['matmul_flops'] / 1e12:.3f} TFLOP of matmuls per chip "
             f"(XLA {r['flops'] / 1e12:.3f})", flush=True)
     args.table = True
+  if args.recommend:
+    with open(args.recommend, "w", encoding="utf-8") as f:
+      f.write(RECOMMEND_HEAD + recommend_table(results) + "\n")
+    print(recommend_table(results))
+    return
   if args.table:
     print(table(results))
     print("\nNot compiled (of the grid asked for):")
@@ -397,9 +542,19 @@ def main():
     key = f"{name}|{preset}|{topo}"
     exp.reload()
     if key in exp.runs:
-      continue
-    # Skipped when another process recorded the cell meanwhile.
-    exp.run(key, lambda n=name, p=preset, t=topo: compile_cell(n, p, t))
+      old = exp.runs[key]
+      if not (args.redo and compiled(old) and "hbm_traffic_bytes" not in old):
+        continue
+      # Compiled again; what the record said is kept beside it.
+      r = compile_cell(name, preset, topo)
+      r["previous"] = previous_of(name, old)
+      exp.reload()
+      exp.runs[key] = r
+      exp.save()
+      print(key, "recompiled", flush=True)
+    else:
+      # Skipped when another process recorded the cell meanwhile.
+      exp.run(key, lambda n=name, p=preset, t=topo: compile_cell(n, p, t))
     done += 1
     if args.cells and done >= args.cells:
       break

@@ -2,6 +2,8 @@
 import pathlib
 import sys
 
+import pytest
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
                        / "experiments"))
 import pod_plan  # noqa: E402  pylint: disable=g-import-not-at-top
@@ -127,3 +129,79 @@ def test_two_processes_share_the_grid_and_the_old_layout_moves(
   assert runs["glue_mlm_hypermixer|fsdp|v5e-256"]["error"] == (
       "ValueError: fsdp does not divide 196 / more / advice")
   capsys.readouterr()
+
+
+def _corrected_cell(**kw):
+  """A v5e-16 cell recompiled with the HBM traffic counted once: 1 TFLOP of
+  matmuls per chip, 2 GB to HBM of which 0.4 GB the optimizer's, at global
+  batch 256 (16 per chip), 1 GiB of temporaries on a 16 GiB chip."""
+  cell = {"chip": "TPU v5e", "chips": 16, "mesh": {"fsdp": 16},
+          "batch_size": 256, "flops": 1e12, "matmul_flops": 1e12,
+          "bytes_accessed": 9e9, "hbm_traffic_bytes": 2e9,
+          "hbm_bytes_by_part": {"optimizer": 4e8, "mixer": 1.6e9},
+          "collectives": {"all-gather": [1, 1000]},
+          "collective_traffic_bytes": 1000.0, "fits": True,
+          "total_bytes": 2**30 + 2**28, "temp_bytes": 2**30,
+          "hbm_bytes": 16 * 2**30, "est_max_batch": 3000, "loops": 0,
+          "dtype": "bfloat16"}
+  cell.update(kw)
+  return cell
+
+
+def test_estimate_uses_hbm_traffic_once_and_the_table_says_what_changed():
+  from hypermixer_jax.train import compile as tc  # pylint: disable=g-import-not-at-top
+  cell = _corrected_cell()
+  times, _, _ = tc.estimate(cell)
+  # 2e9 bytes at v5e's 819 GB/s, not XLA's 9e9.
+  assert times["hbm"] == pytest.approx(2e9 / 819e9)
+  cell["previous"] = pod_plan.previous_of(
+      "bert_mlm_hypermixer", {k: v for k, v in cell.items()
+                              if k not in ("hbm_traffic_bytes", "dtype")})
+  assert cell["previous"]["est_step_s"] == pytest.approx(9e9 / 819e9)
+  note = pod_plan.change_note(cell)
+  assert note.startswith(f"was {cell['previous']['est_mfu']:.0%} (hbm, ")
+  assert "HBM counted once" in note and "float32 -> bfloat16" in note
+  [row] = [line for line in pod_plan.table({"m|fsdp|v5e-16": cell}
+                                           ).splitlines() if "| m |" in line]
+  assert "| 1.86 / 8.38 |" in row        # GiB once / XLA's
+
+
+def test_recommendation_picks_the_best_corrected_cell_and_its_budget():
+  from hypermixer_jax.train import compile as tc  # pylint: disable=g-import-not-at-top
+  good = _corrected_cell()
+  worse = _corrected_cell(hbm_traffic_bytes=8e9)
+  old = {k: v for k, v in _corrected_cell(flops=9e12).items()
+         if k != "hbm_traffic_bytes"}    # not recompiled: left out
+  results = {"gmlp_b|fsdp|v5e-16": good, "gmlp_b|data_parallel|v5e-16":
+             worse, "gmlp_b|fsdp_tensor|v5e-16": old}
+  rows = pod_plan.recommend_rows(results, topologies=("v5e-16", "v4-32"),
+                                 pipelines={"gmlp_b": ("imagenet", 0)})
+  gmlp = [r for r in rows if r[0] == "gmlp_b"]
+  assert gmlp[0][2] == "fsdp" and gmlp[1][2].startswith("not compiled")
+  _, step, _ = tc.estimate(good)
+  rate = 256 / step
+  assert gmlp[0][6] == f"{rate:,.0f} images/s"
+  assert gmlp[0][7] == f"{300 * 1_281_167 / rate * 16 / 3600:,.0f}"
+  assert len(rows) == 2 * len(pod_plan.RECOMMENDED) <= 20
+
+
+def test_suggested_batch_where_fixed_traffic_holds_mfu_down():
+  from hypermixer_jax.train import compile as tc  # pylint: disable=g-import-not-at-top
+  # Optimizer traffic dominates: 8 GB fixed, 0.1 GB that grows with the
+  # batch. Doubling the batch nearly doubles MFU until compute binds.
+  cell = _corrected_cell(hbm_traffic_bytes=8.1e9,
+                         hbm_bytes_by_part={"optimizer": 8e9})
+  best, better, now, ceiling = tc.suggest_batch(cell)
+  assert best > 256 and better >= 1.25 * now and ceiling == 1.0
+  peak = tc.metrics_lib.peak_flops("TPU v5e")
+  step = 8.1e9 / 819e9
+  assert now == pytest.approx(1e12 / peak / step)
+  assert "holds MFU down" in tc.batch_advice(cell)
+  assert f"--config.batch_size={best}" in tc.batch_advice(cell)
+  # All the traffic grows with the batch: no batch helps, and it says so.
+  wide = _corrected_cell(hbm_traffic_bytes=40e9, hbm_bytes_by_part={
+      "mixer": 40e9})
+  best, better, now, ceiling = tc.suggest_batch(wide)
+  assert best == 256 and now == pytest.approx(ceiling)
+  assert tc.batch_advice(wide).startswith("not the batch (16 examples per "
+                                          "chip)")
