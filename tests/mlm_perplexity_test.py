@@ -146,8 +146,8 @@ def test_table_rows_put_the_paper_beside_ours():
   assert rows["BERT (Transformer)"][7] == "0.61"        # 122 / 200
   assert rows["BERT (Transformer)"][9] == "4.26 (12 layers, 110M)"
   assert rows["gMLP"][1:4] == [36, 512, 3072]
-  # The paper has gMLP above BERT; ours is below beyond the seed spread.
-  assert rows["gMLP"][8] == "disagrees"
+  # The paper has gMLP above BERT; ours is below, by Welch's test.
+  assert rows["gMLP"][8].startswith("disagrees: -22.0 [")
   assert rows["gMLP"][9] == "4.35 (36 layers, 102M)"
   assert rows["aMLP"][6] == "not run"
   assert rows["aMLP"][9] == "not in PAPERS.md"
