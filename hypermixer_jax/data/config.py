@@ -70,6 +70,9 @@ def default_data_config() -> ml_collections.ConfigDict:
       ``= Heading =`` markup dropped, WikiText's tokenization such as
       ``@-@`` and spaces before punctuation undone; see
       ``wikitext.open_wikitext``). Documents are cut into ``seq_len`` rows.
+    allow_empty_inputs: keep local rows whose input fields (all but the
+      label) are empty; by default such a row stops the run naming its file
+      and line (an empty sentence is rarely meant).
     packing: pack several short examples per row (segment ids mark them).
     shuffle_buffer_size: examples in the seeded shuffle buffer.
     threadpool_size: threads of the tf.data pipelines' private thread pool;
@@ -101,6 +104,7 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.local_files = ml_collections.ConfigDict(
       {split: config_dict.placeholder(str) for split in SPLITS})
   c.text_layout = "lines"
+  c.allow_empty_inputs = False
   c.packing = False
   c.shuffle_buffer_size = 10_000
   c.threadpool_size = 0

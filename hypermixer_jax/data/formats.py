@@ -25,10 +25,27 @@ def check_line(path: tf.Tensor, number: tf.Tensor, line: tf.Tensor
   line = tf.strings.regex_replace(line, "\r$", "")
   valid = tf.equal(tf.strings.unicode_transcode(
       line, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD), line)
+  # A NUL byte (a binary file, or a failed conversion) would become <unk>.
+  no_nul = tf.logical_not(tf.strings.regex_full_match(line, r"(?s).*\x00.*"))
   with tf.control_dependencies([data_check(
       valid, path, ":", number, ": the line is not valid UTF-8; re-encode "
-      "the file as UTF-8 (e.g. iconv -f latin1 -t utf-8).")]):
+      "the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)."), data_check(
+          no_nul, path, ":", number, ": the line holds a NUL byte (code 0); "
+          "fix or remove the row (is this a text file?).")]):
     return tf.identity(line)
+
+
+def check_inputs(out: Mapping[str, tf.Tensor], where: list,
+                 fields: Mapping[str, Sequence[str]]) -> list[tf.Operation]:
+  """Checks that no input field (every field but ``label``) of a row is
+  empty or blank: an empty sentence would train as an empty input. Tasks
+  that want empty inputs pass ``data.allow_empty_inputs``."""
+  return [data_check(
+      tf.strings.length(tf.strings.strip(out[feat])) > 0, *where,
+      f": the {' / '.join(map(repr, fields[feat]))} field is empty; fill or "
+      "remove the row (or pass --config.data.allow_empty_inputs=True if the "
+      "task wants empty inputs).")
+          for feat in out if feat != "label"]
 
 
 def numbered_lines(path: tf.Tensor) -> tf.data.Dataset:

@@ -138,6 +138,7 @@ def local_reader(fmt: str, fields: Mapping[str, Sequence[str]],
                  label_names: Sequence[str] | None = None,
                  allow_unlabelled: bool = False,
                  text_layout: str = "lines",
+                 allow_empty_inputs: bool = False,
                  ) -> LocalReader:
   """A seqio ``read_file_fn`` mapping rows of ``fmt`` files to features.
 
@@ -155,6 +156,9 @@ def local_reader(fmt: str, fields: Mapping[str, Sequence[str]],
     text_layout: how a text file divides into examples: 'lines' (each
       non-empty line is one ``text``) or 'wikitext' (one per WikiText
       article, see ``wikitext.open_wikitext``). Other formats ignore it.
+    allow_empty_inputs: keep rows whose input fields are empty; by default
+      such a row stops the pipeline naming its file and line, like any bad
+      row.
 
   Every row also carries ``source`` = ``"file:line"`` for later messages.
   """
@@ -173,6 +177,8 @@ def local_reader(fmt: str, fields: Mapping[str, Sequence[str]],
   @tf.autograph.experimental.do_not_convert
   def to_features(meta, number, line):
     out, where, checks = parse(meta, number, line, fields)
+    if not allow_empty_inputs:
+      checks += formats.check_inputs(out, where, fields)
     if "label" in out:
       label, check = formats.label_id(out["label"], where,
                                       label_names or (), allow_unlabelled)

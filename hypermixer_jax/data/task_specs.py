@@ -81,7 +81,8 @@ def relevant_fields(cfg: ml_collections.ConfigDict, name: str) -> dict:
   if name in TEXT_TASKS or name in CLASSIFICATION:
     rel = {"vocab_path": cfg.vocab_path, "extra_ids": cfg.extra_ids,
            "data_dir": cfg.data_dir, "local_files": local_files(cfg),
-           "tfds_train_split": cfg.get("tfds_train_split", "")}
+           "tfds_train_split": cfg.get("tfds_train_split", ""),
+           "allow_empty_inputs": cfg.get("allow_empty_inputs", False)}
     if name in TEXT_TASKS:
       rel["text_layout"] = cfg.get("text_layout", "lines")
     if name == "c4_mlm":

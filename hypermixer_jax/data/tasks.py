@@ -59,7 +59,9 @@ def _text_task(name: str, task_name: str, cfg) -> seqio.Task:
   source = _source(cfg, C4_TFDS, {"train": "train", "validation": "validation"},
                    lambda fmt: sources.local_reader(
                        fmt, {"text": ("text",)},
-                       text_layout=cfg.get("text_layout", "lines")))
+                       text_layout=cfg.get("text_layout", "lines"),
+                       allow_empty_inputs=cfg.get("allow_empty_inputs",
+                                                  False)))
   steps = [functools.partial(prep.rekey, key_map={"text": "text"}),
            functools.partial(prep.tokenize_text, append_eos=not mlm),
            prep.split_into_chunks]
@@ -91,7 +93,9 @@ def _classification_task(name: str, task_name: str, cfg) -> seqio.Task:
   source = _source(cfg, spec.tfds_name, spec.splits,
                    lambda fmt: sources.local_reader(
                        fmt, fields, spec.label_names,
-                       allow_unlabelled=spec.drop_unlabelled))
+                       allow_unlabelled=spec.drop_unlabelled,
+                       allow_empty_inputs=cfg.get("allow_empty_inputs",
+                                                  False)))
   steps = [functools.partial(prep.rekey, key_map={
       **{k: (v if not local_files(cfg) else k)
          for k, v in zip(text_keys, spec.keys)}, "label": "label"})]
