@@ -65,7 +65,8 @@ def _predict(config) -> None:
 
 def _export(config) -> None:
   from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
-  artifacts.export_params(config, FLAGS.workdir, FLAGS.output, step=FLAGS.step)
+  artifacts.export_params(config, FLAGS.workdir, FLAGS.output, step=FLAGS.step,
+                          overwrite=FLAGS.overwrite)
 
 
 def _verify(config) -> None:
@@ -131,6 +132,9 @@ flags.DEFINE_integer("eval_steps", -1, "evaluate: batches of eval_batch_size "
 flags.DEFINE_string("input", None, "predict: input file (.txt one example a "
                     "line, .tsv/.jsonl with the task's columns).")
 flags.DEFINE_string("output", None, "predict: JSONL file; export: directory.")
+flags.DEFINE_bool("overwrite", False, "export: replace a step that --output "
+                  "already holds, or write into a folder that holds other "
+                  "files than an export's.")
 flags.DEFINE_enum("distributed", "auto", ("auto", "on", "off"),
                   "jax.distributed.initialize(): auto = with the flags below, "
                   "or on a detected TPU pod / SLURM job; on = always (JAX "

@@ -20,6 +20,7 @@ import pytest
 
 from hypermixer_jax.train import config as train_config
 from hypermixer_jax.train import config_checks
+from hypermixer_jax.train import preflight
 from hypermixer_jax.train import run_config
 from hypermixer_jax.train import storage
 from hypermixer_jax.train import workdir as workdir_lib
@@ -110,11 +111,15 @@ def test_disk_full_is_found_behind_library_errors():
     try:
       raise full
     except OSError as e:
-      raise ValueError("RESOURCE_EXHAUSTED: Error writing 'x'") from e
-  except ValueError as wrapped:
-    assert workdir_lib.disk_full(wrapped) is full
-  assert workdir_lib.disk_full(OSError(errno.EROFS, "read-only")) is None
-  assert workdir_lib.disk_full(ValueError("bad shape")) is None
+      raise RuntimeError("Save Finalize thread failed") from e
+  except RuntimeError as wrapped:
+    assert preflight.disk_full(wrapped) is full
+  tensorstore = ValueError('RESOURCE_EXHAUSTED: Error writing local file '
+                           '"w/checkpoints/6/_sharding"')
+  assert preflight.disk_full(tensorstore).errno == errno.ENOSPC
+  assert preflight.disk_full(OSError(errno.EROFS, "read-only")) is None
+  assert preflight.disk_full(RuntimeError(
+      "RESOURCE_EXHAUSTED: Out of memory while trying to allocate")) is None
 
 
 def test_a_read_only_workdir_is_refused_before_the_run(tmp_path):
@@ -122,8 +127,12 @@ def test_a_read_only_workdir_is_refused_before_the_run(tmp_path):
   work.mkdir()
   with _mounted(work, ["--bind", str(work), str(work)],
                 ["-o", "remount,bind,ro", str(work)]):
-    with pytest.raises(workdir_lib.WorkdirError) as e:
+    with pytest.raises(preflight.WorkdirError) as e:
       workdir_lib.guard(_config(), str(work), is_main=True)
+    # Evaluate writes evaluations/ there: it says so before evaluating.
+    from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+    with pytest.raises(preflight.WorkdirError, match="Read-only"):
+      artifacts.evaluate_checkpoint(_config(), str(work))
   assert str(e.value) == (
       f"--workdir={work} cannot be written (Read-only file system); make "
       "it writable (a read-only mount, or no write permission) or pass "
@@ -133,13 +142,13 @@ def test_a_read_only_workdir_is_refused_before_the_run(tmp_path):
 
 def test_a_workdir_that_is_a_file_is_refused(tmp_path):
   (tmp_path / "f").write_text("x")
-  with pytest.raises(workdir_lib.WorkdirError,
+  with pytest.raises(preflight.WorkdirError,
                      match=r"--workdir=.*/f is a file, not a folder; pass"):
-    workdir_lib.check_writable(str(tmp_path / "f"))
-  with pytest.raises(workdir_lib.WorkdirError,
+    preflight.check_writable(str(tmp_path / "f"))
+  with pytest.raises(preflight.WorkdirError,
                      match=r"cannot be written \(Not a directory\); a path "
                      "on the way is a file"):
-    workdir_lib.check_writable(str(tmp_path / "f" / "w"))
+    preflight.check_writable(str(tmp_path / "f" / "w"))
 
 
 def _config(**fields):
@@ -159,8 +168,8 @@ def test_batches_the_devices_do_not_divide_stop_at_the_start(field, value,
                                                             message):
   with pytest.raises(config_checks.ConfigError, match=message.replace(
       "(", r"\(").replace(")", r"\)")):
-    workdir_lib.check_batches(_config(**{field: value}))
-  workdir_lib.check_batches(_config(eval_every=-1, eval_batch_size=20))
+    preflight.check_batches(_config(**{field: value}))
+  preflight.check_batches(_config(eval_every=-1, eval_batch_size=20))
 
 
 def test_missing_or_unreadable_data_files_stop_at_the_start(tmp_path):
@@ -172,18 +181,18 @@ def test_missing_or_unreadable_data_files_stop_at_the_start(tmp_path):
   with pytest.raises(FileNotFoundError, match=(
       r"^--config.data.local_files.validation: no file '.*/dev.tsv'; check "
       "the path.$")):
-    workdir_lib.check_data_files(config)
+    preflight.check_data_files(config)
   config.data.local_files.validation = str(tmp_path / "dev*.tsv")
   with pytest.raises(FileNotFoundError, match=r"/dev\*.tsv' matches; check"):
-    workdir_lib.check_data_files(config)
+    preflight.check_data_files(config)
   (tmp_path / "dev.tsv").mkdir()   # root reads any file: a folder cannot
   with pytest.raises(FileNotFoundError, match=(
       r"--config.data.local_files.validation: .*/dev.tsv cannot be read "
       r"\(Is a directory\); pass a readable file.")):
-    workdir_lib.check_data_files(config)
+    preflight.check_data_files(config)
   config.eval_every = -1           # a split the run does not read
   config.evals.pseudo_attention.every = -1
-  workdir_lib.check_data_files(config)
+  preflight.check_data_files(config)
 
 
 def test_temporary_files_do_not_follow_planted_links(tmp_path):
@@ -292,3 +301,45 @@ def test_evaluator_files_stay_inside_the_workdir(tmp_path, name):
   config.evals.pseudo_attention.filename = "maps/x.png"
   assert [ev.name for ev in evaluation.declared(context)] == [
       "eval", "pseudo_attention"]
+
+
+def test_predict_input_that_is_a_folder_or_not_text(tmp_path):
+  from hypermixer_jax.data import DataError  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  with pytest.raises(DataError, match=f"^--input={tmp_path} is a folder; "
+                     "pass a file"):
+    artifacts._read_lines(str(tmp_path))
+  binary = tmp_path / "model.bin"
+  binary.write_bytes(b"ok\r\nstill ok \xc3\xa9\n\x89PNG\x00\xff\n")
+  with pytest.raises(DataError, match=(
+      f"^{binary}:3: the line is not valid UTF-8 \\(byte 1\\); re-encode")):
+    artifacts._read_lines(str(binary))
+  binary.write_bytes(b"ok\r\nstill ok \xc3\xa9\n")
+  assert artifacts._read_lines(str(binary)) == ["ok", "still ok é"]
+
+
+def test_export_refuses_a_step_it_holds_or_a_foreign_folder(tmp_path):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "export"
+  artifacts.write_params(out, {"w": np.zeros(3, np.float32)}, step=4)
+  with pytest.raises(config_checks.ConfigError, match=(
+      f"^--output={out} already holds step 4; pass --overwrite to replace "
+      "it, or another --output.$")):
+    artifacts.write_params(out, {"w": np.ones(3, np.float32)}, step=4)
+  artifacts.write_params(out, {"w": np.ones(3, np.float32)}, step=4,
+                         overwrite=True)
+  with ckpt_lib.Checkpointer(out, save_every=0) as ck:
+    restored, _ = ck.restore(4, {"params": {"w": np.zeros(3, np.float32)}})
+  np.testing.assert_array_equal(restored["params"]["w"], np.ones(3))
+
+  (tmp_path / "home").mkdir()
+  for name in ("notes.txt", "data", "a.py", "b.py"):
+    (tmp_path / "home" / name).write_text("mine")
+  with pytest.raises(config_checks.ConfigError, match=(
+      f"^--output={tmp_path / 'home'} is a folder with other files than an "
+      r"export's \(a.py, b.py, data, ...\); pass a new or empty folder, or "
+      "--overwrite to write into it.$")):
+    artifacts.export_params(_config(), str(tmp_path / "no_run"),
+                            str(tmp_path / "home"))

@@ -36,6 +36,7 @@ from hypermixer_jax import sharding
 from hypermixer_jax.models import zoo
 from hypermixer_jax.train import checkpoint as ckpt_lib
 from hypermixer_jax.train import config_checks
+from hypermixer_jax.train import preflight
 from hypermixer_jax.train import run_config
 from hypermixer_jax.train import storage
 
@@ -43,8 +44,9 @@ PyTree = Any
 
 
 def write_params(directory: str | os.PathLike, params: PyTree,
-                 step: int = 0) -> str:
-  """Saves ``params`` alone as checkpoint ``step`` under ``directory``.
+                 step: int = 0, *, overwrite: bool = False) -> str:
+  """Saves ``params`` alone as checkpoint ``step`` under ``directory``
+  (a step already there is replaced only with ``overwrite``).
 
   Every process must call it (Orbax writes each host's shards).
   """
@@ -53,8 +55,11 @@ def write_params(directory: str | os.PathLike, params: PyTree,
                              async_save=False)
   try:
     if step in ck.all_steps():
-      raise FileExistsError(f"{directory} already holds step {step}; "
-                            "choose another output directory.")
+      if not overwrite:
+        raise config_checks.ConfigError(
+            f"--output={directory} already holds step {step}; pass "
+            "--overwrite to replace it, or another --output.")
+      ck.manager.delete(step)
     ck.save(step, {"params": params}, {}, force=True)
   finally:
     ck.close()
@@ -120,18 +125,43 @@ def load_params(config: ml_collections.ConfigDict, workdir: str,
 
 
 def export_params(config: ml_collections.ConfigDict, workdir: str,
-                  output: str, step: int | None = None) -> str:
+                  output: str, step: int | None = None, *,
+                  overwrite: bool = False) -> str:
   """Writes the parameters of ``workdir``'s checkpoint to ``output``, with
   the config and the vocabulary that ``--mode=evaluate|predict`` of
-  ``output`` read (``run_config.write``)."""
+  ``output`` read (``run_config.write``).
+
+  ``output`` must be new, empty or an export (which gains the step);
+  ``overwrite`` replaces a step it holds and writes into any folder.
+  """
+  _check_export_folder(output, overwrite)
   params, found = load_params(config, workdir, step)
-  write_params(output, params, found)
+  write_params(output, params, found, overwrite=overwrite)
   if jax.process_index() == 0:
     run_config.write(config, output, vocabulary=True)
   n = sum(x.size for x in jax.tree.leaves(params))
   logging.info("exported %d parameters (step %d) of %s to %s", n, found,
                workdir, output)
   return output
+
+
+def _check_export_folder(output: str, overwrite: bool) -> None:
+  """Refuses to mix an export's files into a folder that holds others."""
+  out = storage.path(output)
+  if out.exists() and not out.is_dir():
+    raise config_checks.ConfigError(
+        f"--output={output} is a file; export writes a folder: pass a new "
+        "folder's path.")
+  export = {run_config.CONFIG_FILE, run_config.VOCAB_DIR,
+            run_config.VOCAB_RECORD}
+  others = sorted(p.name for p in out.iterdir()
+                  if p.name not in export and not p.name.isdigit()
+                  ) if out.is_dir() else []
+  if others and not overwrite:
+    raise config_checks.ConfigError(
+        f"--output={output} is a folder with other files than an export's "
+        f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
+        "pass a new or empty folder, or --overwrite to write into it.")
 
 
 # ---------------------------------------------------------------------------
@@ -147,8 +177,25 @@ BLANK = "blank line"
 
 
 def _read_lines(path: str) -> list[str]:
-  with epath.Path(path).open("r", encoding="utf-8") as f:
-    return [line.rstrip("\r\n") for line in f]
+  """The lines of a predict input; a folder, or a line that is not UTF-8
+  text, stops with the file (and line) like a bad training row."""
+  from hypermixer_jax.data.checks import DataError  # pylint: disable=g-import-not-at-top
+  if epath.Path(path).is_dir():
+    raise DataError(f"--input={path} is a folder; pass a file (.txt one "
+                    "example a line, .tsv or .jsonl with the task's columns).")
+  lines = epath.Path(path).read_bytes().split(b"\n")
+  if lines[-1] == b"":
+    lines.pop()
+  out = []
+  for i, line in enumerate(lines, 1):
+    try:
+      out.append(line.decode("utf-8").rstrip("\r"))
+    except UnicodeDecodeError as e:
+      raise DataError(
+          f"{path}:{i}: the line is not valid UTF-8 (byte {e.start + 1}); "
+          "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8), or "
+          "is it a text file?") from None
+  return out
 
 
 def _input_rows(path: str, columns: list[tuple[str, ...]]
@@ -459,6 +506,10 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   """
   from hypermixer_jax.train import evaluation  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0 and os.path.isdir(workdir):
+    # Its metrics go to workdir/evaluations: said before, not after, the
+    # evaluation.
+    preflight.check_writable(workdir)
   mesh = sharding.build_mesh(config.mesh)
   rules = sharding.get_rules(config.sharding)
   params, found = load_params(config, workdir, step, mesh, rules)

@@ -38,8 +38,8 @@ from hypermixer_jax import heads
 from hypermixer_jax import sharding
 from hypermixer_jax.data import metrics as task_metrics
 from hypermixer_jax.train import metrics as metrics_lib
+from hypermixer_jax.train import preflight
 from hypermixer_jax.train import steps
-from hypermixer_jax.train import workdir as workdir_lib
 
 # Evaluator type -> module defining ``Evaluator``.
 EVALUATORS = {
@@ -203,7 +203,7 @@ def declared(context: Context) -> list[Scheduled]:
                        f"{', '.join(EVALUATORS)}.")
     every = int(options.pop("every", 0))
     if "filename" in options:   # an evaluator's files stay in the workdir
-      workdir_lib.inside(context.workdir, options["filename"],
+      preflight.inside(context.workdir, options["filename"],
                          f"evals.{name}.filename")
     module = importlib.import_module(EVALUATORS[kind])
     out.append(Scheduled(name, module.Evaluator(context, **options), every))

@@ -19,7 +19,10 @@ One run, in named phases:
    ``evaluation.declared``: the task's metrics every ``eval_every`` steps and
    the extras of ``config.evals``), with a stop and a clear error on a NaN or
    Inf loss (checked before every save, so a non-finite state never becomes
-   a checkpoint).
+   a checkpoint). A run resumed from a step whose evaluation the
+   interrupted run did not log (killed or preempted between the save and
+   the evaluation) evaluates it first; a full disk stops with one line
+   naming the last good checkpoint.
 
 The loop knows no model, head or task: heads are ``hypermixer_jax.heads``,
 model facts ``models.model_facts``, extras declared evaluators.
@@ -45,6 +48,7 @@ from hypermixer_jax.train import checkpoint as ckpt_lib
 from hypermixer_jax.train import evaluation
 from hypermixer_jax.train import metrics as metrics_lib
 from hypermixer_jax.train import optim
+from hypermixer_jax.train import preflight
 from hypermixer_jax.train import profiling
 from hypermixer_jax.train import run_config
 from hypermixer_jax.train import steps
@@ -360,13 +364,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   with workdir_lib.guard(config, workdir, is_main=jax.process_index() == 0):
     # A full disk fails in many places (Orbax's threads, logs, configs):
     # one line, with what is safe on disk.
-    with workdir_lib.quiet_disk_full():
+    with preflight.quiet_disk_full():
       try:
         return _train_and_evaluate(config, workdir)
       except Exception as e:  # pylint: disable=broad-except
-        if workdir_lib.disk_full(e) is None:
+        if preflight.disk_full(e) is None:
           raise
-        raise workdir_lib.disk_full_error(workdir) from None
+        raise preflight.disk_full_error(workdir) from None
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict,
