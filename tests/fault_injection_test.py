@@ -96,7 +96,16 @@ def test_a_full_disk_stops_in_one_line_naming_the_last_good_step(tmp_path):
     line = _stopped(_run(disk / "w", "--config.num_train_steps=60",
                          "--config.keep_checkpoints=0"))
     steps = run_config.checkpoint_steps(disk / "w")
-  assert steps, "the disk filled before the first checkpoint"
+    assert steps, "the disk filled before the first checkpoint"
+    # Space freed: the same command resumes from the last good step.
+    subprocess.run(["mount", "-o", "remount,size=20m", str(disk)],
+                   check=True)
+    out = _run(disk / "w", "--config.num_train_steps=12",
+               "--config.keep_checkpoints=0")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resuming from own checkpoint {disk / 'w' / 'checkpoints'} " \
+        f"step {steps[-1]}" in out.stderr
+    assert _records(disk / "w", "eval") == [3, 6, 9, 12]
   assert line == (
       f"Stopped: No space left on the disk of --workdir={disk / 'w'}: "
       f"stopped, the last good checkpoint is step {steps[-1]} in "
