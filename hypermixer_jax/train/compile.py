@@ -10,17 +10,22 @@ the loop's own train and eval steps are lowered and compiled by XLA:TPU.
 
 ``report`` reads the executables per chip: parameter and optimizer bytes,
 XLA's temporaries, the total against the chip's HBM, FLOPs (XLA's count and
-the matmul FLOPs of the traced step, ``flop_count``), the collectives of the
-TPU HLO by kind with the bytes of their results, and a roofline *estimate* of
-the step time (the largest of FLOPs at peak, bytes accessed at HBM bandwidth
-and the bytes a chip sends in collectives at ICI bandwidth:
-``collective_traffic``) and of the MFU that follows (matmul FLOPs over the
-step at peak). XLA's cost analysis and the HLO's collectives read a loop
-body once (``count_loops``: scanned layers, chunked scans, XLA's windowed
-dot-general loops under fsdp); the matmul count multiplies each scan by its
-length, so FLOPs and MFU hold where bytes and collectives under-count. A configuration that does not fit raises ``DoesNotFit``, naming the
-largest buffers and the largest batch that fits (``largest_batch``: halving,
-then bisection of compiles).
+the matmul FLOPs of the traced step, ``flop_count``), the HBM traffic with
+each transfer counted once (``hlo_costs.traffic``; XLA's ``bytes accessed``
+beside it, which counts memory-space-assignment copies up to four times and
+loop bodies once), where the bytes and FLOPs go by model part, the
+collectives of the TPU HLO by kind with the bytes of their results, and a
+roofline *estimate* of the step time (the largest of FLOPs at peak, HBM
+traffic at HBM bandwidth and the bytes a chip sends in collectives at ICI
+bandwidth: ``collective_traffic``) and of the MFU that follows (matmul FLOPs
+over the step at peak), with a batch to try where the per-chip batch holds
+MFU down (``suggest_batch``). XLA's cost analysis reads a loop body once
+(``count_loops``: scanned layers, chunked scans, XLA's windowed dot-general
+loops under fsdp); the matmul count, the HBM traffic and the collectives
+count each loop by its trip count. A configuration that does not fit raises
+``DoesNotFit``, naming the largest buffers and the largest batch that fits
+(``largest_batch``: halving, then bisection of compiles). Compile mode says
+what it is doing (``stderr_progress``).
 
 GPU: jax compiles for a GPU only through its CUDA plugin and a GPU target
 description; neither runs without a GPU here, so only TPU topologies are
@@ -29,7 +34,6 @@ accepted.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import re
