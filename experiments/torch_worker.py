@@ -1,8 +1,9 @@
 """PyTorch side of the benchmarks that compare with PyTorch code.
 
 Run by ``experiment.bench.TorchTimed`` as a child process with the
-interpreter of an environment that has torch (torch is no dependency of this project, and
-this file imports nothing of it): ``python torch_worker.py WORKLOAD JSON``.
+interpreter of an environment that has torch (torch is no dependency of this
+project, and this file imports nothing of it): ``python torch_worker.py
+WORKLOAD JSON``.
 It builds the workload, then answers each line ``warm`` (two untimed calls,
 then sizes a round to ``min_seconds``) or ``round`` (seconds per call over one
 round) on stdout, so that the parent can interleave its own rounds with
