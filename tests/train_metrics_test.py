@@ -123,6 +123,8 @@ def test_heartbeat_speaks_while_the_caller_is_blocked(monkeypatch):
   import time  # pylint: disable=g-import-not-at-top
   time.sleep(0.2)
   assert len(lines) == count   # stopped means silent
+  with pytest.raises(ValueError, match=r"Heartbeat\(every=0\) would repeat"):
+    metrics_lib.Heartbeat(lambda t: "", every=0)
 
 
 def test_announce_says_start_still_and_done(monkeypatch):

@@ -244,6 +244,9 @@ class Heartbeat:
   def __init__(self, message: Callable[[float], str], every: float = 60.0,
                *, repeat: bool = True, warn: bool = False,
                enabled: bool = True):
+    if repeat and every <= 0:
+      raise ValueError(f"Heartbeat(every={every}) would repeat without pause; "
+                       "give every > 0, or repeat=False.")
     self._message, self.every = message, every
     self._repeat, self._warn = repeat, warn
     self._start = self._last = time.monotonic()
