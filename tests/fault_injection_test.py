@@ -179,6 +179,11 @@ def test_batches_the_devices_do_not_divide_stop_at_the_start(field, value,
       "(", r"\(").replace(")", r"\)")):
     preflight.check_batches(_config(**{field: value}))
   preflight.check_batches(_config(eval_every=-1, eval_batch_size=20))
+  # --mode=evaluate: the evaluation's batch alone.
+  preflight.check_batches(_config(batch_size=12), training=False)
+  with pytest.raises(config_checks.ConfigError, match="^eval_batch_size=20"):
+    preflight.check_batches(_config(eval_every=-1, eval_batch_size=20),
+                            training=False)
 
 
 def test_missing_or_unreadable_data_files_stop_at_the_start(tmp_path):
@@ -268,6 +273,9 @@ def test_config_json_damaged_missing_or_edited_says_what_is_true(tmp_path):
           f"{config.model.d_model} -> 24; the checkpoints were saved with "
           f"{copy}, and they are intact)") in message
   assert "damaged" not in message.replace(str(tmp_path), "")
+  # The command line says the same, in one line of its own words.
+  line = _stopped(_run(work, "--mode=evaluate", config=None))
+  assert line == f"Stopped: {message}"
   edited["model"]["d_model"] = config.model.d_model
   edited["learning_rate"] = 1e-4                   # not a shape: fine
   saved.write_text(json.dumps(edited))

@@ -510,6 +510,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
     # Its metrics go to workdir/evaluations: said before, not after, the
     # evaluation.
     preflight.check_writable(workdir)
+  preflight.check_batches(config, training=False)
   mesh = sharding.build_mesh(config.mesh)
   rules = sharding.get_rules(config.sharding)
   params, found = load_params(config, workdir, step, mesh, rules)

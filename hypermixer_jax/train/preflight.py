@@ -184,10 +184,12 @@ def disk_full_error(workdir: str) -> WorkdirError:
       f"No space left on the disk of --workdir={workdir}: stopped, {kept}")
 
 
-def check_batches(config: ml_collections.ConfigDict) -> None:
+def check_batches(config: ml_collections.ConfigDict, *,
+                  training: bool = True) -> None:
   """Every batch size the run uses divides over the devices that split the
   batch (mesh axes ``data``, ``fsdp``, ``expert``), checked at the start
-  rather than at the first evaluation."""
+  rather than at the first evaluation; ``training=False``: the evaluation's
+  alone (``--mode=evaluate``)."""
   import jax  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import sharding  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import config_checks  # pylint: disable=g-import-not-at-top
@@ -198,10 +200,10 @@ def check_batches(config: ml_collections.ConfigDict) -> None:
     return   # the mesh's own error comes when it is built
   axes = ("data", "fsdp", "expert")
   split = shape["data"] * shape["fsdp"] * shape["expert"]
-  sizes = {"batch_size": config.batch_size}
-  if int(config.eval_every) >= 0:
+  sizes = {"batch_size": config.batch_size} if training else {}
+  if int(config.eval_every) >= 0 or not training:
     sizes["eval_batch_size"] = config.eval_batch_size
-  for name, spec in (config.get("evals") or {}).items():
+  for name, spec in (config.get("evals") or {}).items() if training else ():
     if spec.get("batch_size") and int(spec.get("every", 0)) >= 0:
       sizes[f"evals.{name}.batch_size"] = spec["batch_size"]
   for field, size in sizes.items():

@@ -586,6 +586,8 @@ def flag_error(message: str, spec: str | None) -> str:
       load_config_file(spec)
     except Exception as e:  # pylint: disable=broad-except
       cause = str(e).strip().splitlines()[0] if str(e).strip() else ""
+      if spec.startswith(f"{__file__}:") and cause:
+        return cause   # the saved config (no --config given): its own words
       return f"--config={spec}: {cause or type(e).__name__}"
   return f"{' '.join(message.split())} (--help lists the flags)"
 
