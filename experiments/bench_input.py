@@ -54,6 +54,7 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # keep tf off accelerators
 import numpy as np  # noqa: E402
 
 from hypermixer_jax import data  # noqa: E402
+from hypermixer_jax import runtime  # noqa: E402
 
 
 def sharded(path: pathlib.Path, shards: int, shard_dir: str) -> str:
@@ -209,6 +210,7 @@ def model_consumption(model_cfg, batch_size: int, length: int,
 
 
 def main():
+  runtime.choose_platforms()  # before JAX's first device query
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--shared", default=str(
       pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))

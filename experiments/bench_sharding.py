@@ -26,6 +26,7 @@ import optax  # noqa: E402
 
 from hypermixer_jax.experiment import bench as bc  # noqa: E402
 from hypermixer_jax import models  # noqa: E402
+from hypermixer_jax import runtime  # noqa: E402
 from hypermixer_jax import sharding  # noqa: E402
 
 # (data, fsdp, tensor, expert) per preset on 8 devices.
@@ -77,6 +78,7 @@ def run(preset, mesh_shape, devices, model_cfg, batch, args):
 
 
 def main():
+  runtime.choose_platforms()  # before JAX's first device query
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--mixer", default="gmlp", choices=tuple(models.MIXERS))
   parser.add_argument("--d_model", type=int, default=256)

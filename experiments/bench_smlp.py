@@ -33,6 +33,7 @@ import optax  # noqa: E402
 
 from hypermixer_jax.experiment import bench as bc  # noqa: E402
 from hypermixer_jax import sharding  # noqa: E402
+from hypermixer_jax import runtime  # noqa: E402
 from hypermixer_jax.models import smlp  # noqa: E402
 from hypermixer_jax.train import metrics as metrics_lib  # noqa: E402
 
@@ -71,6 +72,7 @@ def flops_per_token(args, mesh, compiled):
 
 
 def main():
+  runtime.choose_platforms()  # before JAX's first device query
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--vocab_size", type=int, default=512)
   ap.add_argument("--d_model", type=int, default=64)

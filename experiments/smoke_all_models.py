@@ -21,6 +21,7 @@ import optax
 
 from hypermixer_jax import heads
 from hypermixer_jax import models
+from hypermixer_jax import runtime
 
 _MODELS = flags.DEFINE_list("models", None, "Named models (default: all).")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "Examples per step.")
@@ -98,6 +99,7 @@ def smoke(name: str) -> tuple[int, float, float, float]:
 
 def main(argv):
   del argv
+  runtime.choose_platforms()  # before JAX's first device query
   names = _MODELS.value or models.model_names()
   print(f"devices: {jax.devices()}  dtype: {_DTYPE.value}  "
         f"batch: {_BATCH.value}  tiny: {_TINY.value}")

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hypermixer_jax import runtime
 from hypermixer_jax.experiment.flags import REPO
 
 
@@ -262,7 +263,13 @@ def parser(doc: str, *, rounds: str = "repeats", min_seconds: float = 0.5,
            quick: str = "small sizes for a fast check"
            ) -> argparse.ArgumentParser:
   """The flags every benchmark takes: ``--<rounds>`` (interleaved timing
-  rounds), ``--min_seconds``, ``--quick`` and ``--out``."""
+  rounds), ``--min_seconds``, ``--quick`` and ``--out``.
+
+  Benchmarks build it first in ``main``, before JAX's first device query,
+  so it also keeps libtpu from starting where no TPU chip is attached
+  (``runtime.choose_platforms``, as ``main.run()`` does).
+  """
+  runtime.choose_platforms()
   ap = argparse.ArgumentParser(description=doc.split("\n")[0])
   ap.add_argument(f"--{rounds}", type=int, default=5,
                   help="interleaved timing rounds")

@@ -7,6 +7,8 @@ import os
 import pathlib
 from typing import Any, Callable
 
+from hypermixer_jax import runtime
+
 
 SCALES = ("small", "paper")
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -43,7 +45,13 @@ def parser(name: str, description: str, *, report_only: bool = False,
   ``parser(name, __doc__, models=MODELS, seeds="0,1,2", steps=0)``;
   ``report_only`` adds ``--report_only`` (``Experiment.cell`` then trains
   nothing).
+
+  Experiments train in-process, so building their parser first in
+  ``main`` stands for ``main.run()``'s start-up: libtpu (installed for
+  compile mode) must not start on a machine without TPU chips, which has
+  to be settled before JAX's first device query.
   """
+  runtime.choose_platforms()
   p = argparse.ArgumentParser(
       description=description,
       formatter_class=argparse.RawDescriptionHelpFormatter)
