@@ -180,6 +180,8 @@ def test_verify_names_the_damaged_step(run, tmp_path, how):
   assert [(r.step, r.status) for r in rows] == [("8", "damaged"), ("4", "ok")]
   assert rows[1].what.endswith("arrays match")
   assert rows[0].what and "\n" not in rows[0].what
+  assert ("(empty files: _CHECKPOINT_METADATA, commit_success.txt, "
+          "data/commit_success.txt and " in rows[0].what) == (how == "emptied")
 
 
 def test_readers_fall_back_and_name_their_step(run, tmp_path, caplog):

@@ -294,12 +294,20 @@ def _move_folder(source: epath.Path, target: epath.Path) -> None:
   except (OSError, NotImplementedError):
     if "://" not in os.fspath(source):
       raise
-  for f in source.rglob("*"):
-    if f.is_file():
-      dest = target / f.relative_to(source)
-      dest.parent.mkdir(parents=True, exist_ok=True)
-      f.copy(dest)
+  for f in files_under(source):
+    dest = target / f.relative_to(source)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    f.copy(dest)
   source.rmtree()
+
+
+def files_under(folder: epath.Path):
+  """Every file below ``folder`` (epath's ``rglob`` refuses object stores)."""
+  for entry in folder.iterdir():
+    if entry.is_dir():
+      yield from files_under(entry)
+    else:
+      yield entry
 
 
 UNFINISHED = ("not a finished checkpoint (no commit marker or metadata Orbax "

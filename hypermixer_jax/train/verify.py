@@ -92,13 +92,26 @@ def _check(manager, directory: str, step: int, finished: set[int]) -> Row:
     record = restored[ckpt_lib.FINGERPRINTS]
     found = integrity.problems(restored[ckpt_lib.STATE], record)
   except Exception as e:  # pylint: disable=broad-except
-    return Row(str(step), DAMAGED, ckpt_lib.one_line(e))
+    return Row(str(step), DAMAGED,
+               ckpt_lib.one_line(e) + _empty_files(directory, step))
   if found:
     return Row(str(step), DAMAGED, "; ".join(found))
   if record is None:
     return Row(str(step), NO_FINGERPRINT,
                "saved before fingerprints were recorded; read and finite")
   return Row(str(step), OK, f"{len(record['arrays'])} arrays match")
+
+
+def _empty_files(directory: str, step: int) -> str:
+  """`` (empty files: ...)`` when the step holds 0-byte files (Orbax writes
+  none: a crash or a full disk left them), else ``''``."""
+  folder = epath.Path(directory) / str(step)
+  empty = sorted(os.fspath(f.relative_to(folder))
+                 for f in ckpt_lib.files_under(folder) if f.stat().length == 0)
+  if not empty:
+    return ""
+  more = f" and {len(empty) - 3} more" if len(empty) > 3 else ""
+  return f" (empty files: {', '.join(empty[:3])}{more})"
 
 
 def _spread(shape, mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
