@@ -184,8 +184,9 @@ def smlp_vs_switch(toy: bool, dtype: str) -> dict:
     _one_device(c)
     return flop_count.count(tc.trace_train_step(c, devices, b)[0].jaxpr).flops
   target = flops(ref)
-  depth = min(range(1, 2 * ref.model.num_dense_layers + 1), key=lambda n: abs(
-      flops(_smlp_config("attention", toy, n, dtype)) - target))
+  # A step's matmul FLOPs grow linearly with the dense depth: two traces.
+  one, two = (flops(_smlp_config("attention", toy, n, dtype)) for n in (1, 2))
+  depth = max(1, round(1 + (target - one) / (two - one)))
   switch = _smlp_config("attention", toy, depth, dtype)
   return {"smlp": _guarded(lambda: time_train_step(ref, b, 2 if toy else 10)),
           "switch": dict(_guarded(lambda: time_train_step(

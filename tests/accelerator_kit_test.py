@@ -22,8 +22,9 @@ def test_toy_run_writes_every_section(tmp_path):
   # The matmuls are part of XLA's count (which adds the elementwise work).
   assert 0 < step["matmul_flops"] <= 1.05 * step["xla_flops"]
   row = r["token_mixing"]["64"]
+  assert row["batch"] == 256 // 64       # tokens per call / N
   for name in ("hypermixing", "attention"):
-    assert 0 < row[name]["forward_s"] < row[name]["forward_backward_s"]
+    assert row[name]["forward_s"] > 0 and row[name]["forward_backward_s"] > 0
   # The Switch Transformer's depth is the one closest to sMLP's FLOPs.
   sw = r["smlp_vs_switch"]
   assert sw["switch"]["num_dense_layers"] >= 1
