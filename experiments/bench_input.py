@@ -10,7 +10,7 @@ shuffle buffer fill, tf.data autotuning):
   examples/s per core (examples per CPU-second): what one host core of this
   kind supplies;
 * with ``--model MIXER``, the loop's train step (forward, backward, AdamW;
-  ``bench_train_step.build_step``, one device) of the task's model
+  ``experiment.train_steps.build_step``, one device) of the task's model
   (``glue_<MIXER>`` with the task's head, ``--model_layers`` deep; a
   ``--image_model`` for the image pipeline) at the same batch and length:
   its steps/s, the examples/s a host must supply to keep it busy, and the
@@ -200,10 +200,11 @@ def model_consumption(model_cfg, batch_size: int, length: int,
                       rounds: int = 3, min_seconds: float = 0.5) -> dict:
   """Steps/s of the loop's train step for ``model_cfg`` (best of ``rounds``
   timed rounds) and the examples/s a host must supply to keep it busy."""
-  import bench_train_step as bts  # pylint: disable=g-import-not-at-top
-  compiled, state, batch, rng, flops = bts.build_step(model_cfg, batch_size,
-                                                      length)
-  timer = bts.step_timer(compiled, state, batch, rng, flops, min_seconds)
+  from hypermixer_jax.experiment import train_steps  # pylint: disable=g-import-not-at-top
+  compiled, state, batch, rng, flops = train_steps.build_step(
+      model_cfg, batch_size, length)
+  timer = train_steps.step_timer(compiled, state, batch, rng, flops,
+                                 min_seconds)
   timer.warm()
   seconds = min(timer.round() for _ in range(rounds))
   return {"steps_s": 1.0 / seconds, "examples_s": batch_size / seconds}

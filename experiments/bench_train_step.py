@@ -52,12 +52,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from hypermixer_jax.experiment import bench as bc  # noqa: E402
+from hypermixer_jax.experiment import train_steps  # noqa: E402
 from hypermixer_jax import models  # noqa: E402
-from hypermixer_jax import sharding  # noqa: E402
-from hypermixer_jax.data import preprocessors  # noqa: E402
 from hypermixer_jax.models import smlp  # noqa: E402
-from hypermixer_jax.train import optim  # noqa: E402
-from hypermixer_jax.train.config import base_config  # noqa: E402
 from hypermixer_jax.train.config import text_model  # noqa: E402
 
 
@@ -105,70 +102,12 @@ DEFAULT = ("glue_hypermixer/mlm", "glue_hypermixer/classify",
            "smlp_base/causal_lm")
 
 
-def make_batch(cfg, batch: int, length: int, rng: np.random.RandomState
-               ) -> dict[str, np.ndarray]:
-  """A batch in the data contract's format (CONTRIBUTING.md) for the head."""
-  head, n = models.model_facts(cfg).head, length
-  if cfg.family == "continuous":
-    return {"inputs": rng.randn(batch, n, cfg.input_dim).astype(np.float32),
-            "label": rng.randint(0, cfg.num_classes, batch).astype(np.int32)}
-  out = {"inputs": rng.randint(5, cfg.vocab_size, (batch, n)).astype(np.int32),
-         "segment_ids": np.ones((batch, n), np.int32),
-         "positions": np.broadcast_to(np.arange(n, dtype=np.int32),
-                                      (batch, n)).copy()}
-  if head == "mlm":
-    # As the pipeline gives it: max_predictions(n) selected positions per row
-    # and BERT's masked_lm_positions, so the head runs at those only.
-    out["targets"] = rng.randint(5, cfg.vocab_size, (batch, n)).astype(
-        np.int32)
-    slots = preprocessors.max_predictions(n)
-    pos = np.sort(np.argsort(rng.rand(batch, n), axis=1)[:, :slots], axis=1)
-    out["masked_positions"] = pos.astype(np.int32)
-    out["weights"] = np.zeros((batch, n), np.float32)
-    np.put_along_axis(out["weights"], pos, 1.0, axis=1)
-  elif head == "causal_lm":
-    out["targets"] = rng.randint(5, cfg.vocab_size, (batch, n)).astype(
-        np.int32)
-    out["weights"] = np.ones((batch, n), np.float32)
-  else:
-    out["label"] = rng.randint(0, cfg.num_classes, batch).astype(np.int32)
-    if cfg.get("type_vocab_size", 0):
-      out["token_type_ids"] = (np.arange(n) >= n // 2).astype(
-          np.int32)[None].repeat(batch, 0)
-  return out
-
-
-def build_step(model_cfg, batch_size: int, length: int | None):
-  """(compiled step, state, batch, rng, flops) for one model config."""
-  config = base_config()
-  config.model = model_cfg
-  config.mesh.data = 1
-  mesh = sharding.build_mesh(config.mesh, devices=jax.devices()[:1])
-  tx, _ = optim.make_optimizer(config)
-  batch = make_batch(model_cfg, batch_size, length or model_cfg.max_len,
-                     np.random.RandomState(0))
-  compiled, state, batch, rng = bc.train_step(
-      model_cfg, batch, mesh, sharding.get_rules(config.sharding), tx)
-  return compiled, state, batch, rng, bc.xla_flops(compiled)
-
-
 def interleave_groups(names: list[str]) -> list[list[str]]:
   """Models timed in the same interleaved rounds: the Switch and Base
   Layers sMLP steps together (their ratio is a target), the rest alone."""
   smlp = [n for n in names if n.startswith("smlp_")]
   groups = [[n] for n in names if not n.startswith("smlp_")]
   return groups + ([smlp] if smlp else [])
-
-
-def step_timer(compiled, state, batch, rng, flops: float,
-               min_seconds: float) -> bc.Timed:
-  """A ``bc.Timed`` of the step; the donated state is carried call to call."""
-  holder = [state]
-
-  def call():
-    holder[0], metrics = compiled(holder[0], batch, rng)
-    return metrics
-  return bc.Timed(call, flops=flops, min_seconds=min_seconds)
 
 
 # Dense peak FLOP/s per device kind (vendor data sheets, without sparsity),
@@ -228,9 +167,10 @@ def linear_attention_table(args) -> None:
         cfg.update(dict(d_model=128, d_ffn=256, num_layers=2, max_len=n,
                         vocab_size=8000))
         cfg.mixer_kwargs.update(dict(num_heads=2, **kwargs))
-        compiled, state, xs, rng, flops = build_step(cfg, batch, n)
-        timers[name] = step_timer(compiled, state, xs, rng, flops,
-                                  args.min_seconds)
+        compiled, state, xs, rng, flops = train_steps.build_step(
+            cfg, batch, n)
+        timers[name] = train_steps.step_timer(compiled, state, xs, rng,
+                                              flops, args.min_seconds)
       _, times = bc.interleave(ceiling, timers, args.rounds)
       old = times["linear, outer (old)"]
       for name, t in times.items():
@@ -285,10 +225,11 @@ def main():
         cfg = make(args.quick)
         cfg.dtype = dtype
         batch = max(1, int(batch * args.batch_scale))
-        compiled, state, xs, rng, flops = build_step(cfg, batch, length)
-        built[name] = (step_timer(compiled, state, xs, rng, flops,
-                                  args.min_seconds), flops, batch,
-                       length or cfg.max_len)
+        compiled, state, xs, rng, flops = train_steps.build_step(
+            cfg, batch, length)
+        built[name] = (train_steps.step_timer(compiled, state, xs, rng,
+                                              flops, args.min_seconds),
+                       flops, batch, length or cfg.max_len)
         del compiled, state, xs
       ceil_times, times = bc.interleave(
           ceiling, {k: v[0] for k, v in built.items()}, args.rounds)

@@ -78,9 +78,9 @@ import statistics
 import ml_collections
 import numpy as np
 
-import mlm_perplexity as mlm
 from hypermixer_jax import baselines
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import mlm
 
 MODELS = ("attention", "hypermixer", "gmlp", "linear_attention")
 LABELS = {"attention": "Transformer", "hypermixer": "HyperMixer (causal)",

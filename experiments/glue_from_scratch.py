@@ -24,174 +24,18 @@ from __future__ import annotations
 
 import pathlib
 
-import ml_collections
 import numpy as np
 
-from hypermixer_jax import baselines
 from hypermixer_jax import experiment
-
-# Test accuracy of the paper's table (poster version, 11M, no pretraining).
-PAPER = {
-    "hypermixer": {"mnli": 66.1, "snli": 81.7, "qqp": 84.1, "qnli": 77.1,
-                   "sst2": 81.4},
-    "attention": {"mnli": 65.8, "snli": 80.7, "qqp": 82.4, "qnli": 73.2,
-                  "sst2": 79.4},
-    "linear_attention": {"mnli": 66.9, "snli": 83.0, "qqp": 82.3, "qnli": 61.7,
-                         "sst2": 80.8},
-    "mlp_mixer": {"mnli": 62.9, "snli": 80.1, "qqp": 83.5, "qnli": 70.5,
-                  "sst2": 81.2},
-    "gmlp": {"mnli": 61.2, "snli": 80.9, "qqp": 82.5, "qnli": 60.2, "sst2": 79.5},
-    "fnet": {"mnli": 59.8, "snli": 75.3, "qqp": 78.4, "qnli": 59.6, "sst2": 80.0},
-}
-LABELS = {"hypermixer": "HyperMixer", "attention": "Transformer",
-          "linear_attention": "Linear Transformer", "mlp_mixer": "MLP-Mixer",
-          "gmlp": "gMLP", "fnet": "FNet"}
-MIXERS = tuple(PAPER)
-TASKS = ("sst2", "qnli", "mnli", "qqp", "snli")
-PAPER_LRS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
-# Small scale: the budget that lets the best model clear Naive Bayes here.
-SMALL = dict(width=128, steps=1000, seq_len=64, lr=1e-3)
-VOCAB_PIECES = 8000
-
-
-def small_model(c: ml_collections.ConfigDict, width: int = 128,
-                seq_len: int = 64) -> None:
-  """The GLUE layout at ``width`` (2 layers, d_ffn 2 width, ``seq_len``).
-
-  Token mixers keep the zoo's sizing rule (each about the Transformer's
-  4 d^2 + 4 d parameters per layer): HyperMixer's hypernetwork width d' and
-  gMLP's d_ffn scale with d, attention keeps heads of width 64, MLP-Mixer's
-  token MLP keeps D_S = 512 at width 128 (its parameters scale with N, which
-  shrinks fourfold with the length) and scales with d below.
-  """
-  m = c.model
-  zoo_width = m.d_model
-  m.d_model, m.d_ffn, m.num_layers, m.max_len = width, 2 * width, 2, seq_len
-  kw = m.mixer_kwargs
-  for field in ("hyper_dim", "d_ffn"):
-    if field in kw:
-      kw[field] = kw[field] * width // zoo_width
-  if "token_mlp_dim" in kw:
-    kw.token_mlp_dim = kw.token_mlp_dim * min(width, 128) // 128
-  if "num_heads" in kw:
-    kw.num_heads = max(1, width // 64)
-
-
-def glue_config(task: str, mixer: str, scale: str, lr: float,
-                shared: pathlib.Path | None, data_dir: str = "",
-                scale_embeddings: bool = True, steps: int | None = None,
-                train_file: str | None = None, dropout: float | None = None,
-                width: int = 128, seed: int = 0, seq_len: int = 64,
-                vocab: dict | None = None) -> ml_collections.ConfigDict:
-  """The training config of one GLUE run (``train_file``: another SST-2
-  train TSV, e.g. a subset, at small scale; ``vocab``: an
-  ``experiment.small_vocab`` record, else the T5 vocabulary in ``shared``)."""
-  c = experiment.load_config("glue.py", f"{task},{mixer}")
-  c.learning_rate = lr
-  c.seed = seed
-  c.model.scale_embeddings = scale_embeddings
-  if dropout is not None:
-    c.model.dropout_rate = dropout
-  if vocab:
-    c.data.vocab_path = vocab["path"]
-    c.model.vocab_size = vocab["model_vocab_size"]
-  if scale == "small":
-    small_model(c, width, seq_len)
-    c.data.seq_len = seq_len
-    if not vocab:
-      c.data.vocab_path = experiment.require(
-          shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
-    c.data.local_files.train = train_file or experiment.require(
-        shared / "glue/SST-2/train.tsv", "SST-2 train.tsv")
-    c.data.local_files.validation = experiment.require(
-        shared / "glue/SST-2/dev.tsv", "SST-2 dev.tsv")
-    c.batch_size = 64
-    c.num_train_steps = steps or SMALL["steps"]
-    c.warmup_steps = max(1, c.num_train_steps // 10)
-    c.eval_every = max(1, c.num_train_steps // 5)
-    c.checkpoint_every = 0
-  else:
-    c.data.data_dir = data_dir
-    if steps:
-      c.num_train_steps = steps
-      c.eval_every = c.checkpoint_every = steps // 10
-  return c
-
-
-def budget_tag(width: int, steps: int, seq_len: int,
-               dropout: float | None = None) -> str:
-  """The small-scale budget in a run's key: ``w<width>_s<steps>_n<length>``
-  (and ``_d<dropout>`` when set)."""
-  return f"w{width}_s{steps}_n{seq_len}" + (
-      f"_d{dropout:g}" if dropout is not None else "")
-
-
-def best_eval(result: dict) -> tuple[float, int]:
-  """(best dev accuracy, its step) over the run's evaluations."""
-  curve = result["eval_curve"]
-  step = max(curve, key=lambda s: curve[s]["accuracy"])
-  return curve[step]["accuracy"], int(step)
-
-
-def sst2_vocab(exp: experiment.Experiment, shared: pathlib.Path) -> dict:
-  """The small-scale vocabulary: SentencePiece on the SST-2 train phrases,
-  built into and recorded by ``exp``."""
-  return exp.vocab(experiment.require(shared / "glue/SST-2/train.tsv",
-                                      "SST-2 train.tsv"), ("sentence",),
-                   VOCAB_PIECES, trained_on="SST-2 train.tsv (sentence)")
-
-
-def bag_of_words_baselines(config: ml_collections.ConfigDict) -> dict:
-  """Dev accuracy of Naive Bayes and of the majority class on the tokens and
-  splits of ``config`` (what its model is trained and evaluated on)."""
-  train = experiment.pipeline_arrays(config.data, "train")
-  dev = experiment.pipeline_arrays(config.data, config.eval_split)
-  nb = baselines.naive_bayes(train["inputs"], train["label"], dev["inputs"],
-                             vocab_size=config.model.vocab_size,
-                             num_classes=config.model.num_classes)
-  most = baselines.majority(train["label"], len(dev["label"]))
-  return {"naive_bayes": float(np.mean(nb == dev["label"])),
-          "majority": float(np.mean(most == dev["label"])),
-          "train_rows": len(train["label"]), "dev_rows": len(dev["label"])}
-
-
-def param_split(config: ml_collections.ConfigDict) -> dict:
-  """Parameters: total, token embedding, token mixing (all layers)."""
-  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
-  return {"params": models.count_params(config.model),
-          "params_embedding": models.count_params(config.model, "token_embed"),
-          "params_token_mixing": models.count_params(config.model,
-                                                     "token_mixing")}
-
-
-def hypermixer_above(task: str, mixer: str, hyper: list[float],
-                     other: list[float], n_eval: int | None = None) -> str:
-  """The table's "HyperMixer above it?" cell: the paper's answer for
-  ``task`` against ``mixer`` and what Welch's test on our seeds (``hyper``,
-  ``other``: accuracies on ``n_eval`` examples) says of it; '' for
-  HyperMixer itself or without runs."""
-  if mixer == "hypermixer" or not hyper or not other:
-    return ""
-  paper_higher = PAPER["hypermixer"][task] > PAPER[mixer][task]
-  v = experiment.verdict(hyper, other, "higher" if paper_higher else "lower",
-                         n_eval=n_eval)
-  return f"paper {'yes' if paper_higher else 'no'}; ours {v.text(100)}"
-
-
-def run_cell(exp: experiment.Experiment, config: ml_collections.ConfigDict,
-             key: str) -> dict:
-  """One training run in ``exp``'s workdir for ``key``, with its
-  parameter counts (``param_split``)."""
-  return dict(experiment.train(config, exp.workdir(key)),
-              **param_split(config))
+from hypermixer_jax.experiment import glue
 
 
 def main() -> None:
   p = experiment.parser("glue_from_scratch", __doc__, report_only=True,
-                        data_dir="", mixers=MIXERS, seeds="0,1,2",
-                        steps=SMALL["steps"])
-  p.add_argument("--width", type=int, default=SMALL["width"])
-  p.add_argument("--seq_len", type=int, default=SMALL["seq_len"])
+                        data_dir="", mixers=glue.MIXERS, seeds="0,1,2",
+                        steps=glue.SMALL["steps"])
+  p.add_argument("--width", type=int, default=glue.SMALL["width"])
+  p.add_argument("--seq_len", type=int, default=glue.SMALL["seq_len"])
   p.add_argument("--dropout", type=float, default=None,
                  help="the models' dropout rate (default: configs/glue.py's "
                  "0.1); part of the recorded budget")
@@ -200,27 +44,29 @@ def main() -> None:
   shared = pathlib.Path(args.shared)
   mixers = experiment.split(args.mixers)
   if args.scale == "small":
-    tasks, lrs = ("sst2",), (SMALL["lr"],)
+    tasks, lrs = ("sst2",), (glue.SMALL["lr"],)
     small = dict(width=args.width, steps=args.steps, seq_len=args.seq_len,
-                 vocab=sst2_vocab(exp, shared), dropout=args.dropout)
-    budget = budget_tag(args.width, args.steps, args.seq_len, args.dropout)
+                 vocab=glue.sst2_vocab(exp, shared), dropout=args.dropout)
+    budget = glue.budget_tag(args.width, args.steps, args.seq_len,
+                             args.dropout)
   else:
-    tasks, lrs, small, budget = TASKS, PAPER_LRS, {}, "paper"
+    tasks, lrs, small, budget = glue.TASKS, glue.PAPER_LRS, {}, "paper"
 
   def config(cell):
-    return glue_config(cell["task"], cell["model"], args.scale, cell["lr"],
-                       shared, args.data_dir, seed=cell.get("seed", 0),
-                       **small)
+    return glue.glue_config(cell["task"], cell["model"], args.scale,
+                            cell["lr"], shared, args.data_dir,
+                            seed=cell.get("seed", 0), **small)
   base = {}
   if args.scale == "small":
-    base = exp.baseline(budget, lambda: bag_of_words_baselines(config(dict(
-        task="sst2", model=mixers[0], lr=lrs[0]))))
+    base = exp.baseline(budget, lambda: glue.bag_of_words_baselines(
+        config(dict(task="sst2", model=mixers[0], lr=lrs[0]))))
   # (cell, result) of each recorded cell, in grid order.
   done = []
   for cell in experiment.grid(task=tasks, model=mixers, lr=lrs,
                               seed=experiment.split(args.seeds, int)):
     key = experiment.cell_key(budget, cell)
-    result = exp.cell(key, lambda c=config(cell), k=key: run_cell(exp, c, k))
+    result = exp.cell(key,
+                      lambda c=config(cell), k=key: glue.run_cell(exp, c, k))
     if result is not None:
       done.append((cell, result))
   _report(exp, done, tasks, mixers, base, args)
@@ -232,31 +78,12 @@ def _accs(done: list, **match) -> dict:
   for cell, r in done:
     if all(cell[k] == v for k, v in match.items()):
       out.setdefault(cell["lr"], {})[cell["seed"]] = (
-          r["eval"]["accuracy"], best_eval(r)[0])
+          r["eval"]["accuracy"], glue.best_eval(r)[0])
   if not out:
     return {}
   # The learning rate of the grid with the best mean final accuracy.
   lr = max(out, key=lambda lr: np.mean([a for a, _ in out[lr].values()]))
   return {"lr": lr, "seeds": out[lr]}
-
-
-def budget_table(runs: dict, mixers) -> str:
-  """Every budget recorded (``w<width>_s<steps>_n<length>[_d<dropout>]``,
-  the first part of a run's key) against each model's final SST-2 dev
-  accuracy there (mean ± sd over the seeds run): the budget search behind
-  the main table."""
-  acc: dict[str, dict[str, list[float]]] = {}
-  for key, r in runs.items():
-    parts = dict(p.split("=", 1) for p in key.split("/")[1:] if "=" in p)
-    if parts.get("task") == "sst2" and parts.get("model") in mixers:
-      acc.setdefault(key.split("/")[0], {}).setdefault(
-          parts["model"], []).append(r["eval"]["accuracy"])
-  rows = [[budget] + [experiment.fmt_mean_sd(acc[budget].get(m, []), 100)
-                      for m in mixers] for budget in sorted(acc)]
-  return ("Budgets recorded (SST-2 dev at the last step; w: width, s: steps "
-          "of batch 64, n: length, d: dropout where not 0.1):\n\n"
-          + experiment.markdown_table(["budget"] + [LABELS[m] for m in mixers],
-                                      rows))
 
 
 def _report(exp, done, tasks, mixers, base, args) -> None:
@@ -272,16 +99,17 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
                 "wall min per run"]
   rows = []
   for mixer in mixers:
-    row = [LABELS[mixer]]
+    row = [glue.LABELS[mixer]]
     for task in tasks:
       got = per[(task, mixer)]
       final = [a for a, _ in got.get("seeds", {}).values()]
       best = [b for _, b in got.get("seeds", {}).values()]
       hyper = per.get((task, "hypermixer"), {}).get("seeds", {})
       row += [experiment.fmt_mean_sd(final, 100) or "not run",
-              experiment.fmt_mean_sd(best, 100), PAPER[mixer][task],
-              hypermixer_above(task, mixer, [a for a, _ in hyper.values()],
-                               final, n_eval)]
+              experiment.fmt_mean_sd(best, 100), glue.PAPER[mixer][task],
+              glue.hypermixer_above(task, mixer,
+                                    [a for a, _ in hyper.values()], final,
+                                    n_eval)]
     if base:
       row.append(experiment.against_baseline(
           final, base["naive_bayes"], n_eval=n_eval).text(100)
@@ -301,6 +129,15 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
                         ("majority", "majority class")):
       rows.append(experiment.table_row(headers, {
           "model": label, headers[1]: f"{100 * base[name]:.1f}"}))
+  exp.write_table(f"GLUE from scratch ({args.scale} scale)",
+                  experiment.markdown_table(headers, rows),
+                  _notes(exp, args, mixers))
+  _figure(exp, done, tasks[0], mixers, base)
+
+
+def _notes(exp, args, mixers) -> str:
+  """The table's notes: what a cell holds and, at small scale, the budget
+  and every budget recorded."""
   notes = ("Final: dev accuracy at the last step; best eval: the best of the "
            "run's evaluations (selected on dev, so optimistic); mean ± sample "
            "sd over seeds. Paper: test accuracy of the ~11M models. "
@@ -313,7 +150,7 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
     notes += (f" Small scale: width-{args.width} 2-layer models (see "
               f"small_model), sequence length {args.seq_len}, batch 64, "
               f"{args.steps} steps ({args.steps * 64 / 67349:.2f} epoch), "
-              f"lr {SMALL['lr']:g}, dropout {dropout:g}, on "
+              f"lr {glue.SMALL['lr']:g}, dropout {dropout:g}, on "
               f"{vocab.get('pieces')} SentencePiece "
               f"pieces trained on the SST-2 train phrases (sha256 "
               f"{vocab.get('sha256', '')[:12]}...). Baselines on the same "
@@ -322,22 +159,26 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
               "FLOPs), the figure to compare the models' cost by; wall "
               "time on one core of a shared 2-core machine, which moves "
               "with its load (up to 2.3x between seeds of one model).\n\n"
-              + budget_table(exp.runs, mixers))
-  exp.write_table(f"GLUE from scratch ({args.scale} scale)",
-                  experiment.markdown_table(headers, rows), notes)
+              + glue.budget_table(exp.runs, mixers))
+  return notes
+
+
+def _figure(exp, done, task, mixers, base) -> None:
+  """Dev accuracy of ``task`` against step, mean ± sd over the seeds."""
   fig, axes = experiment.figure()
   ax = axes[0, 0]
   for mixer in mixers:
-    mine = [r for c, r in done if c["model"] == mixer and c["task"] == tasks[0]]
+    mine = [r for c, r in done if c["model"] == mixer and c["task"] == task]
     if mine:
       steps, acc = experiment.mean_curve(mine, "accuracy", 100)
       ax.errorbar(steps, acc.mean(0),
                   yerr=acc.std(0, ddof=min(1, len(acc) - 1)), marker="o",
-                  ms=3, capsize=2, label=f"{LABELS[mixer]} (n={len(mine)})")
+                  ms=3, capsize=2,
+                  label=f"{glue.LABELS[mixer]} (n={len(mine)})")
   if base:
     experiment.baseline_lines(ax, {"Naive Bayes": 100 * base["naive_bayes"],
                                    "majority class": 100 * base["majority"]})
-  experiment.style_axes(ax, "step", f"{tasks[0]} dev accuracy (%)")
+  experiment.style_axes(ax, "step", f"{task} dev accuracy (%)")
   exp.save_figure(fig, "glue_curves")
 
 

@@ -30,26 +30,13 @@ import shutil
 
 import numpy as np
 
-import glue_from_scratch as glue
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import glue
 from hypermixer_jax.experiment import vocab as vocab_store
 
 MODELS = ("hypermixer", "attention")
 PAPER_LRS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
 PAPER_10PCT = "SNLI/MNLI: +12-14% relative at 10% of train, < 2% at 100%"
-
-
-def subset_tsv(source: str, fraction: float, out: pathlib.Path) -> str:
-  """A fixed random ``fraction`` of the rows of a TSV with a header."""
-  path = out / f"train_{round(100 * fraction)}pct.tsv"
-  if not path.exists():
-    lines = pathlib.Path(source).read_text(encoding="utf-8").splitlines()
-    header, rows = lines[0], lines[1:]
-    keep = np.random.default_rng(0).permutation(len(rows))[
-        :max(1, round(fraction * len(rows)))]
-    path.write_text("\n".join([header] + [rows[i] for i in sorted(keep)])
-                    + "\n", encoding="utf-8")
-  return str(path)
 
 
 def glue_vocab(exp: experiment.Experiment) -> experiment.Experiment:
@@ -96,47 +83,64 @@ def main() -> None:
   args = experiment.parse(p)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
-  acc = {}
   if args.scale == "paper":
-    tasks, fractions, seeds = ("mnli", "snli", "qqp"), (0.1, 0.2, 0.5, 1.0), (0,)
-    for task in tasks:
-      for fraction in fractions:
-        for mixer in MODELS:
-          for lr in PAPER_LRS:
-            key = f"{task}/{round(100 * fraction)}pct/{mixer}/lr{lr:g}"
-            cfg = glue.glue_config(task, mixer, "paper", lr, shared,
-                                   args.data_dir)
-            cfg.data.tfds_train_split = f"train[:{round(100 * fraction)}%]"
-            exp.run(key, lambda c=cfg, k=key: experiment.train(
-                c, exp.workdir(k)))
-          # The paper reports each model with its best grid learning rate.
-          acc[task, fraction, mixer, 0] = max(
-              glue.best_eval(exp.runs[
-                  f"{task}/{round(100 * fraction)}pct/{mixer}/lr{lr:g}"])[0]
-              for lr in PAPER_LRS)
+    tasks, fractions, seeds, acc = _paper_runs(exp, args, shared)
   else:
-    tasks, fractions = ("sst2",), (0.1, 1.0)
-    seeds = experiment.split(args.seeds, int)
-    budget = dict(steps=args.steps, width=args.width, seq_len=64)
-    lr = glue.SMALL["lr"]
-    vocab = glue.sst2_vocab(glue_vocab(exp), shared)
-    tag = f"w{args.width}_s{args.steps}"
-    train = experiment.require(shared / "glue/SST-2/train.tsv", "SST-2 train")
-    for cell in experiment.grid(fraction=fractions, model=MODELS, seed=seeds):
-      fraction, mixer, seed = cell["fraction"], cell["model"], cell["seed"]
-      file = subset_tsv(train, fraction, exp.out) if fraction < 1 else None
-      cfg = glue.glue_config("sst2", mixer, "small", lr, shared,
-                             train_file=file, seed=seed, vocab=vocab, **budget)
-      exp.baseline(f"{fraction:g}",   # Naive Bayes on the same subset
-                   lambda c=cfg: glue.bag_of_words_baselines(c))
-      key = experiment.cell_key(tag, cell)
-      if fraction == 1:
-        glue_run(exp, key, cfg, cell, budget, lr, shared)
-      result = exp.cell(key, lambda c=cfg, k=key: experiment.train(
-          c, exp.workdir(k)))
-      if result is not None:
-        acc["sst2", fraction, mixer, seed] = result["eval"]["accuracy"]
+    tasks, fractions, seeds, acc = _small_runs(exp, args, shared)
+  _report(exp, args, tasks, fractions, seeds, acc)
 
+
+def _paper_runs(exp, args, shared):
+  """The paper's grid on TFDS: (tasks, fractions, seeds, accuracies), each
+  model at its best grid learning rate."""
+  acc = {}
+  tasks, fractions, seeds = ("mnli", "snli", "qqp"), (0.1, 0.2, 0.5, 1.0), (0,)
+  for task in tasks:
+    for fraction in fractions:
+      for mixer in MODELS:
+        for lr in PAPER_LRS:
+          key = f"{task}/{round(100 * fraction)}pct/{mixer}/lr{lr:g}"
+          cfg = glue.glue_config(task, mixer, "paper", lr, shared,
+                                 args.data_dir)
+          cfg.data.tfds_train_split = f"train[:{round(100 * fraction)}%]"
+          exp.run(key, lambda c=cfg, k=key: experiment.train(
+              c, exp.workdir(k)))
+        # The paper reports each model with its best grid learning rate.
+        acc[task, fraction, mixer, 0] = max(
+            glue.best_eval(exp.runs[
+                f"{task}/{round(100 * fraction)}pct/{mixer}/lr{lr:g}"])[0]
+            for lr in PAPER_LRS)
+  return tasks, fractions, seeds, acc
+
+
+def _small_runs(exp, args, shared):
+  """SST-2 at 10% and 100% here: (tasks, fractions, seeds, accuracies)."""
+  acc = {}
+  tasks, fractions = ("sst2",), (0.1, 1.0)
+  seeds = experiment.split(args.seeds, int)
+  budget = dict(steps=args.steps, width=args.width, seq_len=64)
+  lr = glue.SMALL["lr"]
+  vocab = glue.sst2_vocab(glue_vocab(exp), shared)
+  tag = f"w{args.width}_s{args.steps}"
+  train = experiment.require(shared / "glue/SST-2/train.tsv", "SST-2 train")
+  for cell in experiment.grid(fraction=fractions, model=MODELS, seed=seeds):
+    fraction, mixer, seed = cell["fraction"], cell["model"], cell["seed"]
+    file = glue.subset_tsv(train, fraction, exp.out) if fraction < 1 else None
+    cfg = glue.glue_config("sst2", mixer, "small", lr, shared,
+                           train_file=file, seed=seed, vocab=vocab, **budget)
+    exp.baseline(f"{fraction:g}",   # Naive Bayes on the same subset
+                 lambda c=cfg: glue.bag_of_words_baselines(c))
+    key = experiment.cell_key(tag, cell)
+    if fraction == 1:
+      glue_run(exp, key, cfg, cell, budget, lr, shared)
+    result = exp.cell(key, lambda c=cfg, k=key: experiment.train(
+        c, exp.workdir(k)))
+    if result is not None:
+      acc["sst2", fraction, mixer, seed] = result["eval"]["accuracy"]
+  return tasks, fractions, seeds, acc
+
+
+def _report(exp, args, tasks, fractions, seeds, acc) -> None:
   rows = []
   for task in tasks:
     for fraction in fractions:

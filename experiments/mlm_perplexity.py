@@ -58,365 +58,61 @@ perplexity against step) into ``--out``.
 """
 from __future__ import annotations
 
-import hashlib
 import pathlib
 
-import ml_collections
 import numpy as np
 
-from hypermixer_jax import baselines
 from hypermixer_jax import experiment
-
-MODELS = ("attention", "gmlp", "amlp")
-# BERT with one of its choices changed, at its parameter count (one seed,
-# ``--models=attention_pre_ln``, ...): which of them the gap to gMLP comes
-# from. Pre-LN moves the embedding LayerNorm to the stack's end (the same
-# parameters); sinusoidal positions drop the learned table (N x d fewer)
-# and take the Transformer's sqrt(d)-scaled token embeddings with them
-# (BERT's N(0, 0.02) tokens would be drowned by the unit sinusoids).
-DIAGNOSTICS = {"attention_pre_ln": dict(block="pre_ln"),
-               "attention_sinusoidal": dict(position_embeddings="sinusoidal",
-                                            scale_embeddings=True)}
-# Depth: BERT with 1.5x / 2x its layers, the FFN narrowed to its parameter
-# count (small scale: 3 / 4 layers at d_ffn 256 / 128; a layer's attention
-# alone is 66k of the two layers' 397k block parameters at d = 128, so
-# gMLP's 6 layers are out of reach).
-DEPTH_DIAGNOSTICS = {"attention_deeper": 1.5, "attention_deepest": 2.0}
-CHOICES = MODELS + tuple(DIAGNOSTICS) + tuple(DEPTH_DIAGNOSTICS)
-LABELS = {"attention": "BERT (Transformer)", "gmlp": "gMLP", "amlp": "aMLP",
-          "attention_pre_ln": "BERT, pre-LN blocks (diagnostic)",
-          "attention_sinusoidal": "BERT, sinusoidal positions (diagnostic)",
-          "attention_deeper": "BERT, 1.5x the layers, narrower FFN "
-                              "(diagnostic)",
-          "attention_deepest": "BERT, 2x the layers, narrower FFN "
-                               "(diagnostic)"}
-# PAPERS.md §2, scaling table (C4 validation perplexity of the MLM ablation
-# setting): the base-size pair; the digest gives no aMLP perplexity (the
-# paper's claim is aMLP <= BERT).
-PAPER = {
-    "attention": {"layers": 12, "params": 110e6, "ppl": 4.26},
-    "gmlp": {"layers": 36, "params": 102e6, "ppl": 4.35},
-    "amlp": {"layers": 36, "params": None, "ppl": None},
-}
-PAPER_OTHER_SIZES = ("6-layer BERT 67M 4.91 vs 18-layer gMLP 59M 5.25; "
-                     "24-layer BERT 195M 3.83 vs 72-layer gMLP 187M 3.79")
-# The sizes of each scale: width, BERT's layers / d_ffn / heads, the MLPs'
-# layers (and d_ffn at paper scale; matched to BERT at small scale).
-SMALL = dict(d_model=128, bert_layers=2, bert_d_ffn=512, bert_heads=2,
-             mlp_layers=6, mlp_d_ffn=None, seq_len=128, batch_size=32,
-             steps=2000, lr=1e-3, warmup=20, evals=4, eval_batch_size=64,
-             eval_batches=8, dropout=0.0)
-PAPER_SIZES = dict(d_model=768, bert_layers=12, bert_d_ffn=3072, bert_heads=12,
-                   mlp_d_model=512, mlp_layers=36, mlp_d_ffn=3072,
-                   seq_len=128, batch_size=2048, steps=125_000, lr=7e-4,
-                   warmup=10_000, evals=25, eval_batch_size=256,
-                   eval_batches=50, dropout=0.1)
-TINY_ATTENTION_DIM = 64   # aMLP: one head of size 64 (the paper's MLM models)
-C4_TRAIN = "c4/c4_en_tfds_minimal_train_1000.jsonl"
-WIKITEXT_VALID = "wikitext-2-raw/wiki.valid.raw"
-VOCAB_PIECES = 8000
-
-
-def model_config(mixer: str, *, d_model: int, num_layers: int, d_ffn: int,
-                 seq_len: int, num_heads: int = 1, dropout: float = 0.0
-                 ) -> ml_collections.ConfigDict:
-  """The MLM model of the paper's setting for ``mixer``.
-
-  ``attention``: BERT, post-LN blocks (LN after each residual, LN on the
-  embeddings), learned positions, ``num_heads`` heads. ``gmlp`` / ``amlp``:
-  gMLP's own pre-LN block, Toeplitz spatial weights W[i, j] = w[i - j], no
-  position embeddings (position comes from W); aMLP adds the tiny attention
-  (``TINY_ATTENTION_DIM``). All: BERT's unscaled N(0, 0.02) token
-  embeddings, tied MLM output head, no token types.
-  """
-  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax.train.config import TEXT_VOCAB_SIZE  # pylint: disable=g-import-not-at-top
-  m = models.default_model_config()
-  m.update(family="text", head="mlm", mixer=mixer, num_layers=num_layers,
-           d_model=d_model, d_ffn=d_ffn, max_len=seq_len,
-           vocab_size=TEXT_VOCAB_SIZE, type_vocab_size=0,
-           dropout_rate=dropout, scale_embeddings=False)
-  if mixer == "attention":
-    m.update(block="post_ln", position_embeddings="learned")
-    m.mixer_kwargs = ml_collections.ConfigDict(dict(num_heads=num_heads))
-  elif mixer in ("gmlp", "amlp"):
-    m.update(block="gmlp", position_embeddings="none")
-    kwargs = dict(toeplitz=True)
-    if mixer == "amlp":
-      kwargs["tiny_attention_dim"] = TINY_ATTENTION_DIM
-    m.mixer_kwargs = ml_collections.ConfigDict(kwargs)
-  else:
-    raise ValueError(f"mixer {mixer!r}; this experiment compares "
-                     f"{', '.join(MODELS)}.")
-  return m
-
-
-def params(m: ml_collections.ConfigDict) -> dict[str, int]:
-  """Total parameters and those outside the token embedding."""
-  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
-  total = models.count_params(m)
-  return {"total": total,
-          "non_embedding": total - models.count_params(m, "token_embed")}
-
-
-def match(m: ml_collections.ConfigDict, target: int, multiple: int = 16
-          ) -> ml_collections.ConfigDict:
-  """``m`` with the ``d_ffn`` (a multiple of ``multiple``) whose parameter
-  count is nearest ``target``.
-
-  A gMLP/aMLP block's parameters are affine in d_ffn (U, V, the gate's LN,
-  aMLP's output projection), so two counts give the line.
-  """
-  return experiment.match_field(
-      m, "d_ffn", lambda c: params(c)["total"], target, lo=2 * multiple,
-      hi=4 * multiple, multiple=multiple)
-
-
-def model_configs(scale: str, vocab: dict | None = None
-                  ) -> dict[str, ml_collections.ConfigDict]:
-  """The three models of ``scale`` (small: the MLPs matched to BERT, on
-  ``vocab``'s embedding size when given) and BERT's ``DIAGNOSTICS``."""
-  out = _model_configs(scale, vocab)
-  bert = out["attention"]
-  for name, change in DIAGNOSTICS.items():
-    out[name] = ml_collections.ConfigDict(bert.to_dict())
-    out[name].update(change)
-  for name, factor in DEPTH_DIAGNOSTICS.items():
-    deeper = ml_collections.ConfigDict(bert.to_dict())
-    deeper.num_layers = round(bert.num_layers * factor)
-    out[name] = match(deeper, params(bert)["total"])
-  return out
-
-
-def _model_configs(scale: str, vocab: dict | None
-                   ) -> dict[str, ml_collections.ConfigDict]:
-  if scale == "paper":
-    s = PAPER_SIZES
-    bert = model_config("attention", d_model=s["d_model"],
-                        num_layers=s["bert_layers"], d_ffn=s["bert_d_ffn"],
-                        seq_len=s["seq_len"], num_heads=s["bert_heads"],
-                        dropout=s["dropout"])
-    out = {"attention": bert}
-    for mixer in ("gmlp", "amlp"):
-      out[mixer] = model_config(mixer, d_model=s["mlp_d_model"],
-                                num_layers=s["mlp_layers"],
-                                d_ffn=s["mlp_d_ffn"], seq_len=s["seq_len"],
-                                dropout=s["dropout"])
-    return out
-  s = SMALL
-  bert = model_config("attention", d_model=s["d_model"],
-                      num_layers=s["bert_layers"], d_ffn=s["bert_d_ffn"],
-                      seq_len=s["seq_len"], num_heads=s["bert_heads"],
-                      dropout=s["dropout"])
-  if vocab:
-    bert.vocab_size = vocab["model_vocab_size"]
-  target = params(bert)["total"]
-  out = {"attention": bert}
-  for mixer in ("gmlp", "amlp"):
-    m = model_config(mixer, d_model=s["d_model"], num_layers=s["mlp_layers"],
-                     d_ffn=s["bert_d_ffn"], seq_len=s["seq_len"],
-                     dropout=s["dropout"])
-    m.vocab_size = bert.vocab_size
-    out[mixer] = match(m, target)
-  return out
-
-
-def train_config(model: ml_collections.ConfigDict, scale: str,
-                 shared: pathlib.Path | None, data_dir: str = "",
-                 steps: int | None = None, seed: int = 0,
-                 vocab: dict | None = None) -> ml_collections.ConfigDict:
-  """The training config of one run: ``configs/c4_mlm.py``'s BERT setting
-  with ``model``, the same for every model but the model (and ``seed``);
-  ``vocab``: an ``experiment.small_vocab`` record, else T5's vocabulary."""
-  c = lm_train_config("c4_mlm.py", model,
-                      SMALL if scale == "small" else PAPER_SIZES, steps, seed)
-  # Unpacked rows for every model: one document chunk per row, so every
-  # selected token keeps its loss (a packed row keeps only its first
-  # ceil(0.15 N) selections) and all models see the same rows.
-  c.data.packing = False
-  c.decay = "linear"
-  if vocab:
-    c.data.vocab_path = vocab["path"]
-  elif scale == "small":
-    c.data.vocab_path = experiment.require(
-        shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
-  if scale == "small":
-    small_text_data(c, shared)
-    c.log_every = 10
-  else:
-    c.data.data_dir = data_dir or None
-  return c
-
-
-def lm_train_config(file: str, model: ml_collections.ConfigDict, s: dict,
-                    steps: int | None, seed: int) -> ml_collections.ConfigDict:
-  """``configs/<file>``'s ``attention`` config with ``model``, the batch,
-  length and schedule of the sizes ``s`` (``SMALL``, ``PAPER_SIZES`` or
-  another language model study's) and ``steps`` (None: the sizes') and
-  ``seed``: the same for every model of a study but the model."""
-  c = experiment.load_config(file, "attention")
-  c.model = model
-  c.data.seq_len = s["seq_len"]
-  c.batch_size = s["batch_size"]
-  c.eval_batch_size = s["eval_batch_size"]
-  c.num_train_steps = steps or s["steps"]
-  c.learning_rate = s["lr"]
-  c.warmup_steps = min(s["warmup"], c.num_train_steps)
-  c.eval_every = max(1, c.num_train_steps // s["evals"])
-  # A fixed held-out set: the first eval_batches batches of the unshuffled
-  # split (the same rows, and masked positions, at every evaluation).
-  c.eval_steps = s["eval_batches"]
-  c.seed = seed
-  return c
-
-
-def small_text_data(c: ml_collections.ConfigDict,
-                    shared: pathlib.Path) -> None:
-  """The small scale's text: trains on the local C4 sample, holds out
-  WikiText-2 validation read as articles; no periodic checkpoints."""
-  c.data.local_files.train = experiment.require(shared / C4_TRAIN,
-                                                "C4 sample")
-  c.data.local_files.validation = experiment.require(
-      shared / WIKITEXT_VALID, "WikiText-2 validation")
-  c.data.text_layout = "wikitext"
-  c.checkpoint_every = 0
-  c.keep_checkpoints = 1
-
-
-def held_out(config: ml_collections.ConfigDict) -> dict:
-  """The held-out set a run is evaluated on: rows, real tokens, selected
-  (scored) tokens, and a digest of its inputs, targets and weights (equal
-  digests: the same rows with the same masked positions)."""
-  arrays = experiment.held_out_arrays(config)
-  digest = hashlib.sha256()
-  bs = config.eval_batch_size
-  for i in range(0, len(arrays["inputs"]), bs):    # batch by batch
-    for key in ("inputs", "targets", "weights", "masked_positions"):
-      digest.update(np.ascontiguousarray(arrays[key][i:i + bs]).tobytes())
-  return {"rows": len(arrays["inputs"]),
-          "tokens": int((arrays["segment_ids"] > 0).sum()),
-          "scored_tokens": int(arrays["weights"].sum()),
-          "digest": digest.hexdigest()[:16]}
-
-
-def lm_baselines(config: ml_collections.ConfigDict) -> dict:
-  """``baselines.lm_baselines`` of the selected positions of ``config``'s
-  held-out set (described by ``held_out``), counted on the train split's
-  tokens."""
-  train = experiment.pipeline_arrays(config.data, "train")["targets"]
-  return dict(baselines.lm_baselines(
-      train, experiment.held_out_arrays(config),
-      vocab_size=config.model.vocab_size, causal=False),
-              train_tokens=int((train != 0).sum()), held_out=held_out(config))
-
-
-def final_perplexity(run: dict) -> float:
-  """Held-out perplexity at the run's last evaluation."""
-  return float(run["eval"]["perplexity"])
-
-
-def table_rows(runs: dict, sizes: dict, base: dict | None = None
-               ) -> list[list]:
-  """One row per model (``runs``: {model: [run of each seed]}), ours beside
-  the paper's: mean ± sd over seeds, the ratio to the unigram baseline of
-  the same positions, and whether the seeds back the paper's order against
-  BERT."""
-  rows = []
-  bert = [final_perplexity(r) for r in runs.get("attention", [])]
-  # The paper's models always (a missing one: "not run"), BERT's
-  # diagnostics where they ran (no verdict, no paper number).
-  for mixer in MODELS + tuple(d for d in CHOICES[len(MODELS):]
-                              if runs.get(d)):
-    m, p = sizes[mixer]["model"], sizes[mixer]["params"]
-    ppl = [final_perplexity(r) for r in runs.get(mixer, [])]
-    paper, paper_ppl = PAPER.get(mixer), ""
-    if paper:
-      paper_ppl = (f"{paper['ppl']} ({paper['layers']} layers, "
-                   f"{paper['params'] / 1e6:.0f}M)" if paper["ppl"]
-                   else "not in PAPERS.md")
-    ratio = (f"{experiment.mean_sd(ppl)[0] / base['unigram']:.2f}"
-             if ppl and base else "")
-    vs_bert = ""
-    if mixer in ("gmlp", "amlp") and ppl and bert:
-      # gMLP: slightly higher perplexity than BERT; aMLP: at most BERT's.
-      vs_bert = experiment.verdict(
-          ppl, bert, "higher" if mixer == "gmlp" else "lower").text()
-    rows.append([LABELS[mixer], m["num_layers"], m["d_model"], m["d_ffn"],
-                 f"{p['total'] / 1e6:.3f}M", f"{p['non_embedding'] / 1e6:.3f}M",
-                 experiment.fmt_mean_sd(ppl) or "not run", ratio, vs_bert,
-                 paper_ppl])
-  if base:
-    rows += experiment.perplexity_baseline_rows(
-        HEADERS, base, "held-out ppl (ours)", "/ unigram")
-  return rows
-
-
-HEADERS = ["model", "layers", "d", "d_ffn", "params", "non-embedding",
-           "held-out ppl (ours)", "/ unigram", "vs BERT",
-           "C4 valid ppl (paper)"]
-
-
-def c4_vocab(exp: experiment.Experiment, shared: pathlib.Path) -> dict:
-  """The small-scale vocabulary: SentencePiece on the C4 train documents,
-  built into and recorded by ``exp``."""
-  return exp.vocab(experiment.require(shared / C4_TRAIN, "C4 sample"),
-                   ("text",), VOCAB_PIECES, trained_on=C4_TRAIN)
-
-
-def report_names(scale: str, steps: int) -> tuple[str, str]:
-  """The table's and the figure's file names: ``table`` and
-  ``mlm_perplexity`` at the scale's own budget, ``_s<steps>`` added for any
-  other, so that a longer or shorter run in the same ``--out`` keeps the
-  main report."""
-  default = (SMALL if scale == "small" else PAPER_SIZES)["steps"]
-  suffix = "" if steps == default else f"_s{steps}"
-  return f"table{suffix}", f"mlm_perplexity{suffix}"
-
+from hypermixer_jax.experiment import mlm
 
 def main() -> None:
   p = experiment.parser("mlm_perplexity", __doc__, report_only=True,
-                        data_dir="", models=MODELS, seeds="0,1,2", steps=0,
+                        data_dir="", models=mlm.MODELS, seeds="0,1,2", steps=0,
                         vocab="small")
   args = experiment.parse(p)
   models = experiment.split(args.models)
-  unknown = sorted(set(models) - set(CHOICES))
+  unknown = sorted(set(models) - set(mlm.CHOICES))
   if unknown:
     raise SystemExit(f"--models: {', '.join(unknown)} unknown; the models "
-                     f"are {', '.join(CHOICES)}.")
+                     f"are {', '.join(mlm.CHOICES)}.")
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   vocab = None
   if args.scale == "small" and args.vocab == "small":
-    vocab = c4_vocab(exp, shared)
-  configs = model_configs(args.scale, vocab)
-  sizes = {m: {"model": c.to_dict(), "params": params(c)}
+    vocab = mlm.c4_vocab(exp, shared)
+  configs = mlm.model_configs(args.scale, vocab)
+  sizes = {m: {"model": c.to_dict(), "params": mlm.params(c)}
            for m, c in configs.items()}
   exp.save(sizes=sizes)
   seeds = experiment.split(args.seeds, int)
-  steps = args.steps or (SMALL if args.scale == "small"
-                         else PAPER_SIZES)["steps"]
+  steps = args.steps or (mlm.SMALL if args.scale == "small"
+                         else mlm.PAPER_SIZES)["steps"]
   prefix = f"{args.scale}/s{steps}/vocab={'small' if vocab else 't5'}"
 
   def config(model, seed=0):
-    return train_config(configs[model], args.scale, shared, args.data_dir,
-                        steps, seed=seed, vocab=vocab)
+    return mlm.train_config(configs[model], args.scale, shared,
+                            args.data_dir, steps, seed=seed, vocab=vocab)
   if args.scale == "small":
     for seed in seeds:   # the masked positions follow the seed
       exp.baseline(f"{prefix}/seed={seed}",
-                   lambda seed=seed: lm_baselines(config("attention", seed)))
+                   lambda seed=seed: mlm.lm_baselines(
+                       config("attention", seed)))
 
   def run(cell, key):
     c = config(cell["model"], cell["seed"])
     return dict(experiment.train(c, exp.workdir(key)),
                 params=sizes[cell["model"]]["params"],
-                held_out=held_out(c) if args.scale == "small" else None)
+                held_out=mlm.held_out(c) if args.scale == "small" else None)
   runs = exp.cells(prefix, experiment.grid(model=models, seed=seeds), run)
-
-  c = config("attention")
   seed_bases = [b for k, b in exp.data.get("baselines", {}).items()
                 if k.startswith(prefix + "/")]
-  base = ({k: float(np.mean([b[k] for b in seed_bases]))
-           for k in ("unigram", "bigram", "bigram_k")} if seed_bases else None)
+  _report(exp, args, runs, sizes, steps, seed_bases, vocab,
+          config("attention"))
+
+
+def _notes(args, steps: int, seed_bases: list, vocab: dict | None, c) -> str:
+  """The table's notes (``c``: BERT's training config): the setting all
+  models share, the held-out set and the vocabulary."""
   notes = (
       f"Same for all models: AdamW (b1 0.9, b2 0.999, weight decay "
       f"{c.weight_decay}), {c.warmup_steps} warm-up steps to lr "
@@ -434,27 +130,35 @@ def main() -> None:
       "held-out positions (mean over the seeds' masks).")
   if seed_bases:
     ho = seed_bases[0]["held_out"]
-    vocab_text = (f"{VOCAB_PIECES} SentencePiece pieces trained on the C4 "
-                  f"sample (sha256 {vocab['sha256'][:12]}...)" if vocab
+    vocab_text = (f"{mlm.VOCAB_PIECES} SentencePiece pieces trained on the "
+                  f"C4 sample (sha256 {vocab['sha256'][:12]}...)" if vocab
                   else "the T5 SentencePiece vocabulary (32,128 ids)")
     notes += (
         f" Held out: the first {ho['rows']} rows of WikiText-2 validation "
         f"read as articles, {ho['tokens']:,} tokens of which "
         f"{ho['scored_tokens']:,} selected and scored; {vocab_text}. "
-        f"Trained on the C4 sample ({C4_TRAIN}). Our perplexities are not "
+        f"Trained on the C4 sample ({mlm.C4_TRAIN}). Our perplexities are not "
         "comparable in absolute value with the paper's (another vocabulary "
         "and held-out set, ~10^4 x less training), only between the models "
         "and against the baselines.")
-  notes += f" Paper, other sizes: {PAPER_OTHER_SIZES}."
-  table_name, figure_name = report_names(args.scale, steps)
+  notes += f" Paper, other sizes: {mlm.PAPER_OTHER_SIZES}."
+  return notes
+
+
+def _report(exp, args, runs, sizes, steps, seed_bases, vocab, c) -> None:
+  base = ({k: float(np.mean([b[k] for b in seed_bases]))
+           for k in ("unigram", "bigram", "bigram_k")} if seed_bases else None)
+  notes = _notes(args, steps, seed_bases, vocab, c)
+  table_name, figure_name = mlm.report_names(args.scale, steps)
   exp.write_table(
       f"MLM perplexity at equal capacity ({args.scale} scale, {steps} "
       "steps)",
-      experiment.markdown_table(HEADERS, table_rows(runs, sizes, base)),
+      experiment.markdown_table(mlm.HEADERS,
+                                mlm.table_rows(runs, sizes, base)),
       notes, name=table_name)
   fig, axes = experiment.figure(size=(8.0, 3.6))
   ax = axes[0, 0]
-  experiment.plot_curves(ax, runs, "perplexity", LABELS.get)
+  experiment.plot_curves(ax, runs, "perplexity", mlm.LABELS.get)
   if base:
     experiment.baseline_lines(ax, {"unigram": base["unigram"],
                                    "0.6 x unigram": 0.6 * base["unigram"]})

@@ -17,7 +17,7 @@ against the same model trained from scratch with the same fine-tuning budget.
                  held-out MLM perplexity on WikiText-2 validation beside the
                  unigram and bigram baselines of the same positions;
                  fine-tuning: SST-2 with ``--fractions`` of the 67,349 train
-                 phrases (``low_resource.subset_tsv``), ``--finetune_steps``
+                 phrases (``experiment.glue.subset_tsv``), ``--finetune_steps``
                  of batch 64, both arms; learning rate: each (model, arm,
                  fraction) takes the best of ``--lrs`` by seed 0's final dev
                  accuracy, then the other seeds run at that rate; seeds
@@ -53,11 +53,10 @@ import pathlib
 import ml_collections
 import numpy as np
 
-import glue_from_scratch as glue
-import low_resource
-import mlm_perplexity as mlm
-import nli_splits
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import glue
+from hypermixer_jax.experiment import mlm
+from hypermixer_jax.experiment import nli
 
 MODELS = ("hypermixer", "attention", "gmlp")
 # SST-2 at --fractions of its labels, then a pair task at all of its own.
@@ -89,26 +88,26 @@ def finetune_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
   cut of its dev file (written under ``out``), scored on the test part."""
   if task == "sst2":
     train = experiment.require(shared / "glue/SST-2/train.tsv", "SST-2 train")
-    file = train if fraction >= 1 else low_resource.subset_tsv(
+    file = train if fraction >= 1 else glue.subset_tsv(
         train, fraction, out)
     c = glue.glue_config("sst2", mixer, "small", lr, shared, train_file=file,
                          seed=seed, vocab=vocab, width=SMALL["width"],
                          seq_len=SMALL["seq_len"], steps=steps)
-  elif task in nli_splits.FILES:
+  elif task in nli.FILES:
     if fraction < 1:
       raise ValueError(f"pretrain_finetune: fraction={fraction:g} applies to "
                        f"sst2 only; the {task} train part (about 8k pairs) "
                        "is used whole (fraction=1).")
-    file = nli_splits.FILES[task][0]
-    split = nli_splits.split_file(
+    file = nli.FILES[task][0]
+    split = nli.split_file(
         experiment.require(shared / file, f"{task} dev file"), out, task)
-    c = nli_splits.task_config(task, mixer, split, vocab, shared, seed=seed,
+    c = nli.task_config(task, mixer, split, vocab, shared, seed=seed,
                                width=SMALL["width"], steps=steps,
                                seq_len=SMALL["seq_len"])
     c.learning_rate = lr
   else:
     raise ValueError(f"pretrain_finetune: unknown task {task!r}; tasks: "
-                     f"sst2, {', '.join(nli_splits.FILES)}.")
+                     f"sst2, {', '.join(nli.FILES)}.")
   if init:
     c.init_checkpoint = init
     c.init_reinit = "(?!encoder/)"     # configs/glue.py's finetune setting
@@ -307,7 +306,7 @@ def settings_of(tasks: list[str], fractions: list[float]
 
 def nb_key(task: str, fraction: float) -> str:
   return (f"nb/{fraction:g}" if task == "sst2" else
-          f"nb/{task}_by_{nli_splits.GROUP_BY[task]}")
+          f"nb/{task}_by_{nli.GROUP_BY[task]}")
 
 
 def setting_label(task: str, fraction: float) -> str:

@@ -67,9 +67,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
 
-import mlm_perplexity as mlm
 from hypermixer_jax import baselines
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import mlm
 
 # name -> (label, family fields, moe fields). ``sparse``: has N2 > 0.
 MODELS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {

@@ -40,8 +40,8 @@ import pathlib
 
 import numpy as np
 
-import glue_from_scratch as glue
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import glue
 
 MODELS = ("hypermixer", "attention")
 TRIALS = 20

@@ -1,13 +1,11 @@
 """experiments/accelerator_kit.py at toy size on CPU (what CI can run)."""
 import json
-import pathlib
-import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
-                       / "experiments"))
-import accelerator_kit as kit  # noqa: E402  pylint: disable=g-import-not-at-top
+import script_modules
+
+kit = script_modules.load("experiments/accelerator_kit.py")
 
 
 @pytest.mark.slow

@@ -3,9 +3,7 @@ builds it, its FLOP counts against closed forms, one scored token set for
 the models and the baselines at every length, and a toy run that resumes."""
 import argparse
 import json
-import pathlib
 import shutil
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,13 +14,14 @@ from hypermixer_jax import baselines
 from hypermixer_jax import experiment
 from hypermixer_jax import heads
 from hypermixer_jax import models
+from hypermixer_jax.experiment import mlm
 from hypermixer_jax.train import artifacts
 from hypermixer_jax.train import evaluation
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
-                       / "experiments"))
-import causal_lm as cl  # noqa: E402  pylint: disable=g-import-not-at-top
-import mlm_perplexity as mlm  # noqa: E402  pylint: disable=g-import-not-at-top
+import script_modules
+
+cl = script_modules.load("experiments/causal_lm.py")
+
 
 TINY = dict(d_model=32, num_layers=2, d_ffn=64, heads=2, gmlp_depth=1,
             hyper_dim=8, chunk=4, seq_len=16, max_len=64, batch_size=8,

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import glue
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
-                       / "experiments"))
-import glue_from_scratch  # noqa: E402  pylint: disable=g-import-not-at-top
-import low_resource  # noqa: E402  pylint: disable=g-import-not-at-top
-import tuning_cost  # noqa: E402  pylint: disable=g-import-not-at-top
+import script_modules
+
+low_resource = script_modules.load("experiments/low_resource.py")
+tuning_cost = script_modules.load("experiments/tuning_cost.py")
+
 
 SHARED = experiment.default_shared_dir()
 HAS_SST2 = (SHARED / "glue/SST-2/train.tsv").exists()
@@ -431,14 +432,14 @@ class LowResourceTest(absltest.TestCase):
     src = tmp / "train.tsv"
     rows = [f"sentence {i}\t{i % 2}" for i in range(1000)]
     src.write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
-    path = low_resource.subset_tsv(str(src), 0.1, tmp)
+    path = glue.subset_tsv(str(src), 0.1, tmp)
     lines = pathlib.Path(path).read_text().splitlines()
     self.assertEqual(lines[0], "sentence\tlabel")
     self.assertLen(lines, 101)
     self.assertContainsSubset(lines[1:], rows)
     other = tmp / "again"
     other.mkdir()
-    self.assertEqual(pathlib.Path(low_resource.subset_tsv(
+    self.assertEqual(pathlib.Path(glue.subset_tsv(
         str(src), 0.1, other)).read_text(), "\n".join(lines) + "\n")
 
 
@@ -466,7 +467,7 @@ class LowResourceTest(absltest.TestCase):
         "pieces")
 
     def cfg(**kw):
-      return glue_from_scratch.glue_config(
+      return glue.glue_config(
           "sst2", "hypermixer", "small", 1e-3, shared, seed=2,
           vocab=dict(path=str(out / "low_resource/vocab/spm8000.model"),
                      model_vocab_size=8192), **budget, **kw)
@@ -485,7 +486,7 @@ class LowResourceTest(absltest.TestCase):
 class GlueConfigTest(absltest.TestCase):
 
   def test_hypermixer_above_cell_reads_the_papers_table(self):
-    above = glue_from_scratch.hypermixer_above
+    above = glue.hypermixer_above
     # The paper: SST-2, HyperMixer 81.4 above MLP-Mixer's 81.2; MNLI, 66.1
     # below linear attention's 66.9.
     hi, lo = [0.80, 0.81, 0.82], [0.70, 0.71, 0.72]
@@ -514,7 +515,7 @@ class GlueConfigTest(absltest.TestCase):
         "w128_s1000_n64/task=qnli/model=attention/lr=0.001/seed=0": run(0.5),
         "w128_s1000_n64/task=sst2/model=fnet/lr=0.001/seed=0": run(0.5),
     }
-    text = glue_from_scratch.budget_table(runs, ["attention", "mlp_mixer"])
+    text = glue.budget_table(runs, ["attention", "mlp_mixer"])
     rows = [line for line in text.splitlines() if line.startswith("| w")]
     self.assertEqual(rows, [
         "| w128_s1000_n64 | 81.0 ± 1.4 (n=2) |  |",
@@ -525,7 +526,7 @@ class GlueConfigTest(absltest.TestCase):
     counts = {}
     for mixer in ("attention", "hypermixer", "mlp_mixer"):
       c = experiment.load_config("glue.py", f"sst2,{mixer}")
-      glue_from_scratch.small_model(c, 128)
+      glue.small_model(c, 128)
       counts[mixer] = models.count_params(c.model, under="token_mixing")
     # Each token mixer is within 2% of the Transformer's parameters.
     for mixer, count in counts.items():
@@ -535,8 +536,8 @@ class GlueConfigTest(absltest.TestCase):
   @absltest.skipUnless(HAS_SST2, SKIP_SST2)
   @pytest.mark.slow
   def test_tiny_sst2_run_records_curves(self):
-    cfg = glue_from_scratch.glue_config("sst2", "fnet", "small", 1e-3,
-                                        SHARED, steps=6, width=16)
+    cfg = glue.glue_config("sst2", "fnet", "small", 1e-3, SHARED, steps=6,
+                           width=16)
     cfg.eval_every = 3
     workdir = tempfile.mkdtemp()
     result = experiment.train(cfg, workdir)
@@ -544,7 +545,7 @@ class GlueConfigTest(absltest.TestCase):
     self.assertEqual(sorted(result["eval_curve"]), [3, 6])
     self.assertEqual(result["eval"]["accuracy"],
                      result["eval_curve"][6]["accuracy"])
-    acc, _ = glue_from_scratch.best_eval(result)
+    acc, _ = glue.best_eval(result)
     self.assertBetween(acc, 0.0, 1.0)
 
 

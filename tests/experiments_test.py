@@ -9,7 +9,6 @@ the receptive field of its convolution stem.
 """
 import json
 import pathlib
-import sys
 import tempfile
 
 from absl.testing import absltest
@@ -23,10 +22,10 @@ import pytest
 from hypermixer_jax import experiment
 from hypermixer_jax import models
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
-                       / "experiments"))
-import synthetic_data_efficiency as sde  # noqa: E402  pylint: disable=g-import-not-at-top
-import token_mixing_cost as tmc  # noqa: E402  pylint: disable=g-import-not-at-top
+import script_modules
+
+sde = script_modules.load("experiments/synthetic_data_efficiency.py")
+tmc = script_modules.load("experiments/token_mixing_cost.py")
 
 
 def _png(path: pathlib.Path) -> np.ndarray:

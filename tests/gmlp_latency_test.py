@@ -1,16 +1,15 @@
 """experiments/gmlp_latency.py: the timing loop, the variants, the table."""
-import pathlib
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
-                       / "experiments"))
-import gmlp_latency  # noqa: E402  pylint: disable=g-import-not-at-top
 
-from hypermixer_jax.models import zoo  # noqa: E402
+from hypermixer_jax.models import zoo
+
+import script_modules
+
+gmlp_latency = script_modules.load("experiments/gmlp_latency.py")
 
 TOY = {"small": ((2, 16, 32), (1, 16, 32))}
 

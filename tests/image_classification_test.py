@@ -24,9 +24,11 @@ from hypermixer_jax import models
 from hypermixer_jax.data import images
 from hypermixer_jax.data import prepare_images
 
+import script_modules
+
+ic = script_modules.load("experiments/image_classification.py")
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
-import image_classification as ic  # noqa: E402  pylint: disable=g-import-not-at-top
 
 MEAN = np.array(images.MEAN_RGB, np.float32)
 STD = np.array(images.STDDEV_RGB, np.float32)

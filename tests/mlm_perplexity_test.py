@@ -2,7 +2,6 @@
 held-out set for every model, the table, and a toy run end to end."""
 import json
 import math
-import pathlib
 import sys
 
 import flax.linen as nn
@@ -12,12 +11,14 @@ import ml_collections
 import pytest
 
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import mlm
 from hypermixer_jax.models import common
 from hypermixer_jax.models import zoo
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
-                       / "experiments"))
-import mlm_perplexity as mlm  # noqa: E402  pylint: disable=g-import-not-at-top
+import script_modules
+
+mlm_perplexity = script_modules.load("experiments/mlm_perplexity.py")
+
 
 # The tests count the same paper-size and small models again (mlm.params
 # counts each twice): each config is traced once for the module.
@@ -169,7 +170,7 @@ def test_toy_run_end_to_end(shared_data, tmp_path, monkeypatch):
       "mlm_perplexity.py", "--scale=small", f"--out={out}", "--vocab=t5",
       "--seeds=0",
       f"--shared={shared}", f"--compilation_cache={tmp_path / 'cache'}"])
-  mlm.main()
+  mlm_perplexity.main()
   saved = json.loads((out / "results.json").read_text())
   base = saved["baselines"]["small/s4/vocab=t5/seed=0"]
   ho = base["held_out"]
@@ -257,5 +258,5 @@ def test_unknown_model_on_the_command_line_names_the_choices(
   with pytest.raises(SystemExit, match="--models: bert_pre unknown; the "
                      "models are attention, gmlp, amlp, attention_pre_ln, "
                      "attention_sinusoidal"):
-    mlm.main()
+    mlm_perplexity.main()
   assert not (tmp_path / "results.json").exists()

@@ -1,14 +1,10 @@
-"""experiments/nli_splits.py: the fixed 80/20 cut of a dev file."""
+"""experiment.nli (nli_splits.py): the fixed 80/20 cut of a dev file."""
 import pathlib
-import sys
 
 import pytest
 
 from hypermixer_jax import experiment
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
-                       / "experiments"))
-import nli_splits  # noqa: E402  pylint: disable=g-import-not-at-top
+from hypermixer_jax.experiment import nli
 
 
 def _write(path, lines):
@@ -20,8 +16,8 @@ def test_tsv_cut_is_a_fixed_partition_with_header(tmp_path):
   rows = [f"{i}\tq{i}?\ts{i}.\tentailment" for i in range(50)]  # 50 questions
   src = _write(tmp_path / "dev.tsv", ["index\tquestion\tsentence\tlabel"]
                + rows)
-  a = nli_splits.split_file(src, tmp_path / "a", "qnli")
-  b = nli_splits.split_file(src, tmp_path / "b", "qnli")
+  a = nli.split_file(src, tmp_path / "a", "qnli")
+  b = nli.split_file(src, tmp_path / "b", "qnli")
   train = pathlib.Path(a["train"]).read_text().splitlines()
   test = pathlib.Path(a["test"]).read_text().splitlines()
   assert train[0] == test[0] == "index\tquestion\tsentence\tlabel"
@@ -39,13 +35,13 @@ def test_jsonl_cut_has_no_header_and_keeps_written_files(tmp_path):
   rows = [f'{{"premise": "p{i}", "hypothesis": "h{i}", "label": "neutral"}}'
           for i in range(21)]     # 21 premises, one pair each
   src = _write(tmp_path / "dev.jsonl", rows)
-  a = nli_splits.split_file(src, tmp_path, "snli")
+  a = nli.split_file(src, tmp_path, "snli")
   test = pathlib.Path(a["test"]).read_text().splitlines()
   assert len(test) == 4 and a["rows"]["train"] == 17
   assert set(test) <= set(rows)
   # A second call reads the files it wrote instead of rewriting them.
   before = pathlib.Path(a["train"]).stat().st_mtime_ns
-  assert nli_splits.split_file(src, tmp_path, "snli")["sha256"] == a["sha256"]
+  assert nli.split_file(src, tmp_path, "snli")["sha256"] == a["sha256"]
   assert pathlib.Path(a["train"]).stat().st_mtime_ns == before
 
 
@@ -57,7 +53,7 @@ def test_pairs_of_one_premise_stay_on_one_side(tmp_path):
   rows = [f'{{"premise": "p{i}", "hypothesis": "h{i}{j}", "label": "{lab}"}}'
           for i in range(40) for j, lab in enumerate(labels)]
   src = _write(tmp_path / "dev.jsonl", rows)
-  a = nli_splits.split_file(src, tmp_path, "mnli")
+  a = nli.split_file(src, tmp_path, "mnli")
   premise = lambda line: line.split('"')[3]  # noqa: E731
   train = pathlib.Path(a["train"]).read_text().splitlines()
   test = pathlib.Path(a["test"]).read_text().splitlines()
@@ -68,11 +64,11 @@ def test_pairs_of_one_premise_stay_on_one_side(tmp_path):
   # QNLI groups by its question column; a missing column is named.
   tsv = _write(tmp_path / "dev.tsv", ["index\tquestion\tsentence\tlabel"]
                + [f"{i}\tq{i % 7}\ts{i}\tentailment" for i in range(35)])
-  b = nli_splits.split_file(tsv, tmp_path, "qnli")
+  b = nli.split_file(tsv, tmp_path, "qnli")
   q = lambda line: line.split("\t")[1]  # noqa: E731
   tr, te = (pathlib.Path(b[k]).read_text().splitlines()[1:]
             for k in ("train", "test"))
   assert not {q(r) for r in tr} & {q(r) for r in te} and len(te) == 10
   bad = _write(tmp_path / "bad.tsv", ["index\tsentence\tlabel", "0\ts\t1"])
   with pytest.raises(ValueError, match="no column 'question'"):
-    nli_splits.split_file(bad, tmp_path / "c", "qnli")
+    nli.split_file(bad, tmp_path / "c", "qnli")

@@ -1,12 +1,11 @@
 """experiments/pod_plan.py: the grid's bookkeeping (no compiles)."""
-import pathlib
 import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
-                       / "experiments"))
-import pod_plan  # noqa: E402  pylint: disable=g-import-not-at-top
+import script_modules
+
+pod_plan = script_modules.load("experiments/pod_plan.py")
 
 
 def test_missing_lists_cells_not_compiled_and_leaves_out_inapplicable():

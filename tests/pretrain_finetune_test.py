@@ -15,9 +15,9 @@ from hypermixer_jax import experiment
 from hypermixer_jax.models import zoo
 from hypermixer_jax.train import checkpoint
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
-                       / "experiments"))
-import pretrain_finetune as pf  # noqa: E402  pylint: disable=g-import-not-at-top
+import script_modules
+
+pf = script_modules.load("experiments/pretrain_finetune.py")
 
 
 def _shapes(model_config):
@@ -92,7 +92,7 @@ def test_same_vocabulary_length_and_seed(configs, shared_data, tmp_path):
   test = pathlib.Path(pair.data.local_files.validation)
   assert pair.eval_split == "validation" and train.parent == out / "splits"
   tr, te = (p.read_text(encoding="utf-8").splitlines() for p in (train, test))
-  source = (shared_data / pf.nli_splits.FILES["snli"][0]).read_text(
+  source = (shared_data / pf.nli.FILES["snli"][0]).read_text(
       encoding="utf-8").splitlines()
   assert sorted(tr + te) == sorted(source)
   # A partition of the rows by premise: no premise on both sides.
@@ -127,7 +127,6 @@ def test_settings_and_baseline_keys():
   assert pf.nb_key("sst2", 0.1) == "nb/0.1"
   assert pf.nb_key("snli", 1.0) == "nb/snli_by_premise"
   assert pf.setting_label("snli", 1.0) == "SNLI, 80% split"
-
 
 
 def test_report_rows_of_run_and_unrun_settings(tmp_path):

@@ -2,16 +2,16 @@
 import itertools
 import math
 import pathlib
-import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent
-                       / "experiments"))
-import smlp_vs_moe as exp4  # noqa: E402  pylint: disable=g-import-not-at-top
 
-from hypermixer_jax import models  # noqa: E402
-from hypermixer_jax.train import loop  # noqa: E402
+from hypermixer_jax import models
+from hypermixer_jax.train import loop
+
+import script_modules
+
+exp4 = script_modules.load("experiments/smlp_vs_moe.py")
 
 SHARED = pathlib.Path("/nonexistent")
 

@@ -1,0 +1,204 @@
+"""What the GLUE experiments share: the HyperMixer paper's table (Mai et al.
+2023, §4.3), its models at the small scale, one run's training config, the
+bag-of-words baselines and the verdict against HyperMixer.
+
+``experiments/glue_from_scratch.py`` runs the table; ``nli_splits``,
+``low_resource``, ``tuning_cost`` and ``pretrain_finetune`` start from the
+same configs and budgets.
+"""
+from __future__ import annotations
+
+import pathlib
+
+import ml_collections
+import numpy as np
+
+from hypermixer_jax import baselines
+from hypermixer_jax import experiment
+
+# Test accuracy of the paper's table (poster version, 11M, no pretraining).
+PAPER = {
+    "hypermixer": {"mnli": 66.1, "snli": 81.7, "qqp": 84.1, "qnli": 77.1,
+                   "sst2": 81.4},
+    "attention": {"mnli": 65.8, "snli": 80.7, "qqp": 82.4, "qnli": 73.2,
+                  "sst2": 79.4},
+    "linear_attention": {"mnli": 66.9, "snli": 83.0, "qqp": 82.3, "qnli": 61.7,
+                         "sst2": 80.8},
+    "mlp_mixer": {"mnli": 62.9, "snli": 80.1, "qqp": 83.5, "qnli": 70.5,
+                  "sst2": 81.2},
+    "gmlp": {"mnli": 61.2, "snli": 80.9, "qqp": 82.5, "qnli": 60.2, "sst2": 79.5},
+    "fnet": {"mnli": 59.8, "snli": 75.3, "qqp": 78.4, "qnli": 59.6, "sst2": 80.0},
+}
+LABELS = {"hypermixer": "HyperMixer", "attention": "Transformer",
+          "linear_attention": "Linear Transformer", "mlp_mixer": "MLP-Mixer",
+          "gmlp": "gMLP", "fnet": "FNet"}
+MIXERS = tuple(PAPER)
+TASKS = ("sst2", "qnli", "mnli", "qqp", "snli")
+PAPER_LRS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
+# Small scale: the budget that lets the best model clear Naive Bayes here.
+SMALL = dict(width=128, steps=1000, seq_len=64, lr=1e-3)
+VOCAB_PIECES = 8000
+
+
+def small_model(c: ml_collections.ConfigDict, width: int = 128,
+                seq_len: int = 64) -> None:
+  """The GLUE layout at ``width`` (2 layers, d_ffn 2 width, ``seq_len``).
+
+  Token mixers keep the zoo's sizing rule (each about the Transformer's
+  4 d^2 + 4 d parameters per layer): HyperMixer's hypernetwork width d' and
+  gMLP's d_ffn scale with d, attention keeps heads of width 64, MLP-Mixer's
+  token MLP keeps D_S = 512 at width 128 (its parameters scale with N, which
+  shrinks fourfold with the length) and scales with d below.
+  """
+  m = c.model
+  zoo_width = m.d_model
+  m.d_model, m.d_ffn, m.num_layers, m.max_len = width, 2 * width, 2, seq_len
+  kw = m.mixer_kwargs
+  for field in ("hyper_dim", "d_ffn"):
+    if field in kw:
+      kw[field] = kw[field] * width // zoo_width
+  if "token_mlp_dim" in kw:
+    kw.token_mlp_dim = kw.token_mlp_dim * min(width, 128) // 128
+  if "num_heads" in kw:
+    kw.num_heads = max(1, width // 64)
+
+
+def glue_config(task: str, mixer: str, scale: str, lr: float,
+                shared: pathlib.Path | None, data_dir: str = "",
+                scale_embeddings: bool = True, steps: int | None = None,
+                train_file: str | None = None, dropout: float | None = None,
+                width: int = 128, seed: int = 0, seq_len: int = 64,
+                vocab: dict | None = None) -> ml_collections.ConfigDict:
+  """The training config of one GLUE run (``train_file``: another SST-2
+  train TSV, e.g. a subset, at small scale; ``vocab``: an
+  ``experiment.small_vocab`` record, else the T5 vocabulary in ``shared``)."""
+  c = experiment.load_config("glue.py", f"{task},{mixer}")
+  c.learning_rate = lr
+  c.seed = seed
+  c.model.scale_embeddings = scale_embeddings
+  if dropout is not None:
+    c.model.dropout_rate = dropout
+  if vocab:
+    c.data.vocab_path = vocab["path"]
+    c.model.vocab_size = vocab["model_vocab_size"]
+  if scale == "small":
+    small_model(c, width, seq_len)
+    c.data.seq_len = seq_len
+    if not vocab:
+      c.data.vocab_path = experiment.require(
+          shared / "t5_spm/sentencepiece.model", "SentencePiece vocabulary")
+    c.data.local_files.train = train_file or experiment.require(
+        shared / "glue/SST-2/train.tsv", "SST-2 train.tsv")
+    c.data.local_files.validation = experiment.require(
+        shared / "glue/SST-2/dev.tsv", "SST-2 dev.tsv")
+    c.batch_size = 64
+    c.num_train_steps = steps or SMALL["steps"]
+    c.warmup_steps = max(1, c.num_train_steps // 10)
+    c.eval_every = max(1, c.num_train_steps // 5)
+    c.checkpoint_every = 0
+  else:
+    c.data.data_dir = data_dir
+    if steps:
+      c.num_train_steps = steps
+      c.eval_every = c.checkpoint_every = steps // 10
+  return c
+
+
+def budget_tag(width: int, steps: int, seq_len: int,
+               dropout: float | None = None) -> str:
+  """The small-scale budget in a run's key: ``w<width>_s<steps>_n<length>``
+  (and ``_d<dropout>`` when set)."""
+  return f"w{width}_s{steps}_n{seq_len}" + (
+      f"_d{dropout:g}" if dropout is not None else "")
+
+
+def best_eval(result: dict) -> tuple[float, int]:
+  """(best dev accuracy, its step) over the run's evaluations."""
+  curve = result["eval_curve"]
+  step = max(curve, key=lambda s: curve[s]["accuracy"])
+  return curve[step]["accuracy"], int(step)
+
+
+def sst2_vocab(exp: experiment.Experiment, shared: pathlib.Path) -> dict:
+  """The small-scale vocabulary: SentencePiece on the SST-2 train phrases,
+  built into and recorded by ``exp``."""
+  return exp.vocab(experiment.require(shared / "glue/SST-2/train.tsv",
+                                      "SST-2 train.tsv"), ("sentence",),
+                   VOCAB_PIECES, trained_on="SST-2 train.tsv (sentence)")
+
+
+def bag_of_words_baselines(config: ml_collections.ConfigDict) -> dict:
+  """Dev accuracy of Naive Bayes and of the majority class on the tokens and
+  splits of ``config`` (what its model is trained and evaluated on)."""
+  train = experiment.pipeline_arrays(config.data, "train")
+  dev = experiment.pipeline_arrays(config.data, config.eval_split)
+  nb = baselines.naive_bayes(train["inputs"], train["label"], dev["inputs"],
+                             vocab_size=config.model.vocab_size,
+                             num_classes=config.model.num_classes)
+  most = baselines.majority(train["label"], len(dev["label"]))
+  return {"naive_bayes": float(np.mean(nb == dev["label"])),
+          "majority": float(np.mean(most == dev["label"])),
+          "train_rows": len(train["label"]), "dev_rows": len(dev["label"])}
+
+
+def param_split(config: ml_collections.ConfigDict) -> dict:
+  """Parameters: total, token embedding, token mixing (all layers)."""
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  return {"params": models.count_params(config.model),
+          "params_embedding": models.count_params(config.model, "token_embed"),
+          "params_token_mixing": models.count_params(config.model,
+                                                     "token_mixing")}
+
+
+def hypermixer_above(task: str, mixer: str, hyper: list[float],
+                     other: list[float], n_eval: int | None = None) -> str:
+  """The table's "HyperMixer above it?" cell: the paper's answer for
+  ``task`` against ``mixer`` and what Welch's test on our seeds (``hyper``,
+  ``other``: accuracies on ``n_eval`` examples) says of it; '' for
+  HyperMixer itself or without runs."""
+  if mixer == "hypermixer" or not hyper or not other:
+    return ""
+  paper_higher = PAPER["hypermixer"][task] > PAPER[mixer][task]
+  v = experiment.verdict(hyper, other, "higher" if paper_higher else "lower",
+                         n_eval=n_eval)
+  return f"paper {'yes' if paper_higher else 'no'}; ours {v.text(100)}"
+
+
+def run_cell(exp: experiment.Experiment, config: ml_collections.ConfigDict,
+             key: str) -> dict:
+  """One training run in ``exp``'s workdir for ``key``, with its
+  parameter counts (``param_split``)."""
+  return dict(experiment.train(config, exp.workdir(key)),
+              **param_split(config))
+
+
+def budget_table(runs: dict, mixers) -> str:
+  """Every budget recorded (``w<width>_s<steps>_n<length>[_d<dropout>]``,
+  the first part of a run's key) against each model's final SST-2 dev
+  accuracy there (mean ± sd over the seeds run): the budget search behind
+  the main table."""
+  acc: dict[str, dict[str, list[float]]] = {}
+  for key, r in runs.items():
+    parts = dict(p.split("=", 1) for p in key.split("/")[1:] if "=" in p)
+    if parts.get("task") == "sst2" and parts.get("model") in mixers:
+      acc.setdefault(key.split("/")[0], {}).setdefault(
+          parts["model"], []).append(r["eval"]["accuracy"])
+  rows = [[budget] + [experiment.fmt_mean_sd(acc[budget].get(m, []), 100)
+                      for m in mixers] for budget in sorted(acc)]
+  return ("Budgets recorded (SST-2 dev at the last step; w: width, s: steps "
+          "of batch 64, n: length, d: dropout where not 0.1):\n\n"
+          + experiment.markdown_table(["budget"] + [LABELS[m] for m in mixers],
+                                      rows))
+
+
+def subset_tsv(source: str, fraction: float, out: pathlib.Path) -> str:
+  """A fixed random ``fraction`` of the rows of a TSV with a header."""
+  path = out / f"train_{round(100 * fraction)}pct.tsv"
+  if not path.exists():
+    lines = pathlib.Path(source).read_text(encoding="utf-8").splitlines()
+    header, rows = lines[0], lines[1:]
+    keep = np.random.default_rng(0).permutation(len(rows))[
+        :max(1, round(fraction * len(rows)))]
+    path.write_text("\n".join([header] + [rows[i] for i in sorted(keep)])
+                    + "\n", encoding="utf-8")
+  return str(path)

@@ -1,0 +1,73 @@
+"""A model's loop train step on one device, for the benchmarks: a batch in
+the data contract's format (CONTRIBUTING.md) for its head, the compiled
+step with its XLA FLOP count, and a timer that carries the donated state
+from call to call."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from hypermixer_jax import models
+from hypermixer_jax import sharding
+from hypermixer_jax.data import preprocessors
+from hypermixer_jax.experiment import bench as bc
+from hypermixer_jax.train import optim
+from hypermixer_jax.train.config import base_config
+
+
+def make_batch(cfg, batch: int, length: int, rng: np.random.RandomState
+               ) -> dict[str, np.ndarray]:
+  """A batch in the data contract's format (CONTRIBUTING.md) for the head."""
+  head, n = models.model_facts(cfg).head, length
+  if cfg.family == "continuous":
+    return {"inputs": rng.randn(batch, n, cfg.input_dim).astype(np.float32),
+            "label": rng.randint(0, cfg.num_classes, batch).astype(np.int32)}
+  out = {"inputs": rng.randint(5, cfg.vocab_size, (batch, n)).astype(np.int32),
+         "segment_ids": np.ones((batch, n), np.int32),
+         "positions": np.broadcast_to(np.arange(n, dtype=np.int32),
+                                      (batch, n)).copy()}
+  if head == "mlm":
+    # As the pipeline gives it: max_predictions(n) selected positions per row
+    # and BERT's masked_lm_positions, so the head runs at those only.
+    out["targets"] = rng.randint(5, cfg.vocab_size, (batch, n)).astype(
+        np.int32)
+    slots = preprocessors.max_predictions(n)
+    pos = np.sort(np.argsort(rng.rand(batch, n), axis=1)[:, :slots], axis=1)
+    out["masked_positions"] = pos.astype(np.int32)
+    out["weights"] = np.zeros((batch, n), np.float32)
+    np.put_along_axis(out["weights"], pos, 1.0, axis=1)
+  elif head == "causal_lm":
+    out["targets"] = rng.randint(5, cfg.vocab_size, (batch, n)).astype(
+        np.int32)
+    out["weights"] = np.ones((batch, n), np.float32)
+  else:
+    out["label"] = rng.randint(0, cfg.num_classes, batch).astype(np.int32)
+    if cfg.get("type_vocab_size", 0):
+      out["token_type_ids"] = (np.arange(n) >= n // 2).astype(
+          np.int32)[None].repeat(batch, 0)
+  return out
+
+
+def build_step(model_cfg, batch_size: int, length: int | None):
+  """(compiled step, state, batch, rng, flops) for one model config."""
+  config = base_config()
+  config.model = model_cfg
+  config.mesh.data = 1
+  mesh = sharding.build_mesh(config.mesh, devices=jax.devices()[:1])
+  tx, _ = optim.make_optimizer(config)
+  batch = make_batch(model_cfg, batch_size, length or model_cfg.max_len,
+                     np.random.RandomState(0))
+  compiled, state, batch, rng = bc.train_step(
+      model_cfg, batch, mesh, sharding.get_rules(config.sharding), tx)
+  return compiled, state, batch, rng, bc.xla_flops(compiled)
+
+
+def step_timer(compiled, state, batch, rng, flops: float,
+               min_seconds: float) -> bc.Timed:
+  """A ``bc.Timed`` of the step; the donated state is carried call to call."""
+  holder = [state]
+
+  def call():
+    holder[0], metrics = compiled(holder[0], batch, rng)
+    return metrics
+  return bc.Timed(call, flops=flops, min_seconds=min_seconds)
