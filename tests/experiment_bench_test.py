@@ -91,7 +91,7 @@ def test_sharded_sample_reads_every_row_once_per_shard(tmp_path):
   """``--shards K``: K links whose glob the real local reader reads whole."""
   import collections  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
-  bi = script_modules.load("experiments/bench_input.py")
+  bi = script_modules.load("benchmarks/bench_input.py")
   from hypermixer_jax.data import sources  # pylint: disable=g-import-not-at-top
   sample = tmp_path / "docs.jsonl"
   texts = [f"document {i} \u00e9" for i in range(5)]
@@ -117,7 +117,7 @@ def test_sharded_sample_reads_every_row_once_per_shard(tmp_path):
 def test_state_timing_restores_without_replay(mnli):
   """``--state``: the position is saved in TF's own format (checked inside)
   and a restore continues without replaying batches."""
-  bi = script_modules.load("experiments/bench_input.py")
+  bi = script_modules.load("benchmarks/bench_input.py")
   r = bi.state_timing(mnli, "train", batch_size=4, warmup=3)
   assert r["replayed"] == 0 and r["state_mb"] > 0
   assert min(r["save_s"], r["tf_save_s"], r["new_first_batch_s"]) > 0
@@ -141,7 +141,7 @@ def mnli(tmp_path_factory):
 def test_pipeline_rates_count_the_timed_batches(mnli):
   """Tokens per example is that of the timed batches (the ones after the
   warm-up, from the same seeded stream), and per core = rate / cores."""
-  bi = script_modules.load("experiments/bench_input.py")
+  bi = script_modules.load("benchmarks/bench_input.py")
   from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
   r = bi.measure_pipeline(mnli, "train", batch_size=4, batches=6, warmup=3)
   it = iter(data.build_pipeline(mnli, "train", batch_size=4, seed=0,
@@ -158,7 +158,7 @@ def test_pipeline_rates_count_the_timed_batches(mnli):
 def test_task_models_match_their_configs():
   """The model each pipeline feeds: the head, length and causality of its
   config file; the image model shaped by the patches."""
-  bi = script_modules.load("experiments/bench_input.py")
+  bi = script_modules.load("benchmarks/bench_input.py")
   from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
   text = {"inputs": np.zeros((2, 24), np.int32)}
@@ -200,7 +200,7 @@ def test_torch_timed_protocol_and_a_dead_worker():
 
 
 def test_model_consumption_is_steps_times_batch():
-  bi = script_modules.load("experiments/bench_input.py")
+  bi = script_modules.load("benchmarks/bench_input.py")
   from hypermixer_jax.train.config import text_model  # pylint: disable=g-import-not-at-top
   m = text_model("hypermixer", "classify")
   m.update(num_layers=1, d_model=16, d_ffn=32, max_len=8, vocab_size=64)

@@ -1,4 +1,4 @@
-"""Shared helpers of the benchmarks (``experiments/bench_*.py``): matmul
+"""Shared helpers of the benchmarks (``benchmarks/bench_*.py``): matmul
 ceiling, timing, the library's train step, XLA cost, tables.
 
 Every MFU these scripts print is a ratio of two measurements taken in the same
@@ -109,7 +109,7 @@ class Timed:
 class TorchTimed:
   """``Timed``'s warm/round for a PyTorch workload in a child process.
 
-  The child (``experiments/torch_worker.py``, run by ``python``: an
+  The child (``benchmarks/torch_worker.py``, run by ``python``: an
   interpreter with torch) builds ``workload`` from ``cfg`` and answers each
   round, so ``interleave`` can alternate its rounds with this process's.
   Started under ``taskset``, the child inherits the parent's core.
@@ -117,7 +117,7 @@ class TorchTimed:
 
   def __init__(self, python: str, workload: str, cfg: Mapping[str, Any]):
     import subprocess  # pylint: disable=g-import-not-at-top
-    worker = str(REPO / "experiments" / "torch_worker.py")
+    worker = str(REPO / "benchmarks" / "torch_worker.py")
     self.proc = subprocess.Popen([python, worker, workload, json.dumps(cfg)],
                                  stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)

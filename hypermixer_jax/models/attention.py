@@ -119,7 +119,7 @@ def blockwise_attention(q: Array, k: Array, v: Array, *,
       o' = o e^{m-m'} + sum_j e^{s_j-m'} v_j,  y = o / l.
   On a CPU a block's logits stay in cache, where the library's XLA path
   writes and rereads [B, H, N, N] float32 several times
-  (experiments/bench_attention.py measures both). Each scan step is
+  (benchmarks/bench_attention.py measures both). Each scan step is
   rematerialised, so the backward pass stores only the carries. Causal key
   blocks past the query block are skipped. Logits, m, l and o are float32
   whatever the compute dtype. Same arguments as ``dot_product_attention``.

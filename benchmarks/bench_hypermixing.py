@@ -27,11 +27,11 @@ Two tables, both measured in this process on this device:
    the forward's temporaries flat in N beyond the O(B N d) inputs/outputs;
    the backward stores N / C chunk-boundary states.
 
-    taskset -c 1 python experiments/bench_hypermixing.py
-    taskset -c 1 python experiments/bench_hypermixing.py --causal_memory
-    taskset -c 1 python experiments/bench_hypermixing.py \
+    taskset -c 1 python benchmarks/bench_hypermixing.py
+    taskset -c 1 python benchmarks/bench_hypermixing.py --causal_memory
+    taskset -c 1 python benchmarks/bench_hypermixing.py \
         --official=HYPERMIXING_CHECKOUT --torch_python=TORCHENV/bin/python
-    python experiments/bench_hypermixing.py --quick     # small sizes
+    python benchmarks/bench_hypermixing.py --quick     # small sizes
 """
 from __future__ import annotations
 

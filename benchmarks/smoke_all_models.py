@@ -4,8 +4,8 @@ Prints one row per model: parameters, loss (the head's, ``heads``), gradient
 norm and ms per (jitted, warmed-up) training step. A first check that the whole model zoo
 builds, runs and trains on the machine at hand:
 
-  python experiments/smoke_all_models.py                     # paper sizes
-  python experiments/smoke_all_models.py --tiny --models=glue_hypermixer,gmlp_ti
+  python benchmarks/smoke_all_models.py                     # paper sizes
+  python benchmarks/smoke_all_models.py --tiny --models=glue_hypermixer,gmlp_ti
 """
 from __future__ import annotations
 

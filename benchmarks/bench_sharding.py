@@ -6,7 +6,7 @@ accelerators are present), prints for every preset of
 optimizer state held by one device, their ratio to the unsharded total, and
 the train-step time relative to the same step on a single device.
 
-  python experiments/bench_sharding.py --mixer gmlp --steps 5
+  python benchmarks/bench_sharding.py --mixer gmlp --steps 5
 
 On fake CPU devices the 8 "devices" share the host's cores, so the time
 ratio measures partitioning overhead, not speed-up; the memory columns are

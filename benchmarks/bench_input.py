@@ -17,7 +17,7 @@ shuffle buffer fill, tf.data autotuning):
   host cores that takes at the pipeline's rate per core (``cores to feed``).
   The pipeline keeps up when ``pipeline / model`` is above 1.
 
-  python experiments/bench_input.py --shared=../shared/data --batch_size=32 \
+  python benchmarks/bench_input.py --shared=../shared/data --batch_size=32 \
       --batches=20 --model hypermixer
 
 On a shared host, pin the process (``taskset -c 1 python ...``): the rate is
@@ -26,7 +26,7 @@ runs. ``--shards K`` reads each text sample as K shards (links to the file),
 the layout of a real corpus, which tf.data reads several files at a time;
 measure in steady state, well past autotuning:
 
-  python experiments/bench_input.py --shards=8 --batch_size=64 \
+  python benchmarks/bench_input.py --shards=8 --batch_size=64 \
       --batches=300 --warmup_batches=30
 
 ``--state`` times what a checkpoint costs the pipeline instead: saving its
@@ -35,7 +35,7 @@ format), its size, and the first batch after a restore and after a
 fresh build (what an epoch boundary costs), e.g. with the data config's
 default shuffle buffer:
 
-  python experiments/bench_input.py --state --shuffle_buffer_size=10000 \
+  python benchmarks/bench_input.py --state --shuffle_buffer_size=10000 \
       --batch_size=64 --warmup_batches=30
 """
 from __future__ import annotations

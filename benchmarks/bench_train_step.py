@@ -11,11 +11,11 @@ and MLP-Mixer image models at 224 x 224, and the sMLP LM with Switch and
 Base Layers routers at equal FLOPs. Every row is measured in float32 and in
 bfloat16 compute (``--dtypes``).
 
-    taskset -c 1 python experiments/bench_train_step.py --out /tmp/bench
-    taskset -c 1 python experiments/bench_train_step.py --quick
-    python experiments/bench_train_step.py --models glue_hypermixer/mlm \
+    taskset -c 1 python benchmarks/bench_train_step.py --out /tmp/bench
+    taskset -c 1 python benchmarks/bench_train_step.py --quick
+    python benchmarks/bench_train_step.py --models glue_hypermixer/mlm \
         --profile     # also the XLA ops that take the time
-    taskset -c 1 python experiments/bench_train_step.py \
+    taskset -c 1 python benchmarks/bench_train_step.py \
         --linear_attention=64,512,2048 --rounds 3
 
 ``--linear_attention=64,512,2048`` instead times, per length and head

@@ -17,8 +17,8 @@ scan on CPU for N > block size); ``library`` forces
 ``jax.nn.dot_product_attention`` (XLA's path, which materialises
 [B, H, N, N] float32: skipped above ``--library_max_n``).
 
-    taskset -c 1 python experiments/bench_attention.py --torch_python=TORCHENV/bin/python
-    python experiments/bench_attention.py --quick --torch_python=...
+    taskset -c 1 python benchmarks/bench_attention.py --torch_python=TORCHENV/bin/python
+    python benchmarks/bench_attention.py --quick --torch_python=...
 """
 from __future__ import annotations
 
