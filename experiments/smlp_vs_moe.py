@@ -409,7 +409,8 @@ def baseline_rows(base: Mapping[str, Any]) -> list[list[Any]]:
   return rows
 
 
-def main() -> None:
+def _flags():
+  """The parsed flags and the models to run (ablations added)."""
   p = experiment.parser("smlp_vs_moe", __doc__, report_only=True,
                         data_dir="", models=MODELS, seeds="0,1,2", steps=0,
                         vocab="small")
@@ -419,13 +420,6 @@ def main() -> None:
   p.add_argument("--plan_only", action="store_true",
                  help="measure FLOPs and choose depths, train nothing")
   args = experiment.parse(p)
-  exp = experiment.Experiment(args.out, args)
-  shared = pathlib.Path(args.shared)
-  regime, s = settings(args.scale, args.vocab)
-  vocab = (mlm.c4_vocab(exp, shared) if regime == "small8k" else None)
-  steps = args.steps or s["steps"]
-  tokens_per_step = s["batch_size"] * s["seq_len"]
-  seeds = experiment.split(args.seeds, int)
   names = experiment.split(args.models)
   if args.ablations:
     names += [n for n in ABLATIONS if n not in names]
@@ -433,6 +427,17 @@ def main() -> None:
   if unknown:
     raise SystemExit(f"--models: unknown {unknown}; models: "
                      f"{', '.join(MODELS)}; ablations: {', '.join(ABLATIONS)}")
+  return args, names
+
+
+def main() -> None:
+  args, names = _flags()
+  exp = experiment.Experiment(args.out, args)
+  shared = pathlib.Path(args.shared)
+  regime, s = settings(args.scale, args.vocab)
+  vocab = (mlm.c4_vocab(exp, shared) if regime == "small8k" else None)
+  steps = args.steps or s["steps"]
+  seeds = experiment.split(args.seeds, int)
 
   def config(name, depth, seed=0):
     return run_config(name, args.scale, depth, shared, args.data_dir,
@@ -443,11 +448,32 @@ def main() -> None:
     return exp.run(f"{regime}/flops/{name}", lambda: fit_block_flops(
         lambda d: train_step_flops(config(name, (d[0], 0) if name in DENSE
                                           else d))))
+  plan = _plan(exp, s, names, config, fit_of)
+  if args.plan_only:
+    return
+  base = (exp.data.get("baselines", {}).get(regime) if exp.report_only else
+          exp.baseline(regime, lambda: lm_baselines(
+              config(REFERENCE, s["smlp_depth"]))))
+  runs = _train(exp, plan, seeds, f"{regime}/s{steps}", config,
+                s["batch_size"] * s["seq_len"])
+  plan.setdefault(REFERENCE, _plan_entry(REFERENCE, fit_of(REFERENCE),
+                                         s["smlp_depth"], config))
+  _report(exp, args, s, plan, runs, base, vocab, steps, seeds)
+
+
+def _plan_entry(name: str, fit: dict, depth, config) -> dict:
+  """Depth, block FLOPs per token, train-step FLOPs and parameters."""
   from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  return dict(depth=depth, layer_flops=layer_flops(fit, depth),
+              flops=fit["base"] + layer_flops(fit, depth),
+              params=models.count_params(config(name, depth).model))
+
+
+def _plan(exp, s, names, config, fit_of) -> dict:
+  """Each model's depth whose blocks match sMLP's FLOPs per token (the
+  ablations keep sMLP's), recorded and printed."""
   target = layer_flops(fit_of(REFERENCE), s["smlp_depth"])
   plan = {}
-  labels = {**{n: m[0] for n, m in MODELS.items()},
-            **{n: a[0] for n, a in ABLATIONS.items()}}
   for name in names:
     fit = fit_of(name)
     if name == REFERENCE or name in ABLATIONS:
@@ -455,21 +481,18 @@ def main() -> None:
     else:
       depth, _ = choose_depth(fit, target, depth_candidates(
           name in DENSE, s["max_layers"]))
-    plan[name] = dict(depth=depth, layer_flops=layer_flops(fit, depth),
-                      flops=fit["base"] + layer_flops(fit, depth),
-                      params=models.count_params(config(name, depth).model))
+    plan[name] = _plan_entry(name, fit, depth, config)
   exp.save(plan={k: {**v, "depth": list(v["depth"])} for k, v in plan.items()})
   for name, pl in plan.items():
     print(f"{name}: depth {pl['depth']}, layer FLOPs/token "
           f"{pl['layer_flops'] / 1e6:.3f}M ({pl['layer_flops'] / target:.2f}"
           f" of sMLP), {pl['params'] / 1e6:.2f}M params", flush=True)
-  if args.plan_only:
-    return
-  base = (exp.data.get("baselines", {}).get(regime) if exp.report_only else
-          exp.baseline(regime, lambda: lm_baselines(
-              config(REFERENCE, s["smlp_depth"]))))
+  return plan
 
-  budget = f"{regime}/s{steps}"
+
+def _train(exp, plan, seeds, budget, config, tokens_per_step) -> dict:
+  """{model: [run of each seed]} (ablations: the first seed), each with its
+  held-out perplexity over the rows' last 80%."""
   runs = {}
   for name, pl in plan.items():
     for seed in seeds[:1] if name in ABLATIONS else seeds:
@@ -484,12 +507,12 @@ def main() -> None:
         runs.setdefault(name, []).append(
             {**result, **run_summary(result, tokens_per_step),
              "last80": last80})
+  return runs
 
-  plan.setdefault(REFERENCE, dict(
-      depth=s["smlp_depth"], layer_flops=target,
-      flops=fit_of(REFERENCE)["base"] + target,
-      params=models.count_params(config(REFERENCE, s["smlp_depth"]).model)))
-  main_names = [n for n in MODELS if n in plan]
+
+def _notes(args, s, vocab, steps, seeds) -> str:
+  """The table's notes: the shared setting, how depths and verdicts are
+  found, and what XLA's counts leave out."""
   vocab_text = (f"the {vocab['model_vocab_size']:,}-id SentencePiece "
                 "vocabulary of the C4 sample" if vocab else
                 "T5's 32,128-id vocabulary")
@@ -515,6 +538,15 @@ def main() -> None:
       "Layers' auction loop body once (training only), so its FLOPs are "
       "under-counted; Base Layers' training assignment reads the whole row "
       "(its inference routing is causal).")
+  return notes
+
+
+def _report(exp, args, s, plan, runs, base, vocab, steps, seeds) -> None:
+  """The main table, the ablations' table and the figure."""
+  labels = {**{n: m[0] for n, m in MODELS.items()},
+            **{n: a[0] for n, a in ABLATIONS.items()}}
+  main_names = [n for n in MODELS if n in plan]
+  notes = _notes(args, s, vocab, steps, seeds)
   unigram = base["all"]["unigram"] if base else None
   table = experiment.markdown_table(HEADERS, table_rows(
       main_names, labels, runs, plan, REFERENCE, PAPER, unigram)

@@ -48,7 +48,7 @@ OVER_LIMITS = {
     "experiments/pod_plan.py": {"lines": 565, "main": 87},
     "experiments/pretrain_finetune.py": {"lines": 412, "main": 115,
                                          "_report": 76},
-    "experiments/smlp_vs_moe.py": {"lines": 557, "main": 121},
+    "experiments/smlp_vs_moe.py": {"lines": 589},
     "experiments/synthetic_data_efficiency.py": {"lines": 269, "run": 84},
     "experiments/tuning_cost.py": {"lines": 255, "main": 67, "_report": 61},
 }
