@@ -253,7 +253,11 @@ def main() -> None:
       if result is not None:
         runs.setdefault(family, []).append(result)
 
-  dataset = "CIFAR-10 test" if args.scale == "small" else "ImageNet-1k val"
+  _report(exp, args, families, seeds, steps, runs, base)
+
+
+def _rows(families, runs, base) -> list[list]:
+  """One row per family (ours beside the paper) and the baselines'."""
   acc = {f: [final_accuracy(r) for r in rs] for f, rs in runs.items()}
   rows = []
   for family in families:
@@ -282,10 +286,11 @@ def main() -> None:
                  "", "", "", "", ""])
     rows.append(["majority class", "", "", f"{100 * base['majority']:.1f}",
                  "", "", "", "", ""])
-  headers = ["model", "layout", "params", f"{dataset} accuracy (ours, %)",
-             "vs linear on pixels", "paper's claim against gMLP",
-             "GFLOP / train step", "wall (min, per run)",
-             "paper: ImageNet-1k top-1 (%)"]
+  return rows
+
+
+def _notes(args, seeds, steps) -> str:
+  """The table's notes: the paper's setting and, at small scale, ours."""
   notes = ("Paper: ImageNet-1k top-1 of the gMLP paper (PAPERS.md §2), "
            "at 224x224 and 300 epochs; its claim: gMLP above MLP-Mixer, "
            "level with a DeiT Transformer of similar size. "
@@ -308,6 +313,18 @@ def main() -> None:
         "picked on the last 10% of the training images. "
         "Small-scale CIFAR-10 is not ImageNet: the columns are not "
         "comparable, only the ordering of the models is the claim to check.")
+  return notes
+
+
+def _report(exp, args, families, seeds, steps, runs, base) -> None:
+  """The table and the figure."""
+  dataset = "CIFAR-10 test" if args.scale == "small" else "ImageNet-1k val"
+  rows = _rows(families, runs, base)
+  headers = ["model", "layout", "params", f"{dataset} accuracy (ours, %)",
+             "vs linear on pixels", "paper's claim against gMLP",
+             "GFLOP / train step", "wall (min, per run)",
+             "paper: ImageNet-1k top-1 (%)"]
+  notes = _notes(args, seeds, steps)
   exp.write_table(f"Image classification ({args.scale} scale)",
                   experiment.markdown_table(headers, rows), notes)
   _plot(exp, runs, base)

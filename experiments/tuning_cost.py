@@ -164,19 +164,29 @@ def main() -> None:
         by_trial[mixer, t] = accuracy(exp.runs[key(mixer, t)])
   best = {}
   if len(by_trial) == len(MODELS) * len(space):   # the search is complete
-    for mixer in MODELS:
-      t = max(range(len(space)), key=lambda t, m=mixer: by_trial[m, t])
-      best[mixer] = dict(draw=t, lr=space[t][0], dropout=space[t][1],
-                         accuracy=[by_trial[mixer, t]])
-      for seed in experiment.split(args.best_seeds, int):
-        k = f"{budget}/{task}/{mixer}/best/trial{t}/seed={seed}"
-        if mixer in trained:
-          exp.cell(k, lambda c=config(mixer, *space[t], seed=seed), k=k:
-                   run_trial(c, exp.workdir(k)))
-        exp.reload()
-        if k in exp.runs:
-          best[mixer]["accuracy"].append(accuracy(exp.runs[k]))
+    best = _best_draws(exp, space, by_trial, experiment.split(
+        args.best_seeds, int), trained, f"{budget}/{task}", config)
   _report(exp, args, task, budget, paired_trials(by_trial, len(space)), best)
+
+
+def _best_draws(exp, space, by_trial, seeds, trained, prefix, config
+                ) -> dict:
+  """Each model's best draw, trained again with ``seeds`` (by the models
+  of ``trained``): its lr, dropout and accuracies, seed 0's first."""
+  best = {}
+  for mixer in MODELS:
+    t = max(range(len(space)), key=lambda t, m=mixer: by_trial[m, t])
+    best[mixer] = dict(draw=t, lr=space[t][0], dropout=space[t][1],
+                       accuracy=[by_trial[mixer, t]])
+    for seed in seeds:
+      k = f"{prefix}/{mixer}/best/trial{t}/seed={seed}"
+      if mixer in trained:
+        exp.cell(k, lambda c=config(mixer, *space[t], seed=seed), k=k:
+                 run_trial(c, exp.workdir(k)))
+      exp.reload()
+      if k in exp.runs:
+        best[mixer]["accuracy"].append(accuracy(exp.runs[k]))
+  return best
 
 
 def paired_trials(by_trial: dict[tuple[str, int], float], count: int
@@ -239,6 +249,10 @@ def _report(exp, args, task, budget, acc, best) -> None:
       "right end rests on its top trials and their seed noise: 'best draw, "
       "over seeds' trains each model's best draw again with --best_seeds "
       "(its verdict: Welch's test below). " + experiment.VERDICT_NOTE)
+  _plot(exp, ns, curves, base)
+
+
+def _plot(exp, ns, curves, base) -> None:
   fig, axes = experiment.figure()
   ax = axes[0, 0]
   for mixer in MODELS:

@@ -44,13 +44,13 @@ OVER_LIMITS = {
     "benchmarks/bench_train_step.py": {"lines": 288, "main": 94},
     "experiments/causal_lm.py": {"lines": 630, "lm_part": 97,
                                  "scaling_part": 73},
-    "experiments/image_classification.py": {"lines": 333, "main": 96},
+    "experiments/image_classification.py": {"lines": 350},
     "experiments/pod_plan.py": {"lines": 565, "main": 87},
     "experiments/pretrain_finetune.py": {"lines": 412, "main": 115,
                                          "_report": 76},
     "experiments/smlp_vs_moe.py": {"lines": 589},
     "experiments/synthetic_data_efficiency.py": {"lines": 269, "run": 84},
-    "experiments/tuning_cost.py": {"lines": 255, "main": 67, "_report": 61},
+    "experiments/tuning_cost.py": {"lines": 269},
 }
 
 
