@@ -225,7 +225,7 @@ def test_remat_of_the_unrolled_stack_keeps_its_layout_and_function():
   # The wrapper shares the layer's scope: the same parameter paths, the same
   # loss and dropout stream, and one remat region per layer with its policy
   # (XLA:CPU keeps an unrolled stack's activations alive anyway; XLA:TPU
-  # frees them: README, "Compile for a TPU topology").
+  # frees them: docs/pods.md, "Compile for a TPU topology").
   c, [(base, base_loss), (params, loss)] = _remat_pair(False, "save_dots")
   _same_params(params, base)
   np.testing.assert_allclose(jax.jit(loss)(base), jax.jit(base_loss)(base),

@@ -336,7 +336,7 @@ class HyperMixing(nn.Module):
       made the forward 1.3-1.4x faster from 4k tokens per call, but its
       backward pass is slower than the one-pass form's (fwd+bwd x1.16 at
       8 x 2048), so the default uses it only for deterministic calls
-      (evaluation, prediction), not for training (experiments/README.md,
+      (evaluation, prediction), not for training (docs/performance.md,
       HyperMixing forward). None: that default (1024 tokens when traced for
       CPU, ``common.target_platform``; one pass elsewhere); 0: always one
       pass; > 0: always chunked.
