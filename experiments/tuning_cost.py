@@ -42,49 +42,10 @@ import numpy as np
 
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import glue
+from hypermixer_jax.experiment import tuning
 
 MODELS = ("hypermixer", "attention")
 TRIALS = 20
-BOOTSTRAP = 2000
-# Fewer trials than this leave the bootstrap too coarse for a verdict.
-MIN_TRIALS = 10
-
-
-def expected_max(values, n: int) -> float:
-  """Expected maximum of ``n`` draws (with replacement) from ``values``."""
-  v = np.sort(np.asarray(values, np.float64))
-  t = len(v)
-  i = np.arange(1, t + 1)
-  return float(np.sum(v * ((i / t) ** n - ((i - 1) / t) ** n)))
-
-
-def gap_interval(ours, other, n: int, samples: int = BOOTSTRAP,
-                 seed: int = 0) -> tuple[float, float]:
-  """95% percentile interval of ``expected_max(ours, n) -
-  expected_max(other, n)`` over bootstrap resamples of the trials (paired:
-  trial t of both models is the same hyperparameter draw)."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
-  ours, other = np.asarray(ours, np.float64), np.asarray(other, np.float64)
-  if ours.shape != other.shape:
-    raise ValueError(f"gap_interval: {len(ours)} and {len(other)} trials; "
-                     "the models must share the draws.")
-  ci = stats.bootstrap(
-      (ours, other), lambda a, b: expected_max(a, n) - expected_max(b, n),
-      paired=True, vectorized=False, n_resamples=samples,
-      confidence_level=1 - experiment.ALPHA, method="percentile",
-      rng=np.random.default_rng(seed)).confidence_interval
-  return float(ci.low), float(ci.high)
-
-
-def interval_verdict(low: float, high: float, trials: int) -> str:
-  """'agrees' (the paper: HyperMixer above) where the interval is above 0,
-  'disagrees' below it, 'not decided' where it holds 0 or where there are
-  fewer than ``MIN_TRIALS`` trials."""
-  if trials < MIN_TRIALS:
-    return f"not decided ({trials} < {MIN_TRIALS} trials)"
-  if low > 0:
-    return "agrees"
-  return "disagrees" if high < 0 else "not decided"
 
 
 def trials(count: int, seed: int = 0) -> list[tuple[float, float]]:
@@ -204,14 +165,14 @@ def _report(exp, args, task, budget, acc, best) -> None:
     print("tuning_cost: no trial recorded for both models yet.")
     return
   ns = list(range(1, done + 1))
-  curves = {m: [expected_max(acc[m], n) for n in ns] for m in MODELS}
+  curves = {m: [tuning.expected_max(acc[m], n) for n in ns] for m in MODELS}
   exp.save(expected_max=curves, best_draws=best)
   rows = []
   for n in sorted({1, 2, 3, 5, 10, 15, done} & set(ns)):
-    low, high = gap_interval(acc["hypermixer"], acc["attention"], n)
+    low, high = tuning.gap_interval(acc["hypermixer"], acc["attention"], n)
     rows.append([n] + [f"{100 * curves[m][n - 1]:.1f}" for m in MODELS]
                 + [f"{100 * low:+.1f} / {100 * high:+.1f}",
-                   interval_verdict(low, high, done)])
+                   tuning.interval_verdict(low, high, done)])
   base = exp.data.get("baselines", {}).get(budget)
   if base:
     rows.append([f"Naive Bayes (bag of tokens): "
@@ -239,11 +200,11 @@ def _report(exp, args, task, budget, acc, best) -> None:
          f"length {glue.SMALL['seq_len']}, 8k SST-2 vocabulary), "
          f"{args.steps} steps of batch 64" if small else "")
       + ". Dev accuracy at the last step; a diverged trial counts as 0. "
-      f"Gap: HyperMixer - Transformer, percentiles 2.5 and 97.5 of {BOOTSTRAP} "
-      "paired bootstrap resamples of the trials; 'agrees' (the paper: "
+      "Gap: HyperMixer - Transformer, percentiles 2.5 and 97.5 of "
+      f"{tuning.BOOTSTRAP} paired bootstrap resamples of the trials; 'agrees' (the paper: "
       "HyperMixer above) only where the interval excludes 0, with at least "
-      f"{MIN_TRIALS} trials. The interval covers the draws' variation, not "
-      "the dev set's own noise (each trial is scored once, on the same "
+      f"{tuning.MIN_TRIALS} trials. The interval covers the draws' "
+      "variation, not the dev set's own noise (each trial is scored once, on the same "
       "sentences), so it is narrower than a test over new examples would "
       f"give. Each trial is one run (seed 0), so a curve's "
       "right end rests on its top trials and their seed noise: 'best draw, "

@@ -50,7 +50,6 @@ OVER_LIMITS = {
                                          "_report": 76},
     "experiments/smlp_vs_moe.py": {"lines": 589},
     "experiments/synthetic_data_efficiency.py": {"lines": 269, "run": 84},
-    "experiments/tuning_cost.py": {"lines": 269},
 }
 
 

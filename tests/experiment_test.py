@@ -15,6 +15,7 @@ import pytest
 
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import glue
+from hypermixer_jax.experiment import tuning
 
 import script_modules
 
@@ -311,7 +312,7 @@ class TuningCostTest(absltest.TestCase):
       # Every ordered n-tuple of draws with replacement is equally likely.
       tuples = list(itertools.product(values, repeat=n))
       brute = np.mean([max(t) for t in tuples])
-      self.assertAlmostEqual(tuning_cost.expected_max(values, n), brute)
+      self.assertAlmostEqual(tuning.expected_max(values, n), brute)
 
   def test_search_space(self):
     space = tuning_cost.trials(200, seed=3)
@@ -326,25 +327,25 @@ class TuningCostTest(absltest.TestCase):
     ours = [0.5, 0.8, 0.6, 0.7, 0.1, 0.9]
     # Paired resamples: the same draws give exactly 0; a constant shift of
     # every trial gives exactly the shift at every n.
-    self.assertEqual(tuning_cost.gap_interval(ours, ours, 3), (0.0, 0.0))
-    low, high = tuning_cost.gap_interval([v + 0.02 for v in ours], ours, 2)
+    self.assertEqual(tuning.gap_interval(ours, ours, 3), (0.0, 0.0))
+    low, high = tuning.gap_interval([v + 0.02 for v in ours], ours, 2)
     self.assertAlmostEqual(low, 0.02)
     self.assertAlmostEqual(high, 0.02)
     # One lucky trial: the interval holds 0, so no verdict.
     lucky = [0.5, 0.5, 0.5, 0.5, 0.5, 0.9]
-    low, high = tuning_cost.gap_interval(lucky, [0.5] * 6, 1, seed=1)
+    low, high = tuning.gap_interval(lucky, [0.5] * 6, 1, seed=1)
     self.assertEqual(low, 0.0)
     self.assertGreater(high, 0.0)
-    self.assertEqual(tuning_cost.interval_verdict(low, high, 20),
+    self.assertEqual(tuning.interval_verdict(low, high, 20),
                      "not decided")
-    self.assertEqual(tuning_cost.interval_verdict(0.01, 0.03, 20), "agrees")
-    self.assertEqual(tuning_cost.interval_verdict(-0.03, -0.01, 20),
+    self.assertEqual(tuning.interval_verdict(0.01, 0.03, 20), "agrees")
+    self.assertEqual(tuning.interval_verdict(-0.03, -0.01, 20),
                      "disagrees")
     # Three trials, each above: the bootstrap is too coarse to say so.
-    self.assertEqual(tuning_cost.interval_verdict(0.01, 0.03, 3),
+    self.assertEqual(tuning.interval_verdict(0.01, 0.03, 3),
                      "not decided (3 < 10 trials)")
     with self.assertRaisesRegex(ValueError, "must share the draws"):
-      tuning_cost.gap_interval([0.1, 0.2], [0.1], 1)
+      tuning.gap_interval([0.1, 0.2], [0.1], 1)
 
   def test_paired_trials_keeps_the_draws_both_models_ran(self):
     # Draw 1 ran for HyperMixer only (a run cut short); draw 3 for neither:
@@ -399,7 +400,7 @@ def test_tuning_cost_models_split_between_processes(shared_data, tmp_path,
                        (best.format("hypermixer", top, s), *space[top], s)
                        for s in (1, 2)]
   saved = json.loads((tmp_path / "results.json").read_text())
-  expected = [tuning_cost.expected_max([0.5 + d for _, d in space], n)
+  expected = [tuning.expected_max([0.5 + d for _, d in space], n)
               for n in (1, 2, 3)]
   for mixer in tuning_cost.MODELS:
     np.testing.assert_allclose(saved["expected_max"][mixer], expected)
