@@ -37,12 +37,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from hypermixer_jax import experiment
+# The study's probes, named here as well for the tests and readers.
+from hypermixer_jax.experiment.synthetic import map_example  # pylint: disable=g-importing-member
+from hypermixer_jax.experiment.synthetic import pseudo_attention_map  # pylint: disable=g-importing-member
+from hypermixer_jax.experiment.synthetic import trivial_baselines  # pylint: disable=g-importing-member
 
 MIXERS = ("none", "mlp_mixer", "hypermixer", "attention")
 LABELS = {"none": "None", "mlp_mixer": "MLP-Mixer", "hypermixer": "HyperMixer",
@@ -89,38 +91,6 @@ def run_config(mixer: str, num_examples: int, seed: int, steps: int, *,
   return c
 
 
-def map_example(config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
-  """The first test sequence of ``config``'s data (inputs, targets [N, 1])."""
-  from hypermixer_jax.data import synthetic  # pylint: disable=g-import-not-at-top
-  ex = synthetic.generate(config.data.synthetic, "test", np.arange(1))
-  return {k: ex[k][0] for k in ("inputs", "targets")}
-
-
-def pseudo_attention_map(config: ml_collections.ConfigDict, params,
-                         x: np.ndarray) -> np.ndarray:
-  """``[N, N]`` pseudo-attention of the trained model on one sequence."""
-  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
-  from hypermixer_jax.train import pseudo_attention as pa  # pylint: disable=g-import-not-at-top
-  model = models.build_model(config.model)
-  apply = jax.jit(lambda x: model.apply({"params": params}, x[None])[0])
-  return np.asarray(pa.pseudo_attention(apply, jnp.asarray(x)))
-
-
-def trivial_baselines(config: ml_collections.ConfigDict,
-                      train_examples: int = 4096) -> dict[str, float]:
-  """Test MSE of copying the input and of the training set's mean target
-  (over its first ``train_examples`` sequences) on ``config``'s test set."""
-  from hypermixer_jax.data import synthetic  # pylint: disable=g-import-not-at-top
-  opts = config.data.synthetic
-  test = synthetic.generate(
-      opts, "test", np.arange(opts.num_eval_examples))
-  train = synthetic.generate(opts, "train", np.arange(
-      min(train_examples, opts.num_examples or train_examples)))
-  mean = float(train["targets"].mean())
-  return {"copy_input": float(np.mean((test["inputs"] - test["targets"]) ** 2)),
-          "train_mean": float(np.mean((mean - test["targets"]) ** 2))}
-
-
 def run(exp: experiment.Experiment, *, sizes: Sequence[int],
         seeds: Sequence[int], steps: int, mixers: Sequence[str] = MIXERS,
         batch_size: int = 64, eval_examples: int = 1024,
@@ -132,16 +102,29 @@ def run(exp: experiment.Experiment, *, sizes: Sequence[int],
   from the runs ``exp`` already holds (a cell's seed count says how many).
   """
   sizes, seeds = sorted(int(s) for s in sizes), sorted(int(s) for s in seeds)
-  map_size = sizes[-1]
+  opts = dict(steps=steps, batch_size=batch_size, eval_examples=eval_examples)
+  example = _train_runs(exp, sizes, seeds, mixers, report_only, **opts)
+  summary = {m: {str(size): experiment.seed_summary(_mses(
+      exp.runs, m, size, seeds)) for size in sizes} for m in mixers}
+  exp.save(summary=summary, sizes=sizes, seeds=seeds, steps=steps,
+           mixers=list(mixers), batch_size=batch_size)
+  _write_table(exp, summary, sizes, seeds, mixers, **opts)
+  _plot_mse(exp, summary, sizes, seeds, mixers)
+  _plot_maps(exp, mixers, sizes[-1], seeds[0], example)
+  return summary
+
+
+def _train_runs(exp, sizes, seeds, mixers, report_only, **opts) -> dict:
+  """Trains what ``exp`` lacks; returns the test sequence the maps are of
+  (the largest set's first seed keeps its parameters for them)."""
   example = None
   # Seeds outermost: a run cut short still has every model at every size.
   for seed in seeds:
     for size in sizes:
       for mixer in mixers:
         key = f"{mixer}/n{size}/seed{seed}"
-        cfg = run_config(mixer, size, seed, steps, batch_size=batch_size,
-                         eval_examples=eval_examples)
-        want_map = size == map_size and seed == seeds[0]
+        cfg = run_config(mixer, size, seed, **opts)
+        want_map = size == sizes[-1] and seed == seeds[0]
         if want_map and example is None:
           example = map_example(cfg)
 
@@ -154,33 +137,20 @@ def run(exp: experiment.Experiment, *, sizes: Sequence[int],
                       num_examples=size, seed=seed)
         if not report_only:
           exp.run(key, fn)
+  return example
 
-  summary = {}
-  for mixer in mixers:
-    summary[mixer] = {}
-    for size in sizes:
-      mses = np.array([exp.runs[k]["mse"] for k in (
-          f"{mixer}/n{size}/seed{s}" for s in seeds) if k in exp.runs])
-      if not len(mses):
-        mses = np.array([np.nan])
-      summary[mixer][str(size)] = dict(
-          mean=float(mses.mean()), std=float(mses.std(ddof=1))
-          if len(mses) > 1 else 0.0, min=float(mses.min()),
-          max=float(mses.max()), seeds=int(np.isfinite(mses).sum()))
-  exp.save(summary=summary, sizes=sizes, seeds=seeds, steps=steps,
-           mixers=list(mixers), batch_size=batch_size)
 
+def _mses(runs, mixer: str, size: int, seeds) -> list[float]:
+  return [runs[k]["mse"] for k in (f"{mixer}/n{size}/seed{s}" for s in seeds)
+          if k in runs]
+
+
+def _write_table(exp, summary, sizes, seeds, mixers, *, steps, batch_size,
+                 eval_examples) -> None:
   headers = ["model"] + [f"n={s:,}" for s in sizes]
-  def cell(stats):
-    if not stats["seeds"]:
-      return "—"
-    text = f"{stats['mean']:.2e}"
-    if stats["seeds"] > 1:
-      text += f" ± {stats['std']:.1e}"
-    return text + ("" if stats["seeds"] == len(seeds)
-                   else f" ({stats['seeds']} of {len(seeds)} seeds)")
-  rows = [[LABELS[m]] + [cell(summary[m][str(s)]) for s in sizes]
-          for m in mixers]
+  rows = [[LABELS[m]] + [experiment.fmt_seed_summary(summary[m][str(s)],
+                                                     len(seeds))
+                         for s in sizes] for m in mixers]
   base = exp.data.get("baselines")
   if base is None:
     base = trivial_baselines(run_config(mixers[0], sizes[-1], seeds[0], steps,
@@ -202,17 +172,13 @@ def run(exp: experiment.Experiment, *, sizes: Sequence[int],
       f"mean MSE (TOST). {experiment.VERDICT_NOTE}")
   exp.write_table("Synthetic task: test MSE against training-set size",
                   experiment.markdown_table(headers, rows), notes)
-  _plot_mse(exp, summary, sizes, seeds, mixers)
-  _plot_maps(exp, mixers, map_size, seeds[0], example)
-  return summary
 
 
 def hypermixer_verdict(runs, size: int, seeds) -> str:
   """Welch's test of HyperMixer's test MSE against attention's at ``size``
   training sequences: the paper's "lower" below ``EQUAL_FROM``, "equal"
   (within ``EQUAL_SHARE`` of attention's mean) from it."""
-  mse = {m: [runs[k]["mse"] for k in (f"{m}/n{size}/seed{s}" for s in seeds)
-             if k in runs] for m in ("hypermixer", "attention")}
+  mse = {m: _mses(runs, m, size, seeds) for m in ("hypermixer", "attention")}
   if not all(mse.values()):
     return ""
   margin = EQUAL_SHARE * float(np.mean(mse["attention"]))
@@ -231,8 +197,7 @@ def _plot_mse(exp, summary, sizes, seeds, mixers) -> None:
     line, = ax.plot(sizes, mean, marker="o", label=LABELS[mixer])
     ax.fill_between(sizes, lo, hi, color=line.get_color(), alpha=0.2)
     for s in sizes:
-      mses = [exp.runs[k]["mse"] for k in (f"{mixer}/n{s}/seed{i}"
-                                            for i in seeds) if k in exp.runs]
+      mses = _mses(exp.runs, mixer, s, seeds)
       ax.scatter([s] * len(mses), mses, color=line.get_color(), s=8)
   experiment.style_axes(ax, "training sequences", "test MSE", xscale="log",
                         yscale="log", legend=8,

@@ -49,7 +49,6 @@ OVER_LIMITS = {
     "experiments/pretrain_finetune.py": {"lines": 412, "main": 115,
                                          "_report": 76},
     "experiments/smlp_vs_moe.py": {"lines": 589},
-    "experiments/synthetic_data_efficiency.py": {"lines": 269, "run": 84},
 }
 
 

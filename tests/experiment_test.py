@@ -552,3 +552,19 @@ class GlueConfigTest(absltest.TestCase):
 
 if __name__ == "__main__":
   absltest.main()
+
+
+def test_seed_summary_matches_scipy_and_formats_missing_seeds():
+  import scipy.stats  # pylint: disable=g-import-not-at-top
+  values = [3e-3, 1e-3, 2.5e-3]
+  got = experiment.seed_summary(values)
+  ref = scipy.stats.describe(values)
+  np.testing.assert_allclose(
+      [got["mean"], got["std"], got["min"], got["max"]],
+      [ref.mean, np.sqrt(ref.variance), *ref.minmax])
+  assert got["seeds"] == 3
+  assert experiment.fmt_seed_summary(got, 3) == "2.17e-03 ± 1.0e-03"
+  assert experiment.fmt_seed_summary(got, 5).endswith("(3 of 5 seeds)")
+  one = experiment.seed_summary([4e-3])
+  assert (one["std"], experiment.fmt_seed_summary(one, 1)) == (0.0, "4.00e-03")
+  assert experiment.fmt_seed_summary(experiment.seed_summary([]), 3) == "—"

@@ -30,13 +30,14 @@ The modules, by concern (everything is re-exported here, so a script writes
   ``flops_per_step``;
 * ``vocab``: ``small_vocab``, a study's in-domain SentencePiece vocabulary;
 * ``stats``: seeds turned into a table's cells (``mean_sd``,
-  ``fmt_mean_sd``, ``mean_ci``) and verdicts (``verdict``,
+  ``fmt_mean_sd``, ``seed_summary``, ``fmt_seed_summary``, ``mean_ci``) and verdicts (``verdict``,
   ``against_baseline``: Welch's test, ``welch``, with the evaluation set's
   noise for accuracies; equality only by ``tost``);
 * ``tables`` / ``figures``: Markdown tables and the learning-curve plots;
 * ``timing``: interleaved timing rounds and compiled memory.
 
-Two modules are imported by name, not re-exported: ``bench`` (the
+Three modules are imported by name, not re-exported: ``synthetic`` (the
+synthetic task's pseudo-attention maps and trivial predictors), ``bench`` (the
 benchmarks' matmul ceiling, interleaved rounds and MFU; it loads JAX) and
 ``claims`` (the claims table of the papers against the committed records:
 ``python -m hypermixer_jax.experiment.claims``, the one module here that
@@ -74,9 +75,11 @@ from hypermixer_jax.experiment.runs import trained_params
 from hypermixer_jax.experiment.stats import against_baseline
 from hypermixer_jax.experiment.stats import ALPHA
 from hypermixer_jax.experiment.stats import fmt_mean_sd
+from hypermixer_jax.experiment.stats import fmt_seed_summary
 from hypermixer_jax.experiment.stats import mean_sd
 from hypermixer_jax.experiment.stats import mean_ci
 from hypermixer_jax.experiment.stats import MIN_SEEDS
+from hypermixer_jax.experiment.stats import seed_summary
 from hypermixer_jax.experiment.stats import tost
 from hypermixer_jax.experiment.stats import verdict
 from hypermixer_jax.experiment.stats import VERDICT_NOTE

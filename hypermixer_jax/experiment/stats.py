@@ -22,6 +22,8 @@ import dataclasses
 import math
 from typing import Mapping, Sequence
 
+import numpy as np
+
 ALPHA = 0.05      # two-sided level of every test
 MIN_SEEDS = 3     # seeds a side before a test decides anything
 CLAIMS = ("higher", "lower", "equal")
@@ -58,6 +60,28 @@ def fmt_mean_sd(values: Sequence[float], scale: float = 1.0,
   if len(values) == 1:
     return f"{mean:.{digits}f} (n=1)"
   return f"{mean:.{digits}f} ± {sd:.{digits}f} (n={len(values)})"
+
+
+def seed_summary(values: Sequence[float]) -> dict[str, float | int]:
+  """A cell's seeds as ``mean``, ``std`` (ddof=1; 0 for one value), ``min``,
+  ``max`` and ``seeds`` (the count; 0 and NaN statistics for none)."""
+  v = np.array(values if len(values) else [np.nan], dtype=float)
+  return dict(mean=float(v.mean()),
+              std=float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+              min=float(v.min()), max=float(v.max()),
+              seeds=int(np.isfinite(v).sum()))
+
+
+def fmt_seed_summary(stats: Mapping[str, float], planned: int) -> str:
+  """``'1.23e-03 ± 4.0e-05'`` of a ``seed_summary``, with the count where
+  fewer than the ``planned`` seeds ran; '—' for none."""
+  if not stats["seeds"]:
+    return "—"
+  text = f"{stats['mean']:.2e}"
+  if stats["seeds"] > 1:
+    text += f" ± {stats['std']:.1e}"
+  return text + ("" if stats["seeds"] == planned
+                 else f" ({stats['seeds']} of {planned} seeds)")
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95
