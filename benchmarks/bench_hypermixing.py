@@ -6,9 +6,8 @@ Two tables, both measured in this process on this device:
    hyper_dim d' for several N: time, XLA-counted FLOPs, FLOP/s as a share
    of a jitted 2048 x 2048 matmul's, and time(N) / time(N / 4) (linear cost
    gives 4). The ceiling and every N are timed in interleaved rounds
-   (``bench.interleave``): minimum and median times, and the
-   scaling ratio both from the minima and as the median of per-round
-   ratios.
+   (``bench.interleave``): minimum and median times, and the scaling ratio
+   both from the minima and as the median of per-round ratios.
 2. ``--official=CHECKOUT --torch_python=PY``: against the official PyTorch
    HyperMixing (a checkout of idiap/hypermixing, imported by a child process
    under the interpreter PY, never copied: ``torch_worker.py``), forward and
@@ -64,8 +63,7 @@ def forward_table(args):
   for n in args.lengths:
     module = _module(args, n, dtype=dtype)
     x = jax.random.normal(jax.random.key(0), (args.batch, n, args.d), dtype)
-    params = jax.jit(module.init)(jax.random.key(1), x)
-    fwd = jax.jit(module.apply).lower(params, x).compile()
+    params, fwd = bc.compiled_forward(module, x)
     flops[n] = bc.xla_flops(fwd)
     timers[n] = bc.Timed(lambda fwd=fwd, p=params, x=x: fwd(p, x),
                          flops=flops[n], min_seconds=args.min_seconds)
@@ -102,11 +100,8 @@ def official_table(args):
     module = _module(args, n, hyper_bias=False, input_scale=True,
                      position_offset=1)
     x = jax.random.normal(jax.random.key(0), (args.batch, n, args.d))
-    params = jax.jit(module.init)(jax.random.key(1), x)
-    fwd = jax.jit(module.apply).lower(params, x).compile()
-    grad = jax.jit(jax.grad(
-        lambda p, x: jnp.sum(module.apply(p, x, deterministic=False) ** 2),
-        argnums=(0, 1))).lower(params, x).compile()
+    params, fwd = bc.compiled_forward(module, x)
+    grad = bc.compiled_grad(module, params, x, deterministic=False)
     flops = dict(fwd=bc.xla_flops(fwd), train=bc.xla_flops(grad))
     cfg = dict(batch=args.batch, n=n, d=args.d, heads=args.num_heads,
                hyper_dim=args.hyper_dim, official=args.official,
@@ -162,11 +157,9 @@ def packing_table(args):
         ("Mixer token MLP", lambda k: MlpMixerTokenMixing(
             n, args.hyper_dim, max_segments=k))):
       module = make(slots)
-      params = jax.jit(module.init)(jax.random.key(1), x)
-      calls = dict(
-          unpacked=jax.jit(module.apply).lower(params, x).compile(),
-          packed=jax.jit(lambda p, x: module.apply(
-              p, x, segment_ids=ids)).lower(params, x).compile())
+      params, unpacked = bc.compiled_forward(module, x)
+      calls = dict(unpacked=unpacked, packed=jax.jit(lambda p, x: module.apply(
+          p, x, segment_ids=ids)).lower(params, x).compile())
       flops = {k: bc.xla_flops(c) for k, c in calls.items()}
       times = {k: bc.time_call(c, params, x, repeats=args.repeats)
                for k, c in calls.items()}
@@ -192,9 +185,7 @@ def causal_memory_table(args):
     params = jax.eval_shape(module.init, jax.random.key(0), x)
     act = args.batch * n * args.d * 4
     fwd = jax.jit(module.apply).lower(params, x).compile().memory_analysis()
-    grad = jax.jit(jax.grad(lambda p, x: jnp.sum(module.apply(p, x) ** 2),
-                            argnums=(0, 1))).lower(params, x).compile()
-    grad = grad.memory_analysis()
+    grad = bc.compiled_grad(module, params, x).memory_analysis()
     old = args.batch * n * args.d * args.hyper_dim * 4  # [B, N, d, d'] states
     rows.append((n, fwd.temp_size_in_bytes / 2 ** 20,
                  fwd.temp_size_in_bytes / act,

@@ -39,7 +39,6 @@ MAX_SCRIPT_LINES, MAX_FUNCTION_LINES = 250, 60
 # one grows, and when one is brought under (then take it off this list).
 OVER_LIMITS = {
     "experiments/accelerator_kit.py": {"lines": 259},
-    "benchmarks/bench_hypermixing.py": {"lines": 259},
     "benchmarks/bench_input.py": {"lines": 317},
     "benchmarks/bench_train_step.py": {"lines": 288, "main": 94},
     "experiments/causal_lm.py": {"lines": 630, "lm_part": 97,

@@ -251,6 +251,21 @@ def xla_flops(compiled) -> float:
   return metrics.step_flops(compiled) or 0.0
 
 
+def compiled_forward(module, x):
+  """(params, the compiled ``module.apply`` on inputs shaped as ``x``): the
+  forward a benchmark times and counts, its parameters from ``key(1)``."""
+  params = jax.jit(module.init)(jax.random.key(1), x)
+  return params, jax.jit(module.apply).lower(params, x).compile()
+
+
+def compiled_grad(module, params, x, **apply_kw):
+  """The compiled gradients of sum(y^2) to the parameters and the input, y
+  being ``module.apply(params, x, **apply_kw)``: a training step's mixer
+  work without an optimizer."""
+  loss = lambda p, x: jnp.sum(module.apply(p, x, **apply_kw) ** 2)
+  return jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
+
+
 def device_name() -> str:
   d = jax.devices()[0]
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
