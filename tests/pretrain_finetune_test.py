@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import pretraining
 from hypermixer_jax.models import zoo
 from hypermixer_jax.train import checkpoint
 
@@ -81,7 +82,7 @@ def test_same_vocabulary_length_and_seed(configs, shared_data, tmp_path):
     assert pre.keep_checkpoints >= 1
     train = pre.data.local_files.train.split(",")
     assert [pathlib.Path(p).name for p in train] == [
-        pathlib.Path(p).name for p in pf.C4_TRAIN_ALL.split(",")]
+        pathlib.Path(p).name for p in pretraining.C4_TRAIN_ALL.split(",")]
     assert "wiki.valid" in pre.data.local_files.validation
   # 10% of the labels: a fixed subset file, the same for every model and arm.
   subset = pathlib.Path(configs["attention"][1].data.local_files.train)
@@ -126,7 +127,7 @@ def test_settings_and_baseline_keys():
       ("sst2", 0.1), ("sst2", 1.0), ("snli", 1.0)]
   assert pf.nb_key("sst2", 0.1) == "nb/0.1"
   assert pf.nb_key("snli", 1.0) == "nb/snli_by_premise"
-  assert pf.setting_label("snli", 1.0) == "SNLI, 80% split"
+  assert pretraining.setting_label("snli", 1.0) == "SNLI, 80% split"
 
 
 def test_report_rows_of_run_and_unrun_settings(tmp_path):
@@ -149,7 +150,7 @@ def test_report_rows_of_run_and_unrun_settings(tmp_path):
         "random": fresh, "pretrained": pre}
   args = argparse.Namespace(pretrain_steps=30, finetune_steps=10,
                             lrs="1e-3")
-  pf._report(exp, args, ["gmlp"], settings, [0, 1], chosen, keys)  # pylint: disable=protected-access
+  pretraining.report(exp, args, ["gmlp"], settings, [0, 1], chosen, keys)
   rows = [[c.strip() for c in line.split("|")[1:-1]]
           for line in (tmp_path / "table.md").read_text().splitlines()
           if line.startswith("| gMLP")]

@@ -30,14 +30,17 @@ The modules, by concern (everything is re-exported here, so a script writes
   ``flops_per_step``;
 * ``vocab``: ``small_vocab``, a study's in-domain SentencePiece vocabulary;
 * ``stats``: seeds turned into a table's cells (``mean_sd``,
-  ``fmt_mean_sd``, ``seed_summary``, ``fmt_seed_summary``, ``mean_ci``) and verdicts (``verdict``,
+  ``fmt_mean_sd``, ``seed_summary``, ``fmt_seed_summary``, ``mean_ci``)
+  and verdicts (``verdict``,
   ``against_baseline``: Welch's test, ``welch``, with the evaluation set's
   noise for accuracies; equality only by ``tost``);
 * ``tables`` / ``figures``: Markdown tables and the learning-curve plots;
 * ``timing``: interleaved timing rounds and compiled memory.
 
-Three modules are imported by name, not re-exported: ``synthetic`` (the
-synthetic task's pseudo-attention maps and trivial predictors), ``bench`` (the
+Four modules are imported by name, not re-exported: ``synthetic`` (the
+synthetic task's pseudo-attention maps and trivial predictors),
+``pretraining`` (the pretrain-then-fine-tune study's configs, encoder probe
+and report), ``bench`` (the
 benchmarks' matmul ceiling, interleaved rounds and MFU; it loads JAX) and
 ``claims`` (the claims table of the papers against the committed records:
 ``python -m hypermixer_jax.experiment.claims``, the one module here that

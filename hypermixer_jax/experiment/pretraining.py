@@ -1,0 +1,251 @@
+"""The pretrain-then-fine-tune study (``experiments/pretrain_finetune.py``):
+its configs (masked-LM pretraining of the classifier's encoder, fine-tuning
+from it or from scratch), the linear probe of a pretrained encoder against a
+fresh one, and the report (table and figure) of the recorded cells."""
+from __future__ import annotations
+
+import pathlib
+
+import ml_collections
+import numpy as np
+
+from hypermixer_jax import experiment
+from hypermixer_jax.experiment import glue
+from hypermixer_jax.experiment import mlm
+from hypermixer_jax.experiment import nli
+
+TASK_LABELS = {"sst2": "SST-2", "mnli": "MNLI-m", "snli": "SNLI",
+               "qnli": "QNLI"}
+SMALL = dict(width=128, seq_len=64, batch_size=64, pretrain_steps=3000,
+             pretrain_lr=1e-3, finetune_steps=1000, lrs="3e-4,1e-3",
+             fractions="0.1,1.0")
+C4_TRAIN_ALL = ("c4/c4_en_tfds_minimal_train_1000.jsonl,"
+                "c4/c4_en_train_00000_first1000.jsonl")
+# The issue's bar: pretrained beats scratch by this many points at 10% of
+# the labels for the best model.
+TARGET_GAIN = 2.0
+# The linear probe's L2 weight on standardised features (fixed, not tuned on
+# dev).
+PROBE_L2 = 1e-2
+
+
+def finetune_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
+                    lr: float, seed: int, fraction: float, out: pathlib.Path,
+                    steps: int, init: str = "",
+                    task: str = "sst2") -> ml_collections.ConfigDict:
+  """The classifier run of ``task``: from scratch (``init=''``) or
+  fine-tuned from the pretraining workdir ``init`` (encoder loaded,
+  classifier new). SST-2 trains on ``fraction`` of its train phrases and is
+  scored on its dev file; a pair task on the train part of ``nli_splits``'s
+  cut of its dev file (written under ``out``), scored on the test part."""
+  if task == "sst2":
+    train = experiment.require(shared / "glue/SST-2/train.tsv", "SST-2 train")
+    file = train if fraction >= 1 else glue.subset_tsv(
+        train, fraction, out)
+    c = glue.glue_config("sst2", mixer, "small", lr, shared, train_file=file,
+                         seed=seed, vocab=vocab, width=SMALL["width"],
+                         seq_len=SMALL["seq_len"], steps=steps)
+  elif task in nli.FILES:
+    if fraction < 1:
+      raise ValueError(f"pretrain_finetune: fraction={fraction:g} applies to "
+                       f"sst2 only; the {task} train part (about 8k pairs) "
+                       "is used whole (fraction=1).")
+    file = nli.FILES[task][0]
+    split = nli.split_file(
+        experiment.require(shared / file, f"{task} dev file"), out, task)
+    c = nli.task_config(task, mixer, split, vocab, shared, seed=seed,
+                               width=SMALL["width"], steps=steps,
+                               seq_len=SMALL["seq_len"])
+    c.learning_rate = lr
+  else:
+    raise ValueError(f"pretrain_finetune: unknown task {task!r}; tasks: "
+                     f"sst2, {', '.join(nli.FILES)}.")
+  if init:
+    c.init_checkpoint = init
+    c.init_reinit = "(?!encoder/)"     # configs/glue.py's finetune setting
+  return c
+
+
+def pretrain_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
+                    seed: int, steps: int) -> ml_collections.ConfigDict:
+  """MLM pretraining of the classifier's own encoder (the same model config
+  with the MLM head), ``mlm_perplexity``'s training and held-out set at the
+  classifier's sequence length."""
+  model = finetune_config(mixer, shared, vocab, lr=1.0, seed=seed,
+                          fraction=1.0, out=pathlib.Path("."),
+                          steps=1).model
+  model.head = "mlm"
+  c = mlm.train_config(model, "small", shared, steps=steps, seed=seed,
+                       vocab=vocab)
+  c.data.seq_len = SMALL["seq_len"]
+  c.data.local_files.train = ",".join(
+      experiment.require(shared / f, "C4 sample")
+      for f in C4_TRAIN_ALL.split(","))
+  c.batch_size = SMALL["batch_size"]
+  c.learning_rate = SMALL["pretrain_lr"]
+  c.warmup_steps = max(1, steps // 10)
+  c.eval_every = max(1, steps // 5)
+  # Periodic checkpoints (an interrupted pretraining resumes); the loop
+  # always saves the last step, the one fine-tuning reads.
+  c.checkpoint_every = max(1, steps // 5)
+  return c
+
+
+def _tflops(run: dict, steps: int) -> str:
+  """TFLOPs of ``steps`` train steps of ``run`` (XLA's count of one step)."""
+  return f"{steps * experiment.flops_per_step(run) / 1e12:.3g}"
+
+
+def _final(runs: dict, keys: list[str]) -> list[float]:
+  return [runs[k]["eval"]["accuracy"] for k in keys if k in runs]
+
+
+def probe_encoders(config: ml_collections.ConfigDict, pretrained: str,
+                   seed: int, l2: float = PROBE_L2) -> dict:
+  """What pretraining put into the features: dev accuracy of a linear probe
+  (``probe.logistic_regression`` on the pooled encoder output, L2 ``l2``)
+  trained on ``config``'s train rows, for the encoder of the pretraining
+  workdir ``pretrained`` and for a freshly initialised one (seed ``seed``),
+  with the same classifier model and rows."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import heads  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import probe  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+  train = experiment.pipeline_arrays(config.data, "train")
+  dev = experiment.pipeline_arrays(config.data, config.eval_split)
+  inputs, kwargs = heads.model_inputs(
+      {k: v[:2] for k, v in train.items()}, config.model.head)
+  fresh = nn.unbox(models.build_model(config.model).init(
+      jax.random.key(seed), inputs, **kwargs)["params"])
+  encoders = {"random": fresh, "pretrained": checkpoint.load_pretrained(
+      pretrained, fresh, reinit=(config.init_reinit,))}
+  out = {"l2": l2, "train_rows": len(train["label"]),
+         "dev_rows": len(dev["label"])}
+  for name, params in encoders.items():
+    pred = probe.logistic_regression(
+        probe.pooled_features(config.model, params, train), train["label"],
+        probe.pooled_features(config.model, params, dev),
+        num_classes=config.model.num_classes, l2=l2)
+    out[name] = float(np.mean(pred == dev["label"]))
+  return out
+
+
+def settings_of(tasks: list[str], fractions: list[float]
+                ) -> list[tuple[str, float]]:
+  """(task, fraction of its labels) pairs: SST-2 at each fraction, a pair
+  task at all of its train part."""
+  return [(t, f) for t in tasks for f in (fractions if t == "sst2" else [1.0])]
+
+
+def nb_key(task: str, fraction: float) -> str:
+  return (f"nb/{fraction:g}" if task == "sst2" else
+          f"nb/{task}_by_{nli.GROUP_BY[task]}")
+
+
+def setting_label(task: str, fraction: float) -> str:
+  return (f"SST-2, {fraction:.0%} of the labels" if task == "sst2" else
+          f"{TASK_LABELS[task]}, 80% split")
+
+
+def report(exp, args, models, settings, seeds, chosen, keys) -> None:
+  """The table (one row per model and setting) and the figure of the cells
+  ``exp`` holds; ``keys``/``chosen``: each (model, setting, arm)'s cell keys
+  and chosen learning rate."""
+  bases = exp.data.setdefault("baselines", {})
+  rows = [_row(exp.runs, bases, args, mixer, setting, seeds, chosen, keys)
+          for mixer in models for setting in settings]
+  exp.write_table(
+      "Pretraining then fine-tuning against scratch (small scale)",
+      experiment.markdown_table(
+          ["model", "task, labels", "scratch", "pretrained", "gain (points)",
+           "pretraining helps", "lr scratch / pretrained", "Naive Bayes",
+           "MLM ppl reached", "linear probe: random / pretrained encoder",
+           "TFLOPs pretrain / fine-tune"], rows), _notes(args, seeds, bases))
+  _plot(exp, models, settings, keys)
+
+
+def _row(runs, bases, args, mixer, setting, seeds, chosen, keys) -> list:
+  pre = [runs.get(f"pretrain/s{args.pretrain_steps}/model={mixer}/seed={s}")
+         for s in seeds]
+  pre = [r for r in pre if r]
+  ppl = [r["eval"]["perplexity"] for r in pre]
+  uni = np.mean([bases[f"mlm/seed={s}"]["unigram"] for s in seeds
+                 if f"mlm/seed={s}" in bases] or [np.nan])
+  scratch = _final(runs, keys[mixer, setting, "scratch"])
+  tuned = _final(runs, keys[mixer, setting, "pretrained"])
+  gain = (100 * (np.mean(tuned) - np.mean(scratch))
+          if scratch and tuned else None)
+  ft = next((runs[k] for k in keys[mixer, setting, "scratch"]
+             if k in runs), None)
+  cost = (f"{_tflops(pre[0], args.pretrain_steps)} / "
+          f"{_tflops(ft, args.finetune_steps)}" if pre and ft else "")
+  # The probes read SST-2 (a pair task's row has none).
+  probes = [runs[k] for k in (
+      f"probe/s{args.pretrain_steps}/model={mixer}/"
+      f"fraction={setting[1]:g}/seed={s}" for s in seeds)
+            if k in runs and setting[0] == "sst2"]
+  probed = " / ".join(
+      experiment.fmt_mean_sd([r[e] for r in probes], 100)
+      for e in ("random", "pretrained")) if probes else ""
+  return [
+      glue.LABELS[mixer], setting_label(*setting),
+      experiment.fmt_mean_sd(scratch, 100) or "not run",
+      experiment.fmt_mean_sd(tuned, 100) or "not run",
+      f"{gain:+.1f}" if gain is not None else "",
+      experiment.verdict(tuned, scratch, "higher", n_eval=bases.get(
+          nb_key(*setting), {}).get("dev_rows")).text(100)
+      if gain is not None else "",
+      " / ".join(f"{chosen[mixer, setting, a]:g}"
+                 if chosen[mixer, setting, a] else "-"
+                 for a in ("scratch", "pretrained")),
+      f"{100 * bases[nb_key(*setting)]['naive_bayes']:.1f}"
+      if nb_key(*setting) in bases else "",
+      (f"{experiment.fmt_mean_sd(ppl)} ({np.mean(ppl) / uni:.2f} x "
+       "unigram)") if ppl else "not run", probed, cost]
+
+
+def _notes(args, seeds, bases) -> str:
+  base = [bases[k] for k in bases if k.startswith("mlm/")]
+  notes = (
+      f"Accuracy at the last fine-tuning step, mean ± sd over seeds {seeds}: "
+      "SST-2 on its dev file (872 sentences), a pair task on the 20% test "
+      "part of nli_splits' fixed cut of its dev file (trained on the 80% "
+      "part). Both arms: the same model, vocabulary, "
+      f"batches of 64 and {args.finetune_steps} steps in each setting, lr "
+      f"the best of {args.lrs} on seed 0 (selected on dev: optimistic for "
+      "both arms alike). Pretrained: the encoder of an MLM run of "
+      f"{args.pretrain_steps} steps of batch 64 x 64 tokens on {C4_TRAIN_ALL} "
+      "(same seed), classifier new. 'pretraining helps': Welch's test of "
+      "pretrained against scratch (see Verdicts below). TFLOPs of "
+      "pretraining / "
+      "of one fine-tuning run: XLA's count of one train step times the steps. "
+      f"Target: +{TARGET_GAIN:g} points at 10% of the labels for the best "
+      "model. Linear probe: dev accuracy of a logistic regression (L2 "
+      f"{PROBE_L2:g} on standardised features, not tuned) on the pooled "
+      "output of the encoder, frozen: freshly initialised, or pretrained; "
+      "trained on the same train rows as the classifier.")
+  if base:
+    notes += (f" MLM held out: the first {base[0]['held_out']['rows']} rows "
+              "of WikiText-2 validation; unigram "
+              f"{np.mean([b['unigram'] for b in base]):.1f}, bigram "
+              f"{np.mean([b['bigram'] for b in base]):.1f} on the same "
+              "selected positions.")
+  return notes + " " + experiment.VERDICT_NOTE
+
+
+def _plot(exp, models, settings, keys) -> None:
+  fig, axes = experiment.figure(ncols=len(settings))
+  for ax, setting in zip(axes[0], settings):
+    for i, mixer in enumerate(models):
+      for arm, style in (("scratch", "--"), ("pretrained", "-")):
+        runs = [exp.runs[k] for k in keys[mixer, setting, arm]
+                if k in exp.runs]
+        if runs:
+          steps, acc = experiment.mean_curve(runs, "accuracy", 100)
+          ax.plot(steps, acc.mean(0), style, marker="o", ms=3, color=f"C{i}",
+                  label=f"{glue.LABELS[mixer]} {arm} (n={len(runs)})")
+    experiment.style_axes(ax, "fine-tuning step", "accuracy (%)",
+                          title=setting_label(*setting), legend=6)
+  exp.save_figure(fig, "pretrain_finetune")
