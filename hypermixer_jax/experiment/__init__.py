@@ -37,10 +37,11 @@ The modules, by concern (everything is re-exported here, so a script writes
 * ``tables`` / ``figures``: Markdown tables and the learning-curve plots;
 * ``timing``: interleaved timing rounds and compiled memory.
 
-Four modules are imported by name, not re-exported: ``synthetic`` (the
+Five modules are imported by name, not re-exported: ``synthetic`` (the
 synthetic task's pseudo-attention maps and trivial predictors),
 ``pretraining`` (the pretrain-then-fine-tune study's configs, encoder probe
-and report), ``bench`` (the
+and report), ``causal`` (the causal-LM study's FLOP-matched models,
+held-out set, scoring and report), ``bench`` (the
 benchmarks' matmul ceiling, interleaved rounds and MFU; it loads JAX) and
 ``claims`` (the claims table of the papers against the committed records:
 ``python -m hypermixer_jax.experiment.claims``, the one module here that
