@@ -20,10 +20,10 @@ bfloat16 compute (``--dtypes``).
 
 ``--linear_attention=64,512,2048`` instead times, per length and head
 (``--linear_heads``), the steps of the Linear Transformer's implementations
-(``LINEAR_VARIANTS``: the per-position outer products it had, the chunked
-form, the chunked form told that rows are unpacked) and of the softmax
-Transformer in the same interleaved rounds, and prints steps/s and the
-speed ratios to the outer-product form.
+(``train_steps.LINEAR_VARIANTS``: the per-position outer products it had,
+the chunked form, the chunked form told that rows are unpacked) and of the
+softmax Transformer in the same interleaved rounds, and prints steps/s and
+the speed ratios to the outer-product form.
 
 Timing: ``--rounds`` rounds alternate the ceiling and the step (ceiling,
 step, ceiling, ..., ceiling; ``bench.interleave``), each round at
@@ -110,69 +110,19 @@ def interleave_groups(names: list[str]) -> list[list[str]]:
   return groups + ([smlp] if smlp else [])
 
 
-# Dense peak FLOP/s per device kind (vendor data sheets, without sparsity),
-# for the MFU against the device's peak on accelerators. On CPU the measured
-# matmul ceiling is the reference.
-PEAK_FLOPS = {
-    # (substring of jax's device_kind, lower-case) -> {dtype: FLOP/s}
-    "h200": {"bfloat16": 989e12, "float32": 67e12},
-    "h100": {"bfloat16": 989e12, "float32": 67e12},   # SXM
-    "a100": {"bfloat16": 312e12, "float32": 19.5e12},
-    "l40s": {"bfloat16": 362e12, "float32": 91.6e12},
-    "l4": {"bfloat16": 121e12, "float32": 30.3e12},   # after l40s (longest first)
-    "v100": {"bfloat16": 125e12, "float32": 15.7e12},  # fp16 tensor cores
-    "tpu v4": {"bfloat16": 275e12, "float32": 275e12 / 4},
-    "tpu v5 lite": {"bfloat16": 197e12, "float32": 197e12 / 4},
-    "tpu v5p": {"bfloat16": 459e12, "float32": 459e12 / 4},
-}
-
-
-def device_peak(dtype: str) -> float | None:
-  """The table's peak FLOP/s of device 0 in ``dtype``, None if unknown."""
-  kind = getattr(jax.devices()[0], "device_kind", "").lower()
-  if jax.devices()[0].platform == "cpu":
-    return None
-  for key in sorted(PEAK_FLOPS, key=len, reverse=True):
-    if key in kind:
-      return PEAK_FLOPS[key].get(dtype)
-  return None
-
-
-# Linear attention's implementations against the softmax Transformer, at the
-# SST-2 experiment's layout (glue_from_scratch: width 128, 2 layers, d_ffn
-# 256, 8k vocabulary); batch 64 at N = 64, the same 4,096 tokens per batch
-# at longer N.
-LINEAR_VARIANTS = {
-    "softmax Transformer": ("attention", {}),
-    "linear, outer (old)": ("linear_attention", dict(implementation="outer")),
-    "linear, chunked": ("linear_attention", {}),
-    "linear, chunked, packed=False": ("linear_attention",
-                                      dict(packed=False)),
-}
-
-
 def linear_attention_table(args) -> None:
-  """Train steps/s of each ``LINEAR_VARIANTS`` entry per length and head,
-  timed in the same interleaved rounds; ratios to the old linear path."""
+  """Train steps/s of each ``train_steps.LINEAR_VARIANTS`` entry per length
+  and head, timed in the same interleaved rounds; ratios to the old linear
+  path."""
   rows, results = [], []
   ceiling, _ = bc.ceiling_timer(min_seconds=args.min_seconds)
   for head in args.linear_heads.split(","):
     for n in (int(v) for v in args.linear_attention.split(",")):
-      batch = 64 if n <= 64 else max(1, 4096 // n)
-      timers = {}
-      for name, (mixer, kwargs) in LINEAR_VARIANTS.items():
-        if head == "causal_lm" and "packed" in kwargs:
-          continue  # packed=False changes only the non-causal path
-        cfg = text_model(mixer, head)
-        cfg.update(dict(d_model=128, d_ffn=256, num_layers=2, max_len=n,
-                        vocab_size=8000))
-        cfg.mixer_kwargs.update(dict(num_heads=2, **kwargs))
-        compiled, state, xs, rng, flops = train_steps.build_step(
-            cfg, batch, n)
-        timers[name] = train_steps.step_timer(compiled, state, xs, rng,
-                                              flops, args.min_seconds)
-      _, times = bc.interleave(ceiling, timers, args.rounds)
-      old = times["linear, outer (old)"]
+      steps = train_steps.linear_attention_steps(head, n)
+      batch = steps[train_steps.OLD_LINEAR][1]
+      _, times, _ = train_steps.interleaved_steps(
+          ceiling, steps, args.rounds, args.min_seconds)
+      old = times[train_steps.OLD_LINEAR]
       for name, t in times.items():
         rows.append((head, n, batch, name, 1 / min(t),
                      min(old) / min(t), float(np.median(np.divide(old, t)))))
@@ -188,7 +138,7 @@ def linear_attention_table(args) -> None:
   bc.write_outputs(args.out, "linear_attention", text, results)
 
 
-def main():
+def _args():
   ap = bc.parser(__doc__, rounds="rounds", min_seconds=1.0,
                  quick="2 layers, small sMLP, quarter batches, short timing")
   ap.add_argument("--models", default=",".join(DEFAULT),
@@ -200,64 +150,55 @@ def main():
                   help="print the XLA ops that take each step's time")
   ap.add_argument("--linear_attention", default="",
                   help="lengths: time linear attention's implementations "
-                  "and the softmax Transformer instead (LINEAR_VARIANTS)")
+                  "and the softmax Transformer instead "
+                  "(train_steps.LINEAR_VARIANTS)")
   ap.add_argument("--linear_heads", default="classify,causal_lm")
-  args = ap.parse_args()
-  if args.linear_attention:
-    return linear_attention_table(args)
-  names = [m for m in args.models.split(",") if m]
-  unknown = [m for m in names if m not in MODELS]
-  if unknown:
-    raise SystemExit(f"unknown --models {unknown}; choose from "
-                     f"{', '.join(MODELS)}")
-  if args.quick:
-    args.batch_scale, args.rounds, args.min_seconds = 0.25, 2, 0.2
+  return ap.parse_args()
 
-  rows, results = [], []
-  for dtype in args.dtypes.split(","):
-    ceiling, ceiling_flops = bc.ceiling_timer(jnp.dtype(dtype),
-                                              min_seconds=args.min_seconds)
-    peak = device_peak(dtype)
-    for group in interleave_groups(names):
-      built = {}
-      for name in group:
-        make, batch, length = MODELS[name]
-        cfg = make(args.quick)
-        cfg.dtype = dtype
-        batch = max(1, int(batch * args.batch_scale))
-        compiled, state, xs, rng, flops = train_steps.build_step(
-            cfg, batch, length)
-        built[name] = (train_steps.step_timer(compiled, state, xs, rng,
-                                              flops, args.min_seconds),
-                       flops, batch, length or cfg.max_len)
-        del compiled, state, xs
-      ceil_times, times = bc.interleave(
-          ceiling, {k: v[0] for k, v in built.items()}, args.rounds)
-      for name, (timer, flops, batch, n) in built.items():
-        s = bc.summarize(ceil_times, ceiling_flops, times[name], flops)
-        if args.profile:
-          for op, ms, share in bc.profile_ops(timer.call):
-            print(f"#   {name} {dtype}: {op:<36} {ms:9.2f} ms "
-                  f"{100 * share:5.1f}%")
-        peak_mfu = flops / s.min_s / peak if peak else None
-        rows.append((name, dtype, batch, n, s.min_s * 1e3, s.median_s * 1e3,
-                     flops / 1e9, flops / s.min_s / 1e9,
-                     s.ceiling_best / 1e9, 100 * s.mfu_best,
-                     100 * s.mfu_paired,
-                     f"{100 * peak_mfu:.1f}" if peak_mfu else "",
-                     batch * n / s.min_s))
-        results.append(dict(model=name, dtype=dtype, batch=batch, length=n,
-                            flops=flops, rounds=args.rounds,
-                            ceiling_seconds=ceil_times,
-                            ceiling_flops=ceiling_flops, peak=peak,
-                            peak_mfu=peak_mfu, **dataclasses.asdict(s)))
-        print(f"# {name} {dtype}: {s.min_s * 1e3:.1f} ms (median "
-              f"{s.median_s * 1e3:.1f}), MFU {100 * s.mfu_best:.1f}% best, "
-              f"{100 * s.mfu_paired:.1f}% paired median; ceiling "
-              f"{s.ceiling_best / 1e9:.1f} GFLOP/s best, "
-              f"{s.ceiling_median / 1e9:.1f} median", flush=True)
-      del built
 
+def _step(args, name, dtype):
+  """(model config, batch, length) of one model at ``dtype``."""
+  make, batch, length = MODELS[name]
+  cfg = make(args.quick)
+  cfg.dtype = dtype
+  return cfg, max(1, int(batch * args.batch_scale)), length or cfg.max_len
+
+
+def time_group(args, group, dtype, ceiling, ceiling_flops, rows, results):
+  """The models of ``group`` timed in the same interleaved rounds as the
+  ceiling; a table row and a record each, appended to ``rows``/``results``."""
+  peak = bc.device_peak(dtype)
+  steps = {name: _step(args, name, dtype) for name in group}
+  ceil_times, times, built = train_steps.interleaved_steps(
+      ceiling, steps, args.rounds, args.min_seconds)
+  for name, (timer, flops) in built.items():
+    _, batch, n = steps[name]
+    s = bc.summarize(ceil_times, ceiling_flops, times[name], flops)
+    if args.profile:
+      for op, ms, share in bc.profile_ops(timer.call):
+        print(f"#   {name} {dtype}: {op:<36} {ms:9.2f} ms "
+              f"{100 * share:5.1f}%")
+    peak_mfu = flops / s.min_s / peak if peak else None
+    rows.append((name, dtype, batch, n, s.min_s * 1e3, s.median_s * 1e3,
+                 flops / 1e9, flops / s.min_s / 1e9,
+                 s.ceiling_best / 1e9, 100 * s.mfu_best,
+                 100 * s.mfu_paired,
+                 f"{100 * peak_mfu:.1f}" if peak_mfu else "",
+                 batch * n / s.min_s))
+    results.append(dict(model=name, dtype=dtype, batch=batch, length=n,
+                        flops=flops, rounds=args.rounds,
+                        ceiling_seconds=ceil_times,
+                        ceiling_flops=ceiling_flops, peak=peak,
+                        peak_mfu=peak_mfu, **dataclasses.asdict(s)))
+    print(f"# {name} {dtype}: {s.min_s * 1e3:.1f} ms (median "
+          f"{s.median_s * 1e3:.1f}), MFU {100 * s.mfu_best:.1f}% best, "
+          f"{100 * s.mfu_paired:.1f}% paired median; ceiling "
+          f"{s.ceiling_best / 1e9:.1f} GFLOP/s best, "
+          f"{s.ceiling_median / 1e9:.1f} median", flush=True)
+
+
+def _notes(args, results) -> list[str]:
+  """The rounds, and Base Layers' step time over Switch's per dtype."""
   base = {r["dtype"]: r for r in results
           if r["model"] == "smlp_switch/causal_lm"}
   notes = [f"{args.rounds} rounds of ceiling (2048^3 matmul) and step "
@@ -272,8 +213,29 @@ def main():
           f"Base Layers / Switch step time ({r['dtype']}): "
           f"{r['min_s'] / sw['min_s']:.2f} (min/min), {per_round:.2f} "
           "(median of rounds)")
+  return notes
+
+
+def main():
+  args = _args()
+  if args.linear_attention:
+    return linear_attention_table(args)
+  names = [m for m in args.models.split(",") if m]
+  unknown = [m for m in names if m not in MODELS]
+  if unknown:
+    raise SystemExit(f"unknown --models {unknown}; choose from "
+                     f"{', '.join(MODELS)}")
+  if args.quick:
+    args.batch_scale, args.rounds, args.min_seconds = 0.25, 2, 0.2
+  rows, results = [], []
+  for dtype in args.dtypes.split(","):
+    ceiling, ceiling_flops = bc.ceiling_timer(jnp.dtype(dtype),
+                                              min_seconds=args.min_seconds)
+    for group in interleave_groups(names):
+      time_group(args, group, dtype, ceiling, ceiling_flops, rows, results)
   text = (f"Train step (fwd + bwd + AdamW), {bc.device_name()}"
-          f"{', --quick' if args.quick else ''}; " + "; ".join(notes) + "\n\n"
+          f"{', --quick' if args.quick else ''}; "
+          + "; ".join(_notes(args, results)) + "\n\n"
           + bc.markdown_table(
               ("model/head", "dtype", "batch", "length", "ms/step (min)",
                "ms/step (median)", "GFLOP/step (XLA)", "GFLOP/s (min)",

@@ -266,6 +266,36 @@ def compiled_grad(module, params, x, **apply_kw):
   return jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
 
 
+# Dense peak FLOP/s per device kind and dtype (vendor data sheets, without
+# sparsity), for the MFU against the device's peak on accelerators (the
+# loop's train.metrics.PEAK_FLOPS has bf16 only). On CPU the measured
+# matmul ceiling is the reference.
+PEAK_FLOPS = {
+    # (substring of jax's device_kind, lower-case) -> {dtype: FLOP/s}
+    "h200": {"bfloat16": 989e12, "float32": 67e12},
+    "h100": {"bfloat16": 989e12, "float32": 67e12},   # SXM
+    "a100": {"bfloat16": 312e12, "float32": 19.5e12},
+    "l40s": {"bfloat16": 362e12, "float32": 91.6e12},
+    "l4": {"bfloat16": 121e12, "float32": 30.3e12},   # after l40s (longest first)
+    "v100": {"bfloat16": 125e12, "float32": 15.7e12},  # fp16 tensor cores
+    "tpu v4": {"bfloat16": 275e12, "float32": 275e12 / 4},
+    "tpu v5 lite": {"bfloat16": 197e12, "float32": 197e12 / 4},
+    "tpu v5p": {"bfloat16": 459e12, "float32": 459e12 / 4},
+}
+
+
+def device_peak(dtype: str) -> float | None:
+  """The table's peak FLOP/s of device 0 in ``dtype``, None if unknown."""
+  kind = getattr(jax.devices()[0], "device_kind", "").lower()
+  if jax.devices()[0].platform == "cpu":
+    return None
+  for key in sorted(PEAK_FLOPS, key=len, reverse=True):
+    if key in kind:
+      return PEAK_FLOPS[key].get(dtype)
+  return None
+
+
+
 def device_name() -> str:
   d = jax.devices()[0]
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \

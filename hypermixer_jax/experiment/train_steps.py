@@ -1,7 +1,8 @@
 """A model's loop train step on one device, for the benchmarks: a batch in
 the data contract's format (CONTRIBUTING.md) for its head, the compiled
-step with its XLA FLOP count, and a timer that carries the donated state
-from call to call."""
+step with its XLA FLOP count, a timer that carries the donated state
+from call to call, several steps timed in the same interleaved rounds, and
+the Linear Transformer's implementations set beside the softmax one."""
 from __future__ import annotations
 
 import jax
@@ -13,6 +14,37 @@ from hypermixer_jax.data import preprocessors
 from hypermixer_jax.experiment import bench as bc
 from hypermixer_jax.train import optim
 from hypermixer_jax.train.config import base_config
+from hypermixer_jax.train.config import text_model
+
+
+# Linear attention's implementations against the softmax Transformer, at the
+# SST-2 experiment's layout (glue_from_scratch: width 128, 2 layers, d_ffn
+# 256, 8k vocabulary); batch 64 at N = 64, the same 4,096 tokens per batch
+# at longer N.
+OLD_LINEAR = "linear, outer (old)"
+LINEAR_VARIANTS = {
+    "softmax Transformer": ("attention", {}),
+    OLD_LINEAR: ("linear_attention", dict(implementation="outer")),
+    "linear, chunked": ("linear_attention", {}),
+    "linear, chunked, packed=False": ("linear_attention",
+                                      dict(packed=False)),
+}
+
+
+def linear_attention_steps(head: str, n: int):
+  """{variant: (model config, batch, n)} of ``LINEAR_VARIANTS`` with
+  ``head`` at length ``n``, as ``interleaved_steps`` takes them."""
+  batch = 64 if n <= 64 else max(1, 4096 // n)
+  steps = {}
+  for name, (mixer, kwargs) in LINEAR_VARIANTS.items():
+    if head == "causal_lm" and "packed" in kwargs:
+      continue  # packed=False changes only the non-causal path
+    cfg = text_model(mixer, head)
+    cfg.update(dict(d_model=128, d_ffn=256, num_layers=2, max_len=n,
+                    vocab_size=8000))
+    cfg.mixer_kwargs.update(dict(num_heads=2, **kwargs))
+    steps[name] = (cfg, batch, n)
+  return steps
 
 
 def make_batch(cfg, batch: int, length: int, rng: np.random.RandomState
@@ -71,3 +103,19 @@ def step_timer(compiled, state, batch, rng, flops: float,
     holder[0], metrics = compiled(holder[0], batch, rng)
     return metrics
   return bc.Timed(call, flops=flops, min_seconds=min_seconds)
+
+
+def interleaved_steps(ceiling: bc.Timed, steps, rounds: int,
+                      min_seconds: float):
+  """The train steps of ``steps`` ({name: (model config, batch, length)})
+  timed in the same interleaved rounds as ``ceiling`` (``bc.interleave``):
+  (ceiling times, {name: step times}, {name: (timer, XLA FLOPs)})."""
+  built = {}
+  for name, (cfg, batch, length) in steps.items():
+    compiled, state, xs, rng, flops = build_step(cfg, batch, length)
+    built[name] = (step_timer(compiled, state, xs, rng, flops, min_seconds),
+                   flops)
+    del compiled, state, xs
+  ceil_times, times = bc.interleave(
+      ceiling, {k: timer for k, (timer, _) in built.items()}, rounds)
+  return ceil_times, times, built
