@@ -37,18 +37,22 @@ The modules, by concern (everything is re-exported here, so a script writes
 * ``tables`` / ``figures``: Markdown tables and the learning-curve plots;
 * ``timing``: interleaved timing rounds and compiled memory.
 
-Five modules are imported by name, not re-exported: ``synthetic`` (the
-synthetic task's pseudo-attention maps and trivial predictors),
-``pretraining`` (the pretrain-then-fine-tune study's configs, encoder probe
-and report), ``causal`` (the causal-LM study's FLOP-matched models,
-held-out set, scoring and report), ``bench`` (the
-benchmarks' matmul ceiling, interleaved rounds and MFU; it loads JAX) and
-``claims`` (the claims table of the papers against the committed records:
-``python -m hypermixer_jax.experiment.claims``, the one module here that
-names experiments, as data).
+Modules imported by name, not re-exported. The shared infrastructure:
+``bench`` (the benchmarks' matmul ceiling, interleaved rounds and MFU; it
+loads JAX), ``train_steps`` (the train steps the benchmarks time),
+``tuning`` (expected best of n trials and the paired bootstrap of a
+tuning curve) and ``claims`` (the claims table of the papers against the
+committed records: ``python -m hypermixer_jax.experiment.claims``). The
+parts of one study that several scripts or tests share: ``glue`` (the GLUE
+configs, budgets and bag-of-words baseline), ``mlm`` (the MLM perplexity
+study), ``nli`` (the 80/20 NLI splits), ``synthetic`` (the synthetic task's
+pseudo-attention maps and trivial predictors), ``pretraining`` (the
+pretrain-then-fine-tune study's configs, encoder probe and report) and
+``causal`` (the causal-LM study's FLOP-matched models, held-out set,
+scoring and report).
 
-Apart from ``claims``, nothing here knows a model or a task: the scripts
-declare their runs as configs.
+The re-exported modules know no model or task (the scripts declare their
+runs as configs); what one study knows lives in its own module.
 """
 # pylint: disable=g-importing-member
 from hypermixer_jax.experiment.digests import config_fingerprint
