@@ -358,7 +358,7 @@ def table(results: dict) -> str:
 
 # The paper's budget of each configuration, in its unit (tokens or images):
 # the gMLP paper's MLM ablation setting (125k steps of 2048 x 128 tokens,
-# /work/shared/PAPERS.md), 300 ImageNet epochs (configs/imagenet.py), the
+# ../shared/PAPERS.md), 300 ImageNet epochs (configs/imagenet.py), the
 # sMLP config's 100k steps of 256 x 1024 tokens (configs/smlp_lm.py).
 BUDGETS = {"mlm": 125_000 * 2048 * 128, "imagenet": 300 * 1_281_167,
            "smlp": 100_000 * 256 * 1024}
