@@ -1,11 +1,10 @@
 """configs/c4_lm.py: causal HyperMixer LM on C4 at N = 1024 (chunked scan)."""
 import os
 
-from absl import flags
 import numpy as np
 import pytest
-from ml_collections import config_flags
 
+import flag_configs
 from hypermixer_jax import models
 from hypermixer_jax.train import loop
 from hypermixer_jax.train import metrics as metrics_lib
@@ -15,12 +14,7 @@ C4_LM = os.path.join(ROOT, "configs", "c4_lm.py")
 
 
 def _config(*overrides, arg="hypermixer"):
-  argv = ["prog", f"--config={C4_LM}:{arg}", *overrides]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
-                                  sys_argv=argv)
-  fv(argv)
-  return fv.config
+  return flag_configs.load(f"{C4_LM}:{arg}", *overrides)
 
 
 def test_config_builds_a_causal_chunked_hypermixer():

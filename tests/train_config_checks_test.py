@@ -1,10 +1,9 @@
 """Model/data combinations that must be refused before training starts."""
 import os
 
-from absl import flags
-from ml_collections import config_flags
 import pytest
 
+import flag_configs
 from hypermixer_jax.train import loop
 
 SMLP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
@@ -12,14 +11,9 @@ SMLP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 
 def _config(routing: str, packing: bool):
-  argv = ["prog", f"--config={SMLP}:tiny",
-          f"--config.model.moe.smoe_routing={routing}",
-          f"--config.data.packing={packing}"]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
-                                  sys_argv=argv)
-  fv(argv)
-  return fv.config
+  return flag_configs.load(f"{SMLP}:tiny",
+                           f"--config.model.moe.smoe_routing={routing}",
+                           f"--config.data.packing={packing}")
 
 
 def test_partial_routing_with_packing_is_refused():
@@ -37,12 +31,7 @@ def test_compatible_combinations_pass(routing, packing):
 
 def _mlm_config(mixer: str, *overrides):
   path = os.path.join(os.path.dirname(SMLP), "c4_mlm.py")
-  argv = ["prog", f"--config={path}:{mixer}", *overrides]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
-                                  sys_argv=argv)
-  fv(argv)
-  return fv.config
+  return flag_configs.load(f"{path}:{mixer}", *overrides)
 
 
 @pytest.mark.parametrize("mixer", ["hypermixer", "mlp_mixer"])

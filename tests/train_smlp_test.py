@@ -1,11 +1,10 @@
 """configs/smlp_lm.py: the sparse all-MLP LM trains through the loop, experts sharded."""
 import os
 
-from absl import flags
 import numpy as np
-from ml_collections import config_flags
 import pytest
 
+import flag_configs
 from hypermixer_jax import models
 from hypermixer_jax.train import loop
 from hypermixer_jax.train import metrics as metrics_lib
@@ -15,12 +14,7 @@ SMLP = os.path.join(ROOT, "configs", "smlp_lm.py")
 
 
 def _config(*overrides, size="tiny"):
-  argv = ["prog", f"--config={SMLP}:{size}", *overrides]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
-                                  sys_argv=argv)
-  fv(argv)
-  return fv.config
+  return flag_configs.load(f"{SMLP}:{size}", *overrides)
 
 
 def test_configs_use_the_pipelines_vocabulary(shared_data):
