@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from hypermixer_jax.experiment import kit as kit_lib
 import script_modules
 
 kit = script_modules.load("experiments/accelerator_kit.py")
@@ -29,8 +30,26 @@ def test_toy_run_writes_every_section(tmp_path):
   assert abs(sw["switch"]["matmul_flops"] - sw["smlp"]["matmul_flops"]) < (
       0.5 * sw["smlp"]["matmul_flops"])
   assert "| hypermixer |" in (tmp_path / "table.md").read_text()
+  assert set(r["runs"]) == set(kit_lib.SECTIONS)
+  # A rerun of one section replaces that section and keeps the others.
+  before = r["mlm_mfu"]
+  kit.main(["--toy", "--sections", "token_mixing", "--lengths", "32",
+            "--out", str(tmp_path)])
+  again = json.loads((tmp_path / "results.json").read_text())
+  assert again["mlm_mfu"] == before and list(again["token_mixing"]) == ["32"]
+  table = kit.main(["--report_only", "--out", str(tmp_path)])
+  assert table == again
 
 
 def test_a_failing_row_is_recorded_not_fatal():
-  got = kit._guarded(lambda: 1 / 0)  # pylint: disable=protected-access
+  got = kit_lib.guarded(lambda: 1 / 0)
   assert got["error"].startswith("ZeroDivisionError: division by zero")
+
+
+def test_a_run_on_another_device_starts_afresh(tmp_path):
+  (tmp_path / "results.json").write_text(json.dumps(
+      {"device": "gpu:another", "toy": True, "mlm_mfu": {"x": {}}}))
+  # pylint: disable=protected-access
+  assert kit._earlier(str(tmp_path), "gpu:another", True)["mlm_mfu"]
+  assert kit._earlier(str(tmp_path), "cpu:this one", True) == {}
+  assert kit._earlier(str(tmp_path), "gpu:another", False) == {}

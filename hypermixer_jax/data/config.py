@@ -1,6 +1,7 @@
 """The data configuration (``config.data``): every field the pipelines read."""
 from __future__ import annotations
 
+import math
 import os
 
 import ml_collections
@@ -134,3 +135,16 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.synthetic.noise = 0.3                  # uniform input noise, in height units
   c.synthetic.normalize = True             # divide heights by max_height
   return c
+
+
+def max_predictions(seq_len: int, select_rate: float = 0.15) -> int:
+  """BERT's ``max_predictions_per_seq`` for rows of ``seq_len`` tokens.
+
+  ``ceil(select_rate * seq_len)`` (20 for 128 at 15%, BERT's own value).
+  ``bert_mask`` selects ``max(1, round(select_rate * n))`` tokens of an
+  ``n``-token example, never more than this for ``n <= seq_len``, so an
+  unpacked row always fits; a packed row keeps its first ones
+  (``converters.MLMFeatureConverter``).
+  """
+  # The tolerance keeps 0.15 * 20 = 3.0000000000000004 at 3.
+  return max(1, math.ceil(select_rate * seq_len - 1e-9))

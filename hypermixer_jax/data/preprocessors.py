@@ -6,11 +6,13 @@ seqio derives those per-example seeds from the seed given to
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping, Sequence
 
 import seqio
 import tensorflow as tf
+
+# Re-exported for the converters (it needs no TensorFlow: data.config).
+from hypermixer_jax.data.config import max_predictions  # noqa: F401
 
 
 def rekey(ds: tf.data.Dataset, key_map: Mapping[str, str]) -> tf.data.Dataset:
@@ -39,19 +41,6 @@ def split_into_chunks(ds: tf.data.Dataset, sequence_length: Mapping[str, int],
 
   ds = ds.filter(lambda ex: tf.size(ex[key]) > 0)
   return ds.map(chunk, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
-
-
-def max_predictions(seq_len: int, select_rate: float = 0.15) -> int:
-  """BERT's ``max_predictions_per_seq`` for rows of ``seq_len`` tokens.
-
-  ``ceil(select_rate * seq_len)`` (20 for 128 at 15%, BERT's own value).
-  ``bert_mask`` selects ``max(1, round(select_rate * n))`` tokens of an
-  ``n``-token example, never more than this for ``n <= seq_len``, so an
-  unpacked row always fits; a packed row keeps its first ones
-  (``converters.MLMFeatureConverter``).
-  """
-  # The tolerance keeps 0.15 * 20 = 3.0000000000000004 at 3.
-  return max(1, math.ceil(select_rate * seq_len - 1e-9))
 
 
 def bert_mask(ex: Mapping[str, tf.Tensor], seed: tf.Tensor, *,

@@ -10,7 +10,7 @@ import numpy as np
 
 from hypermixer_jax import models
 from hypermixer_jax import sharding
-from hypermixer_jax.data import preprocessors
+from hypermixer_jax.data import config as data_config
 from hypermixer_jax.experiment import bench as bc
 from hypermixer_jax.train import optim
 from hypermixer_jax.train.config import base_config
@@ -63,7 +63,7 @@ def make_batch(cfg, batch: int, length: int, rng: np.random.RandomState
     # and BERT's masked_lm_positions, so the head runs at those only.
     out["targets"] = rng.randint(5, cfg.vocab_size, (batch, n)).astype(
         np.int32)
-    slots = preprocessors.max_predictions(n)
+    slots = data_config.max_predictions(n)
     pos = np.sort(np.argsort(rng.rand(batch, n), axis=1)[:, :slots], axis=1)
     out["masked_positions"] = pos.astype(np.int32)
     out["weights"] = np.zeros((batch, n), np.float32)

@@ -49,7 +49,7 @@ import numpy as np
 from hypermixer_jax import heads
 from hypermixer_jax import models
 from hypermixer_jax import sharding
-from hypermixer_jax.data import preprocessors
+from hypermixer_jax.data import config as data_config
 from hypermixer_jax.train import checkpoint as ckpt_lib
 from hypermixer_jax.train import evaluation
 from hypermixer_jax.train import flop_count
@@ -170,7 +170,7 @@ def abstract_batch(config: ml_collections.ConfigDict, batch_size: int
   else:
     out["targets"], out["weights"] = s((b, n), i32), s((b, n), f32)
   if head == "mlm":
-    p = preprocessors.max_predictions(n, config.data.mlm.select_rate)
+    p = data_config.max_predictions(n, config.data.mlm.select_rate)
     out["masked_positions"] = s((b, p), i32)
   return out
 

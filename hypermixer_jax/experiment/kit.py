@@ -1,0 +1,239 @@
+"""The accelerator kit's measurements (``experiments/accelerator_kit.py``).
+
+Each section returns a dict of rows; a row that fails records its error
+(``guarded``) so one out-of-memory length does not end the run. Nothing
+here needs seqio or TensorFlow: accelerator images often lack them.
+"""
+from __future__ import annotations
+
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hypermixer_jax import sharding
+from hypermixer_jax.experiment import bench as bc
+from hypermixer_jax.experiment.flags import load_config
+from hypermixer_jax.models import hypermixer as hm
+from hypermixer_jax.train import compile as tc
+from hypermixer_jax.train import flop_count
+from hypermixer_jax.train import metrics as metrics_lib
+from hypermixer_jax.train import optim
+
+MIXERS = ("hypermixer", "mlp_mixer", "gmlp", "attention", "fnet",
+          "linear_attention")
+BERT = dict(num_layers=12, d_model=768, d_ffn=3072)
+TOY_BERT = dict(num_layers=1, d_model=64, d_ffn=128)
+LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+TOKENS_PER_CALL = 16384
+# In the order a run measures them (the first is what a pod user reads).
+SECTIONS = ("mlm_mfu", "token_mixing", "smlp_vs_switch")
+
+
+def _random_batch(config, b: int, rng: np.random.Generator) -> dict:
+  """A host batch of ``config``'s task (``compile.abstract_batch``'s
+  shapes) with valid random contents."""
+  out = {}
+  for k, s in tc.abstract_batch(config, b).items():
+    if k == "segment_ids":
+      out[k] = np.ones(s.shape, np.int32)
+    elif k == "positions":
+      out[k] = np.broadcast_to(np.arange(s.shape[1], dtype=np.int32),
+                               s.shape).copy()
+    elif k == "masked_positions":
+      out[k] = rng.integers(0, config.data.seq_len, s.shape).astype(np.int32)
+    elif k == "weights":
+      out[k] = np.ones(s.shape, np.float32)
+    elif s.dtype == np.int32:
+      out[k] = rng.integers(0, config.model.vocab_size, s.shape).astype(
+          np.int32)
+    else:
+      out[k] = rng.standard_normal(s.shape).astype(s.dtype)
+  return out
+
+
+def _one_device(config):
+  devices = jax.devices()[:1]
+  config.mesh.data, config.mesh.fsdp = 1, 1
+  config.mesh.tensor, config.mesh.expert = 1, 1
+  return devices, sharding.build_mesh(config.mesh, devices), \
+      sharding.get_rules(config.sharding)
+
+
+def time_train_step(config, batch_size: int, steps: int) -> dict:
+  """Seconds per train step of ``config`` on one device, its matmul FLOPs
+  (jaxpr count) and XLA's FLOPs, tokens/s and MFU against the peak."""
+  devices, mesh, rules = _one_device(config)
+  batch = _random_batch(config, batch_size, np.random.default_rng(0))
+  matmul = flop_count.count(tc.trace_train_step(
+      config, devices, batch_size)[0].jaxpr).flops
+  tx, _ = optim.make_optimizer(config)
+  step, state, gbatch, rng = bc.train_step(config.model, batch, mesh,
+                                           rules, tx)
+  seconds = bc.time_steps(step, state, gbatch, rng, steps)
+  peak = metrics_lib.peak_flops(devices[0].device_kind)
+  tokens = int(np.prod(batch["inputs"].shape[:2]))
+  return {"step_s": seconds, "matmul_flops": matmul,
+          "xla_flops": bc.xla_flops(step), "tokens_per_s": tokens / seconds,
+          "batch_size": batch_size, "tflops_per_s": matmul / seconds / 1e12,
+          "mfu": matmul / seconds / peak if peak else None}
+
+
+def setup(toy: bool) -> dict:
+  """The sizes a run measures (recorded beside its figures)."""
+  bert = TOY_BERT if toy else BERT
+  return {"mlm": dict(bert, seq_len=32 if toy else 128,
+                      batch_size=4 if toy else 256,
+                      hyper_dim=3 * bert["d_model"],
+                      num_heads=2 if toy else 12),
+          "token_mixing": {"d_model": 64 if toy else 768,
+                           "hyper_dim": 192 if toy else 2304,
+                           "num_heads": 2 if toy else 12,
+                           "tokens_per_call": 256 if toy else TOKENS_PER_CALL},
+          "smlp_vs_switch": {"config": "smlp_lm.py:" + ("tiny" if toy
+                                                         else "base"),
+                             "batch_size": 4 if toy else 32}}
+
+
+def mlm_mfu(toy: bool, dtype: str, mixers=MIXERS) -> dict:
+  out = {}
+  s = setup(toy)["mlm"]
+  for mixer in mixers:
+    c = load_config("c4_mlm.py", mixer)
+    c.model.update({k: s[k] for k in BERT})
+    c.model.dtype = dtype
+    kw = c.model.mixer_kwargs
+    if "hyper_dim" in kw:
+      kw.hyper_dim = s["hyper_dim"]
+    if "num_heads" in kw:
+      kw.num_heads = s["num_heads"]
+    c.data.seq_len = c.model.max_len = s["seq_len"]
+    out[mixer] = guarded(lambda c=c: time_train_step(
+        c, s["batch_size"], 2 if toy else 10))
+  return out
+
+
+def _timed(fn, *args, toy: bool) -> float:
+  return bc.time_call(fn, *args, repeats=2 if toy else 5,
+                      min_seconds=0.01 if toy else 0.2)
+
+
+def token_mixing(toy: bool, dtype, lengths=None) -> dict:
+  """HyperMixing against dot-product attention, per length."""
+  s = setup(toy)["token_mixing"]
+  d, heads, tokens = s["d_model"], s["num_heads"], s["tokens_per_call"]
+  lengths = lengths or ((64,) if toy else LENGTHS)
+  cudnn = jax.devices()[0].platform == "gpu"
+  out = {}
+  for n in lengths:
+    b = max(1, tokens // n)
+    x = jax.random.normal(jax.random.key(0), (b, n, d), dtype)
+    mixer = hm.HyperMixing(hyper_dim=s["hyper_dim"], max_len=n, dtype=dtype)
+    params = mixer.init(jax.random.key(1), x[:1, :8])
+
+    def hyper(p, x, mixer=mixer):
+      return mixer.apply(p, x)
+
+    def attend(p, x):
+      del p
+      q = x.reshape(*x.shape[:2], heads, d // heads)
+      return jax.nn.dot_product_attention(
+          q, q, q, implementation="cudnn" if cudnn else None)
+
+    row = {"batch": b}
+    for name, fn in (("hypermixing", hyper), ("attention", attend)):
+      fwd = jax.jit(fn)
+      both = jax.jit(jax.grad(lambda p, x, fn=fn: jnp.sum(
+          jnp.square(fn(p, x).astype(jnp.float32))), argnums=(0, 1)))
+      row[name] = guarded(lambda fwd=fwd, both=both: {
+          "forward_s": _timed(fwd, params, x, toy=toy),
+          "forward_backward_s": _timed(both, params, x, toy=toy)})
+    out[str(n)] = row
+  return out
+
+
+def _smlp_config(token_mixer: str, toy: bool, dense_layers: int | None,
+                 dtype: str):
+  c = load_config("smlp_lm.py", "tiny" if toy else "base")
+  c.model.dtype = dtype
+  c.model.token_mixer = token_mixer
+  if token_mixer == "attention":
+    c.model.moe.tmoe_router = "switch"
+  if dense_layers is not None:
+    c.model.num_dense_layers = dense_layers
+  return c
+
+
+def smlp_vs_switch(toy: bool, dtype: str) -> dict:
+  """Train-step tokens/s of sMLP and of the Switch Transformer whose dense
+  depth brings its matmul FLOPs closest to sMLP's."""
+  ref = _smlp_config("sgu", toy, None, dtype)
+  b = setup(toy)["smlp_vs_switch"]["batch_size"]
+  devices = jax.devices()[:1]
+
+  def flops(c):
+    _one_device(c)
+    return flop_count.count(tc.trace_train_step(c, devices, b)[0].jaxpr).flops
+  target = flops(ref)
+  # A step's matmul FLOPs grow linearly with the dense depth: two traces.
+  one, two = (flops(_smlp_config("attention", toy, n, dtype)) for n in (1, 2))
+  depth = max(1, round(1 + (target - one) / (two - one)))
+  switch = _smlp_config("attention", toy, depth, dtype)
+  return {"smlp": guarded(lambda: time_train_step(ref, b, 2 if toy else 10)),
+          "switch": dict(guarded(lambda: time_train_step(
+              switch, b, 2 if toy else 10)), num_dense_layers=depth)}
+
+
+def guarded(fn) -> dict:
+  """``fn()``, or the error it raised (one row's failure, e.g. out of
+  memory at N = 32,768, does not end the run)."""
+  try:
+    return fn()
+  except Exception as e:  # pylint: disable=broad-except
+    return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
+            "where": traceback.format_exc().splitlines()[-3:]}
+
+
+def table(results: dict) -> str:
+  """The sections measured so far, as markdown tables."""
+  ceiling = results.get("runs", {}).get("mlm_mfu", {}).get(
+      "matmul_flops_per_s")
+  mfu = [[m, r["error"] if "error" in r else f"{r['step_s'] * 1e3:.1f}",
+          f"{r.get('tokens_per_s', 0):,.0f}",
+          f"{r['mfu']:.1%}" if r.get("mfu") else "-",
+          f"{r['tflops_per_s'] * 1e12 / ceiling:.1%}"
+          if ceiling and "tflops_per_s" in r else "-"]
+         for m, r in results.get("mlm_mfu", {}).items()]
+  text = [bc.markdown_table(
+      ["mixer", "step ms", "tokens/s", "MFU (datasheet peak)",
+       "of the measured matmul ceiling"], mfu)]
+  rows = []
+  for n, r in results.get("token_mixing", {}).items():
+    cells = [n, r["batch"]]
+    for name in ("hypermixing", "attention"):
+      t = r[name]
+      cells += (["error", "error"] if "error" in t else
+                [f"{t['forward_s'] * 1e3:.2f}",
+                 f"{t['forward_backward_s'] * 1e3:.2f}"])
+    ok = "error" not in r["hypermixing"] and "error" not in r["attention"]
+    cells += [f"{r['attention'][k] / r['hypermixing'][k]:.2f}x" if ok
+              else "-" for k in ("forward_s", "forward_backward_s")]
+    rows.append(cells)
+  text.append(bc.markdown_table(
+      ["N", "batch", "HyperMixing fwd ms", "HyperMixing fwd+bwd ms",
+       "attention fwd ms", "attention fwd+bwd ms",
+       "attention / HyperMixing fwd", "attention / HyperMixing fwd+bwd"],
+      rows))
+  sw = results.get("smlp_vs_switch", {})
+  base = sw.get("switch", {}).get("tokens_per_s")
+  text.append(bc.markdown_table(
+      ["model", "dense layers", "tokens/s", "of the Switch Transformer's",
+       "matmul GFLOP/step"], [
+           [k, v.get("num_dense_layers", "-"),
+            v["error"] if "error" in v else f"{v['tokens_per_s']:,.0f}",
+            f"{v['tokens_per_s'] / base:.2f}x"
+            if base and "tokens_per_s" in v else "-",
+            f"{v.get('matmul_flops', 0) / 1e9:,.1f}"]
+           for k, v in sw.items()]))
+  return "\n\n".join(text)
