@@ -1,9 +1,12 @@
-"""experiments/pod_plan.py: the grid's bookkeeping (no compiles)."""
+"""The pod plan (experiment.pods, experiments/pod_plan.py): the grid's
+bookkeeping (no compiles)."""
 import sys
 
 import pytest
 
 import script_modules
+
+from hypermixer_jax.experiment import pods
 
 pod_plan = script_modules.load("experiments/pod_plan.py")
 
@@ -13,21 +16,21 @@ def test_missing_lists_cells_not_compiled_and_leaves_out_inapplicable():
   presets, topologies = ["fsdp", "expert"], ["v4-32", "v5e-256"]
   done = {"glue_mlm_hypermixer|fsdp|v4-32": {}}
   # The expert preset needs experts: not a missing cell of the MLM config.
-  assert pod_plan.missing(done, names, presets, topologies).splitlines() == [
+  assert pods.missing(done, names, presets, topologies).splitlines() == [
       "- glue_mlm_hypermixer: fsdp v5e-256",
       "- smlp_base_64e: all cells"]
   done = {f"{n}|{p}|{t}": {} for n in names for p in presets
           for t in topologies}
-  assert pod_plan.missing(done, names, presets, topologies) == "(none)"
+  assert pods.missing(done, names, presets, topologies) == "(none)"
 
 
 def test_set_preset_meshes():
-  c = pod_plan.CONFIGS["smlp_base_64e"][0]()
-  assert pod_plan.set_preset(c, "expert", 256, 2)
+  c = pods.CONFIGS["smlp_base_64e"][0]()
+  assert pods.set_preset(c, "expert", 256, 2)
   assert (c.mesh.data, c.mesh.expert) == (2, 64)
-  c = pod_plan.CONFIGS["glue_mlm_hypermixer"][0]()
-  assert not pod_plan.set_preset(c, "expert", 16, 1)
-  assert pod_plan.set_preset(c, "data_parallel", 16, 1)
+  c = pods.CONFIGS["glue_mlm_hypermixer"][0]()
+  assert not pods.set_preset(c, "expert", 16, 1)
+  assert pods.set_preset(c, "data_parallel", 16, 1)
   assert (c.mesh.data, c.mesh.fsdp, c.sharding.rules) == (-1, 1,
                                                           "data_parallel")
 
@@ -41,7 +44,7 @@ def test_host_rows_cores_a_host_needs():
           "collectives": {"all-gather": [1, 1000]},
           "collective_traffic_bytes": 1000.0}
   image = dict(cell, batch_size=1024)
-  rows = pod_plan.host_rows(
+  rows = pods.host_rows(
       {"m|fsdp|v5e-16": cell, "i|fsdp|v5e-16": image,
        "x|fsdp|v5e-16": {"error": "no"},
        "r|fsdp|v5e-16": {"fits": False, "refused": True, "batch_size": 8,
@@ -54,23 +57,22 @@ def test_host_rows_cores_a_host_needs():
   assert text[3:8] == ["64 x 128", "4.0", f"{64 * 128 / 4e-3:,.0f}",
                        "tokens", "c4_mlm"]
   # One core supplies 1,000 rows of RATE_SEQ_LEN (128) tokens per second.
-  assert text[8] == f"{1000 * pod_plan.RATE_SEQ_LEN:,.0f}"
+  assert text[8] == f"{1000 * pods.RATE_SEQ_LEN:,.0f}"
   assert text[9] == f"{64 * 128 / 4e-3 / (1000 * 128):.1f}"
   assert img[3] == "256" and img[6] == "images"
   assert img[9] == f"{256 / 4e-3 / 50:.1f}"
   # The configurations name their own pipelines.
-  assert pod_plan.pipeline_of("bert_mlm_attention") == ("c4_mlm packed", 128)
-  assert pod_plan.pipeline_of("bert_mlm_hypermixer") == ("c4_mlm", 128)
-  assert pod_plan.pipeline_of("causal_lm_hypermixer") == ("c4_lm packed",
-                                                          1024)
-  assert pod_plan.pipeline_of("mixer_b16") == ("imagenet_patches", 0)
+  assert pods.pipeline_of("bert_mlm_attention") == ("c4_mlm packed", 128)
+  assert pods.pipeline_of("bert_mlm_hypermixer") == ("c4_mlm", 128)
+  assert pods.pipeline_of("causal_lm_hypermixer") == ("c4_lm packed", 1024)
+  assert pods.pipeline_of("mixer_b16") == ("imagenet_patches", 0)
 
 
 def test_a_cell_libtpu_refused_is_a_no_with_the_bytes_it_named():
   refused = {"fits": False, "refused": True, "batch_size": 256,
              "chips": 256, "temp_bytes": 33.54 * 2**30,
              "hbm_bytes": 15.75 * 2**30}
-  table = pod_plan.table({"smlp_base_64e|data_parallel|v5e-256": refused})
+  table = pods.table({"smlp_base_64e|data_parallel|v5e-256": refused})
   [row] = [line for line in table.splitlines() if "smlp_base_64e" in line]
   assert "| **no** | > 33.54 / 15.75 (temporaries alone" in row
   assert "256 / -" in row
@@ -86,11 +88,11 @@ def test_estimate_takes_the_matmul_flops_and_flags_loop_heavy_cells():
   peak = tc.metrics_lib.peak_flops("TPU v5e")
   times, step, mfu = tc.estimate(cell)
   assert times["compute"] == step == 2e12 / peak and mfu == 1.0
-  assert pod_plan.loop_heavy(cell)
+  assert pods.loop_heavy(cell)
   # A cell recorded before the matmul count keeps XLA's.
   old = {k: v for k, v in cell.items() if k != "matmul_flops"}
-  assert tc.estimate(old)[1] == 1e12 / peak and not pod_plan.loop_heavy(old)
-  assert not pod_plan.loop_heavy(dict(cell, matmul_flops=1.05e12))
+  assert tc.estimate(old)[1] == 1e12 / peak and not pods.loop_heavy(old)
+  assert not pods.loop_heavy(dict(cell, matmul_flops=1.05e12))
 
 
 def test_two_processes_share_the_grid_and_the_old_layout_moves(
@@ -109,12 +111,16 @@ def test_two_processes_share_the_grid_and_the_old_layout_moves(
       raise ValueError("fsdp does not divide 196\nmore\nadvice")
     compiled.append(key)
     return {"skipped": "fake"}     # a row the table leaves out
-  monkeypatch.setattr(pod_plan, "run_cell", fake)
+  monkeypatch.setattr(pods, "run_cell", fake)
   grid = ["--out", str(out), "--only", "glue_mlm_hypermixer", "--presets",
           "fsdp", "data_parallel", "--topologies", "v4-32", "v5e-256"]
   monkeypatch.setattr(sys, "argv", ["pod_plan.py", *grid, "--order",
                                     "reverse", "--cells", "1"])
   pod_plan.main()
+  # --cells 1: the reverse process stops after the grid's last cell.
+  first = json.loads((out / "results.json").read_text())["runs"]
+  assert sorted(first) == sorted([
+      done, "glue_mlm_hypermixer|data_parallel|v5e-256"])
   monkeypatch.setattr(sys, "argv", ["pod_plan.py", *grid])
   pod_plan.main()
   runs = json.loads((out / "results.json").read_text())["runs"]
@@ -153,16 +159,48 @@ def test_estimate_uses_hbm_traffic_once_and_the_table_says_what_changed():
   times, _, _ = tc.estimate(cell)
   # 2e9 bytes at v5e's 819 GB/s, not XLA's 9e9.
   assert times["hbm"] == pytest.approx(2e9 / 819e9)
-  cell["previous"] = pod_plan.previous_of(
+  cell["previous"] = pods.previous_of(
       "bert_mlm_hypermixer", {k: v for k, v in cell.items()
                               if k not in ("hbm_traffic_bytes", "dtype")})
   assert cell["previous"]["est_step_s"] == pytest.approx(9e9 / 819e9)
-  note = pod_plan.change_note(cell)
+  note = pods.change_note(cell)
   assert note.startswith(f"was {cell['previous']['est_mfu']:.0%} (hbm, ")
   assert "HBM counted once" in note and "float32 -> bfloat16" in note
-  [row] = [line for line in pod_plan.table({"m|fsdp|v5e-16": cell}
-                                           ).splitlines() if "| m |" in line]
+  [row] = [line for line in pods.table({"m|fsdp|v5e-16": cell}
+                                       ).splitlines() if "| m |" in line]
   assert "| 1.86 / 8.38 |" in row        # GiB once / XLA's
+
+
+def test_redo_recompiles_only_cells_without_hbm_traffic_and_keeps_previous(
+    tmp_path, monkeypatch, capsys):
+  import json  # pylint: disable=g-import-not-at-top
+  fresh = _corrected_cell(batch_size=512)
+  old = {k: v for k, v in _corrected_cell().items()
+         if k not in ("hbm_traffic_bytes", "dtype")}
+  runs = {"bert_mlm_gmlp|fsdp|v4-32": old,
+          "gmlp_b|fsdp|v4-32": _corrected_cell(),
+          "mixer_b16|fsdp|v4-32": {"error": "ValueError: no"}}
+  (tmp_path / "results.json").write_text(json.dumps({"runs": runs}))
+  compiled = []
+
+  def fake(name, preset, topo):
+    compiled.append(f"{name}|{preset}|{topo}")
+    return dict(fresh)
+  monkeypatch.setattr(pods, "run_cell", fake)
+  exp = pods.open_results(str(tmp_path))
+  # Without --redo a recorded cell is left alone, whatever it holds.
+  assert not pods.record_cell(exp, "bert_mlm_gmlp", "fsdp", "v4-32")
+  # With it, only the compiled record that lacks the HBM traffic.
+  for key in runs:
+    pods.record_cell(exp, *key.split("|"), redo=True)
+  assert compiled == ["bert_mlm_gmlp|fsdp|v4-32"]
+  saved = json.loads((tmp_path / "results.json").read_text())["runs"]
+  redone = saved["bert_mlm_gmlp|fsdp|v4-32"]
+  assert redone["batch_size"] == 512 and "hbm_traffic_bytes" in redone
+  assert redone["previous"] == pods.previous_of("bert_mlm_gmlp", old)
+  assert redone["previous"]["dtype"] == "float32"
+  assert saved["gmlp_b|fsdp|v4-32"] == runs["gmlp_b|fsdp|v4-32"]
+  assert "recompiled" in capsys.readouterr().out
 
 
 def test_recommendation_picks_the_best_corrected_cell_and_its_budget():
@@ -173,15 +211,15 @@ def test_recommendation_picks_the_best_corrected_cell_and_its_budget():
          if k != "hbm_traffic_bytes"}    # not recompiled: left out
   results = {"gmlp_b|fsdp|v5e-16": good, "gmlp_b|data_parallel|v5e-16":
              worse, "gmlp_b|fsdp_tensor|v5e-16": old}
-  rows = pod_plan.recommend_rows(results, topologies=("v5e-16", "v4-32"),
-                                 pipelines={"gmlp_b": ("imagenet", 0)})
+  rows = pods.recommend_rows(results, topologies=("v5e-16", "v4-32"),
+                             pipelines={"gmlp_b": ("imagenet", 0)})
   gmlp = [r for r in rows if r[0] == "gmlp_b"]
   assert gmlp[0][2] == "fsdp" and gmlp[1][2].startswith("not compiled")
   _, step, _ = tc.estimate(good)
   rate = 256 / step
   assert gmlp[0][6] == f"{rate:,.0f} images/s"
   assert gmlp[0][7] == f"{300 * 1_281_167 / rate * 16 / 3600:,.0f}"
-  assert len(rows) == 2 * len(pod_plan.RECOMMENDED) <= 20
+  assert len(rows) == 2 * len(pods.RECOMMENDED) <= 20
 
 
 def test_suggested_batch_where_fixed_traffic_holds_mfu_down():
