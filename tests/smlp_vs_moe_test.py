@@ -1,4 +1,5 @@
-"""experiments/smlp_vs_moe.py: configs, FLOP matching, summaries, table rows."""
+"""experiments/smlp_vs_moe.py's study (experiment.sparse_lm): configs, FLOP
+matching, summaries, table rows."""
 import itertools
 import math
 import pathlib
@@ -7,11 +8,8 @@ import pytest
 
 
 from hypermixer_jax import models
+from hypermixer_jax.experiment import sparse_lm
 from hypermixer_jax.train import loop
-
-import script_modules
-
-exp4 = script_modules.load("experiments/smlp_vs_moe.py")
 
 SHARED = pathlib.Path("/nonexistent")
 
@@ -37,12 +35,12 @@ def test_model_configs_build_the_named_models(shared):
           "hash": ("attention", "hash", None),
           "gmlp": ("sgu", None, None),
           "transformer": ("attention", None, None)}
-  assert set(want) == set(exp4.MODELS)
+  assert set(want) == set(sparse_lm.MODELS)
   configs = {}
   for name, (mixer, router, routing) in want.items():
-    depth = (2, 0) if name in exp4.DENSE else (1, 2)
-    c = exp4.train_config(exp4.model_config(name, "small", depth), "small",
-                          shared)
+    depth = (2, 0) if name in sparse_lm.DENSE else (1, 2)
+    c = sparse_lm.train_config(sparse_lm.model_config(name, "small", depth),
+                               "small", shared)
     m = c.model
     assert (m.token_mixer, m.num_dense_layers, m.num_sparse_layers) == (
         mixer, *depth)
@@ -65,21 +63,22 @@ def test_model_configs_build_the_named_models(shared):
   assert first["data"]["local_files"]["validation"].endswith("wiki.valid.raw")
   assert len(first["data"]["local_files"]["train"].split(",")) == 2
   with pytest.raises(ValueError, match="gmlp is dense"):
-    exp4.model_config("gmlp", "small", (1, 1))
+    sparse_lm.model_config("gmlp", "small", (1, 1))
   with pytest.raises(ValueError, match="unknown model 'moe'"):
-    exp4.model_config("moe", "small", (1, 1))
-  with pytest.raises(FileNotFoundError, match="SentencePiece vocabulary not found"):
-    exp4.train_config(exp4.model_config("gmlp", "small", (1, 0)), "small",
-                      SHARED)
+    sparse_lm.model_config("moe", "small", (1, 1))
+  with pytest.raises(FileNotFoundError,
+                     match="SentencePiece vocabulary not found"):
+    sparse_lm.train_config(sparse_lm.model_config("gmlp", "small", (1, 0)),
+                           "small", SHARED)
 
 
 def test_ablations_change_only_their_moe_fields(shared):
-  ref = exp4.run_config(exp4.REFERENCE, "small", (2, 2), shared)
+  ref = sparse_lm.run_config(sparse_lm.REFERENCE, "small", (2, 2), shared)
   want = {"smlp_e2": {"num_experts": 2}, "smlp_e8": {"num_experts": 8},
           "smlp_switch_tmoe": {"tmoe_router": "switch"}}
-  assert set(want) == set(exp4.ABLATIONS)
+  assert set(want) == set(sparse_lm.ABLATIONS)
   for name, moe in want.items():
-    c = exp4.run_config(name, "small", (2, 2), shared)
+    c = sparse_lm.run_config(name, "small", (2, 2), shared)
     models.build_model(c.model)
     assert c.model.moe.to_dict() == {**ref.model.moe.to_dict(), **moe}
     c.model.moe = ref.model.moe
@@ -87,56 +86,58 @@ def test_ablations_change_only_their_moe_fields(shared):
 
 
 def test_paper_scale_is_the_papers_setting(shared):
-  c = exp4.train_config(exp4.model_config(
-      exp4.REFERENCE, "paper", exp4.SCALES["paper"]["smlp_depth"]), "paper",
-                        shared, data_dir="/tfds")
+  c = sparse_lm.train_config(sparse_lm.model_config(
+      sparse_lm.REFERENCE, "paper", sparse_lm.SCALES["paper"]["smlp_depth"]),
+                             "paper", shared, data_dir="/tfds")
   assert (c.model.d_model, c.model.d_ffn, c.model.num_heads) == (1024, 4096, 16)
   assert c.num_train_steps == 25_000 and c.data.data_dir == "/tfds"
 
 
 def test_fit_is_exact_for_additive_costs():
   cost = lambda d: 1000.0 + 7.0 * d[0] + 13.0 * d[1]
-  fit = exp4.fit_block_flops(cost)
+  fit = sparse_lm.fit_block_flops(cost)
   assert fit == {"base": 1000.0, "dense": 7.0, "sparse": 13.0}
   for d in itertools.product(range(4), range(4)):
-    assert exp4.layer_flops(fit, d) + fit["base"] == cost(d)
+    assert sparse_lm.layer_flops(fit, d) + fit["base"] == cost(d)
 
 
 def test_choose_depth_picks_the_closest_in_log_ratio():
   fit = {"base": 0.0, "dense": 4.0, "sparse": 10.0}
-  cands = exp4.depth_candidates(False, 6)
+  cands = sparse_lm.depth_candidates(False, 6)
   assert (0, 1) in cands and (2, 1) in cands and (1, 3) not in cands
   assert all(abs(a - b) <= 1 and b >= 1 and a + b <= 6 for a, b in cands)
-  assert exp4.depth_candidates(True, 3) == [(1, 0), (2, 0), (3, 0)]
+  assert sparse_lm.depth_candidates(True, 3) == [(1, 0), (2, 0), (3, 0)]
   for target in (9.0, 17.0, 30.0, 41.0):
-    depth, ratio = exp4.choose_depth(fit, target, cands)
+    depth, ratio = sparse_lm.choose_depth(fit, target, cands)
     brute = min(cands, key=lambda d: abs(math.log(
-        exp4.layer_flops(fit, d) / target)))
-    assert depth == brute and ratio == exp4.layer_flops(fit, depth) / target
+        sparse_lm.layer_flops(fit, d) / target)))
+    assert depth == brute
+    assert ratio == sparse_lm.layer_flops(fit, depth) / target
   # 18 and 22 are 10% either side of 20: log distance prefers 22 (1.1x)
   # over 18 (0.9x = 1.11x under).
-  depth, _ = exp4.choose_depth({"base": 0, "dense": 18.0, "sparse": 22.0},
-                               20.0, [(1, 0), (0, 1)])
+  depth, _ = sparse_lm.choose_depth(
+      {"base": 0, "dense": 18.0, "sparse": 22.0}, 20.0, [(1, 0), (0, 1)])
   assert depth == (0, 1)
   with pytest.raises(ValueError, match="target 0 FLOPs"):
-    exp4.choose_depth(fit, 0, cands)
+    sparse_lm.choose_depth(fit, 0, cands)
 
 
 @pytest.mark.slow
 def test_train_step_flops_are_additive_over_blocks(shared):
   # Real XLA counts on a toy model: the linear fit predicts a deeper model.
   def config(depth):
-    c = exp4.train_config(exp4.model_config("switch", "small", depth),
-                          "small", shared)
+    c = sparse_lm.train_config(
+        sparse_lm.model_config("switch", "small", depth), "small", shared)
     c.model.update(dict(vocab_size=128, d_model=16, d_ffn=32, max_len=16))
     c.model.moe.expert_d_ffn = 32
     c.data.seq_len, c.batch_size = 16, 4
     return c
-  fit = exp4.fit_block_flops(lambda d: exp4.train_step_flops(config(d)))
+  fit = sparse_lm.fit_block_flops(
+      lambda d: sparse_lm.train_step_flops(config(d)))
   assert fit["sparse"] > fit["dense"] > 0
-  got = exp4.train_step_flops(config((2, 1)))
-  assert got == pytest.approx(fit["base"] + exp4.layer_flops(fit, (2, 1)),
-                              rel=0.01)
+  got = sparse_lm.train_step_flops(config((2, 1)))
+  assert got == pytest.approx(
+      fit["base"] + sparse_lm.layer_flops(fit, (2, 1)), rel=0.01)
 
 
 def _run(ppl, tps_values, steps_per_sec=2.0):
@@ -151,15 +152,15 @@ def _run(ppl, tps_values, steps_per_sec=2.0):
 
 def test_run_summary_and_table_rows():
   tokens = 1000
-  r = exp4.run_summary(_run(300.0, [900.0, 100.0, 1000.0, 1100.0, 950.0]),
-                       tokens)
+  r = sparse_lm.run_summary(
+      _run(300.0, [900.0, 100.0, 1000.0, 1100.0, 950.0]), tokens)
   assert r["perplexity"] == 300.0
   assert r["tokens_per_sec"] == 950.0          # median: eval intervals skipped
   assert r["flops_per_token"] == pytest.approx(3e9 / tokens)
   assert r["train_seconds"] == pytest.approx(50 * tokens / 950.0)
-  r2 = exp4.run_summary(_run(310.0, [950.0] * 3), tokens)
-  r3 = exp4.run_summary(_run(305.0, [950.0] * 3), tokens)
-  switch = [{**exp4.run_summary(_run(ppl, [tps] * 3), tokens),
+  r2 = sparse_lm.run_summary(_run(310.0, [950.0] * 3), tokens)
+  r3 = sparse_lm.run_summary(_run(305.0, [950.0] * 3), tokens)
+  switch = [{**sparse_lm.run_summary(_run(ppl, [tps] * 3), tokens),
              "last80": {"perplexity": ppl - 50}}
             for ppl, tps in ((400.0, 1900.0), (420.0, 2100.0),
                              (410.0, 2000.0))]
@@ -171,12 +172,12 @@ def test_run_summary_and_table_rows():
           "switch": dict(depth=(1, 2), layer_flops=1.8e6, params=2.4e6),
           "hash": dict(depth=(1, 2), layer_flops=1.8e6, params=2.4e6),
           "gmlp": dict(depth=(6, 0), layer_flops=2.1e6, params=2.3e6)}
-  rows = exp4.table_rows(["smlp_deterministic", "switch", "hash", "gmlp"],
-                         {n: exp4.MODELS[n][0] for n in exp4.MODELS}, runs,
-                         plan, "smlp_deterministic", exp4.PAPER,
-                         unigram=1000.0)
-  assert all(len(row) == len(exp4.HEADERS) for row in rows)
-  col = {h: i for i, h in enumerate(exp4.HEADERS)}
+  rows = sparse_lm.table_rows(
+      ["smlp_deterministic", "switch", "hash", "gmlp"],
+      {n: sparse_lm.MODELS[n][0] for n in sparse_lm.MODELS}, runs, plan,
+      "smlp_deterministic", sparse_lm.PAPER, unigram=1000.0)
+  assert all(len(row) == len(sparse_lm.HEADERS) for row in rows)
+  col = {h: i for i, h in enumerate(sparse_lm.HEADERS)}
   sw = rows[1]
   assert sw[:6] == ["Switch Transformer", "1+2", "2.40M", "3.00", "1.80",
                     "0.90"]
@@ -193,11 +194,11 @@ def test_run_summary_and_table_rows():
   assert rows[0][col["sMLP (det.) lower?"]] == ""
   assert rows[0][5] == "1.00" and rows[0][col["tokens/s vs sMLP"]] == "1.00"
   assert rows[3][3] == "not run" and rows[3][6] == "not run"
-  assert rows[1][-1] == exp4.PAPER["switch"]
+  assert rows[1][-1] == sparse_lm.PAPER["switch"]
   assert rows[3][5] == "1.05"
   base = {"all": {"unigram": 1000.0, "bigram": 600.0, "bigram_k": 0.01},
           "last80": {"unigram": 990.0, "bigram": 590.0, "bigram_k": 0.01}}
-  uni, bi = exp4.baseline_rows(base)
+  uni, bi = sparse_lm.baseline_rows(base)
   assert uni[col["WikiText-2 valid ppl"]] == "1000.0"
   assert uni[col["ppl, last 80% of each row"]] == "990.0"
   assert bi[col["ppl / unigram"]] == "0.60" and "add-0.01" in bi[0]
@@ -206,22 +207,24 @@ def test_run_summary_and_table_rows():
 def test_vocabulary_regimes(shared):
   # The 8k vocabulary is the small scale's default regime, with its own
   # budget; T5's keeps the first runs' budget; the paper scale has no other.
-  assert exp4.settings("small", "small") == (
-      "small8k", {**exp4.SCALES["small"], **exp4.SMALL_VOCAB})
-  assert exp4.settings("small", "t5") == ("small", exp4.SCALES["small"])
-  assert exp4.settings("paper", "small")[0] == "paper"
+  assert sparse_lm.settings("small", "small") == (
+      "small8k", {**sparse_lm.SCALES["small"], **sparse_lm.SMALL_VOCAB})
+  assert sparse_lm.settings("small", "t5") == ("small",
+                                                sparse_lm.SCALES["small"])
+  assert sparse_lm.settings("paper", "small")[0] == "paper"
   with pytest.raises(ValueError, match="--vocab='bpe'"):
-    exp4.settings("small", "bpe")
+    sparse_lm.settings("small", "bpe")
   vocab = {"path": "/v/spm8000.model", "model_vocab_size": 8192}
-  c = exp4.run_config("switch", "small", (1, 1), shared, vocab=vocab, seed=2)
+  c = sparse_lm.run_config("switch", "small", (1, 1), shared, vocab=vocab,
+                           seed=2)
   assert c.data.vocab_path == "/v/spm8000.model"
   assert c.model.vocab_size == 8192 and c.seed == 2
   assert c.data.text_layout == "wikitext"
-  assert c.batch_size == exp4.SMALL_VOCAB["batch_size"]
-  assert c.num_train_steps == exp4.SMALL_VOCAB["steps"]
-  assert exp4.run_config("switch", "small", (1, 1), shared, vocab=vocab,
-                         steps=40).eval_every == 40 // 5
-  t5 = exp4.run_config("switch", "small", (1, 1), shared)
+  assert c.batch_size == sparse_lm.SMALL_VOCAB["batch_size"]
+  assert c.num_train_steps == sparse_lm.SMALL_VOCAB["steps"]
+  assert sparse_lm.run_config("switch", "small", (1, 1), shared, vocab=vocab,
+                              steps=40).eval_every == 40 // 5
+  t5 = sparse_lm.run_config("switch", "small", (1, 1), shared)
   assert t5.model.vocab_size == 32128 and t5.num_train_steps == 250
   assert t5.data.text_layout == "lines"
   assert (c.model.d_model, c.model.d_ffn, c.model.num_heads,
@@ -238,5 +241,5 @@ def test_vocabulary_regimes(shared):
     cfg.warmup_steps = 0
   assert c.to_dict() == t5.to_dict()
   with pytest.raises(ValueError, match="for --scale=small"):
-    exp4.train_config(exp4.model_config("gmlp", "paper", (1, 0)), "paper",
-                      shared, vocab=vocab)
+    sparse_lm.train_config(sparse_lm.model_config("gmlp", "paper", (1, 0)),
+                           "paper", shared, vocab=vocab)
