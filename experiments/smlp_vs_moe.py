@@ -8,7 +8,7 @@ FLOPs per token; validation perplexity curves and tokens/s.
 The ablations (``--ablations``): the number of experts (2, 4, 8) and the
 tMoE router of sMLP (Switch instead of Base Layers).
 
-All models are the ``smlp`` family (``models/smlp.py``): ``token_mixer='sgu'``
+All models are the ``smlp`` family (``models/smlp.py``): ``token_mixer='gmlp'``
 is sMLP (gMLP with no sparse layer), ``'attention'`` the (MoE) Transformer.
 As in the paper, FLOPs are matched by the number of layers at fixed widths:
 the FLOPs per token of a depth (N1 dense + N2 sparse blocks) are XLA's cost

@@ -225,10 +225,10 @@ def test_config_fields_and_errors():
   # Partial sMoE routing means nothing without sMoE: no routing prefix.
   cfg.moe.smoe_routing = "partial"
   assert models.model_facts(cfg).loss_start == 0
-  assert models.model_facts(dict(cfg.to_dict(), token_mixer="sgu")
+  assert models.model_facts(dict(cfg.to_dict(), token_mixer="gmlp")
                             ).loss_start == 2
-  with pytest.raises(ValueError, match=r"model.token_mixer='attn'; expected "
-                     r"one of \('sgu', 'attention'\)"):
+  with pytest.raises(ValueError, match=r"model.token_mixer='attn' is not a "
+                     r"registered token mixer"):
     models.build_model(dict(cfg.to_dict(), token_mixer="attn"))
   with pytest.raises(ValueError, match="num_heads=5 does not divide"):
     model = models.build_model(dict(cfg.to_dict(), num_heads=5))

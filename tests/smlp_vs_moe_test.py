@@ -27,13 +27,13 @@ def shared(tmp_path):
 
 
 def test_model_configs_build_the_named_models(shared):
-  want = {"smlp_deterministic": ("sgu", "base", "deterministic"),
-          "smlp_partial": ("sgu", "base", "partial"),
+  want = {"smlp_deterministic": ("gmlp", "base", "deterministic"),
+          "smlp_partial": ("gmlp", "base", "partial"),
           "switch": ("attention", "switch", None),
           "gshard": ("attention", "gshard", None),
           "base_layers": ("attention", "base", None),
           "hash": ("attention", "hash", None),
-          "gmlp": ("sgu", None, None),
+          "gmlp": ("gmlp", None, None),
           "transformer": ("attention", None, None)}
   assert set(want) == set(sparse_lm.MODELS)
   configs = {}

@@ -49,7 +49,10 @@ study), ``nli`` (the 80/20 NLI splits), ``synthetic`` (the synthetic task's
 pseudo-attention maps and trivial predictors), ``pretraining`` (the
 pretrain-then-fine-tune study's configs, encoder probe and report) and
 ``causal`` (the causal-LM study's FLOP-matched models, held-out set,
-scoring and report).
+scoring and report), ``sparse_lm`` (the sMLP-vs-MoE study's models and
+ablations, training configs, FLOPs matched by depth, held-out scoring on
+each row's last 80%, baselines, tables and figure) and ``pods`` (the pod
+plan's grid, compile records and tables).
 
 The re-exported modules know no model or task (the scripts declare their
 runs as configs); what one study knows lives in its own module.

@@ -168,7 +168,7 @@ def _smlp_config(token_mixer: str, toy: bool, dense_layers: int | None,
 def smlp_vs_switch(toy: bool, dtype: str) -> dict:
   """Train-step tokens/s of sMLP and of the Switch Transformer whose dense
   depth brings its matmul FLOPs closest to sMLP's."""
-  ref = _smlp_config("sgu", toy, None, dtype)
+  ref = _smlp_config("gmlp", toy, None, dtype)
   b = setup(toy)["smlp_vs_switch"]["batch_size"]
   devices = jax.devices()[:1]
 

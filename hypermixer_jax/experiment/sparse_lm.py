@@ -15,10 +15,10 @@ from hypermixer_jax import experiment
 
 # name -> (label, family fields, moe fields). ``sparse``: has N2 > 0.
 MODELS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
-    "smlp_deterministic": ("sMLP (deterministic)", dict(token_mixer="sgu"),
+    "smlp_deterministic": ("sMLP (deterministic)", dict(token_mixer="gmlp"),
                            dict(tmoe_router="base",
                                 smoe_routing="deterministic")),
-    "smlp_partial": ("sMLP (partial prediction)", dict(token_mixer="sgu"),
+    "smlp_partial": ("sMLP (partial prediction)", dict(token_mixer="gmlp"),
                      dict(tmoe_router="base", smoe_routing="partial")),
     "switch": ("Switch Transformer", dict(token_mixer="attention"),
                dict(tmoe_router="switch")),
@@ -28,7 +28,7 @@ MODELS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                     dict(tmoe_router="base")),
     "hash": ("HASH Layers", dict(token_mixer="attention"),
              dict(tmoe_router="hash")),
-    "gmlp": ("gMLP (dense)", dict(token_mixer="sgu"), {}),
+    "gmlp": ("gMLP (dense)", dict(token_mixer="gmlp"), {}),
     "transformer": ("Transformer (dense)", dict(token_mixer="attention"), {}),
 }
 DENSE = ("gmlp", "transformer")

@@ -155,6 +155,9 @@ class SpatialGatingUnit(nn.Module):
   Output width equals the input width d; ``tiny_attention_dim`` turns gMLP
   into aMLP. ``dropout_rate`` drops the gated hidden units before V.
   """
+  # Its N x N weights tell positions apart: a model on it needs none added.
+  position_aware = True
+
   d_ffn: int
   max_len: int
   toeplitz: bool = False

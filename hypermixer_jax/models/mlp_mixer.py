@@ -104,6 +104,8 @@ class MlpMixerTokenMixing(nn.Module):
       Tokens of a segment id above it get NaN outputs, so an overflow cannot
       pass silently under jit.
   """
+  position_aware = True   # its weights are indexed by position
+
   max_len: int
   token_mlp_dim: int
   max_segments: int = 1

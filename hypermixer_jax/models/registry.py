@@ -18,7 +18,10 @@ mixer's class owns its defaults; the registry knows no mixer by name:
   causal config sets explicitly, at their defaults, so that the command line
   can change them (``causal_mixer_kwargs``);
 * ``adds_positions`` (a class attribute, optional) marks a mixer that adds
-  positions itself, so that a model on it needs none in its residual stream.
+  positions itself, so that a model on it needs none in its residual stream;
+  ``position_aware`` one whose weights are indexed by position (the spatial
+  gating unit, the MLP-Mixer token MLP), which the sMLP family therefore
+  gives no positions either.
 
 The user's ``mixer_kwargs`` override all of them. A block (``BLOCKS``) wraps
 a mixer factory into one layer of the stack.

@@ -41,7 +41,9 @@ sinusoidal positions are added to the embeddings (as fairseq's
 
 so a token-routed MoE Transformer shares the tMoE layer, the routers, the
 head, the sharding rules and the training facts with sMLP, and differs only
-in the token mixer. ``smoe_routing`` is unused there (no sMoE, no routing
+in the token mixer. The token mixers are the registry's (``token_mixer``):
+any one with a causal mode ('hypermixer', 'linear_attention', ...) builds
+the same way as 'attention', positions added unless the mixer handles them. ``smoe_routing`` is unused there (no sMoE, no routing
 prefix: the loss counts every position).
 """
 from __future__ import annotations
@@ -54,6 +56,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from hypermixer_jax.models import common
+from hypermixer_jax.models import gmlp as gmlp_lib
 from hypermixer_jax.models import registry
 from hypermixer_jax.models.moe.smoe import (SparseGatingUnit,
                                             partial_loss_weights,
@@ -65,17 +68,19 @@ Array = common.Array
 
 @dataclasses.dataclass(frozen=True)
 class TokenMixer:
-  """A token mixer of the family: a mixer of the registry and its place here.
+  """How the family uses a token mixer of the registry (``token_mixer``).
 
   Attributes:
     mixer: its name in ``registry.MIXERS`` (class and defaults come from
       there).
-    block: the registry block (``registry.BLOCKS``) of the dense layers.
-    smoe: sparse layers mix tokens with its sMoE form (``moe.smoe``:
+    block: the registry block (``registry.BLOCKS``) of the dense layers:
+      gMLP's own block around a spatial gating unit, else pre-LN.
+    smoe: sparse layers mix tokens with the unit's sMoE form (``moe.smoe``:
       spatial experts; partial routing); otherwise with the mixer itself,
-      a submodule named after the token mixer.
-    positions: sinusoidal positions added to the embeddings (a mixer that
-      cannot tell positions apart needs them).
+      a submodule named after it, and only the feed-forward is sparse.
+    positions: sinusoidal positions added to the embeddings, unless the
+      mixer tells positions apart itself (``position_aware``, e.g. the
+      unit's N x N weights) or adds them (``adds_positions``).
   """
   mixer: str
   block: str
@@ -83,13 +88,34 @@ class TokenMixer:
   positions: bool = False
 
 
-# The names are the family's config values (``model.token_mixer``).
-TOKEN_MIXERS = {
-    # gMLP's spatial gating: dense SGU blocks, sMoE in sparse ones (sMLP).
-    "sgu": TokenMixer("gmlp", block="gmlp", smoe=True),
-    # Causal self-attention: Transformer blocks, tMoE in sparse ones.
-    "attention": TokenMixer("attention", block="pre_ln", positions=True),
-}
+# The spelling earlier configs (and checkpoints' config.json) used for the
+# spatial gating unit; read as 'gmlp'.
+LEGACY_NAMES = {"sgu": "gmlp"}
+
+
+def token_mixer(name: str) -> TokenMixer:
+  """``model.token_mixer`` (a registry mixer with a causal mode) as the
+  family uses it; a ValueError naming the field and the valid names."""
+  name = LEGACY_NAMES.get(name, name)
+  causal = [m for m in registry.MIXERS
+            if registry.can_be_causal(registry.mixer_class(m))]
+  if name not in causal:
+    why = ("has no causal mode" if name in registry.MIXERS
+           else "is not a registered token mixer")
+    raise ValueError(
+        f"smlp: model.token_mixer={name!r} {why}; the family is a causal "
+        f"language model: use one of {', '.join(causal)}.")
+  cls = registry.mixer_class(name)
+  unit = issubclass(cls, gmlp_lib.SpatialGatingUnit)
+  if unit and registry.MIXERS[name].preset:
+    raise ValueError(
+        f"smlp: model.token_mixer={name!r} presets the spatial gating unit "
+        f"({dict(registry.MIXERS[name].preset)}), which the sparse blocks' "
+        "spatial experts (moe.smoe) do not implement; use 'gmlp'.")
+  positions = not (registry.adds_positions(name)
+                   or getattr(cls, "position_aware", False))
+  return TokenMixer(name, block="gmlp" if unit else "pre_ln", smoe=unit,
+                    positions=positions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,20 +148,12 @@ class MoeOptions:
   dispatch: str = "index"
 
 
-def check_token_mixer(token_mixer: str) -> None:
-  if token_mixer not in TOKEN_MIXERS:
-    raise ValueError(
-        f"smlp: model.token_mixer={token_mixer!r}; expected one of "
-        f"{tuple(TOKEN_MIXERS)} ('sgu': sMLP / gMLP, 'attention': Transformer "
-        "and token-routed MoE Transformer).")
-
-
-def mixer_kwargs(token_mixer: str, *, d_model: int, d_ffn: int, max_len: int,
+def mixer_kwargs(token_mixer_name: str, *, d_model: int, d_ffn: int, max_len: int,
                  num_heads: int, dropout_rate: float, **dtypes) -> dict:
   """The causal registry mixer's keyword arguments: its defaults from the
   family's sizes, and the family's ``num_heads`` / ``dropout_rate`` where
   the mixer has them."""
-  name = TOKEN_MIXERS[token_mixer].mixer
+  name = token_mixer(token_mixer_name).mixer
   kwargs = registry.mixer_defaults(name, dict(
       d_model=d_model, d_ffn=d_ffn, max_len=max_len, approximate_gelu=False))
   fields = registry.fields(registry.mixer_class(name))
@@ -162,7 +180,7 @@ class SparseBlock(nn.Module):
   max_len: int
   moe: MoeOptions = MoeOptions()
   vocab_size: int | None = None
-  token_mixer: str = "sgu"
+  token_mixer: str = "gmlp"
   num_heads: int = 1
   dropout_rate: float = 0.0
   dtype: common.Dtype = jnp.float32
@@ -174,12 +192,13 @@ class SparseBlock(nn.Module):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     o = self.moe
     h = common.LayerNorm(name="mixing_norm", **kw)(x)
-    if not TOKEN_MIXERS[self.token_mixer].smoe:
-      mixer = registry.mixer_class(TOKEN_MIXERS[self.token_mixer].mixer)
+    spec = token_mixer(self.token_mixer)
+    if not spec.smoe:
+      mixer = registry.mixer_class(spec.mixer)
       h = mixer(**mixer_kwargs(
-          self.token_mixer, d_model=x.shape[-1], d_ffn=self.d_ffn,
+          spec.mixer, d_model=x.shape[-1], d_ffn=self.d_ffn,
           max_len=self.max_len, num_heads=self.num_heads,
-          dropout_rate=self.dropout_rate, **kw), name=self.token_mixer)(
+          dropout_rate=self.dropout_rate, **kw), name=spec.mixer)(
               h, mask=mask, segment_ids=segment_ids, positions=positions,
               deterministic=deterministic)
     else:
@@ -224,7 +243,7 @@ class SmlpLM(nn.Module):
   num_dense_layers: int
   num_sparse_layers: int
   moe: MoeOptions = MoeOptions()
-  token_mixer: str = "sgu"
+  token_mixer: str = "gmlp"
   num_heads: int = 1
   dropout_rate: float = 0.0
   dtype: common.Dtype = jnp.float32
@@ -236,7 +255,7 @@ class SmlpLM(nn.Module):
     routing). Nonzero means: weight the loss with ``loss_position_weights``,
     which starts each row at floor(0.2 n) of its own length n."""
     if (self.moe.smoe_routing == "partial" and self.num_sparse_layers
-        and TOKEN_MIXERS[self.token_mixer].smoe):
+        and token_mixer(self.token_mixer).smoe):
       return partial_prefix_len(self.max_len, self.moe.partial_fraction)
     return 0
 
@@ -254,7 +273,7 @@ class SmlpLM(nn.Module):
                positions: Array | None = None,
                deterministic: bool = True) -> Array:
     del token_type_ids  # one-sentence language model
-    check_token_mixer(self.token_mixer)
+    spec = token_mixer(self.token_mixer)
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     embed = nn.Embed(
         self.vocab_size, self.d_model, param_dtype=self.param_dtype,
@@ -263,8 +282,7 @@ class SmlpLM(nn.Module):
                                           (common.VOCAB, common.EMBED)),
         name="embed")
     x = embed(inputs)                                               # [B, N, d]
-    token_mixer = TOKEN_MIXERS[self.token_mixer]
-    if token_mixer.positions:
+    if spec.positions:
       # Attention is permutation-equivariant: it needs positions, the SGU's
       # N x N weights are positional already. Packed rows restart at 0.
       n = inputs.shape[1]
@@ -279,12 +297,12 @@ class SmlpLM(nn.Module):
     mask = None if segment_ids is None else segment_ids > 0
     sparse = sparse_layer_indices(self.num_dense_layers,
                                   self.num_sparse_layers)
-    dense_block = registry.BLOCKS[token_mixer.block](
-        token_mixer.mixer, mixer_kwargs(
-            self.token_mixer, d_model=self.d_model, d_ffn=self.d_ffn,
+    dense_block = registry.BLOCKS[spec.block](
+        spec.mixer, mixer_kwargs(
+            spec.mixer, d_model=self.d_model, d_ffn=self.d_ffn,
             max_len=self.max_len, num_heads=self.num_heads,
             dropout_rate=self.dropout_rate, **kw),
-        dict(d_ffn=self.d_ffn, block=token_mixer.block,
+        dict(d_ffn=self.d_ffn, block=spec.block,
              dropout_rate=self.dropout_rate, approximate_gelu=False),
         self.dtype, self.param_dtype)
     for i in range(self.num_dense_layers + self.num_sparse_layers):
@@ -326,10 +344,13 @@ def smlp_config(size: str = "tiny") -> ml_collections.ConfigDict:
   one sparse block); ``configs/smlp_lm.py:tiny`` gives it the pipeline's
   vocabulary for runs on real text.
 
-  ``token_mixer``: 'sgu' (sMLP; gMLP when N2 = 0) or 'attention' (a causal
-  Transformer; with N2 > 0 a token-routed MoE Transformer, router
-  ``moe.tmoe_router``); ``num_heads``: attention heads (head width 64 in
-  ``base``), unused by 'sgu'.
+  ``token_mixer``: a registry mixer with a causal mode (``token_mixer``):
+  'gmlp' (sMLP; gMLP when N2 = 0; 'sgu' in earlier configs), 'attention' (a
+  causal Transformer; with N2 > 0 a token-routed MoE Transformer, router
+  ``moe.tmoe_router``), or another one ('hypermixer', 'linear_attention',
+  ...) in pre-LN blocks with tMoE feed-forwards in the sparse ones;
+  ``num_heads``: attention heads (head width 64 in ``base``), used by the
+  mixers that have heads.
   """
   if size == "base":
     d, f, n, vocab, n1, n2, e, h = (1024, 4096, 1024, PIPELINE_VOCAB_SIZE,
@@ -341,7 +362,7 @@ def smlp_config(size: str = "tiny") -> ml_collections.ConfigDict:
   moe = dataclasses.asdict(MoeOptions(num_experts=e, expert_d_ffn=f))
   return ml_collections.ConfigDict(dict(
       family="smlp", vocab_size=vocab, d_model=d, d_ffn=f, max_len=n,
-      num_dense_layers=n1, num_sparse_layers=n2, token_mixer="sgu",
+      num_dense_layers=n1, num_sparse_layers=n2, token_mixer="gmlp",
       num_heads=h, dropout_rate=0.0, dtype="auto", param_dtype="float32",
       moe=moe))
 
@@ -363,7 +384,7 @@ def _options(cfg: Mapping[str, Any]) -> MoeOptions:
 
 def build(cfg: Mapping[str, Any]) -> SmlpLM:
   """``SmlpLM`` from the family's fields (``smlp_config``)."""
-  check_token_mixer(cfg["token_mixer"])
+  token_mixer(cfg["token_mixer"])
   return SmlpLM(
       vocab_size=cfg["vocab_size"], d_model=cfg["d_model"],
       d_ffn=cfg["d_ffn"], max_len=cfg["max_len"],
