@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from hypermixer_jax.experiment import bench as bc
-
-import script_modules
+from hypermixer_jax.experiment import input_rates
 
 
 class FakeClock:
@@ -91,16 +90,16 @@ def test_sharded_sample_reads_every_row_once_per_shard(tmp_path):
   """``--shards K``: K links whose glob the real local reader reads whole."""
   import collections  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
-  bi = script_modules.load("benchmarks/bench_input.py")
   from hypermixer_jax.data import sources  # pylint: disable=g-import-not-at-top
   sample = tmp_path / "docs.jsonl"
   texts = [f"document {i} \u00e9" for i in range(5)]
   sample.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts),
                     encoding="utf-8")
-  assert bi.sharded(sample, 1, "") == str(sample)
-  pattern = bi.sharded(sample, 3, str(tmp_path / "shards"))
+  assert input_rates.sharded(sample, 1, "") == str(sample)
+  pattern = input_rates.sharded(sample, 3, str(tmp_path / "shards"))
   assert pattern == str(tmp_path / "shards" / "docs-*-of-00003.jsonl")
-  again = bi.sharded(sample, 3, str(tmp_path / "shards"))  # idempotent
+  # Again: the links are there already.
+  again = input_rates.sharded(sample, 3, str(tmp_path / "shards"))
   assert again == pattern and len(os.listdir(tmp_path / "shards")) == 3
   source = sources.local_source(
       {"train": pattern},
@@ -117,8 +116,7 @@ def test_sharded_sample_reads_every_row_once_per_shard(tmp_path):
 def test_state_timing_restores_without_replay(mnli):
   """``--state``: the position is saved in TF's own format (checked inside)
   and a restore continues without replaying batches."""
-  bi = script_modules.load("benchmarks/bench_input.py")
-  r = bi.state_timing(mnli, "train", batch_size=4, warmup=3)
+  r = input_rates.state_timing(mnli, "train", batch_size=4, warmup=3)
   assert r["replayed"] == 0 and r["state_mb"] > 0
   assert min(r["save_s"], r["tf_save_s"], r["new_first_batch_s"]) > 0
 
@@ -141,9 +139,9 @@ def mnli(tmp_path_factory):
 def test_pipeline_rates_count_the_timed_batches(mnli):
   """Tokens per example is that of the timed batches (the ones after the
   warm-up, from the same seeded stream), and per core = rate / cores."""
-  bi = script_modules.load("benchmarks/bench_input.py")
   from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
-  r = bi.measure_pipeline(mnli, "train", batch_size=4, batches=6, warmup=3)
+  r = input_rates.measure_pipeline(mnli, "train", batch_size=4, batches=6,
+                                   warmup=3)
   it = iter(data.build_pipeline(mnli, "train", batch_size=4, seed=0,
                                 repeat=True, shuffle=True))
   stream = [next(it) for _ in range(9)]
@@ -158,7 +156,6 @@ def test_pipeline_rates_count_the_timed_batches(mnli):
 def test_task_models_match_their_configs():
   """The model each pipeline feeds: the head, length and causality of its
   config file; the image model shaped by the patches."""
-  bi = script_modules.load("benchmarks/bench_input.py")
   from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
   text = {"inputs": np.zeros((2, 24), np.int32)}
@@ -167,18 +164,20 @@ def test_task_models_match_their_configs():
   for task, head in want.items():
     cfg = data.default_data_config()
     cfg.task = task
-    m = bi.task_model(cfg, text, "hypermixer", 1, "mixer_s16")
+    m = input_rates.task_model(cfg, text, "hypermixer", 1, "mixer_s16")
     assert (models.model_facts(m).head, m.max_len, m.num_layers) == (
         head, 24, 1), task
     assert m.mixer_kwargs.get("causal", False) == (task == "c4_lm"), task
   cfg = data.default_data_config()
   cfg.task = "imagenet_patches"
-  m = bi.task_model(cfg, {"inputs": np.zeros((2, 49, 48), np.float32)},
-                    "hypermixer", 0, "mixer_s16")
+  m = input_rates.task_model(
+      cfg, {"inputs": np.zeros((2, 49, 48), np.float32)}, "hypermixer", 0,
+      "mixer_s16")
   assert (m.input_dim, m.max_len, m.patch_size) == (48, 49, 0)
   assert m.num_layers == models.get_model_config("mixer_s16").num_layers
-  assert bi.task_model(data.default_data_config(), text, "hypermixer", 1,
-                       "mixer_s16") is None    # synthetic: no model
+  # The synthetic task: no model.
+  assert input_rates.task_model(data.default_data_config(), text,
+                                "hypermixer", 1, "mixer_s16") is None
 
 
 def test_torch_timed_protocol_and_a_dead_worker():
@@ -200,12 +199,11 @@ def test_torch_timed_protocol_and_a_dead_worker():
 
 
 def test_model_consumption_is_steps_times_batch():
-  bi = script_modules.load("benchmarks/bench_input.py")
   from hypermixer_jax.train.config import text_model  # pylint: disable=g-import-not-at-top
   m = text_model("hypermixer", "classify")
   m.update(num_layers=1, d_model=16, d_ffn=32, max_len=8, vocab_size=64)
   m.mixer_kwargs.hyper_dim = 8
-  c = bi.model_consumption(m, batch_size=4, length=8, rounds=1,
-                           min_seconds=0.01)
+  c = input_rates.model_consumption(m, batch_size=4, length=8, rounds=1,
+                                    min_seconds=0.01)
   assert c["steps_s"] > 0
   assert c["examples_s"] == pytest.approx(4 * c["steps_s"])
