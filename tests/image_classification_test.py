@@ -9,7 +9,6 @@ import io
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tarfile
 
@@ -23,12 +22,11 @@ from hypermixer_jax import experiment
 from hypermixer_jax import models
 from hypermixer_jax.data import images
 from hypermixer_jax.data import prepare_images
+from hypermixer_jax.experiment import images as ic
 
 import script_modules
 
-ic = script_modules.load("experiments/image_classification.py")
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+script = script_modules.load("experiments/image_classification.py")
 
 MEAN = np.array(images.MEAN_RGB, np.float32)
 STD = np.array(images.STDDEV_RGB, np.float32)
@@ -292,45 +290,81 @@ def test_small_models_are_of_similar_size():
     data.check_fits_model(cfg.data, cfg.model)
 
 
-@pytest.mark.slow
-def test_experiment_end_to_end_at_toy_size(tmp_path):
-  archive, _ = _synthetic_archive(tmp_path, per_class=(6, 2))
-  shared = tmp_path / "shared" / "cifar10"
+# The ViT-style family at toy size: one layer of width 16 (the layout's
+# kinds of layers, a fraction of their compile and step time).
+TINY_VIT = dict(num_layers=1, d_model=16, d_ffn=32,
+                mixer_kwargs=dict(num_heads=2))
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+  """The script's ``main`` once for the tests that read what it wrote: a
+  10-class archive (CIFAR-10's class names, 6 train and 4 test images per
+  class: the whole test split is one evaluation batch, which the 8 test
+  devices divide), the ViT-style family at ``TINY_VIT``, two seeds of 2
+  steps of batch 16. Returns ``(out, results)``."""
+  import jax  # pylint: disable=g-import-not-at-top
+  tmp = tmp_path_factory.mktemp("toy_run")
+  shared = tmp / "shared" / "cifar10"
   shared.mkdir(parents=True)
-  # A 10-class archive (CIFAR-10's class names), 6 train / 2 test per class.
   files = {}
-  for split, n in (("train", 6), ("test", 2)):
+  for split, n in (("train", 6), ("test", 4)):
     for c, cls in enumerate(prepare_images.CIFAR10_CLASSES):
       for i in range(n):
         files[f"{split}/{cls}/{i:04d}.jpg"] = _jpeg(7 * c + i)
   _tar(shared / "cifar10_jpeg_train_test.tar.gz", files)
-  out = tmp_path / "exp"
-  env = dict(os.environ, XLA_FLAGS=os.environ["HYPERMIXER_TEST_XLA_FLAGS"])
-  env["PYTHONPATH"] = str(ROOT)
-  run = subprocess.run(
-      [sys.executable, str(ROOT / "experiments/image_classification.py"),
-       "--scale=small", f"--out={out}", f"--shared={tmp_path / 'shared'}",
-       "--families=vit", "--steps=4", "--batch_size=16", "--seeds=0,1"],
-      capture_output=True, text=True, env=env, timeout=600)
-  assert run.returncode == 0, run.stderr[-3000:]
-  results = json.loads((out / "results.json").read_text())
-  r = results["runs"]["small/s4b16/vit/seed=0"]
-  assert r["step"] == 4 and 0.0 <= r["eval"]["accuracy"] <= 1.0
-  assert results["runs"]["small/s4b16/vit/seed=1"]["step"] == 4
-  # The baselines on the same images: 60 train, 20 test, 2 per class.
+  out = tmp / "exp"
+  # The run shares the session's compilation cache; experiment.parse raises
+  # the cache's threshold for the process, which the later tests get back.
+  cache = os.environ.get("JAX_COMPILATION_CACHE_DIR", str(tmp / "cache"))
+  threshold = jax.config.jax_persistent_cache_min_compile_time_secs
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setitem(ic.SMALL, "vit", TINY_VIT)
+    mp.setattr(sys, "argv", [
+        "image_classification.py", "--scale=small", f"--out={out}",
+        f"--shared={tmp / 'shared'}", "--families=vit", "--steps=2",
+        "--batch_size=16", "--seeds=0,1", f"--compilation_cache={cache}"])
+    try:
+      script.main()
+    finally:
+      jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                        threshold)
+  return out, json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.slow
+def test_toy_run_records_each_seed(toy_run):
+  out, results = toy_run
+  assert sorted(results["runs"]) == [
+      "small/s2b16/vit/seed=0", "small/s2b16/vit/seed=1"]
+  for r in results["runs"].values():
+    assert r["step"] == 2 and 0.0 <= r["eval"]["accuracy"] <= 1.0
+    assert sorted(map(int, r["eval_curve"])) == [1, 2]
+    assert (r["model"]["num_layers"], r["model"]["d_model"]) == (1, 16)
+    # The "task" evaluator on all 40 test images (batches of 200), at the
+    # end.
+    assert abs(r["test"]["accuracy"] * 40
+               - round(r["test"]["accuracy"] * 40)) < 1e-4, r["test"]
+  assert (out / "cifar10_data/test_200_per_class.tsv").exists()
+  assert (out / "cifar10_data/train.tsv").exists()
+
+
+@pytest.mark.slow
+def test_toy_run_baselines_on_the_same_images(toy_run):
+  out, results = toy_run
+  # 60 train, 40 test, 4 per class.
   base = results["baselines"]["small"]
-  assert (base["train_images"], base["test_images"]) == (60, 20)
+  assert (base["train_images"], base["test_images"]) == (60, 40)
   assert base["chance"] == 0.1 and base["majority"] == 0.1
   x, y = ic.pixel_arrays(str(out / "cifar10_data/train.tsv"))
   tx, ty = ic.pixel_arrays(str(out / "cifar10_data/test.tsv"))
   pred, _ = baselines.ridge_classifier(x, y, tx)
   assert base["linear_pixels"] == np.mean(pred == ty)
-  assert sorted(map(int, r["eval_curve"])) == [1, 2, 3, 4]
-  # The "task" evaluator on all 20 test images (batches of 200), at the end.
-  assert abs(r["test"]["accuracy"] * 20 - round(r["test"]["accuracy"] * 20)
-             ) < 1e-4, r["test"]
-  assert (out / "cifar10_data/test_200_per_class.tsv").exists()
-  assert (out / "cifar10_data/train.tsv").exists()
+
+
+@pytest.mark.slow
+def test_toy_run_table_and_figure(toy_run):
+  out, _ = toy_run
   table = (out / "table.md").read_text()
   assert "ViT-style Transformer" in table and "DeiT-B 81.8" in table
   assert "not ImageNet" in table

@@ -1,0 +1,291 @@
+"""The image-classification study (``experiments/image_classification.py``):
+gMLP against a ViT-style Transformer and MLP-Mixer at similar size (the gMLP
+paper's Table 2), its run configs at both scales, CIFAR-10's TSVs and test
+subset, the linear classifier on the pixels, the paper's claims, and its
+table and figure."""
+from __future__ import annotations
+
+import os
+import pathlib
+
+import ml_collections
+
+from hypermixer_jax import experiment
+
+# ImageNet-1k top-1 of the gMLP paper's table as digested in PAPERS.md §2
+# (its Ti-size rows are not in the digest): the nearest rows to our models.
+PAPER = {
+    "gmlp": "gMLP-S 79.6 (20M); gMLP-B 81.6 (73M)",
+    "vit": "DeiT-B 81.8 (86M)",
+    "mixer": "Mixer-B/16 76.4 (59M)",
+}
+LABELS = {"gmlp": "gMLP", "vit": "ViT-style Transformer", "mixer": "MLP-Mixer"}
+# Zoo model of each family: the paper-scale runs (ImageNet) and the layout the
+# small runs shrink (CIFAR-10).
+PAPER_MODELS = {"gmlp": "gmlp_ti", "vit": "vit_ti16", "mixer": "mixer_s16"}
+CIFAR_MODELS = {"gmlp": "gmlp_ti", "vit": "vit_cifar", "mixer": "mixer_cifar"}
+# Small scale: width 64, depth per family for about 0.25M parameters and
+# 16-19M multiply-adds per image each; the layers keep their families'
+# proportions (gMLP d_ffn = 6 d as gMLP-Ti; ViT d_ffn = 4 d, heads of 32;
+# Mixer D_S = S = 64 as mixer_cifar, D_C = 4 C).
+SMALL = {
+    "gmlp": dict(num_layers=6, d_model=64, d_ffn=384),
+    "vit": dict(num_layers=5, d_model=64, d_ffn=256,
+                mixer_kwargs=dict(num_heads=2)),
+    "mixer": dict(num_layers=6, d_model=64, d_ffn=256,
+                  mixer_kwargs=dict(token_mlp_dim=64)),
+}
+# 300 steps of 128 = 0.77 epoch: what one CPU core affords in ~5 min a model.
+SMALL_STEPS, SMALL_BATCH, SMALL_EVALS = 300, 128, 5
+# The curves' test subset: the first 200 test images of each class (file
+# names sorted), the images of the shared cifar10_test_2000.npz.
+SUBSET_PER_CLASS = 200
+# CIFAR-10's JPEGs in the shared data folder.
+ARCHIVE = "cifar10/cifar10_jpeg_train_test.tar.gz"
+# The paper's claim for each model against gMLP (PAPERS.md §2): gMLP above
+# MLP-Mixer; level with a DeiT Transformer of similar size, which we test
+# as equal within LEVEL_MARGIN (accuracy, absolute).
+CLAIM = {"mixer": "higher", "vit": "equal"}
+LEVEL_MARGIN = 0.01
+
+
+# ---------------------------------------------------------------------------
+# Data and runs.
+# ---------------------------------------------------------------------------
+def cifar_tsvs(shared: pathlib.Path, cifar_dir: str) -> dict[str, str]:
+  """``{'train', 'test', 'test_subset'}`` TSVs of CIFAR-10 in ``cifar_dir``,
+  extracted from the shared archive on first use."""
+  paths = {s: os.path.join(cifar_dir, f"{s}.tsv") for s in ("train", "test")}
+  if not all(os.path.exists(p) for p in paths.values()):
+    from hypermixer_jax.data import prepare_images  # pylint: disable=g-import-not-at-top
+    archive = experiment.require(shared / ARCHIVE, "CIFAR-10 archive")
+    paths = prepare_images.prepare(archive, cifar_dir)
+  subset = os.path.join(cifar_dir, f"test_{SUBSET_PER_CLASS}_per_class.tsv")
+  with open(paths["test"], encoding="utf-8") as f:
+    header, *rows = f.read().splitlines()
+  by_class: dict[str, list[str]] = {}
+  for row in rows:
+    by_class.setdefault(row.rsplit("\t", 1)[1], []).append(row)
+  chosen = {r for names in by_class.values()
+            for r in sorted(names)[:SUBSET_PER_CLASS]}
+  keep = [r for r in rows if r in chosen]  # the TSV's (random) order
+  with open(subset, "w", encoding="utf-8") as f:
+    f.write("\n".join([header, *keep]) + "\n")
+  return {**paths, "test_subset": subset}
+
+
+def image_config(family: str, scale: str, *, tsvs: dict[str, str] | None
+                 = None, data_dir: str = "", steps: int | None = None,
+                 batch_size: int = SMALL_BATCH, seed: int = 0
+                 ) -> ml_collections.ConfigDict:
+  """The training config of one run."""
+  if scale == "paper":
+    c = experiment.load_config("imagenet.py", PAPER_MODELS[family])
+    c.data.data_dir = data_dir or None
+    if steps:
+      c.num_train_steps = steps
+    c.seed = seed
+    return c
+  c = experiment.load_config("cifar10.py", CIFAR_MODELS[family])
+  sizes = dict(SMALL[family])
+  c.model.mixer_kwargs.update(sizes.pop("mixer_kwargs", {}))
+  c.model.update(sizes)
+  c.model.dtype = "float32"  # CPU: bf16 matmuls are emulated
+  c.data.local_files.train = tsvs["train"]
+  # Curves on the fixed 2,000-image test subset; at the end all 10,000.
+  c.data.local_files.validation = tsvs["test_subset"]
+  c.data.local_files.test = tsvs["test"]
+  c.data.shuffle_buffer_size = 10_000
+  c.sharding.rules = "data_parallel"
+  c.batch_size = batch_size
+  c.num_train_steps = steps or SMALL_STEPS
+  c.warmup_steps = max(1, c.num_train_steps // 10)
+  c.eval_every = max(1, c.num_train_steps // SMALL_EVALS)
+  c.eval_steps = -1
+  c.evals.test = ml_collections.ConfigDict(dict(
+      type="task", every=0, split="test", steps=-1))
+  c.log_every = 50
+  c.checkpoint_every = 0
+  c.seed = seed
+  return c
+
+
+def run_prefix(scale: str, steps: int | None, batch_size: int) -> str:
+  """The runs' key prefix: the scale and the budget (steps, and the batch
+  where it is not the small scale's)."""
+  if scale == "small" and batch_size != SMALL_BATCH:
+    return f"{scale}/s{steps}b{batch_size}/"
+  return f"{scale}/s{steps or 'paper'}/"
+
+
+def run(exp, config, key: str) -> dict:
+  """One training run: final metrics, curves, the whole-test-set accuracy
+  (the ``test`` evaluator, small scale), parameters and layout."""
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import metrics  # pylint: disable=g-import-not-at-top
+  workdir = exp.workdir(key)
+  out = dict(experiment.train(config, workdir),
+             params=models.count_params(config.model),
+             model=config.model.to_dict())
+  test = metrics.read_metrics(workdir, "test")
+  if test:
+    out["test"] = test[max(test, key=int)]
+  return out
+
+
+def final_accuracy(r: dict) -> float:
+  """Accuracy on the whole test split (small) or the eval split (paper)."""
+  return (r.get("test") or r["eval"])["accuracy"]
+
+
+# ---------------------------------------------------------------------------
+# Baselines on the pixels.
+# ---------------------------------------------------------------------------
+def pixel_arrays(tsv: str):
+  """``(images uint8 [n, H, W, 3], labels [n])`` of a split's TSV, decoded
+  as the pipeline decodes them (``tf.io.decode_jpeg``, 3 channels) but
+  neither cropped nor flipped, in the TSV's order."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  base = os.path.dirname(tsv)
+  with open(tsv, encoding="utf-8") as f:
+    _, *rows = f.read().splitlines()
+  names, labels = zip(*(r.rsplit("\t", 1) for r in rows))
+  files = tf.data.Dataset.from_tensor_slices(
+      [os.path.join(base, n) for n in names])
+  decoded = files.map(lambda f: tf.io.decode_jpeg(tf.io.read_file(f),
+                                                  channels=3))
+  images = list(decoded.as_numpy_iterator())
+  shapes = {i.shape for i in images}
+  if len(shapes) != 1:
+    raise ValueError(f"{tsv}: images of {len(shapes)} sizes "
+                     f"({sorted(shapes)[:3]}...); the pixel baseline needs "
+                     "one size (CIFAR-10's 32x32).")
+  return np.stack(images), np.array(labels, np.int64)
+
+
+def pixel_baselines(tsvs: dict[str, str], archive: pathlib.Path) -> dict:
+  """Chance, the majority class and a linear classifier on the raw pixels
+  (``baselines.ridge_classifier``: standardised pixels, closed-form ridge,
+  its penalty picked on the last 10% of the train rows), fitted on every
+  train image and scored on every test image: what the models' pixels
+  alone give a linear model."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import baselines  # pylint: disable=g-import-not-at-top
+  train_x, train_y = pixel_arrays(tsvs["train"])
+  test_x, test_y = pixel_arrays(tsvs["test"])
+  pred, info = baselines.ridge_classifier(train_x, train_y, test_x)
+  majority = baselines.majority(train_y, len(test_y))
+  return dict(linear_pixels=float(np.mean(pred == test_y)), linear=info,
+              majority=float(np.mean(majority == test_y)),
+              chance=1.0 / (int(train_y.max()) + 1),
+              train_images=len(train_y), test_images=len(test_y),
+              archive_sha256=experiment.file_digest(archive))
+
+
+# ---------------------------------------------------------------------------
+# Report.
+# ---------------------------------------------------------------------------
+def claim_verdict(family: str, gmlp: list[float], other: list[float],
+                  n_eval: int | None = None) -> str:
+  """The paper's claim of ``CLAIM[family]`` on the seeds' accuracies
+  (``n_eval`` test images), with the difference, its interval and p."""
+  if family not in CLAIM or not gmlp or not other:
+    return ""
+  margin = LEVEL_MARGIN if CLAIM[family] == "equal" else None
+  return experiment.verdict(gmlp, other, CLAIM[family], n_eval=n_eval,
+                            margin=margin).text(100)
+
+
+def table_rows(families, runs: dict, base: dict | None) -> list[list]:
+  """One row per family (ours beside the paper) and the baselines'."""
+  acc = {f: [final_accuracy(r) for r in rs] for f, rs in runs.items()}
+  rows = []
+  for family in families:
+    rs = runs.get(family)
+    if not rs:
+      rows.append([LABELS[family], "not run", "", "", "", "", "", "",
+                   PAPER[family]])
+      continue
+    m = rs[0]["model"]
+    rows.append([
+        LABELS[family],
+        f"{m['num_layers']}L d={m['d_model']} d_ffn={m['d_ffn']}",
+        f"{rs[0]['params'] / 1e6:.2f}M",
+        experiment.fmt_mean_sd(acc[family], 100),
+        experiment.against_baseline(
+            acc[family], base["linear_pixels"],
+            n_eval=base["test_images"]).text(100) if base else "",
+        claim_verdict(family, acc.get("gmlp", []), acc[family],
+                      base.get("test_images") if base else None),
+        f"{experiment.flops_per_step(rs[0]) / 1e9:.2f}",
+        f"{sum(r['wall_s'] for r in rs) / len(rs) / 60:.1f}",
+        PAPER[family]])
+  if base:
+    rows.append(["linear classifier on the pixels (ridge, l2 "
+                 f"{base['linear']['l2']:g})", "", "",
+                 f"{100 * base['linear_pixels']:.1f}", "", "", "", "", ""])
+    rows.append(["majority class", "", "", f"{100 * base['majority']:.1f}",
+                 "", "", "", "", ""])
+  return rows
+
+
+def notes(scale: str, seeds, steps: int | None, batch_size: int) -> str:
+  """The table's notes: the paper's setting and, at small scale, ours."""
+  text = ("Paper: ImageNet-1k top-1 of the gMLP paper (PAPERS.md §2), "
+          "at 224x224 and 300 epochs; its claim: gMLP above MLP-Mixer, "
+          "level with a DeiT Transformer of similar size. "
+          f"Ours: mean ± sd over seeds {seeds}. 'level' tested as equal "
+          f"within ±{100 * LEVEL_MARGIN:g} points. "
+          + experiment.VERDICT_NOTE)
+  if scale == "small":
+    text += (
+        f" CIFAR-10 (the shared JPEG copy, quality 75), "
+        f"{steps} steps of batch {batch_size} ("
+        f"{steps * batch_size / 50000:.2f} epochs of the 50,000 training "
+        "images), AdamW lr 1e-3, weight decay 0.05, 10% warm-up then cosine, "
+        "random-resized crop (area >= 0.35) and flip, accuracy on all 10,000 "
+        "test images at the last step (the figure's curves: the fixed "
+        f"subset of the first {SUBSET_PER_CLASS} test images per class); "
+        "float32 on one CPU core; GFLOP / train step: XLA's count of the "
+        "compiled step (wall time moves with the host's load). Baselines: "
+        "fitted on the same 50,000 training images, uncropped, scored on "
+        "the same 10,000 test images; the linear classifier's penalty is "
+        "picked on the last 10% of the training images. "
+        "Small-scale CIFAR-10 is not ImageNet: the columns are not "
+        "comparable, only the ordering of the models is the claim to check.")
+  return text
+
+
+def report(exp, scale: str, families, seeds, steps: int | None,
+           batch_size: int, runs: dict, base: dict | None) -> None:
+  """``table.md`` and ``image_curves.png`` of the recorded ``runs`` (by
+  family) and baselines ``base`` (None at paper scale)."""
+  dataset = "CIFAR-10 test" if scale == "small" else "ImageNet-1k val"
+  headers = ["model", "layout", "params", f"{dataset} accuracy (ours, %)",
+             "vs linear on pixels", "paper's claim against gMLP",
+             "GFLOP / train step", "wall (min, per run)",
+             "paper: ImageNet-1k top-1 (%)"]
+  exp.write_table(f"Image classification ({scale} scale)",
+                  experiment.markdown_table(
+                      headers, table_rows(families, runs, base)),
+                  notes(scale, seeds, steps, batch_size))
+  plot(exp, runs, base)
+
+
+def plot(exp, runs: dict, base: dict | None) -> None:
+  """Test accuracy on the fixed subset against step, one curve per run
+  (a colour per family), beside the linear classifier and chance."""
+  fig, axes = experiment.figure()
+  ax = axes[0, 0]
+  experiment.plot_curves(
+      ax, runs, "accuracy",
+      lambda f: f"{LABELS[f]} ({runs[f][0]['params'] / 1e6:.2f}M)", scale=100)
+  lines = {"chance": 10}
+  if base:
+    lines = {"linear on pixels (all test images)":
+             100 * base["linear_pixels"], **lines}
+  experiment.baseline_lines(ax, lines)
+  experiment.style_axes(
+      ax, "step", f"test accuracy (%), {10 * SUBSET_PER_CLASS} images")
+  exp.save_figure(fig, "image_curves")
