@@ -53,6 +53,11 @@ and against the baselines is.
   python experiments/mlm_perplexity.py --scale=small \
       --out=experiments/results/mlm_perplexity
 
+``--tune`` (small scale): every model tuned alike, its learning rate and
+warm-up chosen among ``mlm.tune_settings`` on C4 documents carved from the
+training sample (``mlm.carve_validation``), then the seeds at the chosen
+setting: ``table_tuned.md``.
+
 Writes ``results.json``, ``table.md`` and ``mlm_perplexity.png`` (held-out
 perplexity against step) into ``--out``.
 """
@@ -69,7 +74,15 @@ def main() -> None:
   p = experiment.parser("mlm_perplexity", __doc__, report_only=True,
                         data_dir="", models=mlm.MODELS, seeds="0,1,2", steps=0,
                         vocab="small")
+  p.add_argument("--tune", action="store_true",
+                 help="equal tuning (small scale): each model's learning "
+                 "rate and warm-up chosen on C4 documents carved from the "
+                 "training sample, then the seeds at the chosen setting "
+                 "(table_tuned.md)")
   args = experiment.parse(p)
+  if args.tune and args.scale != "small":
+    raise SystemExit("--tune: the small scale carves its validation split "
+                     "from the local C4 sample; use --scale=small.")
   models = experiment.split(args.models)
   unknown = sorted(set(models) - set(mlm.CHOICES))
   if unknown:
@@ -92,6 +105,10 @@ def main() -> None:
   def config(model, seed=0):
     return mlm.train_config(configs[model], args.scale, shared,
                             args.data_dir, steps, seed=seed, vocab=vocab)
+  if args.tune:
+    _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
+           vocab)
+    return
   if args.scale == "small":
     for seed in seeds:   # the masked positions follow the seed
       exp.baseline(f"{prefix}/seed={seed}",
@@ -110,13 +127,74 @@ def main() -> None:
           config("attention"))
 
 
-def _notes(args, steps: int, seed_bases: list, vocab: dict | None, c) -> str:
+def _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
+           vocab) -> None:
+  """``--tune``: every model's search (``mlm.tune_settings``) on the
+  carved validation split, then the reported seeds at each model's chosen
+  setting, all trained on the carved train split."""
+  split = mlm.carve_validation(shared / mlm.C4_TRAIN,
+                               pathlib.Path(exp.workdir("c4_split")))
+  exp.save(c4_split=mlm.split_record(split))
+  settings = mlm.tune_settings(steps)
+
+  def select(cell, key):
+    setting = settings[cell["setting"]]
+    c = mlm.carved_config(config(cell["model"], mlm.TUNE_SEED), split,
+                          setting, select=True)
+    return dict(experiment.train(c, exp.workdir(key)), setting=setting)
+  selection = exp.cells(f"{prefix}/tune", experiment.grid(
+      model=models, setting=range(len(settings))), select)
+  # A model is chosen for only once its whole search has run.
+  chosen = mlm.choose({m: r for m, r in selection.items()
+                       if len(r) == len(settings)})
+  bases = [exp.baseline(f"{prefix}/carved/seed={seed}",
+                        lambda seed=seed: mlm.lm_baselines(mlm.carved_config(
+                            config("attention", seed), split)))
+           for seed in seeds]
+
+  def final(cell, key):
+    c = mlm.carved_config(config(cell["model"], cell["seed"]), split,
+                          chosen[cell["model"]])
+    return dict(experiment.train(c, exp.workdir(key)),
+                setting=chosen[cell["model"]],
+                params=sizes[cell["model"]]["params"], held_out=mlm.held_out(c))
+  runs = exp.cells(f"{prefix}/tuned", experiment.grid(
+      model=[m for m in models if m in chosen], seed=seeds), final,
+                   expect=lambda cell: {"setting": chosen[cell["model"]]})
+  _tuned_report(exp, args, steps, split, (selection, chosen, runs), sizes,
+                bases, vocab, config("attention"))
+
+
+def _tuned_report(exp, args, steps, split, tuned, sizes, bases, vocab,
+                  c) -> None:
+  """``table_tuned.md``: the tuned models' seeds against the baselines, and
+  every model's search (``tuned``: selection runs, choices, final runs)."""
+  selection, chosen, runs = tuned
+  base = {k: float(np.mean([b[k] for b in bases]))
+          for k in ("unigram", "bigram", "bigram_k")}
+  notes = (mlm.tuned_notes(split, steps, args.seeds)
+           + _notes(args, steps, bases, vocab, c, tuned=True))
+  exp.write_table(
+      f"MLM perplexity, every model tuned alike ({steps} steps)",
+      experiment.markdown_table(mlm.HEADERS,
+                                mlm.table_rows(runs, sizes, base))
+      + "\n\nValidation perplexity of each setting (the chosen one: *):\n\n"
+      + experiment.markdown_table(mlm.SELECTION_HEADERS,
+                                  mlm.selection_rows(selection, chosen)),
+      notes, name=mlm.report_names(args.scale, steps)[0] + "_tuned")
+
+
+def _notes(args, steps: int, seed_bases: list, vocab: dict | None, c,
+           tuned: bool = False) -> str:
   """The table's notes (``c``: BERT's training config): the setting all
-  models share, the held-out set and the vocabulary."""
+  models share, the held-out set and the vocabulary; ``tuned``: each
+  model's own learning rate and warm-up."""
+  schedule = ("each model's chosen warm-up and peak lr" if tuned else
+              f"{c.warmup_steps} warm-up steps to lr {c.learning_rate:g}")
   notes = (
       f"Same for all models: AdamW (b1 0.9, b2 0.999, weight decay "
-      f"{c.weight_decay}), {c.warmup_steps} warm-up steps to lr "
-      f"{c.learning_rate:g} then linear decay to 0, clip norm {c.clip_norm}, "
+      f"{c.weight_decay}), {schedule} then linear decay to 0, clip norm "
+      f"{c.clip_norm}, "
       f"batch {c.batch_size} x length {c.data.seq_len}, {steps} steps, "
       f"dropout {c.model.dropout_rate}, seeds {args.seeds} (initialisation, "
       "data order and the held-out masks); 15% of the tokens selected (80% "

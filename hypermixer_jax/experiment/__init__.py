@@ -51,8 +51,11 @@ pretrain-then-fine-tune study's configs, encoder probe and report) and
 ``causal`` (the causal-LM study's FLOP-matched models, held-out set,
 scoring and report), ``sparse_lm`` (the sMLP-vs-MoE study's models and
 ablations, training configs, FLOPs matched by depth, held-out scoring on
-each row's last 80%, baselines, tables and figure) and ``pods`` (the pod
-plan's grid, compile records and tables).
+each row's last 80%, baselines, tables and figure), ``images`` (the
+image-classification study's configs, CIFAR-10 TSVs, pixel baselines and
+report), ``input_rates`` (what ``bench_input`` measures: the input
+pipelines' throughput, checkpoint cost and the train step each feeds) and
+``pods`` (the pod plan's grid, compile records and tables).
 
 The re-exported modules know no model or task (the scripts declare their
 runs as configs); what one study knows lives in its own module.

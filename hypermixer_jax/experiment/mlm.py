@@ -322,3 +322,110 @@ def report_names(scale: str, steps: int) -> tuple[str, str]:
   default = (SMALL if scale == "small" else PAPER_SIZES)["steps"]
   suffix = "" if steps == default else f"_s{steps}"
   return f"table{suffix}", f"mlm_perplexity{suffix}"
+
+
+# Equal tuning: every model gets the same search (learning rate x warm-up
+# share of the steps), chosen on C4 documents carved from the training
+# sample (every ``VALIDATION_EVERY``-th), never on the reported held-out
+# set; the selection runs use a seed none of the reported runs uses, and
+# every model (tuned or not) then trains on the rest of the sample.
+TUNE_LRS = (3e-4, 1e-3, 3e-3)
+TUNE_WARMUP_SHARES = (0.02, 0.1)
+TUNE_SEED = 100
+VALIDATION_EVERY = 10
+
+
+def tune_settings(steps: int) -> list[dict]:
+  """The search of every model: each learning rate with each warm-up
+  share (at least one step), in a fixed order."""
+  return [{"lr": lr, "warmup": max(1, round(share * steps)),
+           "warmup_share": share}
+          for lr in TUNE_LRS for share in TUNE_WARMUP_SHARES]
+
+
+def carve_validation(source: pathlib.Path, folder: pathlib.Path) -> dict:
+  """Splits the JSON-lines ``source`` into ``folder/train.jsonl`` and
+  ``folder/validation.jsonl`` (every ``VALIDATION_EVERY``-th document,
+  counting from the first) and describes them: paths, documents, sha256.
+
+  Deterministic: a second call rewrites identical files, so the record's
+  digests name the split wherever it is rebuilt."""
+  lines = pathlib.Path(source).read_text(encoding="utf-8").splitlines(True)
+  parts = {"validation": lines[::VALIDATION_EVERY],
+           "train": [x for i, x in enumerate(lines) if i % VALIDATION_EVERY]}
+  folder = pathlib.Path(folder)
+  folder.mkdir(parents=True, exist_ok=True)
+  out = {"source": pathlib.Path(source).name,
+         "source_sha256": experiment.file_digest(source)}
+  for split, part in parts.items():
+    path = folder / f"{split}.jsonl"
+    path.write_text("".join(part), encoding="utf-8")
+    out[split] = {"path": str(path), "documents": len(part),
+                  "sha256": experiment.file_digest(path)}
+  return out
+
+
+def split_record(split: dict) -> dict:
+  """``carve_validation``'s description without this machine's paths."""
+  return {k: {f: v for f, v in x.items() if f != "path"}
+          if isinstance(x, dict) else x for k, x in split.items()}
+
+
+def tuned_notes(split: dict, steps: int, seeds: str) -> str:
+  """How ``--tune`` chose and what it reports (the table's notes' start)."""
+  return (
+      f"Equal tuning: each model trained {steps} steps at each of the "
+      f"{len(tune_settings(steps))} settings (seed {TUNE_SEED}) and scored "
+      f"on the carved validation split, every {VALIDATION_EVERY}th document "
+      f"of the C4 sample ({split['validation']['documents']} documents, "
+      f"sha256 {split['validation']['sha256'][:12]}...); the chosen setting "
+      f"(*) then trained with seeds {seeds} on the other "
+      f"{split['train']['documents']} documents (sha256 "
+      f"{split['train']['sha256'][:12]}...) and scored on the held-out "
+      "WikiText-2 rows; baselines counted on that train split. ")
+
+
+def carved_config(c: ml_collections.ConfigDict, split: dict,
+                  setting: dict | None = None, *, select: bool = False
+                  ) -> ml_collections.ConfigDict:
+  """``c`` trained on the carved split's train part, at ``setting``'s
+  learning rate and warm-up (None: ``c``'s); ``select``: evaluated on the
+  whole carved validation part (a selection run) instead of ``c``'s
+  held-out set."""
+  c = ml_collections.ConfigDict(c.to_dict())
+  c.data.local_files.train = split["train"]["path"]
+  if setting:
+    c.learning_rate = setting["lr"]
+    c.warmup_steps = min(setting["warmup"], c.num_train_steps)
+  if select:
+    c.data.local_files.validation = split["validation"]["path"]
+    c.eval_steps = -1
+  return c
+
+
+def choose(selection: dict) -> dict:
+  """Each model's setting of lowest validation perplexity at the end of
+  its selection run (``selection``: {model: [run of each setting]}, each
+  run recording its ``setting``)."""
+  return {m: dict(min(runs, key=final_perplexity)["setting"])
+          for m, runs in selection.items() if runs}
+
+
+def selection_rows(selection: dict, chosen: dict) -> list[list]:
+  """One row per model: its validation perplexity at every setting, the
+  chosen one marked."""
+  rows = []
+  for m, runs in selection.items():
+    cells = {(r["setting"]["lr"], r["setting"]["warmup_share"]):
+             f"{final_perplexity(r):.2f}" + (
+                 " *" if r["setting"] == chosen.get(m) else "")
+             for r in runs}
+    rows.append([LABELS[m]] + [cells.get((lr, w), "not run")
+                               for lr in TUNE_LRS
+                               for w in TUNE_WARMUP_SHARES])
+  return rows
+
+
+SELECTION_HEADERS = ["model"] + [f"lr {lr:g}, warm-up {w:.0%}"
+                                 for lr in TUNE_LRS
+                                 for w in TUNE_WARMUP_SHARES]

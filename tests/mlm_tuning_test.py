@@ -1,0 +1,145 @@
+"""``mlm_perplexity.py --tune``: every model searched alike on a validation
+split carved from the training sample, the seeds then run at the chosen
+setting; nothing chosen on the reported held-out set."""
+import json
+import sys
+
+import pytest
+
+from hypermixer_jax import experiment
+from hypermixer_jax.experiment import mlm
+
+import script_modules
+
+mlm_perplexity = script_modules.load("experiments/mlm_perplexity.py")
+
+# Each model config is traced once for the module (mlm.params counts them).
+pytestmark = pytest.mark.usefixtures("models_traced_once")
+
+
+def _shared(tmp_path, shared_data, docs=120, lines=60):
+  """A shared folder with the real vocabulary, the first ``docs`` documents
+  of the C4 sample and the first ``lines`` lines of WikiText-2 validation."""
+  root = tmp_path / "shared"
+  for path, n in ((mlm.C4_TRAIN, docs), (mlm.WIKITEXT_VALID, lines)):
+    text = (shared_data / path).read_text(encoding="utf-8").split("\n")
+    (root / path).parent.mkdir(parents=True, exist_ok=True)
+    (root / path).write_text("\n".join(text[:n]) + "\n", encoding="utf-8")
+  (root / "t5_spm").symlink_to(shared_data / "t5_spm")
+  return root
+
+
+def test_carved_split_is_deterministic_disjoint_and_complete(tmp_path):
+  source = tmp_path / "docs.jsonl"
+  lines = [json.dumps({"text": f"document {i}"}) + "\n" for i in range(23)]
+  source.write_text("".join(lines), encoding="utf-8")
+  split = mlm.carve_validation(source, tmp_path / "a")
+  again = mlm.carve_validation(source, tmp_path / "b")
+  valid = (tmp_path / "a" / "validation.jsonl").read_text().splitlines(True)
+  train = (tmp_path / "a" / "train.jsonl").read_text().splitlines(True)
+  assert valid == [lines[0], lines[10], lines[20]]
+  assert train == [x for i, x in enumerate(lines) if i % 10]
+  assert (split["validation"]["documents"], split["train"]["documents"]) == (
+      3, 20)
+  for part in ("train", "validation"):
+    assert split[part]["sha256"] == experiment.file_digest(
+        split[part]["path"]) == again[part]["sha256"]
+  assert "path" not in json.dumps(mlm.split_record(split))
+
+
+def test_search_is_the_same_for_every_model_and_chooses_the_lowest():
+  settings = mlm.tune_settings(2000)
+  assert len(settings) >= 6
+  assert {s["warmup"] for s in settings} == {40, 200}
+  run = lambda s, ppl: {"setting": s, "eval": {"perplexity": ppl}}
+  selection = {"attention": [run(s, 10.0 + i % 3) for i, s in
+                             enumerate(settings)],
+               "gmlp": [run(s, 9.0 - i) for i, s in enumerate(settings)]}
+  chosen = mlm.choose(selection)
+  assert chosen == {"attention": settings[0], "gmlp": settings[-1]}
+  rows = {r[0]: r[1:] for r in mlm.selection_rows(selection, chosen)}
+  assert rows["gMLP"][-1] == f"{9.0 - (len(settings) - 1):.2f} *"
+  assert rows["BERT (Transformer)"][0] == "10.00 *"
+  assert sum("*" in c for c in rows["gMLP"]) == 1
+
+
+def test_tune_selects_on_the_carved_split_and_reports_at_the_choice(
+    shared_data, tmp_path, monkeypatch):
+  """The orchestration with training replaced by a function of what each run
+  was given: which data it trained and was scored on, at which setting."""
+  monkeypatch.setattr(mlm, "SMALL", dict(
+      mlm.SMALL, d_model=32, bert_d_ffn=64, mlp_layers=2, bert_layers=1,
+      bert_heads=1, seq_len=32, batch_size=8, steps=50, evals=1,
+      eval_batch_size=8, eval_batches=2))
+  monkeypatch.setattr(mlm, "TUNE_LRS", (1e-3, 3e-3))
+  monkeypatch.setattr(mlm, "TUNE_WARMUP_SHARES", (0.1,))
+  seen = []
+
+  def fake_train(c, workdir):
+    seen.append((workdir, c.data.local_files.train,
+                 c.data.local_files.validation, c.eval_steps,
+                 c.learning_rate, c.warmup_steps, c.seed))
+    # gMLP is best at the larger rate, BERT at the smaller one.
+    best = 3e-3 if c.model.block == "gmlp" else 1e-3
+    ppl = 5.0 + abs(c.learning_rate - best) * 1e3
+    return {"eval": {"perplexity": ppl}, "eval_curve": {}, "step": 50}
+  monkeypatch.setattr(experiment, "train", fake_train)
+  out = tmp_path / "out"
+  argv = ["mlm_perplexity.py", "--scale=small", f"--out={out}", "--vocab=t5",
+          "--seeds=1", "--models=attention,gmlp", "--tune",
+          f"--shared={_shared(tmp_path, shared_data)}"]
+  monkeypatch.setattr(sys, "argv", argv)
+  mlm_perplexity.main()
+  saved = json.loads((out / "results.json").read_text())
+  runs = saved["runs"]
+  tune = {k: v for k, v in runs.items() if "/tune/" in k}
+  tuned = {k: v for k, v in runs.items() if "/tuned/" in k}
+  assert len(tune) == 2 * 2 and len(tuned) == 2
+  split = saved["c4_split"]
+  assert split["validation"]["documents"] == 12
+  for workdir, train, valid, eval_steps, lr, warmup, seed in seen:
+    assert train.endswith("c4_split/train.jsonl")      # never the whole sample
+    if "/tune/" in workdir:
+      # Scored on the carved documents, all of them, at the search's seed.
+      assert valid.endswith("c4_split/validation.jsonl") and eval_steps == -1
+      assert seed == mlm.TUNE_SEED and warmup == 5
+    else:
+      # The reported runs: the held-out WikiText rows at the chosen rate.
+      assert valid.endswith(mlm.WIKITEXT_VALID) and eval_steps == 2
+      assert seed == 1
+      assert lr == (3e-3 if "model=gmlp" in workdir else 1e-3)
+  assert {v["setting"]["lr"] for k, v in tuned.items()
+          if "model=attention" in k} == {1e-3}
+  table = (out / "table_tuned.md").read_text()
+  assert "lr 0.001, warm-up 10%" in table and "5.00 *" in table
+  assert "trained with seeds 1 on the other 108 documents" in table
+  assert not (out / "table.md").exists()
+
+  # A search that changes its mind retires the reported runs of the old
+  # choice instead of mixing them in.
+  monkeypatch.setattr(mlm, "TUNE_LRS", (1e-3, 3e-3, 1e-2))
+  seen.clear()
+  best_lr = {"value": 1e-2}
+
+  def fake_train_2(c, workdir):
+    seen.append(workdir)
+    ppl = 4.0 if c.learning_rate == best_lr["value"] else 6.0
+    return {"eval": {"perplexity": ppl}, "eval_curve": {}, "step": 50}
+  monkeypatch.setattr(experiment, "train", fake_train_2)
+  mlm_perplexity.main()
+  saved = json.loads((out / "results.json").read_text())
+  assert sum("/tune/" in w for w in seen) == 2       # the new setting only
+  assert {v["setting"]["lr"] for k, v in saved["runs"].items()
+          if "/tuned/" in k} == {1e-2}
+  assert len(saved.get("superseded", {})) == 2
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--scale=paper", "--tune"], "--tune: the small scale carves"),
+])
+def test_tune_is_refused_where_there_is_no_sample_to_carve(
+    argv, message, tmp_path, monkeypatch, capsys):
+  monkeypatch.setattr(sys, "argv", ["mlm_perplexity.py", f"--out={tmp_path}",
+                                    *argv])
+  with pytest.raises(SystemExit, match=message):
+    mlm_perplexity.main()
