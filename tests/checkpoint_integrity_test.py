@@ -113,8 +113,19 @@ def test_fingerprint_equals_numpy_on_any_sharding_and_sees_one_bit():
   specs = {"f": P("d", None), "b": P(None, "d"), "i": P()}
   sharded = {k: jax.device_put(v, NamedSharding(mesh, specs[k]))
              for k, v in arrays.items()}
+  # NumPy on the host and jit on the devices, on 8, 1 or no device; the
+  # NumPy path in chunks that split every array too.
   for tree in (arrays, sharded, jax.device_put(arrays, jax.devices()[0])):
-    assert integrity.summarise(tree)[0] == want
+    for on_host in (None, True, False):
+      assert integrity.summarise(tree, on_host=on_host)[0] == want, on_host
+  for k, v in arrays.items():
+    a, b = (int(x) for x in integrity._host_summary(v, chunk=7)[:2])  # pylint: disable=protected-access
+    assert want[k].endswith(f":{a:08x}-{b:08x}"), k
+  # Keys and booleans (a train state's rng, masks): both paths agree.
+  other = {"k": jax.random.split(jax.random.key(5), 3),
+           "m": arrays["f"] > 0}
+  assert (integrity.summarise(other, on_host=True)
+          == integrity.summarise(other, on_host=False))
   flipped = arrays["f"].copy()
   flipped.view(np.uint32)[3, 4] ^= 1 << 31
   swapped = arrays["f"].copy()

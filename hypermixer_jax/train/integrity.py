@@ -13,12 +13,13 @@ changes under any single flipped bit (an odd weight times ``2^k`` is never
 0 mod 2^32), the second under reorderings and most multi-bit damage. Both
 are wrapping sums, so they do not depend on how the array is split across
 devices: a checkpoint written on 8 devices checks on 1. They are computed
-inside one ``jax.jit`` over the global arrays (each device reduces its
-shards; only the 8-byte results leave the devices), so no host copy of the
-state is made and every process gets the same values; only the primary
-process writes the record (Orbax's ``JsonCheckpointHandler``).
+by ``jax.jit`` over each global array (each device reduces its shards; only
+the 12-byte result leaves the devices), so no host copy of the state is
+made and every process gets the same values; arrays in host memory already
+(NumPy, CPU devices) are reduced with NumPy, with nothing to compile. Only
+the primary process writes the record (Orbax's ``JsonCheckpointHandler``).
 
-When a checkpoint is read, the same jit recomputes the fingerprints of the
+When a checkpoint is read, the same code recomputes the fingerprints of the
 restored arrays and checks that every floating-point value is finite;
 ``problems`` lists what differs. A checkpoint written before fingerprints
 existed has no record: it is checked for finiteness only.
@@ -52,12 +53,13 @@ def _bits(x: jax.Array) -> jax.Array:
   return bits.astype(jnp.uint32)
 
 
-def _mix(v: jax.Array) -> jax.Array:
-  """A 32-bit integer finaliser (every input bit reaches every output bit)."""
+def _mix(v):
+  """A 32-bit integer finaliser (every input bit reaches every output bit);
+  of a uint32 ``jax.Array`` or NumPy array."""
   v = v ^ (v >> 16)
-  v = v * jnp.uint32(0x7FEB352D)
+  v = v * np.uint32(0x7FEB352D)
   v = v ^ (v >> 15)
-  v = v * jnp.uint32(0x846CA68B)
+  v = v * np.uint32(0x846CA68B)
   return v ^ (v >> 16)
 
 
@@ -80,28 +82,68 @@ def _digest(x: jax.Array) -> jax.Array:
 
 
 def _finite(x: jax.Array) -> jax.Array:
+  """True unless a floating-point ``x`` holds a NaN or an Inf."""
   if jnp.issubdtype(x.dtype, jnp.inexact):
     return jnp.all(jnp.isfinite(x))
   return jnp.ones((), jnp.bool_)
 
 
+def _on_host(x) -> bool:
+  """Whether ``x`` is in this host's memory already: a NumPy array, or a
+  CPU ``jax.Array`` whose shards are all this process's."""
+  if isinstance(x, np.ndarray):
+    return True
+  return x.is_fully_addressable and all(
+      d.platform == "cpu" for d in x.sharding.device_set)
+
+
+def _host_summary(x, chunk: int = 1 << 22) -> np.ndarray:
+  """``_digest`` and ``_finite`` of an array in host memory, with NumPy
+  (no program to compile), ``chunk`` elements at a time."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  x = np.asarray(x)
+  finite = (not jnp.issubdtype(x.dtype, jnp.inexact)
+            or bool(np.isfinite(x).all()))
+  if x.dtype == np.bool_:
+    x = x.astype(np.uint8)
+  unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint32}
+  bits = np.ascontiguousarray(x).view(unsigned[x.dtype.itemsize]).reshape(-1)
+  g = np.uint32(_GOLDEN)
+  weighted = mixed = 0
+  for start in range(0, bits.size, chunk):
+    b = bits[start:start + chunk].astype(np.uint32)
+    # Indices mod 2^32, as the devices' uint32 iotas wrap.
+    index = np.arange(start, start + b.size, dtype=np.uint64).astype(
+        np.uint32)
+    weighted += int(np.sum(b * ((index * np.uint32(2) + np.uint32(1)) * g),
+                           dtype=np.uint32))
+    mixed += int(np.sum(_mix(b ^ (index * g)), dtype=np.uint32))
+  return np.array([weighted % 2**32, mixed % 2**32, finite], np.uint32)
+
+
 @functools.lru_cache(maxsize=None)
 def _summarise(out_sharding):
-  """The jitted ``tree -> (digests, finite flags)`` (one per mesh)."""
-  return jax.jit(lambda tree: (jax.tree.map(_digest, tree),
-                               jax.tree.map(_finite, tree)),
-                 out_shardings=out_sharding)
+  """The jitted ``array -> [3] uint32`` (the two sums, then 1 if finite).
+
+  One array per call: jit then compiles once per shape, dtype and sharding,
+  and a model's layers, their optimiser moments and every later save share
+  those few small programs (one program over the whole tree compiled anew
+  for each tree and layout, seconds for a few hundred arrays).
+  """
+  return jax.jit(
+      lambda x: jnp.append(_digest(x), _finite(x).astype(jnp.uint32)),
+      out_shardings=out_sharding)
 
 
-def _replicated(leaves) -> jax.sharding.Sharding | None:
-  """A replicated sharding on the leaves' mesh, so every process can read
-  the results; None (jit's choice) for unsharded or mixed leaves."""
-  meshes = {x.sharding.mesh for x in leaves
-            if isinstance(getattr(x, "sharding", None),
-                          jax.sharding.NamedSharding)}
-  if len(meshes) != 1:
+def _replicated(x) -> jax.sharding.Sharding | None:
+  """A replicated sharding on the array's mesh, so every process can read
+  the result; None (jit's choice) for an array without a mesh."""
+  sharding = getattr(x, "sharding", None)
+  if not isinstance(sharding, jax.sharding.NamedSharding):
     return None
-  return jax.sharding.NamedSharding(meshes.pop(), jax.sharding.PartitionSpec())
+  return jax.sharding.NamedSharding(sharding.mesh,
+                                    jax.sharding.PartitionSpec())
 
 
 def _host(x: jax.Array) -> np.ndarray:
@@ -111,25 +153,30 @@ def _host(x: jax.Array) -> np.ndarray:
   return np.asarray(x)
 
 
-def summarise(tree: PyTree) -> tuple[dict[str, str], dict[str, bool]]:
+def summarise(tree: PyTree, *, on_host: bool | None = None
+              ) -> tuple[dict[str, str], dict[str, bool]]:
   """``(fingerprints, finite)`` of every array of ``tree``, by ``/``-path.
 
   A fingerprint is ``'<dtype>[<shape>]:<hex>-<hex>'``; ``finite`` is False
-  for a floating-point array holding a NaN or an Inf.
+  for a floating-point array holding a NaN or an Inf. ``on_host``: reduce
+  the arrays with NumPy (True) or on their devices (False); by default,
+  those already in this host's memory (NumPy, CPU devices) with NumPy, the
+  others on their devices. Both give the same bits.
   """
   flat = [(common.path_str(p), x) for p, x in
           jax.tree_util.tree_flatten_with_path(tree)[0]
           if isinstance(x, (jax.Array, np.ndarray))]
-  if not flat:
-    return {}, {}
-  arrays = [x for _, x in flat]
-  digests, finite = _summarise(_replicated(arrays))(arrays)
+  # Every array dispatched before any result is read: the devices reduce
+  # them all while the host waits once.
+  results = [_host_summary(x)
+             if (_on_host(x) if on_host is None else on_host)
+             else _summarise(_replicated(x))(x) for _, x in flat]
   prints, flags = {}, {}
-  for (path, x), d, f in zip(flat, digests, finite):
-    a, b = (int(v) for v in _host(d))
+  for (path, x), r in zip(flat, results):
+    a, b, finite = (int(v) for v in _host(r))
     shape = ",".join(str(n) for n in x.shape)
     prints[path] = f"{x.dtype}[{shape}]:{a:08x}-{b:08x}"
-    flags[path] = bool(_host(f))
+    flags[path] = bool(finite)
   return prints, flags
 
 
