@@ -120,9 +120,12 @@ class SyntheticDataEfficiencyTest(absltest.TestCase):
     self.addCleanup(compilation_cache.reset_cache)
     for k, v in saved.items():
       self.addCleanup(jax.config.update, k, v)
+    # The fewest runs the summary needs: two sizes x two seeds (a spread),
+    # two steps each (two evaluations), 16 test sequences.
+    opts = dict(steps=2, mixers=("hypermixer",), batch_size=16,
+                eval_examples=16)
     summary = sde.run(experiment.Experiment(out), sizes=(64, 32),
-                      seeds=(0, 1), steps=4, mixers=("hypermixer",),
-                      batch_size=16, eval_examples=32)
+                      seeds=(0, 1), **opts)
     saved = json.loads((out / "results.json").read_text())
     self.assertEqual(saved["sizes"], [32, 64])
     self.assertEqual(sorted(saved["runs"]), [
@@ -134,7 +137,7 @@ class SyntheticDataEfficiencyTest(absltest.TestCase):
       self.assertAlmostEqual(stats["std"], np.std(mses, ddof=1), places=6)
       self.assertEqual(stats["seeds"], 2)
       for s in (0, 1):
-        self.assertEqual(saved["runs"][f"hypermixer/n{n}/seed{s}"]["step"], 4)
+        self.assertEqual(saved["runs"][f"hypermixer/n{n}/seed{s}"]["step"], 2)
     # The map: largest size, first seed only; HyperMixer reads far tokens.
     stats_32 = summary["hypermixer"]["32"]
     self.assertNotIn("pseudo_attention",
@@ -146,11 +149,11 @@ class SyntheticDataEfficiencyTest(absltest.TestCase):
     table = (out / "table.md").read_text()
     self.assertIn("| HyperMixer |", table)
     self.assertIn("n=32", table)
-    # The trivial predictors, on the same 32 test sequences.
+    # The trivial predictors, on the same 16 test sequences.
     from hypermixer_jax.data import synthetic  # pylint: disable=g-import-not-at-top
-    test = synthetic.generate(sde.run_config("hypermixer", 64, 0, 4,
-                                             eval_examples=32).data
-                              .synthetic, "test", np.arange(32))
+    test = synthetic.generate(sde.run_config("hypermixer", 64, 0, 2,
+                                             eval_examples=16).data
+                              .synthetic, "test", np.arange(16))
     self.assertAlmostEqual(saved["baselines"]["copy_input"], float(np.mean(
         (test["inputs"] - test["targets"]) ** 2)), places=6)
     self.assertGreater(saved["baselines"]["train_mean"], 0)
@@ -162,8 +165,7 @@ class SyntheticDataEfficiencyTest(absltest.TestCase):
     # Drawn again from results.json with a seed that never ran: nothing is
     # trained, the cells say how many seeds they hold.
     again = sde.run(experiment.Experiment(out), sizes=(32, 64),
-                    seeds=(0, 1, 2), steps=4, mixers=("hypermixer",),
-                    batch_size=16, eval_examples=32, report_only=True)
+                    seeds=(0, 1, 2), report_only=True, **opts)
     self.assertEqual(again["hypermixer"]["32"]["seeds"], 2)
     self.assertAlmostEqual(again["hypermixer"]["32"]["mean"],
                            stats_32["mean"], places=6)
