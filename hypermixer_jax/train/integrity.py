@@ -166,14 +166,14 @@ def summarise(tree: PyTree, *, on_host: bool | None = None
   flat = [(common.path_str(p), x) for p, x in
           jax.tree_util.tree_flatten_with_path(tree)[0]
           if isinstance(x, (jax.Array, np.ndarray))]
-  # Every array dispatched before any result is read: the devices reduce
-  # them all while the host waits once.
+  # One array's program at a time: many multi-device programs in flight
+  # at once can starve XLA:CPU's collectives of threads (a deadlock).
   results = [_host_summary(x)
              if (_on_host(x) if on_host is None else on_host)
-             else _summarise(_replicated(x))(x) for _, x in flat]
+             else _host(_summarise(_replicated(x))(x)) for _, x in flat]
   prints, flags = {}, {}
   for (path, x), r in zip(flat, results):
-    a, b, finite = (int(v) for v in _host(r))
+    a, b, finite = (int(v) for v in r)
     shape = ",".join(str(n) for n in x.shape)
     prints[path] = f"{x.dtype}[{shape}]:{a:08x}-{b:08x}"
     flags[path] = bool(finite)
