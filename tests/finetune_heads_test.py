@@ -1,5 +1,8 @@
 """Fine-tuning from a checkpoint works for every head with the default
 ``init_reinit``, and parameters exported alone load like a full checkpoint."""
+import functools
+import json
+
 import flax.linen as nn
 import jax
 import ml_collections
@@ -31,6 +34,13 @@ def _continuous(head):
 
 
 def _init(cfg, seed):
+  """A model's parameters, built once per config and seed for the module (the pretrained source is the same in most tests)."""
+  return _init_cached(cfg.to_json(), seed)
+
+
+@functools.lru_cache(maxsize=None)
+def _init_cached(cfg_json, seed):
+  cfg = ml_collections.ConfigDict(json.loads(cfg_json))
   model = models.build_model(cfg)
   x = models.zoo.dummy_inputs(cfg, batch=2)
   return nn.unbox(jax.jit(model.init)(jax.random.key(seed),
