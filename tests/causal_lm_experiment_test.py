@@ -3,7 +3,6 @@ builds it, its FLOP counts against closed forms, one scored token set for
 the models and the baselines at every length, and a toy run that resumes."""
 import argparse
 import json
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +13,7 @@ from hypermixer_jax import baselines
 from hypermixer_jax import experiment
 from hypermixer_jax import heads
 from hypermixer_jax import models
+from hypermixer_jax.experiment import causal
 from hypermixer_jax.experiment import mlm
 from hypermixer_jax.train import artifacts
 from hypermixer_jax.train import evaluation
@@ -26,8 +26,36 @@ cl = script_modules.load("experiments/causal_lm.py")
 TINY = dict(d_model=32, num_layers=2, d_ffn=64, heads=2, gmlp_depth=1,
             hyper_dim=8, chunk=4, seq_len=16, max_len=64, batch_size=8,
             steps=2, lr=1e-3, warmup=1, evals=1, eval_batch_size=8,
-            eval_batches=1, eval_rows=3, eval_lengths=(16, 32, 64))
+            eval_batches=1, eval_rows=3, eval_lengths=(16, 64))
 VOCAB = 128
+
+
+@pytest.fixture(scope="module", autouse=True)
+def computed_once():
+  """Each FLOP count and each read of a data split computed once in this
+  module: its tests, and the toy run's restart, ask for the same ones again,
+  and each costs a compile or a seqio pipeline (the values are the
+  library's, only not computed twice)."""
+  flops, arrays = {}, {}
+  count, read = causal.forward_flops, experiment.pipeline_arrays
+
+  def cached_flops(m, n):
+    key = (m.to_json_best_effort(), n)
+    if key not in flops:
+      flops[key] = count(m, n)
+    return flops[key]
+
+  def cached_arrays(data_config, split, batch_size=1024, **kwargs):
+    key = (data_config.to_json_best_effort(), split, batch_size,
+           tuple(sorted(kwargs.items())))
+    if key not in arrays:
+      arrays[key] = read(data_config, split, batch_size, **kwargs)
+    return dict(arrays[key])
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(causal, "forward_flops", cached_flops)
+    mp.setattr(cl, "forward_flops", cached_flops)
+    mp.setattr(experiment, "pipeline_arrays", cached_arrays)
+    yield
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +132,7 @@ def test_models_are_matched(tiny_models):
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
   """A small copy of the shared samples: 40 C4 documents, 6 WikiText-2
-  validation articles, the T5 vocabulary."""
+  validation articles."""
   from conftest import SHARED_DATA  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("shared")
   (root / "c4").mkdir()
@@ -121,15 +149,18 @@ def shared(tmp_path_factory):
           break
       text.append(line)
   (root / mlm.WIKITEXT_VALID).write_text("".join(text), encoding="utf-8")
-  shutil.copytree(SHARED_DATA / "t5_spm", root / "t5_spm")
   return root
 
 
 @pytest.fixture(scope="module")
 def vocab(shared):
-  path = shared / "t5_spm" / "sentencepiece.model"
-  return {"path": str(path), "pieces": 32000,
-          "sha256": experiment.file_digest(path), "model_vocab_size": 32128}
+  """A 300-piece vocabulary of the 40 sample documents: a small output
+  layer keeps the models, the toy run's steps and the baselines cheap."""
+  from hypermixer_jax.data import train_vocab  # pylint: disable=g-import-not-at-top
+  path = train_vocab.train(str(shared / mlm.C4_TRAIN),
+                           str(shared / "toy_spm"), 300)
+  return {"path": path, "pieces": 300, "sha256": experiment.file_digest(path),
+          "model_vocab_size": 512}
 
 
 def test_held_out_tokens_are_the_same_at_every_length(shared, vocab,
@@ -144,7 +175,8 @@ def test_held_out_tokens_are_the_same_at_every_length(shared, vocab,
     np.testing.assert_array_equal(arrays["weights"] > 0,
                                   arrays["segment_ids"] > 0)
     base = baselines.lm_baselines(held[64]["targets"], arrays,
-                                  vocab_size=32128, causal=True)
+                                  vocab_size=vocab["model_vocab_size"],
+                                  causal=True)
     assert base["scored_tokens"] == int(arrays["weights"].sum())
     assert base["row_starts"] == int((arrays["inputs"][:, 0] == 0).sum())
   with pytest.raises(ValueError, match="must divide the longest"):
@@ -174,22 +206,10 @@ def test_token_nll_is_the_training_loops_loss(shared, vocab, tiny_models):
                              rtol=1e-4)
 
 
-@pytest.fixture(scope="module")
-def toy_vocab(shared):
-  """A 300-piece vocabulary of the 40 sample documents: a small output
-  layer keeps the toy run's steps and baselines cheap."""
-  from hypermixer_jax.data import train_vocab  # pylint: disable=g-import-not-at-top
-  path = train_vocab.train(str(shared / mlm.C4_TRAIN),
-                           str(shared / "toy_spm"), 300)
-  return {"path": path, "pieces": 300, "sha256": experiment.file_digest(path),
-          "model_vocab_size": 512}
-
-
 @pytest.mark.slow
-def test_toy_run_records_and_resumes(shared, toy_vocab, tmp_path,
-                                     monkeypatch):
-  vocab = toy_vocab
-  monkeypatch.setattr(cl, "SMALL", TINY)
+def test_toy_run_records_and_resumes(shared, vocab, tmp_path, monkeypatch):
+  # One layer: the run records and resumes the same at any depth.
+  monkeypatch.setattr(cl, "SMALL", dict(TINY, num_layers=1))
   monkeypatch.setattr(mlm, "c4_vocab", lambda out, shared: vocab)
   args = argparse.Namespace(
       scale="small", out=str(tmp_path / "out"), shared=str(shared),
