@@ -258,8 +258,19 @@ def test_arms_split_between_processes(shared_data, tmp_path, monkeypatch):
     main("--arms=pretrain")
 
 
-def test_probe_reads_the_pretrained_encoder(shared_data, tmp_path):
+def test_probe_reads_the_pretrained_encoder(shared_data, tmp_path,
+                                           monkeypatch):
   from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  # Every probe below reads the same rows: each split's pipeline runs once.
+  reads, read = {}, experiment.pipeline_arrays
+
+  def read_once(data_config, split, *args, **kwargs):
+    key = (data_config.to_json_best_effort(), split, args,
+           tuple(sorted(kwargs.items())))
+    if key not in reads:
+      reads[key] = read(data_config, split, *args, **kwargs)
+    return dict(reads[key])
+  monkeypatch.setattr(experiment, "pipeline_arrays", read_once)
   vocab = {"path": str(shared_data / "t5_spm/sentencepiece.model"),
            "model_vocab_size": 32128}
   c = pf.finetune_config("hypermixer", shared_data, vocab, lr=1e-3, seed=3,
