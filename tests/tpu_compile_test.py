@@ -438,3 +438,16 @@ def test_meshes_that_split_a_physical_axis_build(topology, slices, mesh):
     coords = np.array([d.coords[:2] for d in g])
     extent = coords.max(0) - coords.min(0) + 1
     assert extent.prod() == mesh[axis], (axis, coords)
+
+
+def test_an_eval_batch_the_mesh_cannot_split_stops_before_compiling():
+  c = tiny("text", "fsdp")
+  c.eval_batch_size = 10          # 8 v5e chips
+  said = []
+  with pytest.raises(ValueError, match=(
+      r"eval_batch_size=10: .*must be divisible by mesh axes.* Set "
+      r"--config.eval_batch_size to a multiple of it\.")):
+    tc.compile_steps(c, devices_of("v5e:2x4"), batch_size=16,
+                     progress=said.append)
+  # Stopped after tracing, before lowering and compiling (minutes at size).
+  assert len(said) == 1 and said[0].startswith("tracing the train step")

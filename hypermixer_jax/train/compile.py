@@ -237,6 +237,15 @@ def compile_steps(config: ml_collections.ConfigDict, devices: list[Any], *,
       f"{devices[0].device_kind} chips")
   traced, (state, state_sh), mesh, rules, model, facts = trace_train_step(
       config, devices, b)
+  if with_eval:
+    # Checked before the train step's compile (minutes): an eval batch the
+    # mesh cannot split stops now, naming the field.
+    espec = abstract_batch(config, int(config.eval_batch_size))
+    try:
+      esh = sharding.batch_shardings(espec, mesh, rules)
+    except ValueError as e:
+      raise ValueError(f"eval_batch_size={config.eval_batch_size}: {e} Set "
+                       "--config.eval_batch_size to a multiple of it.") from e
   say("lowering the train step to HLO")
   lowered = traced.lower()
   say("compiling the train step with XLA:TPU (minutes for a large model)")
@@ -244,8 +253,6 @@ def compile_steps(config: ml_collections.ConfigDict, devices: list[Any], *,
   ev = None
   if with_eval:
     say("compiling the eval step")
-    espec = abstract_batch(config, int(config.eval_batch_size))
-    esh = sharding.batch_shardings(espec, mesh, rules)
     ev = steps.jit_eval_step(
         evaluation.make_eval_step(model, facts.head,
                                   loss_weights=facts.loss_weights),
