@@ -38,6 +38,8 @@ RECIPE = [
      "--config.log_every=100", "--config.checkpoint_every=300"],
     ["--mode=evaluate", f"--workdir={FINETUNE}"],
 ]
+# Toy sizes; the shuffle buffers fill from a few examples (the default,
+# 10,000, tokenizes much of a sample file before the first batch).
 TOY = [
     ["--config.data.seq_len=32", "--config.model.max_len=32",
      "--config.model.num_layers=1", "--config.model.d_model=16",
@@ -45,12 +47,13 @@ TOY = [
      "--config.batch_size=8", "--config.num_train_steps=4",
      "--config.warmup_steps=1", "--config.eval_every=4",
      "--config.eval_steps=1", "--config.eval_batch_size=8",
-     "--config.log_every=2", "--config.checkpoint_every=4"],
+     "--config.log_every=2", "--config.checkpoint_every=4",
+     "--config.data.shuffle_buffer_size=64"],
     ["--config.data.seq_len=32", "--config.batch_size=8",
      "--config.num_train_steps=4", "--config.warmup_steps=1",
      "--config.eval_every=4", "--config.eval_steps=2",
      "--config.eval_batch_size=16", "--config.log_every=2",
-     "--config.checkpoint_every=4"],
+     "--config.checkpoint_every=4", "--config.data.shuffle_buffer_size=64"],
     [],
 ]
 
