@@ -385,7 +385,7 @@ RECOMMENDED = ("bert_mlm_hypermixer", "bert_mlm_mlp_mixer", "bert_mlm_gmlp",
                "bert_mlm_attention", "bert_mlm_fnet",
                "bert_mlm_linear_attention", "gmlp_b", "mixer_b16",
                "smlp_base_64e")
-RECOMMEND_HEAD = """# Recommended setups (compile-mode estimates, not measurements)
+RECOMMEND_HEAD = """### Recommended setups (compile-mode estimates, not measurements)
 
 Written by `python experiments/pod_plan.py --recommend FILE` from
 `results.json`: per model and pod, the fitting cell of highest estimated MFU
