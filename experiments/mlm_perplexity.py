@@ -141,7 +141,8 @@ def _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
     setting = settings[cell["setting"]]
     c = mlm.carved_config(config(cell["model"], mlm.TUNE_SEED), split,
                           setting, select=True)
-    return dict(experiment.train(c, exp.workdir(key)), setting=setting)
+    run = mlm.lean(experiment.train(c, exp.workdir(key)))
+    return dict(run, setting=setting)
   selection = exp.cells(f"{prefix}/tune", experiment.grid(
       model=models, setting=range(len(settings))), select)
   # A model is chosen for only once its whole search has run.
@@ -155,7 +156,7 @@ def _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
   def final(cell, key):
     c = mlm.carved_config(config(cell["model"], cell["seed"]), split,
                           chosen[cell["model"]])
-    return dict(experiment.train(c, exp.workdir(key)),
+    return dict(mlm.lean(experiment.train(c, exp.workdir(key))),
                 setting=chosen[cell["model"]],
                 params=sizes[cell["model"]]["params"], held_out=mlm.held_out(c))
   runs = exp.cells(f"{prefix}/tuned", experiment.grid(

@@ -403,6 +403,12 @@ def carved_config(c: ml_collections.ConfigDict, split: dict,
   return c
 
 
+def lean(run: dict) -> dict:
+  """A tuning run's record without its throughput curve (no table reads
+  it; the record stays small)."""
+  return {k: v for k, v in run.items() if k != "train_curve"}
+
+
 def choose(selection: dict) -> dict:
   """Each model's setting of lowest validation perplexity at the end of
   its selection run (``selection``: {model: [run of each setting]}, each
