@@ -18,6 +18,11 @@ One run, at most about 8 minutes on one H100 / H200 or TPU host, writes
 3. ``smlp_vs_switch``: the sMLP LM (deterministic sMoE, Base Layers tMoE)
    against a Switch Transformer with as many dense layers as bring its
    matmul FLOPs per step closest to sMLP's: tokens/s of each train step.
+4. ``profile`` (asked for with ``--sections``): where the device time of
+   some of those train steps goes, by model part and instruction (a
+   ``jax.profiler`` trace; on a GPU run it with
+   ``XLA_FLAGS=--xla_gpu_enable_command_buffer=`` so kernels keep their
+   instruction names).
 
     python experiments/accelerator_kit.py --out experiments/results/accelerator_kit
     python experiments/accelerator_kit.py --toy --out /tmp/kit   # CPU
@@ -49,8 +54,12 @@ def _flags(argv):
                  help="the MLM train steps to measure")
   p.add_argument("--lengths", nargs="*", type=int, default=None,
                  help="token-mixing lengths (default: 512 ... 32,768)")
-  p.add_argument("--sections", nargs="*", default=list(kit.SECTIONS),
-                 choices=kit.SECTIONS, help="what to measure (default: all)")
+  p.add_argument("--sections", nargs="*", default=list(kit.SECTIONS[:3]),
+                 choices=kit.SECTIONS,
+                 help="what to measure (default: all but profile)")
+  p.add_argument("--profiled", nargs="*", default=list(kit.PROFILED),
+                 help="the train steps `profile` splits (MLM mixers, smlp, "
+                      "switch)")
   p.add_argument("--report_only", action="store_true",
                  help="rewrite table.md from OUT/results.json, measure nothing")
   return p.parse_args(argv)
@@ -90,10 +99,12 @@ def main(argv=None) -> dict:
       "mlm_mfu": lambda: kit.mlm_mfu(args.toy, dtype, args.mixers),
       "token_mixing": lambda: kit.token_mixing(
           args.toy, jnp.dtype(dtype), args.lengths),
-      "smlp_vs_switch": lambda: kit.smlp_vs_switch(args.toy, dtype)}
+      "smlp_vs_switch": lambda: kit.smlp_vs_switch(args.toy, dtype),
+      "profile": lambda: kit.profile(args.toy, dtype, args.profiled)}
   for name in args.sections:
     t0 = time.perf_counter()
-    results[name] = sections[name]()
+    # Rows measured now replace theirs; the section's other rows stay.
+    results[name] = {**results.get(name, {}), **sections[name]()}
     results.setdefault("runs", {})[name] = dict(
         run, wall_s=time.perf_counter() - t0)
     # Written after every section: a run stopped by its time limit keeps

@@ -30,13 +30,14 @@ def test_toy_run_writes_every_section(tmp_path):
   assert abs(sw["switch"]["matmul_flops"] - sw["smlp"]["matmul_flops"]) < (
       0.5 * sw["smlp"]["matmul_flops"])
   assert "| hypermixer |" in (tmp_path / "table.md").read_text()
-  assert set(r["runs"]) == set(kit_lib.SECTIONS)
-  # A rerun of one section replaces that section and keeps the others.
+  assert set(r["runs"]) == set(kit_lib.SECTIONS[:3])   # profile: asked for
+  # A rerun of one section replaces its rows and keeps the others.
   before = r["mlm_mfu"]
   kit.main(["--toy", "--sections", "token_mixing", "--lengths", "32",
             "--out", str(tmp_path)])
   again = json.loads((tmp_path / "results.json").read_text())
-  assert again["mlm_mfu"] == before and list(again["token_mixing"]) == ["32"]
+  assert again["mlm_mfu"] == before
+  assert list(again["token_mixing"]) == ["64", "32"]
   table = kit.main(["--report_only", "--out", str(tmp_path)])
   assert table == again
 
@@ -53,3 +54,18 @@ def test_a_run_on_another_device_starts_afresh(tmp_path):
   assert kit._earlier(str(tmp_path), "gpu:another", True)["mlm_mfu"]
   assert kit._earlier(str(tmp_path), "cpu:this one", True) == {}
   assert kit._earlier(str(tmp_path), "gpu:another", False) == {}
+
+
+def test_profile_splits_a_step_by_model_part():
+  c = kit_lib._mlm_config("hypermixer", True, "float32")  # pylint: disable=protected-access
+  r = kit_lib.profile_step(c, 2, steps=1, top=5)
+  parts = r["by_part_s"]
+  assert sum(parts.values()) == pytest.approx(r["device_s_per_step"])
+  # A train step's instructions come from the model's parts, its loss and
+  # its optimizer (not all "other").
+  assert {"mixer", "feed-forward", "optimizer"} <= set(parts), parts
+  assert parts.get("other", 0) < 0.5 * r["device_s_per_step"]
+  tops = [o["s_per_step"] for o in r["top"]]
+  assert len(tops) == 5 and tops == sorted(tops, reverse=True)
+  assert "profile" not in kit_lib.profile_table({"x": r}).split("\n")[0]
+  assert "| x |" in kit_lib.profile_table({"x": r})

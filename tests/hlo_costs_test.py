@@ -156,6 +156,16 @@ def test_hand_written_module_by_hand():
   assert t.by_part["mixer"] >= 64 * row
 
 
+def test_instruction_parts_cover_every_instruction_as_traffic_does():
+  parts = hc.instruction_parts(HLO)
+  # Fused computations' instructions are named too (a profile of a CPU
+  # program can name them), the scheduled ones with traffic's parts.
+  assert {"s", "dus", "cs", "f", "u"} <= set(parts)
+  for it in hc.traffic(HLO).items:
+    assert parts[it.name][0] == it.part and parts[it.name][1] == it.opcode
+  assert parts["f"][2].endswith("feature_mixing/wi/mul")
+
+
 @pytest.mark.parametrize("op_name,files,part", [
     ("jit(train_step)/jvp(Model)/encoder/stack/layer_3/token_mixing/"
      "hypernetwork/hidden/dense/dot_general", (), "mixer"),
@@ -172,6 +182,12 @@ def test_hand_written_module_by_hand():
     ("jit(train_step)/mul", ("/x/optax/_src/transform.py",), "optimizer"),
     ("jit(train_step)/log_softmax", ("/x/hypermixer_jax/heads.py",), "loss"),
     ("jit(train_step)/mul", (), None),
+    # Any root module under autodiff (the sMLP LM is not called Model).
+    ("jit(train_step)/transpose(jvp(SmlpLM))/layer_7/smoe/"
+     "smoe.spatial_mixing/spatial/scatter-add", (), "moe"),
+    ("jit(train_step)/transpose(jvp(SmlpLM))/layer_2/attention/"
+     "vmap(jit(_where))/select_n", ("/x/optax/_src/transform.py",), "mixer"),
+    ("jit(train_step)/jvp(SmlpLM)/embed.attend/dot_general", (), "head"),
 ])
 def test_parts_from_op_names(op_name, files, part):
   assert hc.part_of(op_name, files) == part

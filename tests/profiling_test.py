@@ -86,3 +86,29 @@ def test_training_run_profiles_logs_lines_and_reports_mfu(tmp_path, capsys):
   train = metrics_lib.read_metrics(str(tmp_path))
   assert train[6]["mfu"] == pytest.approx(
       train[6]["tflops_per_device"] * 1e12 / 1e12)
+
+
+def test_op_times_names_the_compiled_instructions(tmp_path):
+  # Per-instruction times of a traced program carry the names of its
+  # compiled HLO's instructions (what the kit's profile maps to parts).
+  from hypermixer_jax.train import hlo_costs  # pylint: disable=g-import-not-at-top
+  f = jax.jit(lambda a, b: jnp.tanh(a @ b).sum(axis=0))
+  a = jnp.ones((256, 256))
+  compiled = f.lower(a, a).compile()
+  compiled(a, a).block_until_ready()
+  jax.profiler.start_trace(str(tmp_path))
+  for _ in range(3):
+    compiled(a, a).block_until_ready()
+  jax.profiler.stop_trace()
+  [xplane] = [p for p in profiling.trace_files(str(tmp_path))
+              if p.endswith(".xplane.pb")]
+  times = profiling.op_times(xplane)
+  [(module, ops)] = [(m, t) for m, t in times.items() if "jit" in m]
+  assert "_lambda" in module
+  names = hlo_costs.instruction_parts(compiled.as_text())
+  assert ops and set(ops) <= set(names), (sorted(ops), sorted(names))
+  assert all(s > 0 for s in ops.values())
+  # The matmul is one of them and not the cheapest.
+  dots = [n for n in ops if "dot" in names[n][1] or "dot" in n
+          or "ynn" in n or "fusion" in n]
+  assert dots, sorted(ops)

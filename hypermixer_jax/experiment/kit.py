@@ -6,6 +6,12 @@ here needs seqio or TensorFlow: accelerator images often lack them.
 """
 from __future__ import annotations
 
+import collections
+import glob
+import os
+import shutil
+import tempfile
+import time
 import traceback
 
 import jax
@@ -18,8 +24,10 @@ from hypermixer_jax.experiment.flags import load_config
 from hypermixer_jax.models import hypermixer as hm
 from hypermixer_jax.train import compile as tc
 from hypermixer_jax.train import flop_count
+from hypermixer_jax.train import hlo_costs
 from hypermixer_jax.train import metrics as metrics_lib
 from hypermixer_jax.train import optim
+from hypermixer_jax.train import profiling
 
 MIXERS = ("hypermixer", "mlp_mixer", "gmlp", "attention", "fnet",
           "linear_attention")
@@ -28,7 +36,10 @@ TOY_BERT = dict(num_layers=1, d_model=64, d_ffn=128)
 LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 TOKENS_PER_CALL = 16384
 # In the order a run measures them (the first is what a pod user reads).
-SECTIONS = ("mlm_mfu", "token_mixing", "smlp_vs_switch")
+SECTIONS = ("mlm_mfu", "token_mixing", "smlp_vs_switch", "profile")
+# The train steps ``profile`` splits by model part: the two MLM steps
+# furthest below the others' MFU and the sMLP / Switch pair.
+PROFILED = ("mlp_mixer", "fnet", "hypermixer", "smlp", "switch")
 
 
 def _random_batch(config, b: int, rng: np.random.Generator) -> dict:
@@ -61,16 +72,22 @@ def _one_device(config):
       sharding.get_rules(config.sharding)
 
 
+def _compiled_step(config, batch_size: int):
+  """``(step, state, global batch, rng, host batch)`` of ``config``'s train
+  step compiled for one device."""
+  _, mesh, rules = _one_device(config)
+  batch = _random_batch(config, batch_size, np.random.default_rng(0))
+  tx, _ = optim.make_optimizer(config)
+  return (*bc.train_step(config.model, batch, mesh, rules, tx), batch)
+
+
 def time_train_step(config, batch_size: int, steps: int) -> dict:
   """Seconds per train step of ``config`` on one device, its matmul FLOPs
   (jaxpr count) and XLA's FLOPs, tokens/s and MFU against the peak."""
-  devices, mesh, rules = _one_device(config)
-  batch = _random_batch(config, batch_size, np.random.default_rng(0))
+  step, state, gbatch, rng, batch = _compiled_step(config, batch_size)
+  devices = jax.devices()[:1]
   matmul = flop_count.count(tc.trace_train_step(
       config, devices, batch_size)[0].jaxpr).flops
-  tx, _ = optim.make_optimizer(config)
-  step, state, gbatch, rng = bc.train_step(config.model, batch, mesh,
-                                           rules, tx)
   seconds = bc.time_steps(step, state, gbatch, rng, steps)
   peak = metrics_lib.peak_flops(devices[0].device_kind)
   tokens = int(np.prod(batch["inputs"].shape[:2]))
@@ -96,22 +113,25 @@ def setup(toy: bool) -> dict:
                              "batch_size": 4 if toy else 32}}
 
 
-def mlm_mfu(toy: bool, dtype: str, mixers=MIXERS) -> dict:
-  out = {}
+def _mlm_config(mixer: str, toy: bool, dtype: str):
+  """``configs/c4_mlm.py:<mixer>`` at the kit's BERT-base width."""
   s = setup(toy)["mlm"]
-  for mixer in mixers:
-    c = load_config("c4_mlm.py", mixer)
-    c.model.update({k: s[k] for k in BERT})
-    c.model.dtype = dtype
-    kw = c.model.mixer_kwargs
-    if "hyper_dim" in kw:
-      kw.hyper_dim = s["hyper_dim"]
-    if "num_heads" in kw:
-      kw.num_heads = s["num_heads"]
-    c.data.seq_len = c.model.max_len = s["seq_len"]
-    out[mixer] = guarded(lambda c=c: time_train_step(
-        c, s["batch_size"], 2 if toy else 10))
-  return out
+  c = load_config("c4_mlm.py", mixer)
+  c.model.update({k: s[k] for k in BERT})
+  c.model.dtype = dtype
+  kw = c.model.mixer_kwargs
+  if "hyper_dim" in kw:
+    kw.hyper_dim = s["hyper_dim"]
+  if "num_heads" in kw:
+    kw.num_heads = s["num_heads"]
+  c.data.seq_len = c.model.max_len = s["seq_len"]
+  return c
+
+
+def mlm_mfu(toy: bool, dtype: str, mixers=MIXERS) -> dict:
+  b = setup(toy)["mlm"]["batch_size"]
+  return {m: guarded(lambda m=m: time_train_step(
+      _mlm_config(m, toy, dtype), b, 2 if toy else 10)) for m in mixers}
 
 
 def _timed(fn, *args, toy: bool) -> float:
@@ -165,9 +185,9 @@ def _smlp_config(token_mixer: str, toy: bool, dense_layers: int | None,
   return c
 
 
-def smlp_vs_switch(toy: bool, dtype: str) -> dict:
-  """Train-step tokens/s of sMLP and of the Switch Transformer whose dense
-  depth brings its matmul FLOPs closest to sMLP's."""
+def _smlp_and_switch(toy: bool, dtype: str):
+  """The sMLP LM's config and the Switch Transformer's whose dense depth
+  brings its matmul FLOPs per step closest to sMLP's."""
   ref = _smlp_config("gmlp", toy, None, dtype)
   b = setup(toy)["smlp_vs_switch"]["batch_size"]
   devices = jax.devices()[:1]
@@ -179,10 +199,77 @@ def smlp_vs_switch(toy: bool, dtype: str) -> dict:
   # A step's matmul FLOPs grow linearly with the dense depth: two traces.
   one, two = (flops(_smlp_config("attention", toy, n, dtype)) for n in (1, 2))
   depth = max(1, round(1 + (target - one) / (two - one)))
-  switch = _smlp_config("attention", toy, depth, dtype)
+  return ref, _smlp_config("attention", toy, depth, dtype)
+
+
+def smlp_vs_switch(toy: bool, dtype: str) -> dict:
+  """Train-step tokens/s of sMLP and of the Switch Transformer at equal
+  matmul FLOPs (``_smlp_and_switch``)."""
+  ref, switch = _smlp_and_switch(toy, dtype)
+  b = setup(toy)["smlp_vs_switch"]["batch_size"]
   return {"smlp": guarded(lambda: time_train_step(ref, b, 2 if toy else 10)),
           "switch": dict(guarded(lambda: time_train_step(
-              switch, b, 2 if toy else 10)), num_dense_layers=depth)}
+              switch, b, 2 if toy else 10)),
+                         num_dense_layers=switch.model.num_dense_layers)}
+
+
+def profile_step(config, batch_size: int, steps: int, top: int = 12,
+                 trace_dir: str | None = None) -> dict:
+  """Where one device's time goes in ``config``'s train step: ``steps``
+  steps traced with ``jax.profiler`` after two warm-up steps, each
+  annotated instruction's time (``profiling.op_times``) given the model
+  part of its ``op_name`` (``hlo_costs.instruction_parts``, as compile
+  mode's HBM breakdown), per step; the ``top`` instructions by time."""
+  step, state, gbatch, rng, _ = _compiled_step(config, batch_size)
+  parts = hlo_costs.instruction_parts(step.as_text())
+  for _ in range(2):
+    state, metrics = step(state, gbatch, rng)
+  jax.block_until_ready(metrics)
+  directory = trace_dir or tempfile.mkdtemp(prefix="kit_profile")
+  jax.profiler.start_trace(directory)
+  t0 = time.perf_counter()
+  for _ in range(steps):
+    state, metrics = step(state, gbatch, rng)
+  jax.block_until_ready(metrics)
+  wall = (time.perf_counter() - t0) / steps
+  jax.profiler.stop_trace()
+  (xplane,) = glob.glob(os.path.join(directory, "**", "*.xplane.pb"),
+                        recursive=True)
+  times = max(profiling.op_times(xplane).values(),
+              key=lambda t: sum(t.values()), default={})
+  if trace_dir is None:
+    shutil.rmtree(directory)
+  by_part = collections.Counter()
+  ops = []
+  for name, seconds in times.items():
+    part, opcode, op_name = parts.get(name, ("unmatched", "?", ""))
+    by_part[part] += seconds / steps
+    ops.append({"instruction": name, "opcode": opcode, "part": part,
+                "op_name": op_name[-120:], "s_per_step": seconds / steps})
+  ops.sort(key=lambda o: -o["s_per_step"])
+  busy = sum(by_part.values())
+  return {"wall_s_per_step": wall, "device_s_per_step": busy,
+          "by_part_s": dict(by_part.most_common()), "top": ops[:top],
+          "instructions": len(ops)}
+
+
+def profile(toy: bool, dtype: str, mixers=PROFILED) -> dict:
+  """``profile_step`` of the MLM train steps of ``mixers`` and of the sMLP
+  and Switch steps of ``smlp_vs_switch`` (names ``smlp`` and ``switch``)."""
+  s, steps = setup(toy), 2 if toy else 5
+  out = {}
+  for m in mixers:
+    if m in ("smlp", "switch"):
+      continue
+    out[m] = guarded(lambda m=m: profile_step(
+        _mlm_config(m, toy, dtype), s["mlm"]["batch_size"], steps))
+  if {"smlp", "switch"} & set(mixers):
+    pair = dict(zip(("smlp", "switch"), _smlp_and_switch(toy, dtype)))
+    for m in ("smlp", "switch"):
+      if m in mixers:
+        out[m] = guarded(lambda m=m: profile_step(
+            pair[m], s["smlp_vs_switch"]["batch_size"], steps))
+  return out
 
 
 def guarded(fn) -> dict:
@@ -236,4 +323,26 @@ def table(results: dict) -> str:
             if base and "tokens_per_s" in v else "-",
             f"{v.get('matmul_flops', 0) / 1e9:,.1f}"]
            for k, v in sw.items()]))
+  for key in sorted(k for k in results if k.startswith("profile")):
+    text.append(f"`{key}`:\n\n{profile_table(results[key])}")
   return "\n\n".join(text)
+
+
+def profile_table(prof: dict) -> str:
+  """``profile``'s split: per train step, the device time by part and the
+  three instructions that take most."""
+  rows = []
+  for name, r in prof.items():
+    if "error" in r:
+      rows.append([name, r["error"], "-", "-", "-"])
+      continue
+    busy = r["device_s_per_step"] or float("nan")
+    parts = ", ".join(f"{p} {t / busy:.0%}" for p, t in r["by_part_s"].items()
+                      if t >= 0.03 * busy) or r.get("note", "-")
+    top = "; ".join(f"{o['instruction']} ({o['part']}) {o['s_per_step'] / busy:.0%}"
+                    for o in r["top"][:3])
+    rows.append([name, f"{r['wall_s_per_step'] * 1e3:.1f}",
+                 f"{busy * 1e3:.1f}", parts, top])
+  return bc.markdown_table(
+      ["train step", "wall ms", "device busy ms", "device time by part",
+       "largest instructions"], rows)

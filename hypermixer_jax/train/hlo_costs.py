@@ -338,6 +338,9 @@ _PARTS = (
     ("head", re.compile(r"_head\b|/head\b|\.attend|/pooler\b|/classifier\b")),
     ("embedding", re.compile(r"embed|/stem\b|patch")),
 )
+# The model's root module under autodiff: ``jvp(Model)/...``,
+# ``transpose(jvp(SmlpLM))/...``; the path after it names the module.
+_ROOT = re.compile(r"jvp\(([A-Z]\w*)\)\)*/|\bModel\)\)*/")
 PARTS = ("embedding", "mixer", "feed-forward", "moe", "norm & dropout",
          "head", "loss", "optimizer", "collectives", "other")
 
@@ -351,8 +354,9 @@ def part_of(op_name: str, files: tuple[str, ...] = ()) -> str | None:
     if not op_name.startswith("state.params"):
       return "optimizer" if op_name.startswith("state.") else "other"
     op_name = "Model)/" + "/".join(re.findall(r"\['([^']+)'\]", op_name))
-  if "Model)" in op_name:
-    path = op_name.split("Model)", 1)[1]
+  root = _ROOT.search(op_name)
+  if root:
+    path = op_name[root.end() - 1:]
     for part, pattern in _PARTS:
       if pattern.search(path):
         return part
@@ -504,3 +508,13 @@ def traffic(hlo_text: str) -> Traffic:
   items.sort(key=lambda it: -it.hbm_bytes)
   return Traffic(sum(it.hbm_bytes for it in items),
                  sum(it.xla_bytes for it in items), moves, by_part, items)
+
+
+def instruction_parts(hlo_text: str) -> dict[str, tuple[str, str, str]]:
+  """``{instruction: (model part, opcode, op_name)}`` for every instruction
+  of a compiled module's text, the parts resolved as ``traffic`` resolves
+  them (a profile's per-instruction times are attributed with it)."""
+  mod = parse(hlo_text)
+  instrs = [i for body in mod.comps.values() for i in body]
+  parts = _resolve_parts(mod, instrs)
+  return {i.name: (parts[i.name], i.opcode, _op_name(i)) for i in instrs}

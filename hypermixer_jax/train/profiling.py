@@ -15,6 +15,7 @@ layer).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import shutil
@@ -108,3 +109,42 @@ def trace_files(directory: str) -> list[str]:
   return sorted(os.fspath(p) for pattern in ("*/*.xplane.pb",
                                              "*/perfetto_trace.json.gz")
                 for p in runs.glob(pattern))
+
+
+# Lines the profiler derives from the annotated events (they repeat them).
+_DERIVED_LINES = ("XLA Modules", "XLA Ops", "Steps", "Framework Ops",
+                  "Framework Name Scope", "Source code", "XLA TraceMe",
+                  "Launch Stats", "TensorFlow Ops", "TensorFlow Name Scope")
+
+
+def op_times(xplane: str) -> dict[str, dict[str, float]]:
+  """``{HLO module: {instruction: seconds}}`` summed over a trace.
+
+  The events counted are those that XLA's runtime annotates with their HLO
+  instruction (stat ``hlo_op``): the kernels on an accelerator's planes
+  (``/device:GPU:0``, ``/device:TPU:0``), or the CPU runtime's thunks where
+  the trace has no accelerator. Lines the profiler derives from those
+  events (``XLA Ops``, ...) are read only where no event carries the stat.
+  GPU command buffers (CUDA graphs) hide the per-kernel annotation: trace
+  with ``XLA_FLAGS=--xla_gpu_enable_command_buffer=`` for a full split.
+  """
+  data = jax.profiler.ProfileData.from_file(xplane)
+  device = [p for p in data.planes if p.name.startswith("/device:") and (
+      "CUSTOM" not in p.name)]
+  for planes in (device, [p for p in data.planes if p.name == "/host:CPU"]):
+    out = collections.defaultdict(lambda: collections.defaultdict(float))
+    derived = collections.defaultdict(lambda: collections.defaultdict(float))
+    for plane in planes:
+      for line in plane.lines:
+        for e in line.events:
+          if line.name in _DERIVED_LINES:
+            if line.name == "XLA Ops":
+              derived[""][e.name] += e.duration_ns * 1e-9
+            continue
+          stats = dict(e.stats)
+          if "hlo_op" in stats:
+            out[str(stats.get("hlo_module", ""))][str(stats["hlo_op"])] += (
+                e.duration_ns * 1e-9)
+    if out or derived:
+      return {m: dict(v) for m, v in (out or derived).items()}
+  return {}

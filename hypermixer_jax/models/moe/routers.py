@@ -347,7 +347,10 @@ def _rank_within_expert(target: Array, offer: Array, e: int) -> Array:
     return jnp.sum(ahead & (target[None, :] == target[:, None]), axis=1,
                    dtype=jnp.int32)
   sorted_target, _, order = jax.lax.sort((target, -offer, tokens), num_keys=2)
-  starts = jnp.searchsorted(sorted_target, jnp.arange(e, dtype=jnp.int32))
+  # "compare_all": the default scan is a loop of kernels on a GPU (the
+  # accelerator kit's profile of the sMLP step); [S, E] compares are not.
+  starts = jnp.searchsorted(sorted_target, jnp.arange(e, dtype=jnp.int32),
+                            method="compare_all")
   rank = tokens - starts[sorted_target]
   return jnp.zeros((s,), jnp.int32).at[order].set(rank)
 
@@ -359,7 +362,8 @@ def _fill_free_slots(owner: Array, e: int) -> Array:
   free = cap - jnp.sum(jax.nn.one_hot(owner, e, dtype=jnp.int32), axis=0)
   left = owner < 0
   j = jnp.cumsum(left) - 1
-  fill = jnp.searchsorted(jnp.cumsum(free), j, side="right").astype(jnp.int32)
+  fill = jnp.searchsorted(jnp.cumsum(free), j, side="right",
+                          method="compare_all").astype(jnp.int32)
   return jnp.where(left, fill, owner)
 
 
