@@ -101,13 +101,20 @@ def test_unknown_model_is_refused():
     mlm.model_config("fnet", d_model=32, num_layers=1, d_ffn=64, seq_len=16)
 
 
-def _shared(tmp_path, shared_data, lines=400):
-  """A shared folder with the real vocabulary and C4 sample and the first
-  ``lines`` lines of WikiText-2 validation."""
+def _shared(tmp_path, shared_data, lines=400, c4_docs=None):
+  """A shared folder with the real vocabulary and C4 sample (its first
+  ``c4_docs`` documents; None: all) and the first ``lines`` lines of
+  WikiText-2 validation."""
   root = tmp_path / "shared"
   (root / "wikitext-2-raw").mkdir(parents=True)
   (root / "t5_spm").symlink_to(shared_data / "t5_spm")
-  (root / "c4").symlink_to(shared_data / "c4")
+  if c4_docs is None:
+    (root / "c4").symlink_to(shared_data / "c4")
+  else:
+    (root / "c4").mkdir()
+    docs = (shared_data / mlm.C4_TRAIN).read_text(encoding="utf-8")
+    (root / mlm.C4_TRAIN).write_text(
+        "".join(docs.splitlines(keepends=True)[:c4_docs]), encoding="utf-8")
   text = (shared_data / mlm.WIKITEXT_VALID).read_text(encoding="utf-8")
   (root / mlm.WIKITEXT_VALID).write_text(
       "\n".join(text.split("\n")[:lines]) + "\n", encoding="utf-8")
@@ -157,7 +164,8 @@ def test_table_rows_put_the_paper_beside_ours():
 
 @pytest.mark.slow
 def test_toy_run_end_to_end(shared_data, tmp_path, monkeypatch):
-  shared = _shared(tmp_path, shared_data, lines=60)
+  # 100 C4 documents: the baselines count an epoch of the training text.
+  shared = _shared(tmp_path, shared_data, lines=60, c4_docs=100)
   monkeypatch.setattr(mlm, "SMALL", dict(
       mlm.SMALL, d_model=32, bert_d_ffn=64, mlp_layers=2, bert_layers=1,
       bert_heads=1, seq_len=32, batch_size=8, steps=4, warmup=1, evals=2,
