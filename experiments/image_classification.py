@@ -30,6 +30,12 @@ recipe, the image task's seqio pipeline (JPEG decode, crop/flip, patches):
   python experiments/image_classification.py --scale=small \
       --out=experiments/results/image_classification --cifar_dir=CIFAR_DIR
 
+``--tune`` (small scale): every family tuned alike, its learning rate and
+warm-up chosen among ``selection.settings`` on every 10th training image
+(carved beside the TSVs, digests under ``cifar_split`` in ``results.json``,
+seed 100), then the seeds at each family's choice, trained on the other
+training images: ``table_tuned.md``.
+
 Writes ``results.json``, ``table.md`` (mean ± sd over seeds; the paper's
 claims, gMLP above MLP-Mixer and level with the Transformer, judged by
 Welch's and equivalence tests) and ``image_curves.png`` (test accuracy
@@ -53,14 +59,21 @@ def main() -> None:
                  "train.tsv/test.tsv (default OUT/cifar10_data)")
   p.add_argument("--batch_size", type=int, default=images.SMALL_BATCH,
                  help="small scale: training batch")
+  p.add_argument("--tune", action="store_true",
+                 help="small scale: every family's learning rate and warm-up "
+                 "chosen alike on images carved from the training set, then "
+                 "the seeds at each family's choice (table_tuned.md)")
   args = experiment.parse(p)
+  if args.tune and args.scale != "small":
+    raise SystemExit("--tune: the small scale carves its validation split "
+                     "from CIFAR-10's training images; use --scale=small.")
   exp = experiment.Experiment(args.out, args)
   families = experiment.split(args.families)
   seeds = experiment.split(args.seeds, int)
   shared = pathlib.Path(args.shared)
   small = args.scale == "small"
   tsvs = None
-  if small and not args.report_only:
+  if small and (args.tune or not args.report_only):
     tsvs = images.cifar_tsvs(
         shared, args.cifar_dir or os.path.join(args.out, "cifar10_data"))
   steps = args.steps or (images.SMALL_STEPS if small else None)
@@ -70,6 +83,16 @@ def main() -> None:
     base = (exp.data.get("baselines", {}).get("small") if args.report_only
             else exp.baseline("small", lambda: images.pixel_baselines(
                 tsvs, shared / images.ARCHIVE)))
+
+  if args.tune:
+    tuned = images.tune(
+        exp, families, seeds, tsvs, lambda f, s: images.image_config(
+            f, "small", tsvs=tsvs, steps=args.steps or None,
+            batch_size=args.batch_size, seed=s),
+        steps, prefix, shared / images.ARCHIVE)
+    images.report_tuned(exp, families, args.seeds, steps, args.batch_size,
+                        tuned)
+    return
 
   runs = {}
   for family in families:

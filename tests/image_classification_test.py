@@ -372,3 +372,61 @@ def test_toy_run_table_and_figure(toy_run):
   assert "(n=2)" in table  # two seeds: a mean, and no verdict
   assert "not decided" in table
   assert (out / "image_curves.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_tune_chooses_on_carved_images_and_reports_the_test_split(
+    tmp_path, monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.experiment import selection  # pylint: disable=g-import-not-at-top
+  # 8 train images a class: every 10th of the 80 is 8 carved images, which
+  # the 8 test devices divide; 4 test images a class.
+  (tmp_path / "shared" / "cifar10").mkdir(parents=True)
+  _tar(tmp_path / "shared" / "cifar10" / "cifar10_jpeg_train_test.tar.gz",
+       {f"{split}/{cls}/{i:04d}.jpg": _jpeg(11 * c + i)
+        for split, n in (("train", 8), ("test", 4))
+        for c, cls in enumerate(prepare_images.CIFAR10_CLASSES)
+        for i in range(n)})
+  out = tmp_path / "tuned"
+  # Two settings (the search's grid is the module's).
+  monkeypatch.setattr(selection, "LRS", (1e-3, 3e-2))
+  monkeypatch.setattr(selection, "WARMUP_SHARES", (0.5,))
+  monkeypatch.setitem(ic.SMALL, "vit", TINY_VIT)
+  cache = os.environ.get("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "c"))
+  threshold = jax.config.jax_persistent_cache_min_compile_time_secs
+  monkeypatch.setattr(sys, "argv", [
+      "image_classification.py", "--scale=small", f"--out={out}",
+      f"--shared={tmp_path / 'shared'}", "--families=vit",
+      "--steps=2", "--batch_size=16", "--seeds=0", "--tune",
+      f"--compilation_cache={cache}"])
+  try:
+    script.main()
+  finally:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      threshold)
+  results = json.loads((out / "results.json").read_text())
+  split = results["cifar_split"]
+  # Every 10th of the 80 training images; digests, no machine paths.
+  assert (split["validation"]["documents"], split["train"]["documents"]) == (
+      8, 72)
+  assert "path" not in json.dumps(split)
+  runs = results["runs"]
+  searched = [runs[f"small/s2b16/tune/model=vit/setting={i}"]
+              for i in (0, 1)]
+  for r, lr in zip(searched, (1e-3, 3e-2)):
+    assert r["setting"]["lr"] == lr and r["setting"]["warmup"] == 1
+    # Scored on the 8 carved images only; the test split is never read.
+    assert "test" not in r
+    assert abs(r["eval"]["accuracy"] * 8
+               - round(r["eval"]["accuracy"] * 8)) < 1e-4
+  best = max(searched, key=lambda r: r["eval"]["accuracy"])  # first on ties
+  final = runs["small/s2b16/tuned/model=vit/seed=0"]
+  assert final["setting"] == best["setting"]
+  assert abs(final["test"]["accuracy"] * 40
+             - round(final["test"]["accuracy"] * 40)) < 1e-4
+  # The pixel baseline is fitted on the carved training images.
+  assert results["baselines"]["small/s2b16/carved"]["train_images"] == 72
+  table = (out / "table_tuned.md").read_text()
+  assert "lr 0.001, warm-up 50%" in table and "lr 0.03, warm-up 50%" in table
+  assert " *" in table and "45,000 carved" in table
+  assert split["validation"]["sha256"][:12] in table

@@ -41,7 +41,8 @@ Modules imported by name, not re-exported. The shared infrastructure:
 ``bench`` (the benchmarks' matmul ceiling, interleaved rounds and MFU; it
 loads JAX), ``train_steps`` (the train steps the benchmarks time),
 ``tuning`` (expected best of n trials and the paired bootstrap of a
-tuning curve), ``kit`` (the accelerator kit's measurements) and ``claims`` (the claims table of the papers against the
+tuning curve), ``selection`` (equal tuning on a validation split carved
+from the training data), ``kit`` (the accelerator kit's measurements) and ``claims`` (the claims table of the papers against the
 committed records: ``python -m hypermixer_jax.experiment.claims``). The
 parts of one study that several scripts or tests share: ``glue`` (the GLUE
 configs, budgets and bag-of-words baseline), ``mlm`` (the MLM perplexity

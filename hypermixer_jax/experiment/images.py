@@ -11,6 +11,7 @@ import pathlib
 import ml_collections
 
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import selection
 
 # ImageNet-1k top-1 of the gMLP paper's table as digested in PAPERS.md §2
 # (its Ti-size rows are not in the digest): the nearest rows to our models.
@@ -139,6 +140,100 @@ def final_accuracy(r: dict) -> float:
 
 
 # ---------------------------------------------------------------------------
+# Equal tuning (``--tune``).
+# ---------------------------------------------------------------------------
+CARVED = ("carved_train.tsv", "carved_validation.tsv")
+
+
+def carve_validation(tsvs: dict[str, str]) -> dict:
+  """CIFAR-10's train TSV split beside it into ``CARVED``: every
+  ``selection.VALIDATION_EVERY``-th image (the TSV's order) for choosing,
+  the rest for training (``selection.carve_lines``; the images stay where
+  they are, named relative to the TSVs' folder)."""
+  return selection.carve_lines(tsvs["train"], os.path.dirname(tsvs["train"]),
+                               names=CARVED, header=True)
+
+
+def carved_config(c: ml_collections.ConfigDict, split: dict,
+                  setting: dict | None = None, *, select: bool = False
+                  ) -> ml_collections.ConfigDict:
+  """``c`` trained on the carved train part at ``setting``'s learning rate
+  and warm-up (None: ``c``'s); ``select``: a selection run, evaluated once
+  at the end on the whole carved validation part, the test split never
+  read."""
+  c = selection.carved(c, split, setting)
+  if select:
+    c.data.local_files.validation = split["validation"]["path"]
+    c.eval_every = c.num_train_steps
+    c.eval_steps = -1
+    c.evals = ml_collections.ConfigDict()
+  return c
+
+
+def validation_accuracy(r: dict) -> float:
+  """A selection run's accuracy on the carved validation part."""
+  return r["eval"]["accuracy"]
+
+
+def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
+         prefix: str, archive: pathlib.Path
+         ) -> tuple[dict, dict, dict, dict, dict]:
+  """``--tune``: each family's search (``selection.settings``) on the
+  carved validation part (seed ``selection.SEED``), then ``seeds`` at each
+  family's chosen setting on the carved train part, scored on the test
+  split. ``config(family, seed)``: the untuned run config; ``archive``:
+  the CIFAR-10 archive (its digest goes with the baselines). Returns
+  ``(split, selection runs, chosen, runs, baselines)``."""
+  split = carve_validation(tsvs)
+  exp.save(cifar_split=selection.split_record(split))
+  settings = selection.settings(steps)
+
+  def select(cell, key):
+    setting = settings[cell["setting"]]
+    c = carved_config(config(cell["model"], selection.SEED), split, setting,
+                      select=True)
+    return dict(selection.lean(run(exp, c, key)), setting=setting)
+  searched = exp.cells(f"{prefix}tune", experiment.grid(
+      model=families, setting=range(len(settings))), select)
+  # A family is chosen for only once its whole search has run.
+  chosen = selection.choose(
+      {f: r for f, r in searched.items() if len(r) == len(settings)},
+      validation_accuracy, higher=True)
+  base = exp.baseline(f"{prefix}carved", lambda: pixel_baselines(
+      {**tsvs, "train": split["train"]["path"]}, archive))
+
+  def final(cell, key):
+    c = carved_config(config(cell["model"], cell["seed"]), split,
+                      chosen[cell["model"]])
+    return dict(selection.lean(run(exp, c, key)),
+                setting=chosen[cell["model"]])
+  runs = exp.cells(f"{prefix}tuned", experiment.grid(
+      model=[f for f in families if f in chosen], seed=seeds), final,
+                   expect=lambda cell: {"setting": chosen[cell["model"]]})
+  return split, searched, chosen, runs, base
+
+
+def report_tuned(exp, families, seeds: str, steps: int, batch_size: int,
+                 tuned: tuple[dict, dict, dict, dict, dict]) -> None:
+  """``table_tuned.md``: the tuned families' seeds on the test split
+  beside the baselines, and every family's search."""
+  split, searched, chosen, runs, base = tuned
+  table = (experiment.markdown_table(HEADERS, table_rows(families, runs,
+                                                         base))
+           + "\n\nValidation accuracy (%) of each setting (the chosen "
+           "one: *):\n\n" + experiment.markdown_table(
+               selection.headers(), selection.selection_rows(
+                   searched, chosen, LABELS,
+                   lambda r: f"{100 * validation_accuracy(r):.2f}")))
+  text = selection.notes(
+      "image of the CIFAR-10 training TSV", split, steps, seeds,
+      len(selection.settings(steps)), "all 10,000 test images",
+      "accuracy") + notes("small", seeds, steps, batch_size, tuned=True)
+  exp.write_table("Image classification, every model tuned alike (small "
+                  "scale)", table, text, name="table_tuned")
+
+
+# ---------------------------------------------------------------------------
 # Baselines on the pixels.
 # ---------------------------------------------------------------------------
 def pixel_arrays(tsv: str):
@@ -230,8 +325,11 @@ def table_rows(families, runs: dict, base: dict | None) -> list[list]:
   return rows
 
 
-def notes(scale: str, seeds, steps: int | None, batch_size: int) -> str:
-  """The table's notes: the paper's setting and, at small scale, ours."""
+def notes(scale: str, seeds, steps: int | None, batch_size: int, *,
+          tuned: bool = False) -> str:
+  """The table's notes: the paper's setting and, at small scale, ours
+  (``tuned``: each family at its chosen lr and warm-up, trained on the
+  carved train part)."""
   text = ("Paper: ImageNet-1k top-1 of the gMLP paper (PAPERS.md §2), "
           "at 224x224 and 300 epochs; its claim: gMLP above MLP-Mixer, "
           "level with a DeiT Transformer of similar size. "
@@ -243,13 +341,17 @@ def notes(scale: str, seeds, steps: int | None, batch_size: int) -> str:
         f" CIFAR-10 (the shared JPEG copy, quality 75), "
         f"{steps} steps of batch {batch_size} ("
         f"{steps * batch_size / 50000:.2f} epochs of the 50,000 training "
-        "images), AdamW lr 1e-3, weight decay 0.05, 10% warm-up then cosine, "
+        "images), AdamW "
+        + ("at each family's chosen lr and warm-up" if tuned else
+           "lr 1e-3, 10% warm-up") + ", weight decay 0.05, then cosine, "
         "random-resized crop (area >= 0.35) and flip, accuracy on all 10,000 "
         "test images at the last step (the figure's curves: the fixed "
         f"subset of the first {SUBSET_PER_CLASS} test images per class); "
         "float32 on one CPU core; GFLOP / train step: XLA's count of the "
         "compiled step (wall time moves with the host's load). Baselines: "
-        "fitted on the same 50,000 training images, uncropped, scored on "
+        "fitted on the same "
+        + ("45,000 carved" if tuned else "50,000") + " training images, "
+        "uncropped, scored on "
         "the same 10,000 test images; the linear classifier's penalty is "
         "picked on the last 10% of the training images. "
         "Small-scale CIFAR-10 is not ImageNet: the columns are not "
@@ -257,15 +359,18 @@ def notes(scale: str, seeds, steps: int | None, batch_size: int) -> str:
   return text
 
 
+HEADERS = ["model", "layout", "params", "CIFAR-10 test accuracy (ours, %)",
+           "vs linear on pixels", "paper's claim against gMLP",
+           "GFLOP / train step", "wall (min, per run)",
+           "paper: ImageNet-1k top-1 (%)"]
+
+
 def report(exp, scale: str, families, seeds, steps: int | None,
            batch_size: int, runs: dict, base: dict | None) -> None:
   """``table.md`` and ``image_curves.png`` of the recorded ``runs`` (by
   family) and baselines ``base`` (None at paper scale)."""
-  dataset = "CIFAR-10 test" if scale == "small" else "ImageNet-1k val"
-  headers = ["model", "layout", "params", f"{dataset} accuracy (ours, %)",
-             "vs linear on pixels", "paper's claim against gMLP",
-             "GFLOP / train step", "wall (min, per run)",
-             "paper: ImageNet-1k top-1 (%)"]
+  headers = HEADERS if scale == "small" else [
+      h.replace("CIFAR-10 test", "ImageNet-1k val") for h in HEADERS]
   exp.write_table(f"Image classification ({scale} scale)",
                   experiment.markdown_table(
                       headers, table_rows(families, runs, base)),

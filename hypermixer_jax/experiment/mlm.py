@@ -17,6 +17,7 @@ import numpy as np
 
 from hypermixer_jax import baselines
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import selection
 
 MODELS = ("attention", "gmlp", "amlp")
 # BERT with one of its choices changed, at its parameter count (one seed,
@@ -329,46 +330,25 @@ def report_names(scale: str, steps: int) -> tuple[str, str]:
 # sample (every ``VALIDATION_EVERY``-th), never on the reported held-out
 # set; the selection runs use a seed none of the reported runs uses, and
 # every model (tuned or not) then trains on the rest of the sample.
-TUNE_LRS = (3e-4, 1e-3, 3e-3)
-TUNE_WARMUP_SHARES = (0.02, 0.1)
-TUNE_SEED = 100
-VALIDATION_EVERY = 10
+TUNE_LRS = selection.LRS
+TUNE_WARMUP_SHARES = selection.WARMUP_SHARES
+TUNE_SEED = selection.SEED
+VALIDATION_EVERY = selection.VALIDATION_EVERY
 
 
 def tune_settings(steps: int) -> list[dict]:
-  """The search of every model: each learning rate with each warm-up
-  share (at least one step), in a fixed order."""
-  return [{"lr": lr, "warmup": max(1, round(share * steps)),
-           "warmup_share": share}
-          for lr in TUNE_LRS for share in TUNE_WARMUP_SHARES]
+  """The search of every model (``selection.settings``)."""
+  return selection.settings(steps, TUNE_LRS, TUNE_WARMUP_SHARES)
 
 
 def carve_validation(source: pathlib.Path, folder: pathlib.Path) -> dict:
-  """Splits the JSON-lines ``source`` into ``folder/train.jsonl`` and
-  ``folder/validation.jsonl`` (every ``VALIDATION_EVERY``-th document,
-  counting from the first) and describes them: paths, documents, sha256.
-
-  Deterministic: a second call rewrites identical files, so the record's
-  digests name the split wherever it is rebuilt."""
-  lines = pathlib.Path(source).read_text(encoding="utf-8").splitlines(True)
-  parts = {"validation": lines[::VALIDATION_EVERY],
-           "train": [x for i, x in enumerate(lines) if i % VALIDATION_EVERY]}
-  folder = pathlib.Path(folder)
-  folder.mkdir(parents=True, exist_ok=True)
-  out = {"source": pathlib.Path(source).name,
-         "source_sha256": experiment.file_digest(source)}
-  for split, part in parts.items():
-    path = folder / f"{split}.jsonl"
-    path.write_text("".join(part), encoding="utf-8")
-    out[split] = {"path": str(path), "documents": len(part),
-                  "sha256": experiment.file_digest(path)}
-  return out
+  """``folder/train.jsonl`` and ``folder/validation.jsonl`` (every
+  ``VALIDATION_EVERY``-th document) of the JSON-lines ``source``
+  (``selection.carve_lines``)."""
+  return selection.carve_lines(source, folder)
 
 
-def split_record(split: dict) -> dict:
-  """``carve_validation``'s description without this machine's paths."""
-  return {k: {f: v for f, v in x.items() if f != "path"}
-          if isinstance(x, dict) else x for k, x in split.items()}
+split_record = selection.split_record
 
 
 def tuned_notes(split: dict, steps: int, seeds: str) -> str:
@@ -392,46 +372,28 @@ def carved_config(c: ml_collections.ConfigDict, split: dict,
   learning rate and warm-up (None: ``c``'s); ``select``: evaluated on the
   whole carved validation part (a selection run) instead of ``c``'s
   held-out set."""
-  c = ml_collections.ConfigDict(c.to_dict())
-  c.data.local_files.train = split["train"]["path"]
-  if setting:
-    c.learning_rate = setting["lr"]
-    c.warmup_steps = min(setting["warmup"], c.num_train_steps)
+  c = selection.carved(c, split, setting)
   if select:
     c.data.local_files.validation = split["validation"]["path"]
     c.eval_steps = -1
   return c
 
 
-def lean(run: dict) -> dict:
-  """A tuning run's record without its throughput curve (no table reads
-  it; the record stays small)."""
-  return {k: v for k, v in run.items() if k != "train_curve"}
+lean = selection.lean
 
 
-def choose(selection: dict) -> dict:
+def choose(runs_by_model: dict) -> dict:
   """Each model's setting of lowest validation perplexity at the end of
-  its selection run (``selection``: {model: [run of each setting]}, each
-  run recording its ``setting``)."""
-  return {m: dict(min(runs, key=final_perplexity)["setting"])
-          for m, runs in selection.items() if runs}
+  its selection run (``selection.choose``)."""
+  return selection.choose(runs_by_model, final_perplexity, higher=False)
 
 
-def selection_rows(selection: dict, chosen: dict) -> list[list]:
+def selection_rows(runs_by_model: dict, chosen: dict) -> list[list]:
   """One row per model: its validation perplexity at every setting, the
   chosen one marked."""
-  rows = []
-  for m, runs in selection.items():
-    cells = {(r["setting"]["lr"], r["setting"]["warmup_share"]):
-             f"{final_perplexity(r):.2f}" + (
-                 " *" if r["setting"] == chosen.get(m) else "")
-             for r in runs}
-    rows.append([LABELS[m]] + [cells.get((lr, w), "not run")
-                               for lr in TUNE_LRS
-                               for w in TUNE_WARMUP_SHARES])
-  return rows
+  return selection.selection_rows(
+      runs_by_model, chosen, LABELS, lambda r: f"{final_perplexity(r):.2f}",
+      TUNE_LRS, TUNE_WARMUP_SHARES)
 
 
-SELECTION_HEADERS = ["model"] + [f"lr {lr:g}, warm-up {w:.0%}"
-                                 for lr in TUNE_LRS
-                                 for w in TUNE_WARMUP_SHARES]
+SELECTION_HEADERS = selection.headers(TUNE_LRS, TUNE_WARMUP_SHARES)

@@ -1,0 +1,149 @@
+"""Equal tuning on held-out training data: the studies' ``--tune``.
+
+Every model of a comparison gets the same search (each learning rate with
+each warm-up share, ``settings``), run with a seed that no reported run uses
+and scored on a validation split carved from the training data
+(``carve_lines``: every ``VALIDATION_EVERY``-th example, its digest
+recorded), never on the set a number is reported on. Each model's best
+setting (``choose``) then trains the reported seeds on the rest of the
+training data. The MLM study (``experiment.mlm``) and the image study
+(``experiment.images``) use it.
+"""
+from __future__ import annotations
+
+import pathlib
+from typing import Callable, Sequence
+
+import ml_collections
+
+from hypermixer_jax import experiment
+
+LRS = (3e-4, 1e-3, 3e-3)
+WARMUP_SHARES = (0.02, 0.1)
+# The selection runs' seed: none of the reported runs uses it.
+SEED = 100
+VALIDATION_EVERY = 10
+
+
+def settings(steps: int, lrs: Sequence[float] | None = None,
+             shares: Sequence[float] | None = None) -> list[dict]:
+  """The search of every model: each learning rate with each warm-up share
+  (at least one step), in a fixed order (None: ``LRS``, ``WARMUP_SHARES``)."""
+  lrs, shares = _grid(lrs, shares)
+  return [{"lr": lr, "warmup": max(1, round(share * steps)),
+           "warmup_share": share} for lr in lrs for share in shares]
+
+
+def _grid(lrs, shares):
+  return (LRS if lrs is None else lrs,
+          WARMUP_SHARES if shares is None else shares)
+
+
+def headers(lrs: Sequence[float] | None = None,
+            shares: Sequence[float] | None = None) -> list[str]:
+  """The selection table's columns: the model, then each setting."""
+  lrs, shares = _grid(lrs, shares)
+  return ["model"] + [f"lr {lr:g}, warm-up {w:.0%}"
+                      for lr in lrs for w in shares]
+
+
+def carve_lines(source: str | pathlib.Path, folder: str | pathlib.Path, *,
+                names: tuple[str, str] = ("train.jsonl", "validation.jsonl"),
+                header: bool = False) -> dict:
+  """Splits the line-per-example file ``source`` into ``folder/names[0]``
+  (train) and ``folder/names[1]`` (validation: every
+  ``VALIDATION_EVERY``-th example, counting from the first) and describes
+  them: file names, examples, sha256. ``header``: the first line is a
+  header (a TSV's), kept at the top of both.
+
+  Deterministic: a second call rewrites identical files, so the record's
+  digests name the split wherever it is rebuilt."""
+  lines = pathlib.Path(source).read_text(encoding="utf-8").splitlines(True)
+  head, rows = (lines[:1], lines[1:]) if header else ([], lines)
+  if len(rows) < VALIDATION_EVERY:
+    raise ValueError(f"{source}: {len(rows)} examples; carving a validation "
+                     f"split (every {VALIDATION_EVERY}th) needs at least "
+                     f"{VALIDATION_EVERY}.")
+  parts = {"validation": rows[::VALIDATION_EVERY],
+           "train": [x for i, x in enumerate(rows) if i % VALIDATION_EVERY]}
+  folder = pathlib.Path(folder)
+  folder.mkdir(parents=True, exist_ok=True)
+  out = {"source": pathlib.Path(source).name,
+         "source_sha256": experiment.file_digest(source)}
+  for split, name in zip(("train", "validation"), names):
+    path = folder / name
+    path.write_text("".join(head + parts[split]), encoding="utf-8")
+    out[split] = {"path": str(path), "documents": len(parts[split]),
+                  "sha256": experiment.file_digest(path)}
+  return out
+
+
+def split_record(split: dict) -> dict:
+  """``carve_lines``' description without this machine's paths."""
+  return {k: {f: v for f, v in x.items() if f != "path"}
+          if isinstance(x, dict) else x for k, x in split.items()}
+
+
+def carved(c: ml_collections.ConfigDict, split: dict,
+           setting: dict | None = None) -> ml_collections.ConfigDict:
+  """A copy of the run config ``c`` trained on ``split``'s train part (a
+  file of ``local_files``), at ``setting``'s learning rate and warm-up
+  (None: ``c``'s)."""
+  c = ml_collections.ConfigDict(c.to_dict())
+  c.data.local_files.train = split["train"]["path"]
+  if setting:
+    c.learning_rate = setting["lr"]
+    c.warmup_steps = min(setting["warmup"], c.num_train_steps)
+  return c
+
+
+def lean(run: dict) -> dict:
+  """A tuning run's record without its throughput curve (no table reads
+  it; the record stays small)."""
+  return {k: v for k, v in run.items() if k != "train_curve"}
+
+
+def choose(selection: dict, score: Callable[[dict], float], *,
+           higher: bool) -> dict:
+  """Each model's setting of best ``score`` (``higher``: the largest) at
+  the end of its selection runs (``selection``: {model: [run of each
+  setting]}, each run recording its ``setting``); ties go to the earlier
+  setting."""
+  sign = -1.0 if higher else 1.0
+  return {m: dict(min(runs, key=lambda r: sign * score(r))["setting"])
+          for m, runs in selection.items() if runs}
+
+
+def selection_rows(selection: dict, chosen: dict, labels: dict,
+                   cell: Callable[[dict], str],
+                   lrs: Sequence[float] | None = None,
+                   shares: Sequence[float] | None = None) -> list[list]:
+  """One row per model: ``cell(run)`` at every setting, the chosen one
+  marked with ``*``."""
+  lrs, shares = _grid(lrs, shares)
+  rows = []
+  for m, runs in selection.items():
+    cells = {(r["setting"]["lr"], r["setting"]["warmup_share"]):
+             cell(r) + (" *" if r["setting"] == chosen.get(m) else "")
+             for r in runs}
+    rows.append([labels[m]] + [cells.get((lr, w), "not run")
+                               for lr in lrs for w in shares])
+  return rows
+
+
+def notes(what: str, split: dict, steps: int, seeds: str, n_settings: int,
+          reported_on: str, score: str) -> str:
+  """How ``--tune`` chose and what it reports (a table's notes' start):
+  ``what`` names the carved source ("document of the C4 sample"),
+  ``reported_on`` the set the seeds are scored on, ``score`` the selection
+  criterion."""
+  return (
+      f"Equal tuning: each model trained {steps} steps at each of the "
+      f"{n_settings} settings (seed {SEED}) and scored ({score}) on the "
+      f"carved validation split, every {VALIDATION_EVERY}th {what} "
+      f"({split['validation']['documents']:,} examples, sha256 "
+      f"{split['validation']['sha256'][:12]}...); the chosen setting (*) "
+      f"then trained with seeds {seeds} on the other "
+      f"{split['train']['documents']:,} (sha256 "
+      f"{split['train']['sha256'][:12]}...) and scored on {reported_on}. ")
+

@@ -1,0 +1,68 @@
+"""Equal tuning's shared parts: the search, the carved split, the choice."""
+import hashlib
+import json
+
+import pytest
+
+from hypermixer_jax.experiment import selection
+
+
+def test_settings_cross_every_lr_with_every_warmup_share():
+  got = selection.settings(1000, (1e-3, 3e-3), (0.02, 0.1))
+  assert got == [
+      {"lr": 1e-3, "warmup": 20, "warmup_share": 0.02},
+      {"lr": 1e-3, "warmup": 100, "warmup_share": 0.1},
+      {"lr": 3e-3, "warmup": 20, "warmup_share": 0.02},
+      {"lr": 3e-3, "warmup": 100, "warmup_share": 0.1}]
+  # At least one warm-up step; the default grid is six settings.
+  assert selection.settings(10, (1e-3,), (0.02,))[0]["warmup"] == 1
+  assert len(selection.settings(100)) >= 6
+  assert selection.headers((1e-3,), (0.1,)) == ["model",
+                                                "lr 0.001, warm-up 10%"]
+
+
+def test_carve_keeps_a_tsv_header_and_every_tenth_row(tmp_path):
+  rows = [f"{i}.jpg\t{i % 3}\n" for i in range(25)]
+  source = tmp_path / "train.tsv"
+  source.write_text("filename\tlabel\n" + "".join(rows))
+  split = selection.carve_lines(source, tmp_path, names=("a.tsv", "b.tsv"),
+                                header=True)
+  a = (tmp_path / "a.tsv").read_text().splitlines(True)
+  b = (tmp_path / "b.tsv").read_text().splitlines(True)
+  assert a[0] == b[0] == "filename\tlabel\n"
+  assert b[1:] == [rows[0], rows[10], rows[20]]
+  assert a[1:] == [r for i, r in enumerate(rows) if i % 10]
+  assert (split["train"]["documents"], split["validation"]["documents"]) == (
+      22, 3)
+  assert split["validation"]["sha256"] == hashlib.sha256(
+      (tmp_path / "b.tsv").read_bytes()).hexdigest()
+  assert "path" not in json.dumps(selection.split_record(split))
+  # Deterministic: the same digests again.
+  again = selection.carve_lines(source, tmp_path / "x", names=("a.tsv",
+                                                               "b.tsv"),
+                                header=True)
+  assert again["train"]["sha256"] == split["train"]["sha256"]
+
+
+def test_carving_too_few_examples_says_so(tmp_path):
+  source = tmp_path / "t.jsonl"
+  source.write_text("{}\n" * 9)
+  with pytest.raises(ValueError, match=r"t.jsonl: 9 examples; .* at least 10"):
+    selection.carve_lines(source, tmp_path / "o")
+
+
+def test_choose_takes_the_best_score_first_on_ties():
+  runs = {"m": [{"setting": {"lr": 1}, "s": 0.5},
+                {"setting": {"lr": 2}, "s": 0.7},
+                {"setting": {"lr": 3}, "s": 0.7}],
+          "empty": []}
+  score = lambda r: r["s"]
+  assert selection.choose(runs, score, higher=True) == {"m": {"lr": 2}}
+  assert selection.choose(runs, score, higher=False) == {"m": {"lr": 1}}
+  rows = selection.selection_rows(
+      {"m": [dict(r, setting=dict(lr=lr, warmup_share=0.1))
+             for r, lr in zip(runs["m"], (1e-3, 3e-3, 1e-2))]},
+      {"m": {"lr": 3e-3, "warmup_share": 0.1}}, {"m": "M"},
+      lambda r: f"{r['s']:.1f}", (1e-3, 3e-3, 1e-2), (0.1, 0.02))
+  assert rows == [["M", "0.5", "not run", "0.7 *", "not run", "0.7",
+                   "not run"]]
