@@ -39,7 +39,8 @@ RECIPE = [
     ["--mode=evaluate", f"--workdir={FINETUNE}"],
 ]
 # Toy sizes; the shuffle buffers fill from a few examples (the default,
-# 10,000, tokenizes much of a sample file before the first batch).
+# 10,000, tokenizes much of a sample file before the first batch), and the
+# evaluation scores a few batches.
 TOY = [
     ["--config.data.seq_len=32", "--config.model.max_len=32",
      "--config.model.num_layers=1", "--config.model.d_model=16",
@@ -54,7 +55,7 @@ TOY = [
      "--config.eval_every=4", "--config.eval_steps=2",
      "--config.eval_batch_size=16", "--config.log_every=2",
      "--config.checkpoint_every=4", "--config.data.shuffle_buffer_size=64"],
-    [],
+    ["--eval_steps=2"],   # 2 batches, not the whole dev set
 ]
 
 
@@ -124,3 +125,4 @@ def test_recipe_runs_and_fine_tuning_takes_the_checkpoints_shapes(
       (tmp_path / "sst2_tiny" / "evaluations" / "validation_step4.json"
        ).read_text())
   assert record["step"] == 4 and 0.0 <= record["accuracy"] <= 1.0
+  assert record["examples"] == 32
