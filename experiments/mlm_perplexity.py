@@ -159,9 +159,10 @@ def _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
     return dict(mlm.lean(experiment.train(c, exp.workdir(key))),
                 setting=chosen[cell["model"]],
                 params=sizes[cell["model"]]["params"], held_out=mlm.held_out(c))
+  ready = [m for m in models if m in chosen]
   runs = exp.cells(f"{prefix}/tuned", experiment.grid(
-      model=[m for m in models if m in chosen], seed=seeds), final,
-                   expect=lambda cell: {"setting": chosen[cell["model"]]})
+      model=ready, seed=seeds), final, expect=lambda cell: {
+          "setting": chosen[cell["model"]]}) if ready else {}
   _tuned_report(exp, args, steps, split, (selection, chosen, runs), sizes,
                 bases, vocab, config("attention"))
 

@@ -207,9 +207,10 @@ def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
                       chosen[cell["model"]])
     return dict(selection.lean(run(exp, c, key)),
                 setting=chosen[cell["model"]])
+  ready = [f for f in families if f in chosen]
   runs = exp.cells(f"{prefix}tuned", experiment.grid(
-      model=[f for f in families if f in chosen], seed=seeds), final,
-                   expect=lambda cell: {"setting": chosen[cell["model"]]})
+      model=ready, seed=seeds), final, expect=lambda cell: {
+          "setting": chosen[cell["model"]]}) if ready else {}
   return split, searched, chosen, runs, base
 
 
