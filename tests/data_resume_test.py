@@ -10,12 +10,16 @@ from hypermixer_jax.data import testing
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
+  """A tiny vocabulary, an MNLI-style TSV and a C4-style corpus of 10
+  documents: 5-6 packed MLM batches of 4 an epoch, so a stream of 7 batches
+  crosses an epoch while the shorter streams stay in the first one (each new
+  epoch builds a tf.data graph, the slow part of these tests)."""
   root = tmp_path_factory.mktemp("resume")
   pairs = str(root / "pairs.tsv")
   testing.write_pairs_tsv(pairs, 26)
   return {"vocab": testing.tiny_vocab(str(root / "vocab")),
           "corpus": testing.write_corpus(str(root / "c4"), num_files=2,
-                                         docs_per_file=3),
+                                         docs_per_file=5),
           "pairs": pairs}
 
 
