@@ -35,13 +35,28 @@ def _tiny(config, shared_data):
   return config
 
 
+_INITIALISED = {}
+
+
 def _write_random_checkpoint(config, path, seed=0):
-  model = models.build_model(config.model)
-  x = models.zoo.dummy_inputs(config.model, batch=1)
-  params = nn.unbox(jax.jit(model.init)(jax.random.key(seed),
-                                        np.zeros(x.shape, x.dtype))["params"])
+  """Random parameters of ``config.model`` written to ``path``; the model
+  and its parameters (built once per model config and seed for the module:
+  several tests predict with the same one)."""
+  key = (config.model.to_json(), seed)
+  if key not in _INITIALISED:
+    model = models.build_model(config.model)
+    x = models.zoo.dummy_inputs(config.model, batch=1)
+    _INITIALISED[key] = model, nn.unbox(jax.jit(model.init)(
+        jax.random.key(seed), np.zeros(x.shape, x.dtype))["params"])
+  model, params = _INITIALISED[key]
   artifacts.write_params(path, params, step=3)
   return model, params
+
+
+def _apply(model, params, inputs, **kwargs):
+  """The model applied directly, as one program (op by op, each of its
+  operations would be compiled on its own)."""
+  return jax.jit(model.apply)({"params": params}, inputs, **kwargs)
 
 
 def _read(path):
@@ -72,9 +87,9 @@ def test_classifier_predictions_match_the_model_on_the_eval_pipeline(
   data.local_files = {"validation": str(tmp_path / "in.tsv")}
   batch = next(iter(data_lib.build_pipeline(
       data, "validation", batch_size=16, seed=0, repeat=False, shuffle=False)))
-  logits = model.apply({"params": params}, batch["inputs"],
-                       segment_ids=batch["segment_ids"],
-                       token_type_ids=batch["token_type_ids"])
+  logits = _apply(model, params, batch["inputs"],
+                  segment_ids=batch["segment_ids"],
+                  token_type_ids=batch["token_type_ids"])
   want = np.asarray(jax.nn.softmax(logits))
   probs = np.array([[g["probabilities"]["negative"],
                      g["probabilities"]["positive"]] for g in got])
@@ -126,7 +141,7 @@ def test_mlm_fills_masks(tmp_path, shared_data):
   x = np.zeros((1, 24), np.int32)
   x[0, :len(ids)] = ids
   seg = (np.arange(24) < len(ids)).astype(np.int32)[None]
-  logits = model.apply({"params": params}, x, segment_ids=seg)
+  logits = _apply(model, params, x, segment_ids=seg)
   pos = ids.index(mask_id)
   p = np.asarray(jax.nn.softmax(logits[0, pos]))
   [mask] = got[0]["masks"]
@@ -191,8 +206,8 @@ def test_lines_stay_aligned_with_blank_truncated_and_unicode_lines(
   predicted = [g for g in got if g["label"] is not None]
   assert [g["truncated"] for g in predicted] == [k > 24 for k in need] == [
       False, False, True, False]
-  want = np.asarray(jax.nn.softmax(model.apply(
-      {"params": params}, batch["inputs"], segment_ids=batch["segment_ids"],
+  want = np.asarray(jax.nn.softmax(_apply(
+      model, params, batch["inputs"], segment_ids=batch["segment_ids"],
       token_type_ids=batch["token_type_ids"])))[:len(kept)]
   np.testing.assert_allclose([[g["probabilities"]["negative"],
                                g["probabilities"]["positive"]]
