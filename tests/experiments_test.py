@@ -185,7 +185,8 @@ class SyntheticDataEfficiencyTest(absltest.TestCase):
     # field (|i - j| <= 4); a reference computed without training.
     c = sde.run_config("none", 32, 0, 1)
     x = sde.map_example(c)["inputs"]
-    params = models.build_model(c.model).init(
+    # One program (op by op, every operation would compile on its own).
+    params = jax.jit(models.build_model(c.model).init)(
         jax.random.key(0), jnp.asarray(x)[None])["params"]
     pam = sde.pseudo_attention_map(c, params, x)
     dist = np.abs(np.subtract.outer(np.arange(len(x)), np.arange(len(x))))
