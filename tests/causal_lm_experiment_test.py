@@ -191,8 +191,8 @@ def test_token_nll_is_the_training_loops_loss(shared, vocab, tiny_models):
   cfg = cl.train_config(m, "small", shared, vocab)
   arrays = cl.held_out_rows(cfg, 16, 64, 2)
   model = models.build_model(m)
-  params = model.init(jax.random.key(1),
-                      jnp.asarray(arrays["inputs"][:2]))["params"]
+  params = jax.jit(model.init)(jax.random.key(1),
+                               jnp.asarray(arrays["inputs"][:2]))["params"]
   nll = cl.token_nll(m, params, arrays, batch_size=5)
   assert nll.shape == arrays["inputs"].shape
   assert (nll[arrays["weights"] == 0] == 0).all()
