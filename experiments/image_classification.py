@@ -63,6 +63,9 @@ def main() -> None:
                  help="small scale: every family's learning rate and warm-up "
                  "chosen alike on images carved from the training set, then "
                  "the seeds at each family's choice (table_tuned.md)")
+  p.add_argument("--order", choices=("forward", "reverse"), default="forward",
+                 help="--tune: reverse runs the grids from their last cell "
+                 "(a second process on the same --out)")
   args = experiment.parse(p)
   if args.tune and args.scale != "small":
     raise SystemExit("--tune: the small scale carves its validation split "
@@ -89,7 +92,7 @@ def main() -> None:
         exp, families, seeds, tsvs, lambda f, s: images.image_config(
             f, "small", tsvs=tsvs, steps=args.steps or None,
             batch_size=args.batch_size, seed=s),
-        steps, prefix, shared / images.ARCHIVE)
+        steps, prefix, shared / images.ARCHIVE, args.order == "reverse")
     images.report_tuned(exp, families, args.seeds, steps, args.batch_size,
                         tuned)
     return

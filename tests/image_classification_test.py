@@ -430,3 +430,14 @@ def test_tune_chooses_on_carved_images_and_reports_the_test_split(
   assert "lr 0.001, warm-up 50%" in table and "lr 0.03, warm-up 50%" in table
   assert " *" in table and "45,000 carved" in table
   assert split["validation"]["sha256"][:12] in table
+  # A second process from the grids' last cells finds every cell recorded:
+  # it trains nothing and reports the same choice.
+  monkeypatch.setattr(sys, "argv", sys.argv + ["--order=reverse"])
+  try:
+    script.main()
+  finally:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      threshold)
+  again = json.loads((out / "results.json").read_text())
+  assert again["runs"] == runs
+  assert (out / "table_tuned.md").read_text() == table

@@ -176,13 +176,15 @@ def validation_accuracy(r: dict) -> float:
 
 
 def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
-         prefix: str, archive: pathlib.Path
+         prefix: str, archive: pathlib.Path, reverse: bool = False
          ) -> tuple[dict, dict, dict, dict, dict]:
   """``--tune``: each family's search (``selection.settings``) on the
   carved validation part (seed ``selection.SEED``), then ``seeds`` at each
   family's chosen setting on the carved train part, scored on the test
   split. ``config(family, seed)``: the untuned run config; ``archive``:
-  the CIFAR-10 archive (its digest goes with the baselines). Returns
+  the CIFAR-10 archive (its digest goes with the baselines); ``reverse``:
+  the grids from their last cell (a second process on the same ``--out``
+  meets the first in the middle). Returns
   ``(split, selection runs, chosen, runs, baselines)``."""
   split = carve_validation(tsvs)
   exp.save(cifar_split=selection.split_record(split))
@@ -193,8 +195,12 @@ def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
     c = carved_config(config(cell["model"], selection.SEED), split, setting,
                       select=True)
     return dict(selection.lean(run(exp, c, key)), setting=setting)
-  searched = exp.cells(f"{prefix}tune", experiment.grid(
-      model=families, setting=range(len(settings))), select)
+  order = (lambda cells: cells[::-1]) if reverse else (lambda cells: cells)
+  searched = exp.cells(f"{prefix}tune", order(experiment.grid(
+      model=families, setting=range(len(settings)))), select)
+  # In the search's order whatever the grid's (ties go to the earlier).
+  searched = {f: sorted(r, key=lambda x: settings.index(x["setting"]))
+              for f, r in searched.items()}
   # A family is chosen for only once its whole search has run.
   chosen = selection.choose(
       {f: r for f, r in searched.items() if len(r) == len(settings)},
@@ -208,8 +214,8 @@ def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
     return dict(selection.lean(run(exp, c, key)),
                 setting=chosen[cell["model"]])
   ready = [f for f in families if f in chosen]
-  runs = exp.cells(f"{prefix}tuned", experiment.grid(
-      model=ready, seed=seeds), final, expect=lambda cell: {
+  runs = exp.cells(f"{prefix}tuned", order(experiment.grid(
+      model=ready, seed=seeds)), final, expect=lambda cell: {
           "setting": chosen[cell["model"]]}) if ready else {}
   return split, searched, chosen, runs, base
 
