@@ -66,3 +66,15 @@ def test_choose_takes_the_best_score_first_on_ties():
       lambda r: f"{r['s']:.1f}", (1e-3, 3e-3, 1e-2), (0.1, 0.02))
   assert rows == [["M", "0.5", "not run", "0.7 *", "not run", "0.7",
                    "not run"]]
+
+
+def test_lean_drops_the_curve_and_keeps_the_step_flops():
+  from hypermixer_jax.experiment import runs  # pylint: disable=g-import-not-at-top
+  run = {"eval": {"accuracy": 0.5}, "train_curve": {
+      "10": {"tflops_per_device": 1.0, "steps_per_sec": 8.0},
+      "20": {"tflops_per_device": 2.0, "steps_per_sec": 4.0}}}
+  lean = selection.lean(run)
+  assert "train_curve" not in lean and lean["eval"] == run["eval"]
+  # The last logged interval: 2 TFLOP/s at 4 steps/s.
+  assert runs.flops_per_step(lean) == runs.flops_per_step(run) == 0.5e12
+  assert "flops_per_step" not in selection.lean({"eval": {}})

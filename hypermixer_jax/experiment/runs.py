@@ -117,7 +117,10 @@ def flops_per_step(run: dict[str, Any]) -> float:
   step, on one device), from its logged throughput: ``tflops_per_device /
   steps_per_sec`` of the last logged interval, the loop's count of the
   compiled step, so it does not depend on the machine's load. NaN when the
-  run logged none."""
+  run logged none. A record without its curve (``selection.lean``) keeps
+  the figure as ``flops_per_step``."""
+  if "flops_per_step" in run:
+    return float(run["flops_per_step"])
   train = run.get("train_curve", {})
   logs = [train[s] for s in sorted(train, key=int)
           if "tflops_per_device" in train[s]]

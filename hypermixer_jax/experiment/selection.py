@@ -98,9 +98,14 @@ def carved(c: ml_collections.ConfigDict, split: dict,
 
 
 def lean(run: dict) -> dict:
-  """A tuning run's record without its throughput curve (no table reads
-  it; the record stays small)."""
-  return {k: v for k, v in run.items() if k != "train_curve"}
+  """A tuning run's record without its throughput curve (the record stays
+  small), its FLOPs per train step kept (``runs.flops_per_step``)."""
+  from hypermixer_jax.experiment import runs  # pylint: disable=g-import-not-at-top
+  out = {k: v for k, v in run.items() if k != "train_curve"}
+  flops = runs.flops_per_step(run)
+  if flops == flops:   # not NaN
+    out["flops_per_step"] = flops
+  return out
 
 
 def choose(selection: dict, score: Callable[[dict], float], *,
