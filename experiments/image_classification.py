@@ -50,6 +50,19 @@ from hypermixer_jax import experiment
 from hypermixer_jax.experiment import images
 
 
+def _tune(exp, args, families, seeds, tsvs, steps: int, prefix: str) -> None:
+  """``--tune``: the search and the seeds at each family's choice
+  (``images.tune``), then ``table_tuned.md``."""
+  tuned = images.tune(
+      exp, families, seeds, tsvs, lambda f, s: images.image_config(
+          f, "small", tsvs=tsvs, steps=args.steps or None,
+          batch_size=args.batch_size, seed=s),
+      steps, prefix, pathlib.Path(args.shared) / images.ARCHIVE,
+      args.order == "reverse")
+  images.report_tuned(exp, families, args.seeds, steps, args.batch_size,
+                      tuned)
+
+
 def main() -> None:
   p = experiment.parser("image_classification", __doc__, report_only=True,
                         data_dir="", families=tuple(images.LABELS), steps=0,
@@ -88,13 +101,7 @@ def main() -> None:
                 tsvs, shared / images.ARCHIVE)))
 
   if args.tune:
-    tuned = images.tune(
-        exp, families, seeds, tsvs, lambda f, s: images.image_config(
-            f, "small", tsvs=tsvs, steps=args.steps or None,
-            batch_size=args.batch_size, seed=s),
-        steps, prefix, shared / images.ARCHIVE, args.order == "reverse")
-    images.report_tuned(exp, families, args.seeds, steps, args.batch_size,
-                        tuned)
+    _tune(exp, args, families, seeds, tsvs, steps, prefix)
     return
 
   runs = {}

@@ -129,9 +129,8 @@ def main() -> None:
 
 def _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
            vocab) -> None:
-  """``--tune``: every model's search (``mlm.tune_settings``) on the
-  carved validation split, then the reported seeds at each model's chosen
-  setting, all trained on the carved train split."""
+  """``--tune``: each model's search (``mlm.tune_settings``) on the carved
+  validation split, then the seeds at its choice (carved train split)."""
   split = mlm.carve_validation(shared / mlm.C4_TRAIN,
                                pathlib.Path(exp.workdir("c4_split")))
   exp.save(c4_split=mlm.split_record(split))
@@ -160,9 +159,9 @@ def _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
                 setting=chosen[cell["model"]],
                 params=sizes[cell["model"]]["params"], held_out=mlm.held_out(c))
   ready = [m for m in models if m in chosen]
-  runs = exp.cells(f"{prefix}/tuned", experiment.grid(
-      model=ready, seed=seeds), final, expect=lambda cell: {
-          "setting": chosen[cell["model"]]}) if ready else {}
+  runs = ready and exp.cells(
+      f"{prefix}/tuned", experiment.grid(model=ready, seed=seeds), final,
+      expect=lambda c: {"setting": chosen[c["model"]]}) or {}
   _tuned_report(exp, args, steps, split, (selection, chosen, runs), sizes,
                 bases, vocab, config("attention"))
 
