@@ -115,3 +115,21 @@ def pytest_collection_modifyitems(config, items):
   del config
   slow = {item.module for item in items if item.get_closest_marker("slow")}
   items.sort(key=lambda item: item.module not in slow)
+
+
+@pytest.fixture(scope="module")
+def c4_slice(shared_data, tmp_path_factory):
+  """``(file, vocabulary)``: 40 documents of the C4 sample and a 300-piece
+  SentencePiece vocabulary trained on them.
+
+  For training runs whose subject is not the vocabulary (the N = 1024
+  causal LM, the sMLP experts): a T5-size output layer (32,128 ids) would
+  cost most of a tiny model's step."""
+  from hypermixer_jax.data import train_vocab  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("c4")
+  with open(shared_data / "c4/c4_en_train_00000_first1000.jsonl",
+            encoding="utf-8") as f:
+    lines = [next(f) for _ in range(40)]
+  c4 = root / "c4.jsonl"
+  c4.write_text("".join(lines), encoding="utf-8")
+  return str(c4), train_vocab.train(str(c4), str(root / "spm"), 300)

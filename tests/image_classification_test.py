@@ -296,6 +296,21 @@ TINY_VIT = dict(num_layers=1, d_model=16, d_ffn=32,
                 mixer_kwargs=dict(num_heads=2))
 
 
+def _run_script(mp, argv, cache):
+  """The script's ``main`` on ``argv`` (with ``cache`` as its compilation
+  cache); experiment.parse raises the cache's threshold for the process,
+  which the later tests get back."""
+  import jax  # pylint: disable=g-import-not-at-top
+  threshold = jax.config.jax_persistent_cache_min_compile_time_secs
+  mp.setattr(sys, "argv", ["image_classification.py", *argv,
+                           f"--compilation_cache={cache}"])
+  try:
+    script.main()
+  finally:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      threshold)
+
+
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory):
   """The script's ``main`` once for the tests that read what it wrote: a
@@ -303,7 +318,6 @@ def toy_run(tmp_path_factory):
   class: the whole test split is one evaluation batch, which the 8 test
   devices divide), the ViT-style family at ``TINY_VIT``, two seeds of 2
   steps of batch 16. Returns ``(out, results)``."""
-  import jax  # pylint: disable=g-import-not-at-top
   tmp = tmp_path_factory.mktemp("toy_run")
   shared = tmp / "shared" / "cifar10"
   shared.mkdir(parents=True)
@@ -314,21 +328,13 @@ def toy_run(tmp_path_factory):
         files[f"{split}/{cls}/{i:04d}.jpg"] = _jpeg(7 * c + i)
   _tar(shared / "cifar10_jpeg_train_test.tar.gz", files)
   out = tmp / "exp"
-  # The run shares the session's compilation cache; experiment.parse raises
-  # the cache's threshold for the process, which the later tests get back.
+  # The run shares the session's compilation cache.
   cache = os.environ.get("JAX_COMPILATION_CACHE_DIR", str(tmp / "cache"))
-  threshold = jax.config.jax_persistent_cache_min_compile_time_secs
   with pytest.MonkeyPatch.context() as mp:
     mp.setitem(ic.SMALL, "vit", TINY_VIT)
-    mp.setattr(sys, "argv", [
-        "image_classification.py", "--scale=small", f"--out={out}",
-        f"--shared={tmp / 'shared'}", "--families=vit", "--steps=2",
-        "--batch_size=16", "--seeds=0,1", f"--compilation_cache={cache}"])
-    try:
-      script.main()
-    finally:
-      jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                        threshold)
+    _run_script(mp, ["--scale=small", f"--out={out}",
+                     f"--shared={tmp / 'shared'}", "--families=vit",
+                     "--steps=2", "--batch_size=16", "--seeds=0,1"], cache)
   return out, json.loads((out / "results.json").read_text())
 
 
@@ -377,7 +383,6 @@ def test_toy_run_table_and_figure(toy_run):
 @pytest.mark.slow
 def test_tune_chooses_on_carved_images_and_reports_the_test_split(
     tmp_path, monkeypatch):
-  import jax  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.experiment import selection  # pylint: disable=g-import-not-at-top
   # 8 train images a class: every 10th of the 80 is 8 carved images, which
   # the 8 test devices divide; 4 test images a class.
@@ -393,17 +398,10 @@ def test_tune_chooses_on_carved_images_and_reports_the_test_split(
   monkeypatch.setattr(selection, "WARMUP_SHARES", (0.5,))
   monkeypatch.setitem(ic.SMALL, "vit", TINY_VIT)
   cache = os.environ.get("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "c"))
-  threshold = jax.config.jax_persistent_cache_min_compile_time_secs
-  monkeypatch.setattr(sys, "argv", [
-      "image_classification.py", "--scale=small", f"--out={out}",
-      f"--shared={tmp_path / 'shared'}", "--families=vit",
-      "--steps=2", "--batch_size=16", "--seeds=0", "--tune",
-      f"--compilation_cache={cache}"])
-  try:
-    script.main()
-  finally:
-    jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                      threshold)
+  argv = ["--scale=small", f"--out={out}", f"--shared={tmp_path / 'shared'}",
+          "--families=vit", "--steps=2", "--batch_size=16", "--seeds=0",
+          "--tune"]
+  _run_script(monkeypatch, argv, cache)
   results = json.loads((out / "results.json").read_text())
   split = results["cifar_split"]
   # Every 10th of the 80 training images; digests, no machine paths.
@@ -432,12 +430,7 @@ def test_tune_chooses_on_carved_images_and_reports_the_test_split(
   assert split["validation"]["sha256"][:12] in table
   # A second process from the grids' last cells finds every cell recorded:
   # it trains nothing and reports the same choice.
-  monkeypatch.setattr(sys, "argv", sys.argv + ["--order=reverse"])
-  try:
-    script.main()
-  finally:
-    jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                      threshold)
+  _run_script(monkeypatch, argv + ["--order=reverse"], cache)
   again = json.loads((out / "results.json").read_text())
   assert again["runs"] == runs
   assert (out / "table_tuned.md").read_text() == table

@@ -26,23 +26,6 @@ def test_config_builds_a_causal_chunked_hypermixer():
   assert "causal=True" in text and "causal_chunk_size=32" in text, text
 
 
-@pytest.fixture(scope="module")
-def c4_slice(shared_data, tmp_path_factory):
-  """40 documents of the C4 sample and a 300-piece vocabulary of them.
-
-  A T5-size output layer (32,128 ids) over 2 x 1024 positions would cost
-  most of the step; the packing and the scan over the length do not depend
-  on the vocabulary's size."""
-  from hypermixer_jax.data import train_vocab  # pylint: disable=g-import-not-at-top
-  root = tmp_path_factory.mktemp("c4")
-  with open(shared_data / "c4/c4_en_train_00000_first1000.jsonl",
-            encoding="utf-8") as f:
-    lines = [next(f) for _ in range(40)]
-  c4 = root / "c4.jsonl"
-  c4.write_text("".join(lines), encoding="utf-8")
-  return str(c4), train_vocab.train(str(c4), str(root / "spm"), 300)
-
-
 @pytest.mark.slow
 def test_hypermixer_lm_trains_at_length_1024(c4_slice, tmp_path):
   c4, vocab = c4_slice

@@ -43,23 +43,6 @@ def test_base_config_loads():
   assert c.data.seq_len == c.model.max_len == 1024
 
 
-@pytest.fixture(scope="module")
-def c4_slice(shared_data, tmp_path_factory):
-  """40 documents of the C4 sample and a 300-piece vocabulary of them.
-
-  The config's T5 vocabulary (32,128 ids, checked above) would give this
-  d=16 model an output layer of 0.5M parameters, most of each step; the
-  experts and their sharding do not depend on the vocabulary's size."""
-  from hypermixer_jax.data import train_vocab  # pylint: disable=g-import-not-at-top
-  root = tmp_path_factory.mktemp("c4")
-  with open(shared_data / "c4/c4_en_train_00000_first1000.jsonl",
-            encoding="utf-8") as f:
-    lines = [next(f) for _ in range(40)]
-  c4 = root / "c4.jsonl"
-  c4.write_text("".join(lines), encoding="utf-8")
-  return str(c4), train_vocab.train(str(c4), str(root / "spm"), 300)
-
-
 @pytest.mark.slow
 def test_tiny_smlp_trains_with_moe_metrics(c4_slice, tmp_path):
   c4, vocab = c4_slice
