@@ -109,6 +109,31 @@ class ClaimsTest(absltest.TestCase):
     with self.assertRaisesRegex(FileNotFoundError, "no record .* --results"):
       claims.table(self.tmp, [_claim(experiment="absent")])
 
+  def test_image_regime_is_read_from_the_runs(self):
+    def run(lr, batch=64):
+      return {"step": 40, "params": 123_456, "args": {"batch_size": batch},
+              "setting": {"lr": lr}}
+    data = {"args": {"batch_size": 999},
+            "baselines": {"carved": {"train_images": 1_600}},
+            "runs": {"small/s300/tune/model=a/setting=0": run(1e-3),
+                     "small/s300/tune/model=a/setting=1": run(1e-2),
+                     "small/s300/tune/model=b/setting=0": run(1e-3),
+                     "small/s300/tune/model=b/setting=1": run(1e-2),
+                     "small/s300/tuned/model=a/seed=0": run(1e-2),
+                     "small/s300/tuned/model=b/seed=0": run(1e-3)}}
+    text = claims._image_regime(("a", "b"), "carved", tuned=True)(data)
+    self.assertEqual(
+        text, "CIFAR-10 32x32, 1,600 training images, 40 steps x 64 (1.60 "
+        "epochs), 0.12M params; each model's lr and warm-up chosen from 2 "
+        "settings on the validation images carved from train (a at the "
+        "grid's largest lr, 0.01)")
+    # A run without its own arguments reads the record's.
+    data["runs"] = {"small/s300/a/seed=0": {"step": 40, "params": 2e6}}
+    self.assertIn("40 steps x 999",
+                  claims._image_regime(("a",), "carved", False)(data))
+    self.assertEqual(claims._image_regime(("c",), "carved", False)(data),
+                     "not run")
+
   def test_insert_between_the_markers(self):
     doc = self.tmp / "doc.md"
     doc.write_text("# T\n<!-- claims -->\nold\n<!-- /claims -->\nend\n")
