@@ -74,6 +74,28 @@ class HarnessTest(absltest.TestCase):
     (claims / "a__b.pid").write_text("4194400")
     self.assertEqual(exp.run("a/b", lambda: {"v": 3})["v"], 3)
 
+  def test_a_cell_another_process_runs_waits_behind_the_free_ones(self):
+    out = pathlib.Path(tempfile.mkdtemp())
+    exp = experiment.Experiment(out)
+    (out / "claims").mkdir()
+    # Seed 0 is claimed by another live process (this one's parent).
+    claim = out / "claims" / "p__model=a__seed=0.pid"
+    claim.write_text(str(os.getppid()))
+    other = experiment.Experiment(out)
+    ran = []
+
+    def fn(c, key):
+      ran.append(key)
+      if c["seed"] == 2:   # meanwhile the other process records seed 0
+        other.runs["p/model=a/seed=0"] = {"seed": 0, "by": "other"}
+        other.save()
+        claim.unlink()
+      return {"seed": c["seed"]}
+    got = exp.cells("p", experiment.grid(model=("a",), seed=(0, 1, 2)), fn)
+    self.assertEqual(ran, ["p/model=a/seed=1", "p/model=a/seed=2"])
+    self.assertEqual([r["seed"] for r in got["a"]], [0, 1, 2])  # grid order
+    self.assertEqual(got["a"][0]["by"], "other")
+
   def test_a_cell_recorded_at_another_setting_is_retired_and_rerun(self):
     out = pathlib.Path(tempfile.mkdtemp())
     exp = experiment.Experiment(out)

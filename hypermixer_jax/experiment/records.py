@@ -107,6 +107,18 @@ class Experiment:
         f.write(str(os.getpid()))
       return True
 
+  def _claimed_elsewhere(self, key: str) -> bool:
+    """Whether another live process holds ``key``'s claim (and has not
+    recorded it yet)."""
+    if self.report_only or key in self.runs:
+      return False
+    path = self.out / "claims" / (key.replace("/", "__") + ".pid")
+    try:
+      pid = int(path.read_text() or 0)
+    except (OSError, ValueError):
+      return False
+    return bool(pid) and pid != os.getpid() and _alive(pid)
+
   def run(self, key: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``fn()``'s result under ``key``; skipped when already recorded (by
     this or another process working on the same directory)."""
@@ -195,15 +207,23 @@ class Experiment:
     of the cell must hold; a result that holds other values was made by
     another setting of the cell, and is retired (``supersede``) and run
     again rather than mixed into the current setting's seeds."""
-    out: dict[Any, list[dict[str, Any]]] = {}
-    for c in cells:
+    cells = list(cells)
+    # A cell another live process is running waits until the free cells
+    # have run: processes working on one grid then share it out instead of
+    # queueing behind each other's claims.
+    busy = [c for c in cells if self._claimed_elsewhere(cell_key(prefix, c))]
+    results: dict[str, dict[str, Any] | None] = {}
+    for c in [c for c in cells if c not in busy] + busy:
       key = cell_key(prefix, c)
       if expect is not None and key in self.runs:
         want = expect(c)
         got = {k: self.runs[key].get(k) for k in want}
         if got != want:
           self.supersede(key, f"recorded {got}, the cell now has {want}")
-      result = self.cell(key, lambda c=c, key=key: fn(c, key))
+      results[key] = self.cell(key, lambda c=c, key=key: fn(c, key))
+    out: dict[Any, list[dict[str, Any]]] = {}
+    for c in cells:
+      result = results[cell_key(prefix, c)]
       if result is not None:
         out.setdefault(c[by], []).append(result)
     return out
