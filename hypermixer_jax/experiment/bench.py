@@ -297,11 +297,15 @@ def device_peak(dtype: str) -> float | None:
 
 
 def device_name() -> str:
+  """The device, the host cores this process may use and the XLA flags
+  it was started with (they change what the compiled programs run)."""
   d = jax.devices()[0]
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
       else os.cpu_count()
   kind = getattr(d, "device_kind", d.platform)
-  return f"{d.platform}:{kind} ({cores} host cores visible)"
+  flags = os.environ.get("XLA_FLAGS", "").strip()
+  return (f"{d.platform}:{kind} ({cores} host cores visible"
+          + (f"; XLA_FLAGS='{flags}'" if flags else "") + ")")
 
 
 def parser(doc: str, *, rounds: str = "repeats", min_seconds: float = 0.5,
