@@ -78,23 +78,28 @@ class HarnessTest(absltest.TestCase):
     out = pathlib.Path(tempfile.mkdtemp())
     exp = experiment.Experiment(out)
     (out / "claims").mkdir()
-    # Seed 0 is claimed by another live process (this one's parent).
-    claim = out / "claims" / "p__model=a__seed=0.pid"
-    claim.write_text(str(os.getppid()))
+    claim = lambda seed: out / "claims" / f"p__model=a__seed={seed}.pid"  # noqa: E731
+    # Seed 0 is claimed by another live process (this one's parent), and
+    # seed 2 while this process runs seed 1.
+    claim(0).write_text(str(os.getppid()))
     other = experiment.Experiment(out)
     ran = []
 
     def fn(c, key):
       ran.append(key)
-      if c["seed"] == 2:   # meanwhile the other process records seed 0
-        other.runs["p/model=a/seed=0"] = {"seed": 0, "by": "other"}
+      if c["seed"] == 1:
+        claim(2).write_text(str(os.getppid()))
+      if c["seed"] == 3:   # meanwhile the other process records its cells
+        for seed in (0, 2):
+          other.runs[f"p/model=a/seed={seed}"] = {"seed": seed, "by": "other"}
+          claim(seed).unlink()
         other.save()
-        claim.unlink()
       return {"seed": c["seed"]}
-    got = exp.cells("p", experiment.grid(model=("a",), seed=(0, 1, 2)), fn)
-    self.assertEqual(ran, ["p/model=a/seed=1", "p/model=a/seed=2"])
-    self.assertEqual([r["seed"] for r in got["a"]], [0, 1, 2])  # grid order
-    self.assertEqual(got["a"][0]["by"], "other")
+    got = exp.cells("p", experiment.grid(model=("a",), seed=range(4)), fn)
+    self.assertEqual(ran, ["p/model=a/seed=1", "p/model=a/seed=3"])
+    self.assertEqual([r["seed"] for r in got["a"]], [0, 1, 2, 3])  # grid order
+    self.assertEqual([r.get("by") for r in got["a"]],
+                     ["other", None, "other", None])
 
   def test_a_cell_recorded_at_another_setting_is_retired_and_rerun(self):
     out = pathlib.Path(tempfile.mkdtemp())

@@ -208,12 +208,17 @@ class Experiment:
     another setting of the cell, and is retired (``supersede``) and run
     again rather than mixed into the current setting's seeds."""
     cells = list(cells)
-    # A cell another live process is running waits until the free cells
-    # have run: processes working on one grid then share it out instead of
-    # queueing behind each other's claims.
-    busy = [c for c in cells if self._claimed_elsewhere(cell_key(prefix, c))]
     results: dict[str, dict[str, Any] | None] = {}
-    for c in [c for c in cells if c not in busy] + busy:
+    queue = list(cells)
+    while queue:
+      # The next cell no other live process is running (checked afresh
+      # before each cell): processes working on one grid share it out
+      # instead of queueing behind each other's claims. Where every cell
+      # left is taken, wait for the first.
+      c = next((c for c in queue
+                if not self._claimed_elsewhere(cell_key(prefix, c))),
+               queue[0])
+      queue.remove(c)
       key = cell_key(prefix, c)
       if expect is not None and key in self.runs:
         want = expect(c)
