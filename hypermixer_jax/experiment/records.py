@@ -84,9 +84,8 @@ class Experiment:
   def _claim(self, key: str) -> bool:
     """True when this process may run ``key``; False after waiting for
     another live process that claimed it (its result is then merged in)."""
-    claims = self.out / "claims"
-    claims.mkdir(exist_ok=True)
-    path = claims / (key.replace("/", "__") + ".pid")
+    path = self._claim_path(key)
+    path.parent.mkdir(exist_ok=True)
     while True:
       try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -107,12 +106,15 @@ class Experiment:
         f.write(str(os.getpid()))
       return True
 
+  def _claim_path(self, key: str) -> pathlib.Path:
+    return self.out / "claims" / (key.replace("/", "__") + ".pid")
+
   def _claimed_elsewhere(self, key: str) -> bool:
     """Whether another live process holds ``key``'s claim (and has not
     recorded it yet)."""
     if self.report_only or key in self.runs:
       return False
-    path = self.out / "claims" / (key.replace("/", "__") + ".pid")
+    path = self._claim_path(key)
     try:
       pid = int(path.read_text() or 0)
     except (OSError, ValueError):
