@@ -42,6 +42,13 @@ unigram and add-k bigram perplexity of the same scored positions, counted on
 the train tokens (the bigram reads the row's previous token; the first token
 of a row, whose previous input is BOS, is scored by the unigram).
 
+``--select_hyper_dims=16,32,64``: HyperMixer's hypernetwork width chosen
+among these, each matched in FLOPs, by one run per width (seed 100) trained
+on the C4 sample less every 10th document and scored on those documents
+(their digests recorded under ``c4_split``); the held-out WikiText rows are
+never read in the choice. The chosen width then trains ``--seeds`` on the
+whole sample, as every model does, and is judged against the Transformer.
+
 Length: every run, trained at N = 256, is evaluated at 256 / 512 / 1,024.
 All four models are built with ``max_len = 1024`` so all can run there:
 sinusoidal positions (Transformer, linear attention, HyperMixer's
@@ -136,11 +143,54 @@ def lm_part(args, exp) -> None:
     runs.update(exp.cells(prefix, experiment.grid(
         model=[name], seed=seeds if name in MODELS else ablation_seeds), run,
         expect=lambda cell: {"params": sizes[cell["model"]]["params"]}))
+  extra = ""
+  if args.select_hyper_dims:
+    extra = _select_hyper_dim(exp, args, (s, steps, prefix), vocab, configs,
+                              runs, run)
   notes = causal.lm_notes(base_cfg, s, steps=steps, seeds=args.seeds,
                           ablation_seeds=ablation_seeds, bases=bases,
                           vocab=vocab)
   causal.write_lm_report(exp, runs, bases, s, notes + " ".join(
-      causal.gap_verdicts(runs, s["seq_len"])))
+      causal.gap_verdicts(runs, s["seq_len"])), extra)
+
+
+def _select_hyper_dim(exp, args, study, vocab, configs, runs, run) -> str:
+  """``--select_hyper_dims``: each width, matched in FLOPs, trained once on
+  the C4 sample less a carved validation split and scored there; the chosen
+  width's seeds (``run``, the whole sample, as every model) join ``runs``.
+  Returns the selection's section of the report (``study``: the sizes,
+  steps and key prefix of the main grid)."""
+  s, steps, prefix = study
+  shared = pathlib.Path(args.shared)
+  candidates = causal.selection_configs(
+      s, vocab["model_vocab_size"],
+      experiment.split(args.select_hyper_dims, int))
+  names = [n for n in candidates if n != "attention"]
+  configs.update({n: candidates[n] for n in names})
+  sizes = causal.record_sizes(exp, configs, names, s["seq_len"])
+  split = mlm.carve_validation(shared / mlm.C4_TRAIN,
+                               pathlib.Path(exp.workdir("c4_split")))
+  exp.save(c4_split=mlm.split_record(split))
+
+  def select(cell, key):
+    cfg = train_config(configs[cell["model"]], args.scale, shared, vocab,
+                       steps=steps, seed=mlm.TUNE_SEED, sizes=s)
+    c = mlm.carved_config(cfg, split, select=True)
+    return dict(mlm.lean(experiment.train(c, exp.workdir(key))),
+                params=sizes[cell["model"]]["params"])
+
+  def params(cell):
+    return {"params": sizes[cell["model"]]["params"]}
+  selection = exp.cells(f"{prefix}/select_hyper_dim",
+                        experiment.grid(model=names), select, expect=params)
+  chosen = causal.choose_hyper_dim({n: selection.get(n, []) for n in names})
+  if chosen is not None:   # its seeds, as every model's (a report: recorded)
+    runs.update(exp.cells(prefix, experiment.grid(
+        model=[chosen], seed=experiment.split(args.seeds, int)), run,
+        expect=params))
+  return causal.selection_section(
+      {n: selection.get(n, []) for n in names}, chosen, runs, sizes, split,
+      s)
 
 
 def _time_length(exp, args, configs, names, n: int, rows: list) -> None:
@@ -205,6 +255,11 @@ def main() -> None:
   p.add_argument("--ablate_chunks", default="8,64",
                  help="HyperMixer ablation axis: chunk sizes C (at the "
                  "default d')")
+  p.add_argument("--select_hyper_dims", default="",
+                 help="choose HyperMixer's hypernetwork width d' among "
+                 "these (each matched in FLOPs) on a validation split carved "
+                 "from the C4 sample, then run the chosen width's --seeds "
+                 "(e.g. 16,32,64; empty: no selection)")
   p.add_argument("--ablation_seeds", type=int, default=1,
                  help="seeds of each ablation cell (the first of --seeds)")
   p.add_argument("--rounds", type=int, default=3,

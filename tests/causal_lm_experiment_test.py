@@ -208,27 +208,67 @@ def test_token_nll_is_the_training_loops_loss(shared, vocab, tiny_models):
 
 @pytest.mark.slow
 def test_toy_run_records_and_resumes(shared, vocab, tmp_path, monkeypatch):
-  # One layer: the run records and resumes the same at any depth.
+  # One layer: the run records and resumes the same at any depth. The
+  # HyperMixer width is chosen among two on the carved C4 validation split;
+  # only the chosen width's seed is trained (no --models: the Transformer's
+  # run is the same code, and the verdict's text is tested below).
   monkeypatch.setattr(cl, "SMALL", dict(TINY, num_layers=1))
   monkeypatch.setattr(mlm, "c4_vocab", lambda out, shared: vocab)
+  trained = []
+  real_train = experiment.train
+  # The selection runs' scores are set here (d' = 4 the better), so that
+  # the choice, not a toy run's noise, is what the test reads; the runs
+  # themselves are the library's training, tested elsewhere.
+  scores = {4: 50.0, 8: 60.0}
+
+  def spy(config, workdir, **kwargs):
+    trained.append((workdir, config.data.local_files.to_dict()))
+    if "/select_hyper_dim/" in workdir:
+      return {"eval": {"perplexity": scores[
+          config.model.mixer_kwargs.hyper_dim]}, "step": 2,
+              "source": "scratch", "eval_curve": {}, "train_curve": {}}
+    return real_train(config, workdir, **kwargs)
+  monkeypatch.setattr(experiment, "train", spy)
   args = argparse.Namespace(
       scale="small", out=str(tmp_path / "out"), shared=str(shared),
-      models="attention", seeds="0", steps=0,
+      models="", seeds="0", steps=0,
       ablate_hyper_dims="", ablate_chunks="", ablation_seeds=1,
-      report_only=False)
+      select_hyper_dims="4,8", report_only=False)
   cl.lm_part(args, experiment.Experiment(args.out, args))
   saved = json.loads((tmp_path / "out" / "results.json").read_text())
-  keys = sorted(saved["runs"])
-  assert keys == ["small/s2/model=attention/seed=0"]
+  selected = {k: v for k, v in saved["runs"].items() if "/select_" in k}
+  assert sorted(selected) == [
+      "small/s2/select_hyper_dim/model=hypermixer",
+      "small/s2/select_hyper_dim/model=hypermixer_h4_c4"]
+  # Selection runs train on the carved train part and score the carved
+  # validation part; the reported seeds train on the whole sample.
+  split = saved["c4_split"]
+  documents = len((shared / mlm.C4_TRAIN).read_text().splitlines())
+  assert split["validation"]["documents"] == -(-documents // 10)
+  assert split["train"]["documents"] == documents - -(-documents // 10)
+  carved = {w: f for w, f in trained if "/select_hyper_dim/" in w}
+  assert len(carved) == 2
+  for files in carved.values():
+    assert files["train"].endswith("c4_split/train.jsonl")
+    assert files["validation"].endswith("c4_split/validation.jsonl")
+  for w, files in trained:
+    if w not in carved:
+      assert files["train"] == str(shared / mlm.C4_TRAIN)
+  keys = sorted(k for k in saved["runs"] if "/select_" not in k)
+  assert keys == ["small/s2/model=hypermixer_h4_c4/seed=0"]
   base = saved["baselines"]["small/s2"]
-  for run in saved["runs"].values():
+  for key in keys:
+    run = saved["runs"][key]
     assert run["step"] == 2
     for n in TINY["eval_lengths"]:
       assert run["lengths"][str(n)]["digest"] == base[str(n)]["digest"]
       assert 1 < run["lengths"][str(n)]["perplexity"] < 1e6
   assert len({base[str(n)]["digest"] for n in TINY["eval_lengths"]}) == 1
   table = (tmp_path / "out" / "table.md").read_text()
-  for text in ("Transformer", "unigram", "bigram", "N = 64"):
+  for text in ("HyperMixer ablation", "unigram", "bigram", "N = 64",
+               "d' chosen on a validation split", "| 4 | 112 | 0.05M | 50.0 * |",
+               "| 8 | 96 | 0.05M | 60.0 |", "The chosen d' = 4 then trains",
+               "as every model of the table does: not run yet"):
     assert text in table
   assert (tmp_path / "out" / "causal_lm.png").exists()
 
@@ -236,6 +276,39 @@ def test_toy_run_records_and_resumes(shared, vocab, tmp_path, monkeypatch):
   def fail(*a, **k):
     raise AssertionError("a recorded cell was trained again")
   monkeypatch.setattr(cl, "run_cell", fail)
+  monkeypatch.setattr(experiment, "train", fail)
   cl.lm_part(args, experiment.Experiment(args.out, args))
   again = json.loads((tmp_path / "out" / "results.json").read_text())
   assert again["runs"] == saved["runs"]
+
+
+def test_a_width_that_leaves_no_ffn_is_not_a_candidate():
+  with pytest.raises(ValueError, match=r"--select_hyper_dims: d'=256 "
+                     r"leaves an FFN of \d+ \(< 64\)"):
+    causal.selection_configs(TINY, VOCAB, (256,))
+
+
+def test_the_chosen_width_is_judged_against_the_transformer():
+  def run(ppl):
+    return {"lengths": {"16": {"perplexity": ppl}}}
+  sizes = {n: {"model": {"mixer_kwargs": {"hyper_dim": h}, "d_ffn": f},
+               "flops_per_token": 5e4}
+           for n, h, f in (("hypermixer_h4_c4", 4, 112), ("hypermixer", 8, 96))}
+  selection = {"hypermixer_h4_c4": [{"eval": {"perplexity": 50.0}}],
+               "hypermixer": [{"eval": {"perplexity": 60.0}}]}
+  hm, tf = [101.0, 103.0, 102.0], [100.0, 99.0, 101.0]
+  runs = {"attention": [run(x) for x in tf],
+          "hypermixer_h4_c4": [run(x) for x in hm]}
+  split = {"train": {"documents": 900, "sha256": "a" * 64},
+           "validation": {"documents": 100, "sha256": "b" * 64}}
+  chosen = causal.choose_hyper_dim(selection)
+  assert chosen == "hypermixer_h4_c4"
+  text = causal.selection_section(selection, chosen, runs, sizes, split,
+                                  dict(TINY))
+  assert "| 4 | 112 | 0.05M | 50.0 * |" in text
+  assert "The chosen d' = 4" in text
+  assert (f"{100 * (np.mean(hm) / np.mean(tf) - 1):+.1f}% (target: within "
+          "5%: met)") in text
+  assert str(experiment.verdict(hm, tf, "lower")) in text
+  # A candidate not run yet: nothing is chosen.
+  assert causal.choose_hyper_dim({**selection, "hypermixer": []}) is None

@@ -143,6 +143,35 @@ def model_configs(s: dict, vocab_size: int, mixers=MODELS, hyper_dims=(),
   return out
 
 
+def hyper_dim_name(s: dict, hyper_dim: int) -> str:
+  """The study's name of the matched HyperMixer of width ``hyper_dim`` at
+  the default chunk: the main model's at the default width."""
+  return ("hypermixer" if hyper_dim == s["hyper_dim"]
+          else f"hypermixer_h{hyper_dim}_c{s['chunk']}")
+
+
+def selection_configs(s: dict, vocab_size: int, hyper_dims
+                      ) -> dict[str, ml_collections.ConfigDict]:
+  """The candidates of the d' selection (``{name: config}``, the
+  Transformer first: the reference of the FLOP match), each matched to the
+  Transformer's FLOPs as ``model_configs`` matches them; a width whose
+  mixing leaves no FFN of ``MIN_FFN`` is refused (an unmatched candidate
+  would buy its score with FLOPs)."""
+  bert = model_config("attention", s, vocab_size)
+  target = forward_flops(bert, s["seq_len"])
+  out = {"attention": bert}
+  for h in hyper_dims:
+    m = match_flops(model_config("hypermixer", s, vocab_size, hyper_dim=h),
+                    target, s["seq_len"])
+    if m.d_ffn < MIN_FFN:
+      raise ValueError(
+          f"--select_hyper_dims: d'={h} leaves an FFN of {m.d_ffn} (< "
+          f"{MIN_FFN}) at the Transformer's FLOPs, so it cannot be matched; "
+          "choose among narrower widths.")
+    out[hyper_dim_name(s, h)] = m
+  return out
+
+
 def sizes_of(m: ml_collections.ConfigDict, n: int) -> dict:
   """Parameters (total, non-embedding) and forward FLOPs per token at n."""
   p = mlm.params(m)
@@ -396,6 +425,60 @@ def gap_verdicts(runs: dict, n: int) -> list[str]:
       f"seeds): {experiment.verdict(hm, tf, 'lower')}."]
 
 
+def choose_hyper_dim(selection: dict) -> str | None:
+  """The candidate (``selection``: {name: [its selection run]}) of lowest
+  perplexity on the carved validation split at the end of its run; None
+  until every candidate has run."""
+  if not selection or not all(selection.values()):
+    return None
+  return min(selection, key=lambda m: mlm.final_perplexity(selection[m][0]))
+
+
+def selection_section(selection: dict, chosen: str | None, runs: dict,
+                      sizes: dict, split: dict, s: dict) -> str:
+  """The d' selection's table (each candidate's width, FFN and validation
+  perplexity, the choice marked) and the chosen model's verdict against the
+  Transformer at the training length."""
+  def width(name):
+    return sizes[name]["model"]["mixer_kwargs"]["hyper_dim"]
+  rows = []
+  for name, sel in selection.items():
+    ppl = "not run"
+    if sel:
+      ppl = f"{mlm.final_perplexity(sel[0]):.1f}" + (
+          " *" if name == chosen else "")
+    rows.append([width(name), sizes[name]["model"]["d_ffn"],
+                 f"{sizes[name]['flops_per_token'] / 1e6:.2f}M", ppl])
+  text = (
+      "\n\n### d' chosen on a validation split carved from the C4 sample"
+      "\n\n" + experiment.markdown_table(
+          ["d'", "d_ffn", "fwd FLOPs/token", "validation ppl"], rows)
+      + "\n\nEach width matched in FLOPs to the Transformer, trained once "
+      f"(seed {mlm.TUNE_SEED}, the study's setting) on the "
+      f"{split['train']['documents']:,} other documents of the sample "
+      f"(sha256 {split['train']['sha256'][:12]}...) and scored on every "
+      f"{mlm.VALIDATION_EVERY}th one ({split['validation']['documents']:,} "
+      f"documents, sha256 {split['validation']['sha256'][:12]}...); the "
+      "held-out WikiText rows are never read in the choice. ")
+  if chosen is None:
+    return text + "Not chosen yet: a candidate's run is missing.\n"
+  n = s["seq_len"]
+  hm = [ppl_at(r, n) for r in runs.get(chosen, [])]
+  tf = [ppl_at(r, n) for r in runs.get("attention", [])]
+  text += (f"The chosen d' = {width(chosen)} then trains the reported seeds "
+           "on the whole sample, as every model of the table does")
+  if not (hm and tf):
+    return text + ": not run yet.\n"
+  gap = experiment.mean_sd(hm)[0] / experiment.mean_sd(tf)[0] - 1
+  return text + (
+      f": {experiment.fmt_mean_sd(hm)} against the Transformer's "
+      f"{experiment.fmt_mean_sd(tf)} at N = {n}, {100 * gap:+.1f}% (target: "
+      f"within {100 * TARGET_GAP:.0f}%: "
+      f"{'met' if gap <= TARGET_GAP else 'not met'}); lower than the "
+      "Transformer's (Welch's test on the seeds): "
+      f"{experiment.verdict(hm, tf, 'lower')}.\n")
+
+
 def lm_notes(c: ml_collections.ConfigDict, s: dict, *, steps: int,
              seeds: str, ablation_seeds, bases: dict, vocab: dict) -> str:
   """The LM table's notes: the shared training setting, data and held-out
@@ -426,8 +509,8 @@ def lm_notes(c: ml_collections.ConfigDict, s: dict, *, steps: int,
       "the same positions. ")
 
 
-def write_lm_report(exp, runs: dict, bases: dict, s: dict, notes: str
-                    ) -> None:
+def write_lm_report(exp, runs: dict, bases: dict, s: dict, notes: str,
+                    extra: str = "") -> None:
   """The LM table (at the training length, then at every evaluation
   length) and its figure."""
   lengths = tuple(s["eval_lengths"])
@@ -443,7 +526,7 @@ def write_lm_report(exp, runs: dict, bases: dict, s: dict, notes: str
                       " Length: gMLP's Toeplitz weights beyond offset 255 "
                       "are untrained (near-zero init), so its context stays "
                       "256 tokens; the sinusoidal models see untrained "
-                      "positions beyond 255."))
+                      "positions beyond 255.") + extra)
   plot_lm(exp, runs, base, lengths)
 
 
