@@ -53,14 +53,15 @@ from hypermixer_jax.experiment import images
 def _tune(exp, args, families, seeds, tsvs, steps: int, prefix: str) -> None:
   """``--tune``: the search and the seeds at each family's choice
   (``images.tune``), then ``table_tuned.md``."""
+  lrs = experiment.split(args.lrs, float) or None
   tuned = images.tune(
       exp, families, seeds, tsvs, lambda f, s: images.image_config(
           f, "small", tsvs=tsvs, steps=args.steps or None,
           batch_size=args.batch_size, seed=s),
       steps, prefix, pathlib.Path(args.shared) / images.ARCHIVE,
-      args.order == "reverse")
+      args.order == "reverse", lrs)
   images.report_tuned(exp, families, args.seeds, steps, args.batch_size,
-                      tuned)
+                      tuned, lrs)
 
 
 def main() -> None:
@@ -76,6 +77,10 @@ def main() -> None:
                  help="small scale: every family's learning rate and warm-up "
                  "chosen alike on images carved from the training set, then "
                  "the seeds at each family's choice (table_tuned.md)")
+  p.add_argument("--lrs", default="",
+                 help="--tune: the search's learning rates, the same for "
+                 "every family (default: selection.LRS, 3e-4,1e-3,3e-3); "
+                 "a list that extends the default keeps the runs recorded")
   p.add_argument("--order", choices=("forward", "reverse"), default="forward",
                  help="--tune: reverse runs the grids from their last cell "
                  "(a second process on the same --out)")

@@ -393,14 +393,14 @@ def test_tune_chooses_on_carved_images_and_reports_the_test_split(
         for c, cls in enumerate(prepare_images.CIFAR10_CLASSES)
         for i in range(n)})
   out = tmp_path / "tuned"
-  # Two settings (the search's grid is the module's).
-  monkeypatch.setattr(selection, "LRS", (1e-3, 3e-2))
+  # Two settings: two learning rates (--lrs), one warm-up share (the
+  # module's).
   monkeypatch.setattr(selection, "WARMUP_SHARES", (0.5,))
   monkeypatch.setitem(ic.SMALL, "vit", TINY_VIT)
   cache = os.environ.get("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "c"))
   argv = ["--scale=small", f"--out={out}", f"--shared={tmp_path / 'shared'}",
           "--families=vit", "--steps=2", "--batch_size=16", "--seeds=0",
-          "--tune"]
+          "--tune", "--lrs=0.001,0.03"]
   _run_script(monkeypatch, argv, cache)
   results = json.loads((out / "results.json").read_text())
   split = results["cifar_split"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+from typing import Sequence
 
 import ml_collections
 
@@ -176,7 +177,8 @@ def validation_accuracy(r: dict) -> float:
 
 
 def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
-         prefix: str, archive: pathlib.Path, reverse: bool = False
+         prefix: str, archive: pathlib.Path, reverse: bool = False,
+         lrs: Sequence[float] | None = None
          ) -> tuple[dict, dict, dict, dict, dict]:
   """``--tune``: each family's search (``selection.settings``) on the
   carved validation part (seed ``selection.SEED``), then ``seeds`` at each
@@ -184,11 +186,13 @@ def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
   split. ``config(family, seed)``: the untuned run config; ``archive``:
   the CIFAR-10 archive (its digest goes with the baselines); ``reverse``:
   the grids from their last cell (a second process on the same ``--out``
-  meets the first in the middle). Returns
+  meets the first in the middle); ``lrs``: the search's learning rates
+  (None: ``selection.LRS``; a longer list keeps the earlier settings' cells,
+  so a widened grid adds runs). Returns
   ``(split, selection runs, chosen, runs, baselines)``."""
   split = carve_validation(tsvs)
   exp.save(cifar_split=selection.split_record(split))
-  settings = selection.settings(steps)
+  settings = selection.settings(steps, lrs)
 
   def select(cell, key):
     setting = settings[cell["setting"]]
@@ -196,8 +200,10 @@ def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
                       select=True)
     return dict(selection.lean(run(exp, c, key)), setting=setting)
   order = (lambda cells: cells[::-1]) if reverse else (lambda cells: cells)
+  # A cell recorded under another grid's numbering is retired and rerun.
   searched = exp.cells(f"{prefix}tune", order(experiment.grid(
-      model=families, setting=range(len(settings)))), select)
+      model=families, setting=range(len(settings)))), select,
+      expect=lambda cell: {"setting": settings[cell["setting"]]})
   # In the search's order whatever the grid's (ties go to the earlier).
   searched = {f: sorted(r, key=lambda x: settings.index(x["setting"]))
               for f, r in searched.items()}
@@ -221,20 +227,22 @@ def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
 
 
 def report_tuned(exp, families, seeds: str, steps: int, batch_size: int,
-                 tuned: tuple[dict, dict, dict, dict, dict]) -> None:
+                 tuned: tuple[dict, dict, dict, dict, dict],
+                 lrs: Sequence[float] | None = None) -> None:
   """``table_tuned.md``: the tuned families' seeds on the test split
-  beside the baselines, and every family's search."""
+  beside the baselines, and every family's search (``lrs``: its learning
+  rates, as ``tune``'s)."""
   split, searched, chosen, runs, base = tuned
   table = (experiment.markdown_table(HEADERS, table_rows(families, runs,
                                                          base))
            + "\n\nValidation accuracy (%) of each setting (the chosen "
            "one: *):\n\n" + experiment.markdown_table(
-               selection.headers(), selection.selection_rows(
+               selection.headers(lrs), selection.selection_rows(
                    searched, chosen, LABELS,
-                   lambda r: f"{100 * validation_accuracy(r):.2f}")))
+                   lambda r: f"{100 * validation_accuracy(r):.2f}", lrs)))
   text = selection.notes(
       "image of the CIFAR-10 training TSV", split, steps, seeds,
-      len(selection.settings(steps)), "all 10,000 test images",
+      len(selection.settings(steps, lrs)), "all 10,000 test images",
       "accuracy") + notes("small", seeds, steps, batch_size, tuned=True)
   exp.write_table("Image classification, every model tuned alike (small "
                   "scale)", table, text, name="table_tuned")
