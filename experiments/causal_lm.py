@@ -145,52 +145,13 @@ def lm_part(args, exp) -> None:
         expect=lambda cell: {"params": sizes[cell["model"]]["params"]}))
   extra = ""
   if args.select_hyper_dims:
-    extra = _select_hyper_dim(exp, args, (s, steps, prefix), vocab, configs,
-                              runs, run)
+    extra = causal.select_hyper_dim(exp, args, (s, steps, prefix), vocab,
+                                    configs, runs, run)
   notes = causal.lm_notes(base_cfg, s, steps=steps, seeds=args.seeds,
                           ablation_seeds=ablation_seeds, bases=bases,
                           vocab=vocab)
   causal.write_lm_report(exp, runs, bases, s, notes + " ".join(
       causal.gap_verdicts(runs, s["seq_len"])), extra)
-
-
-def _select_hyper_dim(exp, args, study, vocab, configs, runs, run) -> str:
-  """``--select_hyper_dims``: each width, matched in FLOPs, trained once on
-  the C4 sample less a carved validation split and scored there; the chosen
-  width's seeds (``run``, the whole sample, as every model) join ``runs``.
-  Returns the selection's section of the report (``study``: the sizes,
-  steps and key prefix of the main grid)."""
-  s, steps, prefix = study
-  shared = pathlib.Path(args.shared)
-  candidates = causal.selection_configs(
-      s, vocab["model_vocab_size"],
-      experiment.split(args.select_hyper_dims, int))
-  names = [n for n in candidates if n != "attention"]
-  configs.update({n: candidates[n] for n in names})
-  sizes = causal.record_sizes(exp, configs, names, s["seq_len"])
-  split = mlm.carve_validation(shared / mlm.C4_TRAIN,
-                               pathlib.Path(exp.workdir("c4_split")))
-  exp.save(c4_split=mlm.split_record(split))
-
-  def select(cell, key):
-    cfg = train_config(configs[cell["model"]], args.scale, shared, vocab,
-                       steps=steps, seed=mlm.TUNE_SEED, sizes=s)
-    c = mlm.carved_config(cfg, split, select=True)
-    return dict(mlm.lean(experiment.train(c, exp.workdir(key))),
-                params=sizes[cell["model"]]["params"])
-
-  def params(cell):
-    return {"params": sizes[cell["model"]]["params"]}
-  selection = exp.cells(f"{prefix}/select_hyper_dim",
-                        experiment.grid(model=names), select, expect=params)
-  chosen = causal.choose_hyper_dim({n: selection.get(n, []) for n in names})
-  if chosen is not None:   # its seeds, as every model's (a report: recorded)
-    runs.update(exp.cells(prefix, experiment.grid(
-        model=[chosen], seed=experiment.split(args.seeds, int)), run,
-        expect=params))
-  return causal.selection_section(
-      {n: selection.get(n, []) for n in names}, chosen, runs, sizes, split,
-      s)
 
 
 def _time_length(exp, args, configs, names, n: int, rows: list) -> None:

@@ -479,6 +479,47 @@ def selection_section(selection: dict, chosen: str | None, runs: dict,
       f"{experiment.verdict(hm, tf, 'lower')}.\n")
 
 
+def select_hyper_dim(exp, args, study, vocab: dict, configs: dict,
+                     runs: dict, run) -> str:
+  """``experiments/causal_lm.py --select_hyper_dims``: each width, matched
+  in FLOPs, trained once on the C4 sample less a carved validation split
+  and scored there; the chosen width's seeds (``run(cell, key)``, on the
+  whole sample, as every model) join ``runs`` (and ``configs``: the
+  candidates). Returns the selection's section of the report (``study``:
+  the sizes, steps and key prefix of the main grid)."""
+  s, steps, prefix = study
+  shared = pathlib.Path(args.shared)
+  candidates = selection_configs(
+      s, vocab["model_vocab_size"],
+      experiment.split(args.select_hyper_dims, int))
+  names = [n for n in candidates if n != "attention"]
+  configs.update({n: candidates[n] for n in names})
+  sizes = record_sizes(exp, configs, names, s["seq_len"])
+  split = mlm.carve_validation(shared / mlm.C4_TRAIN,
+                               pathlib.Path(exp.workdir("c4_split")))
+  exp.save(c4_split=mlm.split_record(split))
+
+  def select(cell, key):
+    cfg = train_config(configs[cell["model"]], args.scale, shared, vocab,
+                       steps=steps, seed=mlm.TUNE_SEED, sizes=s)
+    c = mlm.carved_config(cfg, split, select=True)
+    return dict(mlm.lean(experiment.train(c, exp.workdir(key))),
+                params=sizes[cell["model"]]["params"])
+
+  def params(cell):
+    return {"params": sizes[cell["model"]]["params"]}
+  selection = exp.cells(f"{prefix}/select_hyper_dim",
+                        experiment.grid(model=names), select, expect=params)
+  chosen = choose_hyper_dim({n: selection.get(n, []) for n in names})
+  if chosen is not None:   # its seeds, as every model's (a report: recorded)
+    runs.update(exp.cells(prefix, experiment.grid(
+        model=[chosen], seed=experiment.split(args.seeds, int)), run,
+        expect=params))
+  return selection_section(
+      {n: selection.get(n, []) for n in names}, chosen, runs, sizes, split,
+      s)
+
+
 def lm_notes(c: ml_collections.ConfigDict, s: dict, *, steps: int,
              seeds: str, ablation_seeds, bases: dict, vocab: dict) -> str:
   """The LM table's notes: the shared training setting, data and held-out
