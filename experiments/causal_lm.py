@@ -143,15 +143,15 @@ def lm_part(args, exp) -> None:
     runs.update(exp.cells(prefix, experiment.grid(
         model=[name], seed=seeds if name in MODELS else ablation_seeds), run,
         expect=lambda cell: {"params": sizes[cell["model"]]["params"]}))
-  extra = ""
+  extra, chosen = "", None
   if args.select_hyper_dims:
-    extra = causal.select_hyper_dim(exp, args, (s, steps, prefix), vocab,
-                                    configs, runs, run)
+    extra, chosen = causal.select_hyper_dim(
+        exp, args, (s, steps, prefix), vocab, configs, runs, run)
   notes = causal.lm_notes(base_cfg, s, steps=steps, seeds=args.seeds,
                           ablation_seeds=ablation_seeds, bases=bases,
                           vocab=vocab)
   causal.write_lm_report(exp, runs, bases, s, notes + " ".join(
-      causal.gap_verdicts(runs, s["seq_len"])), extra)
+      causal.gap_verdicts(runs, s["seq_len"])), extra, chosen)
 
 
 def _time_length(exp, args, configs, names, n: int, rows: list) -> None:

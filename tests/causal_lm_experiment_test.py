@@ -265,7 +265,8 @@ def test_toy_run_records_and_resumes(shared, vocab, tmp_path, monkeypatch):
       assert 1 < run["lengths"][str(n)]["perplexity"] < 1e6
   assert len({base[str(n)]["digest"] for n in TINY["eval_lengths"]}) == 1
   table = (tmp_path / "out" / "table.md").read_text()
-  for text in ("HyperMixer ablation", "unigram", "bigram", "N = 64",
+  for text in ("HyperMixer (causal), d' chosen on validation", "unigram",
+               "bigram", "N = 64",
                "d' chosen on a validation split", "| 4 | 112 | 0.05M | 50.0 * |",
                "| 8 | 96 | 0.05M | 60.0 |", "The chosen d' = 4 then trains",
                "as every model of the table does: not run yet"):
@@ -289,8 +290,9 @@ def test_a_width_that_leaves_no_ffn_is_not_a_candidate():
 
 
 def test_the_chosen_width_is_judged_against_the_transformer():
-  def run(ppl):
-    return {"lengths": {"16": {"perplexity": ppl}}}
+  def run(ppl):   # at N = 64: 10 less
+    return {"lengths": {"16": {"perplexity": ppl},
+                        "64": {"perplexity": ppl - 10}}}
   sizes = {n: {"model": {"mixer_kwargs": {"hyper_dim": h}, "d_ffn": f},
                "flops_per_token": 5e4}
            for n, h, f in (("hypermixer_h4_c4", 4, 112), ("hypermixer", 8, 96))}
@@ -308,7 +310,12 @@ def test_the_chosen_width_is_judged_against_the_transformer():
   assert "| 4 | 112 | 0.05M | 50.0 * |" in text
   assert "The chosen d' = 4" in text
   assert (f"{100 * (np.mean(hm) / np.mean(tf) - 1):+.1f}% (target: within "
-          "5%: met)") in text
+          "5%, tested as equal within ±5.0: met; "
+          f"{experiment.verdict(hm, tf, 'equal', margin=5.0)})") in text
   assert str(experiment.verdict(hm, tf, "lower")) in text
+  lower = experiment.verdict([x - 10 for x in hm], [x - 10 for x in tf],
+                             "lower")
+  assert f"At N = 64 (trained at 16): 92.0 ± 1.0 (n=3) against " in text
+  assert f"lower: {lower}." in text
   # A candidate not run yet: nothing is chosen.
   assert causal.choose_hyper_dim({**selection, "hypermixer": []}) is None
