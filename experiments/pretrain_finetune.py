@@ -19,8 +19,11 @@ against the same model trained from scratch with the same fine-tuning budget.
                  fine-tuning: SST-2 with ``--fractions`` of the 67,349 train
                  phrases (``experiment.glue.subset_tsv``), ``--finetune_steps``
                  of batch 64, both arms; learning rate: each (model, arm,
-                 fraction) takes the best of ``--lrs`` by seed 0's final dev
-                 accuracy, then the other seeds run at that rate; seeds
+                 setting) takes the best of ``--lrs`` by the final accuracy
+                 of a seed-100 run on a validation split carved from the
+                 setting's train file (``pretraining.carve_setting``; a
+                 pretrained arm from a seed-100 pretraining), then every
+                 seed runs at that rate on the whole train file; seeds
                  ``--seeds`` (pretraining and fine-tuning seeds equal, so the
                  spread covers both); Naive Bayes on the same tokens and
                  subset beside them; the pair task (``--tasks``, SNLI by
@@ -54,12 +57,15 @@ from hypermixer_jax import experiment
 from hypermixer_jax.experiment import glue
 from hypermixer_jax.experiment import mlm
 from hypermixer_jax.experiment import nli
+from hypermixer_jax.experiment import selection
 # pylint: disable=g-importing-member
+from hypermixer_jax.experiment.pretraining import carve_setting
 from hypermixer_jax.experiment.pretraining import finetune_config
 from hypermixer_jax.experiment.pretraining import nb_key
 from hypermixer_jax.experiment.pretraining import pretrain_config
 from hypermixer_jax.experiment.pretraining import probe_encoders
 from hypermixer_jax.experiment.pretraining import report
+from hypermixer_jax.experiment.pretraining import selection_config
 from hypermixer_jax.experiment.pretraining import settings_of
 from hypermixer_jax.experiment.pretraining import SMALL
 
@@ -79,7 +85,8 @@ def _parser():
                  help="fractions of SST-2's train phrases (a pair task "
                  "always uses its whole train part)")
   p.add_argument("--lrs", default=SMALL["lrs"],
-                 help="fine-tuning learning rates tried on seed 0")
+                 help="fine-tuning learning rates searched on the carved "
+                 "validation split")
   p.add_argument("--arms", default=",".join(ARMS),
                  help="the arms this process trains (each arm chooses its "
                  "own learning rate, so two processes can take one each); "
@@ -136,9 +143,10 @@ class _Grid:
       return dict(probe_encoders(cfg, workdir, seed), **extra)
     self.exp.cell(key, run)
 
-  def finetune(self, mixer, task, fraction, arm, lr, seed) -> str:
-    """The cell's key, after running it (when ``arm`` is one of
-    ``--arms``; else only what is recorded counts)."""
+  def finetune(self, mixer, task, fraction, arm, lr, seed, *,
+               train: bool = True) -> str:
+    """The cell's key, after running it (when ``train`` and ``arm`` is one
+    of ``--arms``; else only what is recorded counts)."""
     exp = self.exp
     # SST-2 cells keep keys without the task (the first recorded ones).
     cell = dict(model=mixer, fraction=fraction, arm=arm, lr=lr, seed=seed)
@@ -157,24 +165,53 @@ class _Grid:
       return dict(experiment.train(cfg, exp.workdir(key)), **extra,
                   init=exp.runs.get(self.pretrain_key(mixer, seed),
                                     {}).get("eval"))
+    if train and arm in self.trained:
+      exp.cell(key, run)
+    return key
+
+  def select(self, mixer, task, fraction, arm, lr) -> str:
+    """The key of the selection run of ``lr`` (seed ``selection.SEED``,
+    carved split of the setting's train file), after running it when
+    ``arm`` is trained here."""
+    exp, seed = self.exp, selection.SEED
+    key = experiment.cell_key(f"select/{self.tag}", dict(
+        task=task, model=mixer, fraction=fraction, arm=arm, lr=lr, seed=seed))
+    init = (exp.workdir(self.pretrain_key(mixer, seed))
+            if arm == "pretrained" else "")
+    cfg = finetune_config(mixer, self.shared, self.vocab, lr=lr, seed=seed,
+                          fraction=fraction, out=exp.out,
+                          steps=self.args.finetune_steps, init=init, task=task)
+    split = carve_setting(cfg, exp.out, task)
+    cfg = selection_config(cfg, split)
+
+    def run():
+      extra = self.encoder(mixer, seed)[1] if init else {}
+      return dict(selection.lean(experiment.train(cfg, exp.workdir(key))),
+                  **extra, split=selection.split_record(split))
     if arm in self.trained:
       exp.cell(key, run)
     return key
 
   def setting(self, mixer, setting, lrs, seeds, chosen, keys) -> None:
-    """Seed 0 of both arms first (the learning-rate choice, and the first
-    comparison), then the other seeds at each arm's chosen rate."""
-    first = {(arm, lr): self.finetune(mixer, *setting, arm, lr, seeds[0])
-             for arm in ARMS for lr in lrs}
+    """Each arm's learning rate chosen on the carved validation split, then
+    every seed at it. Until an arm's search is recorded whole (a report of
+    the other process's arm), the record's earlier choice stands, marked:
+    the best of ``lrs`` on seed 0's reported score."""
     for arm in ARMS:
+      search = {lr: self.select(mixer, *setting, arm, lr) for lr in lrs}
+      runs, how = self.exp.runs, "validation"   # (as reloaded by the runs)
+      if any(k not in runs for k in search.values()):
+        how, search = "dev", {lr: self.finetune(mixer, *setting, arm, lr,
+                                                seeds[0], train=False)
+                              for lr in lrs}
       # (A report may find no recorded rate yet: then nothing is chosen.)
-      tried = [x for x in lrs if first[arm, x] in self.exp.runs]
-      lr = max(tried, key=lambda x, a=arm: self.exp.runs[first[a, x]]["eval"][
-          "accuracy"], default=None)
-      chosen[mixer, setting, arm] = lr
-      keys[mixer, setting, arm] = [first[arm, lr]] + [
-          self.finetune(mixer, *setting, arm, lr, s)
-          for s in seeds[1:]] if lr is not None else []
+      tried = [x for x in lrs if search[x] in runs]
+      lr = max(tried, key=lambda x, s=search: runs[s[x]]["eval"]["accuracy"],
+               default=None)
+      chosen[mixer, setting, arm] = (lr, how)
+      keys[mixer, setting, arm] = [
+          self.finetune(mixer, *setting, arm, lr, s, train=how != "dev")
+          for s in seeds] if lr is not None else []
 
 
 def main() -> None:

@@ -144,7 +144,9 @@ def test_report_rows_of_run_and_unrun_settings(tmp_path):
         exp.runs[k] = {"eval": {"accuracy": a},
                        "eval_curve": {"1000": {"accuracy": a}}}
       keys["gmlp", (task, fraction), arm] = ks if fraction == 1 else []
-      chosen["gmlp", (task, fraction), arm] = 1e-3 if fraction == 1 else None
+      chosen["gmlp", (task, fraction), arm] = (
+          (1e-3, "validation" if task == "sst2" else "dev") if fraction == 1
+          else (None, "dev"))
   for s, (fresh, pre) in enumerate(((0.60, 0.62), (0.62, 0.64))):
     exp.runs[f"probe/s30/model=gmlp/fraction=1/seed={s}"] = {
         "random": fresh, "pretrained": pre}
@@ -163,9 +165,15 @@ def test_report_rows_of_run_and_unrun_settings(tmp_path):
   assert full[9] == "61.0 ± 1.4 (n=2) / 63.0 ± 1.4 (n=2)"
   # The probes read SST-2: a pair task's row shows none.
   assert snli[2:5] == ["56.0 ± 1.4 (n=2)", "60.0 ± 0.0 (n=2)", "+4.0"]
+  # A rate still chosen on the reported score says so.
+  assert snli[6] == "0.001 (dev, seed 0) / 0.001 (dev, seed 0)"
   assert snli[9] == ""
   # A setting not run yet has no gain, verdict or learning rate.
   assert tenth[2:7] == ["not run", "not run", "", "", "- / -"]
+
+
+# Final accuracy of the fake runs: 3e-4 is the better rate on validation.
+ACC = {3e-4: 0.8, 1e-3: 0.7}
 
 
 def _fake_grid(shared_data, out, monkeypatch):
@@ -179,8 +187,11 @@ def _fake_grid(shared_data, out, monkeypatch):
     (pathlib.Path(workdir) / "checkpoints").mkdir(parents=True)
     calls.append((pathlib.Path(workdir).relative_to(out).as_posix(),
                   config.learning_rate))
-    return {"eval": {"perplexity": 40.0, "accuracy": 0.7},
-            "eval_curve": {"2": {"accuracy": 0.7}}}
+    acc = ACC.get(config.learning_rate, 0.7)
+    return {"eval": {"perplexity": 40.0, "accuracy": acc},
+            "eval_curve": {"2": {"accuracy": acc}},
+            "data": config.data.local_files.to_dict(),
+            "eval_every": config.eval_every}
   monkeypatch.setattr(pf.experiment, "train", train)
   monkeypatch.setattr(pf.mlm, "c4_vocab", lambda exp, shared: {
       "path": str(shared_data / "t5_spm/sentencepiece.model"),
@@ -203,24 +214,57 @@ def _fake_grid(shared_data, out, monkeypatch):
 
 PRE = "runs/pretrain/s3/model=gmlp/seed={}"
 FINE = "runs/p3_f2/model=gmlp/fraction=1/arm={}/lr={}/seed={}"
+SEL = "runs/select/p3_f2/task=sst2/model=gmlp/fraction=1/arm={}/lr={}/seed=100"
+
+
+def test_learning_rate_is_chosen_on_a_split_carved_from_train(
+    shared_data, tmp_path, monkeypatch):
+  out = tmp_path / "out"
+  calls, main = _fake_grid(shared_data, out, monkeypatch)
+  main("--seeds=0,1", "--lrs=0.001,0.0003", "--arms=scratch")
+  # The search (seed 100), then every seed at the better rate only.
+  assert calls == [(SEL.format("scratch", "0.001"), 1e-3),
+                   (SEL.format("scratch", "0.0003"), 3e-4),
+                   (FINE.format("scratch", "0.0003", 0), 3e-4),
+                   (FINE.format("scratch", "0.0003", 1), 3e-4)]
+  runs = json.loads((out / "results.json").read_text())["runs"]
+  sel = runs[SEL.format("scratch", "0.001")[len("runs/"):]]
+  # Trained on the carved train part, scored once on the carved validation
+  # part: every 10th SST-2 phrase, never the dev file.
+  train, held = (pathlib.Path(sel["data"][p]) for p in ("train", "validation"))
+  assert held.name == "train_carved_validation.tsv"
+  assert "dev" not in sel["data"]["validation"] and sel["eval_every"] == 2
+  rows = (shared_data / "glue/SST-2/train.tsv").read_text().splitlines()
+  assert held.read_text().splitlines() == [rows[0]] + rows[1::10]
+  assert len(train.read_text().splitlines()) == len(rows) - len(rows[1::10])
+  assert sel["split"]["validation"]["sha256"] == experiment.file_digest(held)
+  assert "path" not in json.dumps(sel["split"])
+  # The seeds train on the whole train file and are scored on dev.
+  seed = runs[FINE.format("scratch", "0.0003", 0)[len("runs/"):]]
+  assert seed["data"]["train"].endswith("SST-2/train.tsv")
+  assert seed["data"]["validation"].endswith("SST-2/dev.tsv")
+  table = (out / "table.md").read_text()
+  assert "| 0.0003 / - |" in table
 
 
 def test_a_recorded_encoder_without_checkpoint_is_pretrained_again(
     shared_data, tmp_path, monkeypatch):
   # runs/ is not committed, so a pretraining run can be recorded while its
   # checkpoint is gone; a fine-tuning cell from it must pretrain it again
-  # (same config and seed), not fail on the path.
+  # (same config and seed), not fail on the path. The pretrained arm's
+  # search fine-tunes from its own pretraining (seed 100).
   out = tmp_path / "out"
   calls, main = _fake_grid(shared_data, out, monkeypatch)
-  main("--seeds=0", "--lrs=0.001")
-  assert calls == [(FINE.format("scratch", "0.001", 0), 1e-3),
+  main("--seeds=0", "--lrs=0.001", "--arms=pretrained")
+  assert calls == [(PRE.format(100), pf.SMALL["pretrain_lr"]),
+                   (SEL.format("pretrained", "0.001"), 1e-3),
                    (PRE.format(0), pf.SMALL["pretrain_lr"]),
                    (FINE.format("pretrained", "0.001", 0), 1e-3)]
-  # The pretraining checkpoint is gone; another learning rate asks for it.
+  # The pretraining checkpoint is gone; the better rate asks for it.
   shutil.rmtree(out / PRE.format(0))
   calls.clear()
-  main("--seeds=0", "--lrs=0.001,0.0003")
-  assert calls == [(FINE.format("scratch", "0.0003", 0), 3e-4),
+  main("--seeds=0", "--lrs=0.001,0.0003", "--arms=pretrained")
+  assert calls == [(SEL.format("pretrained", "0.0003"), 3e-4),
                    (PRE.format(0), pf.SMALL["pretrain_lr"]),
                    (FINE.format("pretrained", "0.0003", 0), 3e-4)]
   run = json.loads((out / "results.json").read_text())["runs"][
@@ -235,12 +279,15 @@ def test_arms_split_between_processes(shared_data, tmp_path, monkeypatch):
   out = tmp_path / "out"
   calls, main = _fake_grid(shared_data, out, monkeypatch)
   main("--seeds=0,1", "--lrs=0.001", "--arms=scratch")
-  assert calls == [(FINE.format("scratch", "0.001", s), 1e-3) for s in (0, 1)]
+  assert calls == [(SEL.format("scratch", "0.001"), 1e-3)] + [
+      (FINE.format("scratch", "0.001", s), 1e-3) for s in (0, 1)]
   assert "| gMLP | SST-2, 100% of the labels | 70.0 ± 0.0 (n=2) | not run |" \
       in (out / "table.md").read_text()
   calls.clear()
   main("--seeds=0,1", "--lrs=0.001", "--arms=pretrained")
-  assert calls == [(PRE.format(0), pf.SMALL["pretrain_lr"]),
+  assert calls == [(PRE.format(100), pf.SMALL["pretrain_lr"]),
+                   (SEL.format("pretrained", "0.001"), 1e-3),
+                   (PRE.format(0), pf.SMALL["pretrain_lr"]),
                    (FINE.format("pretrained", "0.001", 0), 1e-3),
                    (PRE.format(1), pf.SMALL["pretrain_lr"]),
                    (FINE.format("pretrained", "0.001", 1), 1e-3)]
@@ -256,6 +303,41 @@ def test_arms_split_between_processes(shared_data, tmp_path, monkeypatch):
   with pytest.raises(SystemExit, match="--arms='pretrain': give scratch "
                      "and/or pretrained"):
     main("--arms=pretrain")
+
+
+def test_an_arm_without_its_search_keeps_its_recorded_choice(
+    shared_data, tmp_path, monkeypatch):
+  # A record from before the carved search: seed 0 at both rates on dev.
+  # A report keeps that choice, marked, and trains nothing at it.
+  out = tmp_path / "out"
+  exp = experiment.Experiment(out)
+  for lr, acc in ((0.001, 0.75), (0.0003, 0.72)):
+    exp.runs[FINE.format("pretrained", lr, 0)[len("runs/"):]] = {
+        "eval": {"accuracy": acc}, "eval_curve": {"2": {"accuracy": acc}}}
+  exp.save()
+  calls, main = _fake_grid(shared_data, out, monkeypatch)
+  main("--seeds=0", "--lrs=0.001,0.0003", "--arms=scratch")
+  assert all("pretrained" not in c for c, _ in calls)
+  assert "| 0.0003 / 0.001 (dev, seed 0) |" in (out / "table.md").read_text()
+
+
+def test_pair_task_is_carved_by_premise(shared_data, tmp_path):
+  vocab = {"path": str(shared_data / "t5_spm/sentencepiece.model"),
+           "model_vocab_size": 8064}
+  c = pf.finetune_config("gmlp", shared_data, vocab, lr=1e-3, seed=0,
+                         fraction=1.0, out=tmp_path, steps=2, task="snli")
+  split = pretraining.carve_setting(c, tmp_path, "snli")
+  read = lambda p: [json.loads(x)["premise"] for x in
+                    pathlib.Path(split[p]["path"]).read_text().splitlines()]
+  train, held = read("train"), read("validation")
+  assert not set(train) & set(held)
+  assert len(train) + len(held) == len(pathlib.Path(
+      c.data.local_files.train).read_text().splitlines())
+  assert 0.07 < len(held) / (len(train) + len(held)) < 0.13
+  sel = pretraining.selection_config(c, split)
+  assert sel.data.local_files.validation == split["validation"]["path"]
+  assert sel.eval_every == sel.num_train_steps == 2
+  assert c.data.local_files.validation.endswith("snli_test_by_premise.jsonl")
 
 
 def test_probe_reads_the_pretrained_encoder(shared_data, tmp_path,

@@ -78,3 +78,21 @@ def test_lean_drops_the_curve_and_keeps_the_step_flops():
   # The last logged interval: 2 TFLOP/s at 4 steps/s.
   assert runs.flops_per_step(lean) == runs.flops_per_step(run) == 0.5e12
   assert "flops_per_step" not in selection.lean({"eval": {}})
+
+
+def test_carve_by_group_keeps_each_group_on_one_side(tmp_path):
+  # Three hypotheses per premise, as in SNLI: every 10th premise is carved
+  # whole, so no premise is seen in training and in validation.
+  rows = [json.dumps({"premise": f"p{i // 3}", "hypothesis": f"h{i}"}) + "\n"
+          for i in range(75)]
+  source = tmp_path / "pairs.jsonl"
+  source.write_text("".join(rows))
+  split = selection.carve_lines(
+      source, tmp_path, group=lambda lines: [json.loads(x)["premise"]
+                                             for x in lines])
+  held = (tmp_path / "validation.jsonl").read_text().splitlines(True)
+  kept = (tmp_path / "train.jsonl").read_text().splitlines(True)
+  assert held == rows[0:3] + rows[30:33] + rows[60:63]
+  assert kept == [r for i, r in enumerate(rows) if (i // 3) % 10]
+  assert (split["train"]["documents"], split["validation"]["documents"]) == (
+      66, 9)

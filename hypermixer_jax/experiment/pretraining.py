@@ -13,6 +13,7 @@ from hypermixer_jax import experiment
 from hypermixer_jax.experiment import glue
 from hypermixer_jax.experiment import mlm
 from hypermixer_jax.experiment import nli
+from hypermixer_jax.experiment import selection
 
 TASK_LABELS = {"sst2": "SST-2", "mnli": "MNLI-m", "snli": "SNLI",
                "qnli": "QNLI"}
@@ -63,6 +64,40 @@ def finetune_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
   if init:
     c.init_checkpoint = init
     c.init_reinit = "(?!encoder/)"     # configs/glue.py's finetune setting
+  return c
+
+
+def carve_setting(config: ml_collections.ConfigDict, out: pathlib.Path,
+                  task: str) -> dict:
+  """The validation split that chooses the setting's learning rate, carved
+  from its train file (``config``'s) into ``out/splits``
+  (``selection.carve_lines``): every ``VALIDATION_EVERY``-th row of SST-2's
+  phrases, every ``VALIDATION_EVERY``-th premise (or question) of a pair
+  task with all of its pairs, as in ``nli_splits``' cut."""
+  train = pathlib.Path(config.data.local_files.train)
+  tsv = train.suffix == ".tsv"
+  group = None
+  if task != "sst2":
+    head = (train.read_text(encoding="utf-8").split("\n", 1)[0]
+            if tsv else None)
+    group = lambda rows: nli.group_keys(   # pylint: disable=g-long-lambda
+        [r.rstrip("\n") for r in rows], head, nli.GROUP_BY[task])
+  names = tuple(f"{train.stem}_carved_{part}{train.suffix}"
+                for part in ("train", "validation"))
+  return selection.carve_lines(train, out / "splits", names=names,
+                               header=tsv, group=group)
+
+
+def selection_config(config: ml_collections.ConfigDict, split: dict
+                     ) -> ml_collections.ConfigDict:
+  """``config`` as a learning-rate selection run: trained on ``split``'s
+  carved train part, evaluated once at the end on its carved validation
+  part (the reported dev or test file never read)."""
+  c = selection.carved(config, split)
+  c.data.local_files.validation = split["validation"]["path"]
+  c.eval_split = "validation"
+  c.eval_every = c.num_train_steps
+  c.eval_steps = -1
   return c
 
 
@@ -197,13 +232,20 @@ def _row(runs, bases, args, mixer, setting, seeds, chosen, keys) -> list:
       experiment.verdict(tuned, scratch, "higher", n_eval=bases.get(
           nb_key(*setting), {}).get("dev_rows")).text(100)
       if gain is not None else "",
-      " / ".join(f"{chosen[mixer, setting, a]:g}"
-                 if chosen[mixer, setting, a] else "-"
+      " / ".join(_lr_cell(*chosen[mixer, setting, a])
                  for a in ("scratch", "pretrained")),
       f"{100 * bases[nb_key(*setting)]['naive_bayes']:.1f}"
       if nb_key(*setting) in bases else "",
       (f"{experiment.fmt_mean_sd(ppl)} ({np.mean(ppl) / uni:.2f} x "
        "unigram)") if ppl else "not run", probed, cost]
+
+
+def _lr_cell(lr: float | None, how: str) -> str:
+  """A chosen learning rate, marked when its arm's validation search is
+  not recorded yet and it is still the choice on seed 0's reported score."""
+  if lr is None:
+    return "-"
+  return f"{lr:g}" + (" (dev, seed 0)" if how == "dev" else "")
 
 
 def _notes(args, seeds, bases) -> str:
@@ -213,9 +255,17 @@ def _notes(args, seeds, bases) -> str:
       "SST-2 on its dev file (872 sentences), a pair task on the 20% test "
       "part of nli_splits' fixed cut of its dev file (trained on the 80% "
       "part). Both arms: the same model, vocabulary, "
-      f"batches of 64 and {args.finetune_steps} steps in each setting, lr "
-      f"the best of {args.lrs} on seed 0 (selected on dev: optimistic for "
-      "both arms alike). Pretrained: the encoder of an MLM run of "
+      f"batches of 64 and {args.finetune_steps} steps in each setting. "
+      f"Learning rate: each arm's best of {args.lrs} on a validation split "
+      f"carved from the setting's train file (every "
+      f"{selection.VALIDATION_EVERY}th SST-2 phrase, every "
+      f"{selection.VALIDATION_EVERY}th premise of a pair task with its "
+      f"pairs; digests in the record), run with seed {selection.SEED} (a "
+      f"pretrained arm from its own pretraining of seed {selection.SEED}) on "
+      "the rest; every seed then trains at that rate on the whole train "
+      "file. A rate marked '(dev, seed 0)' is the earlier choice, the best "
+      "on seed 0's reported score, kept until that arm's validation search "
+      "is recorded (optimistic). Pretrained: the encoder of an MLM run of "
       f"{args.pretrain_steps} steps of batch 64 x 64 tokens on {C4_TRAIN_ALL} "
       "(same seed), classifier new. 'pretraining helps': Welch's test of "
       "pretrained against scratch (see Verdicts below). TFLOPs of "

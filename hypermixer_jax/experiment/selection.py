@@ -49,12 +49,17 @@ def headers(lrs: Sequence[float] | None = None,
 
 def carve_lines(source: str | pathlib.Path, folder: str | pathlib.Path, *,
                 names: tuple[str, str] = ("train.jsonl", "validation.jsonl"),
-                header: bool = False) -> dict:
+                header: bool = False,
+                group: Callable[[list[str]], list[str]] | None = None
+                ) -> dict:
   """Splits the line-per-example file ``source`` into ``folder/names[0]``
   (train) and ``folder/names[1]`` (validation: every
   ``VALIDATION_EVERY``-th example, counting from the first) and describes
   them: file names, examples, sha256. ``header``: the first line is a
-  header (a TSV's), kept at the top of both.
+  header (a TSV's), kept at the top of both. ``group(rows)``: each
+  example's group (e.g. its premise); then every ``VALIDATION_EVERY``-th
+  group, in order of first appearance, is carved whole, so that no group
+  has examples on both sides.
 
   Deterministic: a second call rewrites identical files, so the record's
   digests name the split wherever it is rebuilt."""
@@ -64,8 +69,16 @@ def carve_lines(source: str | pathlib.Path, folder: str | pathlib.Path, *,
     raise ValueError(f"{source}: {len(rows)} examples; carving a validation "
                      f"split (every {VALIDATION_EVERY}th) needs at least "
                      f"{VALIDATION_EVERY}.")
-  parts = {"validation": rows[::VALIDATION_EVERY],
-           "train": [x for i, x in enumerate(rows) if i % VALIDATION_EVERY]}
+  # Each example's index among the groups (itself, without ``group``).
+  if group is None:
+    rank = range(len(rows))
+  else:
+    order = {}
+    rank = [order.setdefault(g, len(order))
+            for g in group(rows)]
+  held = [i % VALIDATION_EVERY == 0 for i in rank]
+  parts = {"validation": [x for x, h in zip(rows, held) if h],
+           "train": [x for x, h in zip(rows, held) if not h]}
   folder = pathlib.Path(folder)
   folder.mkdir(parents=True, exist_ok=True)
   out = {"source": pathlib.Path(source).name,
