@@ -74,33 +74,40 @@ def fit_logistic_regression(x: np.ndarray, y: np.ndarray, *,
   with L-BFGS to a gradient norm below ``tol``: ``{'w', 'b', 'steps',
   'grad_norm'}``."""
   x = jnp.asarray(x, jnp.float32)
-  y = jnp.asarray(y, jnp.int32)
+  p = {"w": jnp.zeros((x.shape[1], num_classes)),
+       "b": jnp.zeros((num_classes,))}
+  p, steps, norm = _lbfgs(p, x, jnp.asarray(y, jnp.int32), l2, max_steps,
+                          tol)
+  return {"w": np.asarray(p["w"]), "b": np.asarray(p["b"]),
+          "steps": int(steps), "grad_norm": float(norm)}
 
-  def loss(p):
-    logits = x @ p["w"] + p["b"]
+
+@jax.jit
+def _lbfgs(p, x, y, l2, max_steps, tol):
+  """L-BFGS from ``p`` in one compiled loop (the data are arguments, so one
+  compilation serves every fit of the same shapes)."""
+
+  def loss(q):
+    logits = x @ q["w"] + q["b"]
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-    return ce + 0.5 * l2 * jnp.sum(p["w"] ** 2)
+    return ce + 0.5 * l2 * jnp.sum(q["w"] ** 2)
 
   solver = optax.lbfgs()
   value_and_grad = optax.value_and_grad_from_state(loss)
 
-  @jax.jit
-  def step(p, state):
-    value, grad = value_and_grad(p, state=state)
-    updates, state = solver.update(grad, state, p, value=value, grad=grad,
+  def step(carry):
+    q, state, _, steps = carry
+    value, grad = value_and_grad(q, state=state)
+    updates, state = solver.update(grad, state, q, value=value, grad=grad,
                                    value_fn=loss)
-    return optax.apply_updates(p, updates), state, optax.tree.norm(grad)
+    return (optax.apply_updates(q, updates), state, optax.tree.norm(grad),
+            steps + 1)
 
-  p = {"w": jnp.zeros((x.shape[1], num_classes)),
-       "b": jnp.zeros((num_classes,))}
-  state = solver.init(p)
-  norm = jnp.inf
-  steps = 0
-  while steps < max_steps and norm > tol:
-    p, state, norm = step(p, state)
-    steps += 1
-  return {"w": np.asarray(p["w"]), "b": np.asarray(p["b"]), "steps": steps,
-          "grad_norm": float(norm)}
+  q, _, norm, steps = jax.lax.while_loop(
+      lambda c: (c[3] < max_steps) & (c[2] > tol), step,
+      (p, solver.init(p), jnp.asarray(jnp.inf, jnp.float32),
+       jnp.asarray(0, jnp.int32)))
+  return q, steps, norm
 
 
 def logistic_regression(train_x: np.ndarray, train_y: np.ndarray,

@@ -364,8 +364,8 @@ def test_probe_reads_the_pretrained_encoder(shared_data, tmp_path,
   def write(seed, name):
     model = zoo.build_model(c.model)
     x = zoo.dummy_inputs(c.model)
-    params = nn.unbox(model.init(jax.random.key(seed),
-                                 jnp.zeros(x.shape, x.dtype))["params"])
+    params = nn.unbox(jax.jit(model.init)(
+        jax.random.key(seed), jnp.zeros(x.shape, x.dtype))["params"])
     artifacts.write_params(tmp_path / name, params, step=1)
     return str(tmp_path / name)
   # A "pretrained" encoder equal to the fresh one: the same probe result.

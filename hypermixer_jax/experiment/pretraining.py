@@ -152,8 +152,9 @@ def probe_encoders(config: ml_collections.ConfigDict, pretrained: str,
   dev = experiment.pipeline_arrays(config.data, config.eval_split)
   inputs, kwargs = heads.model_inputs(
       {k: v[:2] for k, v in train.items()}, config.model.head)
-  fresh = nn.unbox(models.build_model(config.model).init(
-      jax.random.key(seed), inputs, **kwargs)["params"])
+  model = models.build_model(config.model)
+  fresh = nn.unbox(jax.jit(lambda key, x, kw: model.init(key, x, **kw))(
+      jax.random.key(seed), inputs, kwargs)["params"])
   encoders = {"random": fresh, "pretrained": checkpoint.load_pretrained(
       pretrained, fresh, reinit=(config.init_reinit,))}
   out = {"l2": l2, "train_rows": len(train["label"]),
