@@ -156,3 +156,14 @@ class ClaimsTest(absltest.TestCase):
 
 if __name__ == "__main__":
   absltest.main()
+
+
+def test_untuned_regimes_state_the_rates_the_studies_ran_with():
+  # The synthetic study trains configs/default.py's rate and warm-up
+  # (capped at a tenth of its 1,500 steps); the regime must say the same.
+  from hypermixer_jax import experiment  # pylint: disable=g-import-not-at-top
+  c = experiment.load_config("default.py", "hypermixer")
+  regime = claims.SYN_REGIME.format(500)
+  assert (f"every model at lr {c.learning_rate:g}, warm-up "
+          f"{min(c.warmup_steps, 1500 // 10)} steps") in regime, regime
+  assert "lr 0.001, warm-up 10% of the steps" in claims.SST2_REGIME

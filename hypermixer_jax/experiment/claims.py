@@ -21,6 +21,9 @@ import pathlib
 import re
 from typing import Any, Callable, Sequence
 
+from hypermixer_jax.experiment import glue
+from hypermixer_jax.experiment import nli
+from hypermixer_jax.experiment import sparse_lm
 from hypermixer_jax.experiment import stats
 from hypermixer_jax.experiment import tables
 
@@ -129,18 +132,29 @@ SMLP = "sMLP (Yu et al. 2022)"
 SST2 = "w128_s1000_n64/task=sst2/model={}/lr=0.001/seed=*"
 SST2_NB = ("Naive Bayes", ("baselines", "w128_s1000_n64", "naive_bayes"))
 SST2_N = ("baselines", "w128_s1000_n64", "dev_rows")
+
+
+def _untuned(lr: float, warmup: str) -> str:
+  """How a study without a search set its models' hyperparameters."""
+  return (f"no search: every model at lr {lr:g}, warm-up {warmup} (none "
+          "tuned; an equal search might reorder close models)")
+
+
+GLUE_UNTUNED = _untuned(glue.SMALL["lr"], "10% of the steps")
 SST2_REGIME = ("SST-2, 100% of train (67k phrases), 1,000 steps x 64 "
-               "(0.95 epoch, <= 4.1M tokens), ~1.3M params")
+               "(0.95 epoch, <= 4.1M tokens), ~1.3M params; " + GLUE_UNTUNED)
 SST2_SCALE = ("the paper's 11M models train 50k steps; here no model is "
               "distinguishable from a bag of words, so none yet shows what "
               "its token mixing adds")
 NLI = "w128_s1000_n128_g/task={}/model={}/seed=*"
 NLI_REGIME = ("{}: 80% of the dev file (4-8k pairs, ~1% of train), "
-              "1,000 steps x 64 (<= 8.2M tokens), ~0.8M params")
+              "1,000 steps x 64 (<= 8.2M tokens), ~0.8M params; "
+              + _untuned(nli.SMALL["lr"], "10% of the steps"))
 NLI_SCALE = ("the paper trains on the full train sets (100x more pairs); "
              "here the models overfit a few thousand pairs")
 SYN = "{}/n{}/seed*"
-SYN_REGIME = "{:,} training sequences, 1,500 steps x 64, 3 seeds"
+SYN_REGIME = ("{:,} training sequences, 1,500 steps x 64, 3 seeds; "
+              + _untuned(3e-3, "100 steps").replace("{", "{{"))
 SYN_SCALE = ("the paper runs 1k-100k sequences, 5 seeds and 5,000 steps; "
              "HyperMixer's seeds spread widely here")
 IMG = "small/s300/{}/seed=*"
@@ -241,7 +255,9 @@ def _mlm_tuned_regime(models: Sequence[str]
 MOE = "small8k/s1000/runs/{}/seed=*"
 MOE_BIGRAM = ("bigram", ("baselines", "small8k", "all", "bigram"))
 MOE_REGIME = ("C4 sample train (8k vocabulary), WikiText-2 valid, 1,000 "
-              "steps x 16 x 128 (2.0M tokens), ~3M params, 4 experts")
+              "steps x 16 x 128 (2.0M tokens), ~3M params, 4 experts; "
+              + _untuned(sparse_lm.SCALES["small"]["lr"],
+                         f"{sparse_lm.SMALL_VOCAB['warmup']} steps"))
 MOE_SCALE = ("the paper's 64-expert models on 100B tokens; routing "
              "balance and capacity matter more with many experts")
 
@@ -318,7 +334,8 @@ CLAIMS: tuple[Claim | Measured, ...] = (
                "w128_s1000/fraction=0.1/model=attention/seed=*"),),
           "higher", ("Naive Bayes", ("baselines", "0.1", "naive_bayes")),
           ("baselines", "0.1", "dev_rows"),
-          regime="SST-2, 10% of train (6.7k phrases), 1,000 steps x 64",
+          regime="SST-2, 10% of train (6.7k phrases), 1,000 steps x 64; "
+          + GLUE_UNTUNED,
           at_scale="the paper measures SNLI/MNLI, not SST-2, at 11M params"),
     Claim(HM, "tuning_cost", "tuning: HyperMixer's best random-search draw "
           "above the Transformer's", "expected-max curve above (§4.6)",
