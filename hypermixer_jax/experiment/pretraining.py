@@ -250,7 +250,8 @@ def _lr_cell(lr: float | None, how: str) -> str:
 
 
 def _notes(args, seeds, bases) -> str:
-  base = [bases[k] for k in bases if k.startswith("mlm/")]
+  # The reported seeds' masks (not the selection runs' seed).
+  base = [bases[f"mlm/seed={s}"] for s in seeds if f"mlm/seed={s}" in bases]
   notes = (
       f"Accuracy at the last fine-tuning step, mean ± sd over seeds {seeds}: "
       "SST-2 on its dev file (872 sentences), a pair task on the 20% test "
