@@ -228,6 +228,7 @@ MLM_SCALE = ("the paper's 100M models on 1e9+ tokens; BERT not tuned "
              "here (with each pair tuned alike the verdict stays: the "
              "'both tuned alike' rows)")
 MLM_TUNED = "small/s2000/vocab=small/tuned/model={}/seed=*"
+MLM_GMLP_PAPER = "C4 ppl 4.35 (36 layers) vs 4.26 (12 layers)"
 MLM_BIGRAM_CARVED = ("bigram", ("baselines",
                                 "small/s2000/vocab=small/carved/seed=*",
                                 "bigram"))
@@ -307,6 +308,22 @@ def _exponent(kind: str, what: str) -> Measured:
       "(fused, memory-bound kernels), so the crossover N moves up")
 
 
+def _mlm_vs_bert(model: str, claim: str, paper: str, direction: str, *,
+                 tuned: bool) -> Claim:
+  """An MLM claim of ``model`` against BERT: at the shared untuned setting,
+  or with both tuned alike (their searches on carved C4 documents)."""
+  label = {"gmlp": "gMLP", "amlp": "aMLP"}[model]
+  runs = MLM_TUNED if tuned else MLM
+  return Claim(GMLP, "mlm_perplexity",
+               claim + (", both tuned alike" if tuned else ""), paper,
+               Arm(label, runs.format(model), PPL),
+               (Arm("BERT", runs.format("attention"), PPL),), direction,
+               MLM_BIGRAM_CARVED if tuned else MLM_BIGRAM, scale=1.0,
+               regime=(_mlm_tuned_regime((model, "attention")) if tuned
+                       else MLM_REGIME),
+               at_scale=MLM_TUNED_SCALE if tuned else MLM_SCALE)
+
+
 def _moe_pair(other: str, label: str) -> Claim:
   return Claim(SMLP, "smlp_vs_moe",
                f"sMLP (deterministic): lower perplexity than {label}",
@@ -384,33 +401,14 @@ CLAIMS: tuple[Claim | Measured, ...] = (
           regime=_image_regime(("gmlp", "vit"), "small/s300/carved",
                                 tuned=True),
           at_scale=IMG_SCALE),
-    Claim(GMLP, "mlm_perplexity", "MLM: gMLP's perplexity slightly above "
-          "BERT's", "C4 ppl 4.35 (36 layers) vs 4.26 (12 layers)",
-          Arm("gMLP", MLM.format("gmlp"), PPL),
-          (Arm("BERT", MLM.format("attention"), PPL),),
-          "higher", MLM_BIGRAM, scale=1.0, regime=MLM_REGIME,
-          at_scale=MLM_SCALE),
-    Claim(GMLP, "mlm_perplexity", "MLM: gMLP's perplexity slightly above "
-          "BERT's, both tuned alike",
-          "C4 ppl 4.35 (36 layers) vs 4.26 (12 layers)",
-          Arm("gMLP", MLM_TUNED.format("gmlp"), PPL),
-          (Arm("BERT", MLM_TUNED.format("attention"), PPL),),
-          "higher", MLM_BIGRAM_CARVED, scale=1.0,
-          regime=_mlm_tuned_regime(("gmlp", "attention")),
-          at_scale=MLM_TUNED_SCALE),
-    Claim(GMLP, "mlm_perplexity", "MLM: aMLP's perplexity at most BERT's",
-          "not in PAPERS.md",
-          Arm("aMLP", MLM.format("amlp"), PPL),
-          (Arm("BERT", MLM.format("attention"), PPL),),
-          "lower", MLM_BIGRAM, scale=1.0, regime=MLM_REGIME,
-          at_scale=MLM_SCALE),
-    Claim(GMLP, "mlm_perplexity", "MLM: aMLP's perplexity at most "
-          "BERT's, both tuned alike", "not in PAPERS.md",
-          Arm("aMLP", MLM_TUNED.format("amlp"), PPL),
-          (Arm("BERT", MLM_TUNED.format("attention"), PPL),),
-          "lower", MLM_BIGRAM_CARVED, scale=1.0,
-          regime=_mlm_tuned_regime(("amlp", "attention")),
-          at_scale=MLM_TUNED_SCALE),
+    _mlm_vs_bert("gmlp", "MLM: gMLP's perplexity slightly above BERT's",
+                 MLM_GMLP_PAPER, "higher", tuned=False),
+    _mlm_vs_bert("gmlp", "MLM: gMLP's perplexity slightly above BERT's",
+                 MLM_GMLP_PAPER, "higher", tuned=True),
+    _mlm_vs_bert("amlp", "MLM: aMLP's perplexity at most BERT's",
+                 "not in PAPERS.md", "lower", tuned=False),
+    _mlm_vs_bert("amlp", "MLM: aMLP's perplexity at most BERT's",
+                 "not in PAPERS.md", "lower", tuned=True),
     _moe_pair("switch", "Switch Transformer"),
     _moe_pair("gshard", "GShard"),
     _moe_pair("base_layers", "Base Layers"),
