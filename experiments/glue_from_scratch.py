@@ -14,6 +14,11 @@ gMLP, FNet), no pretraining.
                  them a bag-of-words Naive Bayes and the majority class on the
                  same tokens and splits.
 
+``--tune`` (small scale): every model tuned alike, its learning rate and
+warm-up chosen among ``selection.settings`` on every 10th SST-2 train phrase
+(seed 100), then the seeds at each model's choice trained on the other
+phrases and scored on dev: ``table_tuned.md``.
+
   python experiments/glue_from_scratch.py --scale=small \
       --out=experiments/results/glue_from_scratch
 
@@ -39,7 +44,9 @@ def main() -> None:
   p.add_argument("--dropout", type=float, default=None,
                  help="the models' dropout rate (default: configs/glue.py's "
                  "0.1); part of the recorded budget")
+  experiment.tune_flags(p, "SST-2 phrases")
   args = experiment.parse(p)
+  experiment.check_tune(args, "the SST-2 train phrases")
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   mixers = experiment.split(args.mixers)
@@ -60,6 +67,15 @@ def main() -> None:
   if args.scale == "small":
     base = exp.baseline(budget, lambda: glue.bag_of_words_baselines(
         config(dict(task="sst2", model=mixers[0], lr=lrs[0]))))
+  if args.tune:
+    search = experiment.split(args.lrs, float) or None
+    tuned = glue.tune(
+        exp, mixers, experiment.split(args.seeds, int), lambda m, s: config(
+            dict(task="sst2", model=m, lr=lrs[0], seed=s)), args.steps,
+        f"{budget}/", glue.sst2_train(shared), search,
+        reverse=args.order == "reverse")
+    glue.report_tuned(exp, mixers, args.seeds, args.steps, tuned, search)
+    return
   # (cell, result) of each recorded cell, in grid order.
   done = []
   for cell in experiment.grid(task=tasks, model=mixers, lr=lrs,

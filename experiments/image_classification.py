@@ -73,21 +73,9 @@ def main() -> None:
                  "train.tsv/test.tsv (default OUT/cifar10_data)")
   p.add_argument("--batch_size", type=int, default=images.SMALL_BATCH,
                  help="small scale: training batch")
-  p.add_argument("--tune", action="store_true",
-                 help="small scale: every family's learning rate and warm-up "
-                 "chosen alike on images carved from the training set, then "
-                 "the seeds at each family's choice (table_tuned.md)")
-  p.add_argument("--lrs", default="",
-                 help="--tune: the search's learning rates, the same for "
-                 "every family (default: selection.LRS, 3e-4,1e-3,3e-3); "
-                 "a list that extends the default keeps the runs recorded")
-  p.add_argument("--order", choices=("forward", "reverse"), default="forward",
-                 help="--tune: reverse runs the grids from their last cell "
-                 "(a second process on the same --out)")
+  experiment.tune_flags(p, "images")
   args = experiment.parse(p)
-  if args.tune and args.scale != "small":
-    raise SystemExit("--tune: the small scale carves its validation split "
-                     "from CIFAR-10's training images; use --scale=small.")
+  experiment.check_tune(args, "CIFAR-10's training images")
   exp = experiment.Experiment(args.out, args)
   families = experiment.split(args.families)
   seeds = experiment.split(args.seeds, int)

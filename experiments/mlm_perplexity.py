@@ -134,35 +134,18 @@ def _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
   split = mlm.carve_validation(shared / mlm.C4_TRAIN,
                                pathlib.Path(exp.workdir("c4_split")))
   exp.save(c4_split=mlm.split_record(split))
-  settings = mlm.tune_settings(steps)
-
-  def select(cell, key):
-    setting = settings[cell["setting"]]
-    c = mlm.carved_config(config(cell["model"], mlm.TUNE_SEED), split,
-                          setting, select=True)
-    run = mlm.lean(experiment.train(c, exp.workdir(key)))
-    return dict(run, setting=setting)
-  selection = exp.cells(f"{prefix}/tune", experiment.grid(
-      model=models, setting=range(len(settings))), select)
-  # A model is chosen for only once its whole search has run.
-  chosen = mlm.choose({m: r for m, r in selection.items()
-                       if len(r) == len(settings)})
   bases = [exp.baseline(f"{prefix}/carved/seed={seed}",
                         lambda seed=seed: mlm.lm_baselines(mlm.carved_config(
                             config("attention", seed), split)))
            for seed in seeds]
 
-  def final(cell, key):
-    c = mlm.carved_config(config(cell["model"], cell["seed"]), split,
-                          chosen[cell["model"]])
-    return dict(mlm.lean(experiment.train(c, exp.workdir(key))),
-                setting=chosen[cell["model"]],
-                params=sizes[cell["model"]]["params"], held_out=mlm.held_out(c))
-  ready = [m for m in models if m in chosen]
-  runs = ready and exp.cells(
-      f"{prefix}/tuned", experiment.grid(model=ready, seed=seeds), final,
-      expect=lambda c: {"setting": chosen[c["model"]]}) or {}
-  _tuned_report(exp, args, steps, split, (selection, chosen, runs), sizes,
+  def one(model, seed, setting, key, select):
+    c = mlm.carved_config(config(model, seed), split, setting, select=select)
+    out = mlm.lean(experiment.train(c, exp.workdir(key)))
+    return out if select else dict(out, params=sizes[model]["params"],
+                                   held_out=mlm.held_out(c))
+  tuned = mlm.tune(exp, models, seeds, steps, f"{prefix}/", one)
+  _tuned_report(exp, args, steps, split, tuned, sizes,
                 bases, vocab, config("attention"))
 
 

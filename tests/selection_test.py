@@ -96,3 +96,80 @@ def test_carve_by_group_keeps_each_group_on_one_side(tmp_path):
   assert kept == [r for i, r in enumerate(rows) if (i // 3) % 10]
   assert (split["train"]["documents"], split["validation"]["documents"]) == (
       66, 9)
+
+
+def _fake_tune(tmp_path, scores, seeds=(0, 1), reverse=False, report=False):
+  """``selection.tune`` over two models and two settings with a fake
+  trainer: a selection run scores ``scores[(model, lr)]``; every call is
+  logged as (model, seed, lr, select)."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import experiment  # pylint: disable=g-import-not-at-top
+  exp = experiment.Experiment(tmp_path, argparse.Namespace(
+      report_only=report))
+  calls = []
+
+  def run(model, seed, setting, key, select):
+    calls.append((model, seed, setting["lr"], select))
+    assert key.startswith("p/tune/" if select else "p/tuned/")
+    return {"eval": {"accuracy": scores[(model, setting["lr"])] if select
+                     else seed / 10}}
+  out = selection.tune(exp, ["a", "b"], seeds,
+                       selection.settings(10, (1e-3, 3e-3), (0.1,)), "p/",
+                       run, lambda r: r["eval"]["accuracy"], higher=True,
+                       reverse=reverse)
+  return out, calls
+
+
+def test_tune_searches_every_model_alike_then_trains_seeds_at_its_choice(
+    tmp_path):
+  scores = {("a", 1e-3): 0.7, ("a", 3e-3): 0.6,
+            ("b", 1e-3): 0.5, ("b", 3e-3): 0.8}
+  (searched, chosen, runs), calls = _fake_tune(tmp_path, scores)
+  # The search: every model at every setting, with the selection seed only.
+  assert [c for c in calls if c[3]] == [
+      ("a", selection.SEED, 1e-3, True), ("a", selection.SEED, 3e-3, True),
+      ("b", selection.SEED, 1e-3, True), ("b", selection.SEED, 3e-3, True)]
+  assert {m: c["lr"] for m, c in chosen.items()} == {"a": 1e-3, "b": 3e-3}
+  # The reported seeds only at each model's choice, recorded with it.
+  assert [c for c in calls if not c[3]] == [
+      ("a", 0, 1e-3, False), ("a", 1, 1e-3, False),
+      ("b", 0, 3e-3, False), ("b", 1, 3e-3, False)]
+  assert [r["setting"]["lr"] for r in runs["b"]] == [3e-3, 3e-3]
+  assert [r["setting"]["lr"] for r in searched["a"]] == [1e-3, 3e-3]
+  # A second call finds everything recorded and trains nothing.
+  _, again = _fake_tune(tmp_path, scores)
+  assert again == []
+
+
+def test_tune_reruns_the_seeds_of_a_choice_that_moved(tmp_path):
+  scores = {("a", 1e-3): 0.7, ("a", 3e-3): 0.6,
+            ("b", 1e-3): 0.5, ("b", 3e-3): 0.8}
+  _fake_tune(tmp_path, scores)
+  # Model a's recorded search now says 3e-3 (as if the first score had been
+  # wrong): its seeds were trained at 1e-3, so they are retired and rerun.
+  data = json.loads((tmp_path / "results.json").read_text())
+  data["runs"]["p/tune/model=a/setting=1"]["eval"]["accuracy"] = 0.9
+  (tmp_path / "results.json").write_text(json.dumps(data))
+  (_, chosen, runs), calls = _fake_tune(tmp_path, scores)
+  assert chosen["a"]["lr"] == 3e-3
+  assert calls == [("a", 0, 3e-3, False), ("a", 1, 3e-3, False)]
+  assert [r["setting"]["lr"] for r in runs["a"]] == [3e-3, 3e-3]
+  data = json.loads((tmp_path / "results.json").read_text())
+  assert data["superseded"]["p/tuned/model=a/seed=0"]["setting"]["lr"] == 1e-3
+
+
+def test_tune_chooses_nothing_before_a_search_is_complete(tmp_path):
+  scores = {("a", 1e-3): 0.7, ("a", 3e-3): 0.6,
+            ("b", 1e-3): 0.5, ("b", 3e-3): 0.8}
+  _fake_tune(tmp_path, scores)
+  data = json.loads((tmp_path / "results.json").read_text())
+  del data["runs"]["p/tune/model=b/setting=0"]
+  (tmp_path / "results.json").write_text(json.dumps(data))
+  # A report trains nothing: b's search is one run short, so b has no
+  # choice and none of its seeds is reported.
+  (searched, chosen, runs), calls = _fake_tune(tmp_path, scores, report=True)
+  assert calls == [] and set(chosen) == {"a"} and set(runs) == {"a"}
+  assert len(searched["b"]) == 1
+  # Run backwards (a second process), the missing cell is trained first.
+  _, calls = _fake_tune(tmp_path, scores, reverse=True)
+  assert calls == [("b", selection.SEED, 1e-3, True)]

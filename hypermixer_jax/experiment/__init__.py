@@ -70,6 +70,7 @@ from hypermixer_jax.experiment.figures import figure
 from hypermixer_jax.experiment.figures import mean_curve
 from hypermixer_jax.experiment.figures import plot_curves
 from hypermixer_jax.experiment.figures import style_axes
+from hypermixer_jax.experiment.flags import check_tune
 from hypermixer_jax.experiment.flags import default_shared_dir
 from hypermixer_jax.experiment.flags import load_config
 from hypermixer_jax.experiment.flags import parse
@@ -78,6 +79,7 @@ from hypermixer_jax.experiment.flags import REPO
 from hypermixer_jax.experiment.flags import require
 from hypermixer_jax.experiment.flags import SCALES
 from hypermixer_jax.experiment.flags import split
+from hypermixer_jax.experiment.flags import tune_flags
 from hypermixer_jax.experiment.records import cell_key
 from hypermixer_jax.experiment.records import Experiment
 from hypermixer_jax.experiment.records import grid

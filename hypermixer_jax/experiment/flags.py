@@ -81,6 +81,32 @@ def parser(name: str, description: str, *, report_only: bool = False,
   return p
 
 
+def tune_flags(p: argparse.ArgumentParser, carved_from: str) -> None:
+  """Adds ``--tune`` (every model's learning rate and warm-up chosen alike
+  on ``carved_from``, carved from the training data: ``selection.tune``),
+  ``--lrs`` (the search's rates) and ``--order``."""
+  p.add_argument("--tune", action="store_true",
+                 help=f"small scale: every model's learning rate and warm-up "
+                 f"chosen alike on {carved_from} carved from the training "
+                 "set, then the seeds at each model's choice "
+                 "(table_tuned.md)")
+  p.add_argument("--lrs", default="",
+                 help="--tune: the search's learning rates, the same for "
+                 "every model (default: selection.LRS, 3e-4,1e-3,3e-3); "
+                 "a list that extends the default keeps the runs recorded")
+  p.add_argument("--order", choices=("forward", "reverse"), default="forward",
+                 help="--tune: reverse runs the grids from their last cell "
+                 "(a second process on the same --out)")
+
+
+def check_tune(args: argparse.Namespace, carved_from: str) -> None:
+  """``--tune`` needs the small scale, which carves its validation split
+  from local training files."""
+  if args.tune and args.scale != "small":
+    raise SystemExit(f"--tune: the small scale carves its validation split "
+                     f"from {carved_from}; use --scale=small.")
+
+
 def split(text: str, kind: Callable[[str], Any] = str) -> list[Any]:
   """A comma-separated flag's values (``'0,1,2'`` -> ``[0, 1, 2]`` with
   ``kind=int``); empty items are dropped."""

@@ -192,37 +192,15 @@ def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
   ``(split, selection runs, chosen, runs, baselines)``."""
   split = carve_validation(tsvs)
   exp.save(cifar_split=selection.split_record(split))
-  settings = selection.settings(steps, lrs)
 
-  def select(cell, key):
-    setting = settings[cell["setting"]]
-    c = carved_config(config(cell["model"], selection.SEED), split, setting,
-                      select=True)
-    return dict(selection.lean(run(exp, c, key)), setting=setting)
-  order = (lambda cells: cells[::-1]) if reverse else (lambda cells: cells)
-  # A cell recorded under another grid's numbering is retired and rerun.
-  searched = exp.cells(f"{prefix}tune", order(experiment.grid(
-      model=families, setting=range(len(settings)))), select,
-      expect=lambda cell: {"setting": settings[cell["setting"]]})
-  # In the search's order whatever the grid's (ties go to the earlier).
-  searched = {f: sorted(r, key=lambda x: settings.index(x["setting"]))
-              for f, r in searched.items()}
-  # A family is chosen for only once its whole search has run.
-  chosen = selection.choose(
-      {f: r for f, r in searched.items() if len(r) == len(settings)},
-      validation_accuracy, higher=True)
+  def one(family, seed, setting, key, select):
+    c = carved_config(config(family, seed), split, setting, select=select)
+    return selection.lean(run(exp, c, key))
+  searched, chosen, runs = selection.tune(
+      exp, families, seeds, selection.settings(steps, lrs), prefix, one,
+      validation_accuracy, higher=True, reverse=reverse)
   base = exp.baseline(f"{prefix}carved", lambda: pixel_baselines(
       {**tsvs, "train": split["train"]["path"]}, archive))
-
-  def final(cell, key):
-    c = carved_config(config(cell["model"], cell["seed"]), split,
-                      chosen[cell["model"]])
-    return dict(selection.lean(run(exp, c, key)),
-                setting=chosen[cell["model"]])
-  ready = [f for f in families if f in chosen]
-  runs = exp.cells(f"{prefix}tuned", order(experiment.grid(
-      model=ready, seed=seeds)), final, expect=lambda cell: {
-          "setting": chosen[cell["model"]]}) if ready else {}
   return split, searched, chosen, runs, base
 
 
@@ -234,12 +212,8 @@ def report_tuned(exp, families, seeds: str, steps: int, batch_size: int,
   rates, as ``tune``'s)."""
   split, searched, chosen, runs, base = tuned
   table = (experiment.markdown_table(HEADERS, table_rows(families, runs,
-                                                         base))
-           + "\n\nValidation accuracy (%) of each setting (the chosen "
-           "one: *):\n\n" + experiment.markdown_table(
-               selection.headers(lrs), selection.selection_rows(
-                   searched, chosen, LABELS,
-                   lambda r: f"{100 * validation_accuracy(r):.2f}", lrs)))
+                                                         base)) + "\n\n"
+           + selection.accuracy_section(searched, chosen, LABELS, lrs))
   text = selection.notes(
       "image of the CIFAR-10 training TSV", split, steps, seeds,
       len(selection.settings(steps, lrs)), "all 10,000 test images",

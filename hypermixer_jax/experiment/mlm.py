@@ -388,6 +388,15 @@ def choose(runs_by_model: dict) -> dict:
   return selection.choose(runs_by_model, final_perplexity, higher=False)
 
 
+def tune(exp, models, seeds, steps: int, prefix: str, run
+         ) -> tuple[dict, dict, dict]:
+  """Every model's search (``tune_settings``) and its seeds at its choice
+  (``choose``): ``selection.tune`` with ``run(model, seed, setting, key,
+  select)``."""
+  return selection.tune(exp, models, seeds, tune_settings(steps), prefix,
+                        run, final_perplexity, higher=False)
+
+
 def selection_rows(runs_by_model: dict, chosen: dict) -> list[list]:
   """One row per model: its validation perplexity at every setting, the
   chosen one marked."""

@@ -6,8 +6,8 @@ and scored on a validation split carved from the training data
 (``carve_lines``: every ``VALIDATION_EVERY``-th example, its digest
 recorded), never on the set a number is reported on. Each model's best
 setting (``choose``) then trains the reported seeds on the rest of the
-training data. The MLM study (``experiment.mlm``) and the image study
-(``experiment.images``) use it.
+training data (``tune`` runs both grids). The MLM, image and GLUE studies
+use it.
 """
 from __future__ import annotations
 
@@ -132,6 +132,52 @@ def choose(selection: dict, score: Callable[[dict], float], *,
           for m, runs in selection.items() if runs}
 
 
+def tune(exp, models: Sequence[str], seeds: Sequence[int],
+         settings_: Sequence[dict], prefix: str,
+         run: Callable[[str, int, dict, str, bool], dict],
+         score: Callable[[dict], float], *, higher: bool,
+         reverse: bool = False) -> tuple[dict, dict, dict]:
+  """Equal tuning in ``exp``: every model's search over ``settings_`` (seed
+  ``SEED``, cells under ``{prefix}tune``), then ``seeds`` at each model's
+  best setting by ``score`` (cells under ``{prefix}tuned``).
+
+  ``run(model, seed, setting, key, select)`` trains one cell and returns
+  its record; ``select``: a selection run (scored on the carved validation
+  split, never on the reported set). A recorded cell made at another
+  setting (a reordered grid, a choice that moved) is retired and run again
+  (``Experiment.cells``' ``expect``). A model is chosen for only once its
+  whole search is recorded, so a report of a partial search trains no
+  seeds. ``reverse``: each grid from its last cell (a second process on the
+  same records meets the first in the middle).
+
+  Returns ``(searched, chosen, runs)``: {model: selection runs in the
+  settings' order}, {model: its setting}, {model: its seeds' runs}."""
+  settings_ = list(settings_)
+  order = (lambda cells: cells[::-1]) if reverse else (lambda cells: cells)
+
+  def select(cell, key):
+    setting = settings_[cell["setting"]]
+    return dict(run(cell["model"], SEED, setting, key, True),
+                setting=setting)
+  searched = exp.cells(f"{prefix}tune", order(experiment.grid(
+      model=models, setting=range(len(settings_)))), select,
+      expect=lambda cell: {"setting": settings_[cell["setting"]]})
+  searched = {m: sorted(r, key=lambda x: settings_.index(x["setting"]))
+              for m, r in searched.items()}
+  chosen = choose({m: r for m, r in searched.items()
+                   if len(r) == len(settings_)}, score, higher=higher)
+
+  def final(cell, key):
+    setting = chosen[cell["model"]]
+    return dict(run(cell["model"], cell["seed"], setting, key, False),
+                setting=setting)
+  ready = [m for m in models if m in chosen]
+  runs = exp.cells(f"{prefix}tuned", order(experiment.grid(
+      model=ready, seed=seeds)), final, expect=lambda cell: {
+          "setting": chosen[cell["model"]]}) if ready else {}
+  return searched, chosen, runs
+
+
 def selection_rows(selection: dict, chosen: dict, labels: dict,
                    cell: Callable[[dict], str],
                    lrs: Sequence[float] | None = None,
@@ -147,6 +193,16 @@ def selection_rows(selection: dict, chosen: dict, labels: dict,
     rows.append([labels[m]] + [cells.get((lr, w), "not run")
                                for lr in lrs for w in shares])
   return rows
+
+
+def accuracy_section(searched: dict, chosen: dict, labels: dict,
+                     lrs: Sequence[float] | None = None) -> str:
+  """A table's search section for accuracies: each model's validation
+  accuracy (%, at the end of each selection run) at every setting."""
+  return ("Validation accuracy (%) of each setting (the chosen one: *):\n\n"
+          + experiment.markdown_table(headers(lrs), selection_rows(
+              searched, chosen, labels,
+              lambda r: f"{100 * r['eval']['accuracy']:.2f}", lrs)))
 
 
 def notes(what: str, split: dict, steps: int, seeds: str, n_settings: int,
