@@ -19,6 +19,12 @@ sets: an upper reference, not a like-for-like number).
 Writes ``results.json``, ``table.md`` and ``nli_splits.png`` (test accuracy
 against step, mean over seeds, per task) into ``--out``; ``--report_only``
 writes them from the runs recorded so far.
+
+``--tune``: every model tuned alike on each task, its learning rate and
+warm-up chosen among ``selection.settings`` on every 10th premise (QNLI:
+question) of the train part with all its pairs (seed 100), then the seeds at
+each model's choice trained on the rest of the train part and scored on the
+test part: ``table_tuned_<task>.md``.
 """
 from __future__ import annotations
 
@@ -38,7 +44,9 @@ def main() -> None:
   p.add_argument("--tasks", default=",".join(nli.FILES))
   p.add_argument("--width", type=int, default=nli.SMALL["width"])
   p.add_argument("--seq_len", type=int, default=nli.SMALL["seq_len"])
+  experiment.tune_flags(p, "premises")
   args = experiment.parse(p)
+  experiment.check_tune(args, "each task's train part")
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   tasks, models = experiment.split(args.tasks), experiment.split(args.models)
@@ -63,6 +71,9 @@ def main() -> None:
       return nli.task_config(task, model, split, vocab, shared, seed=seed,
                              width=args.width, steps=args.steps,
                              seq_len=args.seq_len)
+    if args.tune:
+      _tune(exp, args, task, models, seeds, config, budget, split)
+      continue
     exp.baseline(f"{task}/{budget}", lambda config=config:
                  glue.bag_of_words_baselines(config(models[0], seeds[0])))
     runs = exp.cells(
@@ -70,7 +81,21 @@ def main() -> None:
         lambda cell, key, config=config: glue.run_cell(
             exp, config(cell["model"], cell["seed"]), key))
     acc.update({(task, model): r for model, r in runs.items()})
-  _report(exp, args, tasks, models, budget, acc)
+  if not args.tune:
+    _report(exp, args, tasks, models, budget, acc)
+
+
+def _tune(exp, args, task, models, seeds, config, budget, split) -> None:
+  """``--tune`` on ``task``: the search on premises carved from the train
+  part and the seeds at each model's choice (``glue.tune``)."""
+  search = experiment.split(args.lrs, float) or None
+  tuned = glue.tune(exp, models, seeds, config, args.steps,
+                    f"{budget}/task={task}/", split["train"], search,
+                    reverse=args.order == "reverse", task=task,
+                    group=nli.carve_groups(split["train"], task))
+  glue.report_tuned(exp, models, args.seeds, args.steps, tuned, search,
+                    task=task, text=nli.tuned_text(task),
+                    name=f"table_tuned_{task}")
 
 
 def _report(exp, args, tasks, models, budget, acc) -> None:

@@ -72,3 +72,38 @@ def test_pairs_of_one_premise_stay_on_one_side(tmp_path):
   bad = _write(tmp_path / "bad.tsv", ["index\tsentence\tlabel", "0\ts\t1"])
   with pytest.raises(ValueError, match="no column 'question'"):
     nli.split_file(bad, tmp_path / "c", "qnli")
+
+
+@pytest.mark.parametrize("task", ["snli", "qnli"])
+def test_tuning_carves_whole_premises_from_the_train_part(tmp_path, task):
+  # --tune's validation split: every 10th premise (QNLI: question) of the
+  # train part, with all its pairs, a TSV's header kept on both sides.
+  import json  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.experiment import selection  # pylint: disable=g-import-not-at-top
+  if task == "snli":
+    rows = [json.dumps({"premise": f"p{i // 3}", "hypothesis": f"h{i}",
+                        "label": i % 3}) for i in range(90)]
+    src = _write(tmp_path / "train.jsonl", rows)
+    key = lambda line: json.loads(line)["premise"]
+  else:
+    rows = [f"{i}\tq{i // 2}?\ts{i}.\tentailment" for i in range(60)]
+    src = _write(tmp_path / "train.tsv",
+                 ["index\tquestion\tsentence\tlabel"] + rows)
+    key = lambda line: line.split("\t")[1]
+  suffix = pathlib.Path(src).suffix
+  split = selection.carve_lines(
+      src, tmp_path / "carved", names=(f"t{suffix}", f"v{suffix}"),
+      header=suffix == ".tsv", group=nli.carve_groups(src, task))
+  parts = {p: pathlib.Path(split[p]["path"]).read_text().splitlines()
+           for p in ("train", "validation")}
+  if suffix == ".tsv":
+    assert parts["train"][0] == parts["validation"][0] == "index\tquestion\t" \
+        "sentence\tlabel"
+    parts = {p: lines[1:] for p, lines in parts.items()}
+  held = {key(line) for line in parts["validation"]}
+  # Groups 0, 10, 20: whole, and none on the training side.
+  assert held == ({"p0", "p10", "p20"} if task == "snli"
+                  else {"q0?", "q10?", "q20?"})
+  assert not held & {key(line) for line in parts["train"]}
+  assert sorted(parts["train"] + parts["validation"]) == sorted(rows)
+  assert nli.tuned_text(task)["column"] == f"{task} 20% test (ours)"

@@ -213,26 +213,40 @@ def subset_tsv(source: str, fraction: float, out: pathlib.Path) -> str:
 # ---------------------------------------------------------------------------
 # Equal tuning (``--tune``, small scale).
 # ---------------------------------------------------------------------------
-CARVED = ("carved_train.tsv", "carved_validation.tsv")
+# What ``report_tuned`` says of SST-2's tuned runs.
+SST2_TUNED = dict(
+    title="GLUE from scratch, every model tuned alike (small scale)",
+    column="sst2 dev, final (ours)", carved="phrase of the SST-2 train TSV",
+    reported_on="the {n} dev sentences",
+    caveat="The carved phrases are parts of the same sentences as the "
+    "training phrases (SST-2 keeps no sentence id to carve by), so "
+    "validation accuracy runs above dev accuracy; it ranks the settings, it "
+    "is not reported. ")
 
 
 def tune(exp: experiment.Experiment, mixers, seeds, config, steps: int,
-         prefix: str, source: str, lrs=None, reverse: bool = False
+         prefix: str, source: str, lrs=None, reverse: bool = False, *,
+         task: str = "sst2", group=None
          ) -> tuple[dict, dict, dict, dict, dict]:
   """Every model's search (``selection.settings(steps, lrs)``, seed
-  ``selection.SEED``) on every 10th phrase of the SST-2 train TSV
-  ``source`` (carved into ``exp``'s ``sst2_split`` folder), then ``seeds``
-  at each model's choice, trained on the other phrases and scored on dev.
+  ``selection.SEED``) on every 10th example of ``task``'s train file
+  ``source`` (``group(rows)``: each row's group, carved whole, e.g. its
+  premise; a TSV keeps its header), carved into ``exp``'s
+  ``<task>_split`` folder; then ``seeds`` at each model's choice, trained
+  on the other examples and scored on the config's evaluation split.
   ``config(mixer, seed)``: the untuned small-scale run config. Returns
   ``(split, searched, chosen, runs, baselines)``, the baselines fitted on
-  the carved train phrases."""
-  split = selection.carve_lines(source, exp.workdir("sst2_split"),
-                                names=CARVED, header=True)
-  exp.save(sst2_split=selection.split_record(split))
+  the carved train part."""
+  suffix = pathlib.Path(source).suffix
+  split = selection.carve_lines(
+      source, exp.workdir(f"{task}_split"),
+      names=(f"carved_train{suffix}", f"carved_validation{suffix}"),
+      header=suffix == ".tsv", group=group)
+  exp.save(**{f"{task}_split": selection.split_record(split)})
 
   def one(mixer, seed, setting, key, select):
     c = selection.carved(config(mixer, seed), split, setting)
-    if select:   # scored once, at the end, on the carved phrases
+    if select:   # scored once, at the end, on the carved examples
       c.data.local_files.validation = split["validation"]["path"]
       c.eval_every = c.num_train_steps
     return selection.lean(run_cell(exp, c, key))
@@ -245,42 +259,46 @@ def tune(exp: experiment.Experiment, mixers, seeds, config, steps: int,
 
 
 def report_tuned(exp: experiment.Experiment, mixers, seeds: str,
-                 steps: int, tuned: tuple, lrs=None) -> None:
-  """``table_tuned.md``: each model's dev accuracy at its chosen setting
-  (mean ± sd over ``seeds``), the paper's order against HyperMixer and the
-  comparison with Naive Bayes, both by Welch's test with the dev set's
-  noise; then every model's search."""
+                 steps: int, tuned: tuple, lrs=None, *, task: str = "sst2",
+                 text: dict | None = None, name: str = "table_tuned"
+                 ) -> None:
+  """``<name>.md``: each model's accuracy at its chosen setting (mean ± sd
+  over ``seeds``), the paper's order against HyperMixer and the comparison
+  with Naive Bayes, both by Welch's test with the evaluation set's noise;
+  then every model's search. ``text``: the table's title, column and
+  what was carved and reported on (``SST2_TUNED``'s fields; ``paper``:
+  False leaves out the paper's column)."""
+  text = text or SST2_TUNED
   split, searched, chosen, runs, base = tuned
   n_eval = base["dev_rows"]
   acc = {m: [r["eval"]["accuracy"] for r in runs.get(m, [])] for m in mixers}
-  headers = ["model", "chosen lr, warm-up", "sst2 dev, final (ours)",
-             "sst2 test (paper)", "HyperMixer above it?", "vs Naive Bayes"]
+  paper = text.get("paper", True)
+  headers = ["model", "chosen lr, warm-up", text["column"]] + (
+      [f"{task} test (paper)"] if paper else []) + [
+          "HyperMixer above it?", "vs Naive Bayes"]
   rows = []
   for m in mixers:
     s = chosen.get(m)
     rows.append([
         LABELS[m], f"{s['lr']:g}, {s['warmup_share']:.0%}" if s else
         "search not complete", experiment.fmt_mean_sd(acc[m], 100) or
-        "not run", PAPER[m]["sst2"],
-        hypermixer_above("sst2", m, acc.get("hypermixer", []), acc[m],
+        "not run"] + ([PAPER[m][task]] if paper else []) + [
+        hypermixer_above(task, m, acc.get("hypermixer", []), acc[m],
                          n_eval),
         experiment.against_baseline(acc[m], base["naive_bayes"],
                                     n_eval=n_eval).text(100)
         if acc[m] else ""])
-  for name, label in (("naive_bayes", "Naive Bayes (bag of tokens)"),
+  for kind, label in (("naive_bayes", "Naive Bayes (bag of tokens)"),
                       ("majority", "majority class")):
     rows.append(experiment.table_row(headers, {
-        "model": label, headers[2]: f"{100 * base[name]:.1f}"}))
+        "model": label, headers[2]: f"{100 * base[kind]:.1f}"}))
   table = (experiment.markdown_table(headers, rows) + "\n\n"
            + selection.accuracy_section(searched, chosen, LABELS, lrs))
   notes = selection.notes(
-      "phrase of the SST-2 train TSV", split, steps, seeds,
-      len(selection.settings(steps, lrs)), f"the {n_eval} dev sentences",
-      "accuracy at the last step") + (
-      "The carved phrases are parts of the same sentences as the training "
-      "phrases (SST-2 keeps no sentence id to carve by), so validation "
-      "accuracy runs above dev accuracy; it ranks the settings, it is not "
-      "reported. Baselines fitted on the same carved train phrases. "
+      text["carved"], split, steps, seeds,
+      len(selection.settings(steps, lrs)),
+      text["reported_on"].format(n=f"{n_eval:,}"),
+      "accuracy at the last step") + text["caveat"] + (
+      "Baselines fitted on the same carved train part. "
       + experiment.VERDICT_NOTE)
-  exp.write_table("GLUE from scratch, every model tuned alike (small "
-                  "scale)", table, notes, name="table_tuned")
+  exp.write_table(text["title"], table, notes, name=name)

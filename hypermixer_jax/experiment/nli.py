@@ -98,3 +98,24 @@ def task_config(task: str, mixer: str, split: dict, vocab: dict,
   c.data.local_files.validation = split["test"]
   c.eval_split = "validation"
   return c
+
+
+def carve_groups(train_file: str, task: str):
+  """``selection.carve_lines``' ``group`` for ``task``'s train part: each
+  row's premise (QNLI: question), so that a carved validation split shares
+  no premise with the rows trained on."""
+  path = pathlib.Path(train_file)
+  header = (path.read_text(encoding="utf-8").split("\n", 1)[0]
+            if path.suffix == ".tsv" else None)
+  return lambda rows: group_keys([r.rstrip("\n") for r in rows], header,
+                                 GROUP_BY[task])
+
+
+def tuned_text(task: str) -> dict:
+  """What ``glue.report_tuned`` says of ``task``'s tuned runs."""
+  return dict(
+      title=f"{task.upper()} on its fixed split, every model tuned alike "
+      "(small scale)", column=f"{task} 20% test (ours)",
+      carved=f"{GROUP_BY[task]} (all its pairs) of the {task.upper()} "
+      "train part", reported_on="the {n} pairs of the 20% test part",
+      caveat="")
