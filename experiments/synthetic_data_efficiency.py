@@ -30,6 +30,10 @@ mean target of the training set.
   python experiments/synthetic_data_efficiency.py --scale=small \
       --out=experiments/results/synthetic_data_efficiency
 
+``--tune``: every model's learning rate and warm-up chosen alike at each size
+(``synthetic.tune``: sequences held out of a training set of that size),
+then the seeds at each choice: ``table_tuned.md``.
+
 Writes ``results.json``, ``table.md``, ``data_efficiency.png`` (test MSE
 against training-set size) and ``pseudo_attention.png`` into ``--out``.
 """
@@ -41,6 +45,7 @@ import ml_collections
 import numpy as np
 
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import synthetic
 # The study's probes, named here as well for the tests and readers.
 from hypermixer_jax.experiment.synthetic import map_example  # pylint: disable=g-importing-member
 from hypermixer_jax.experiment.synthetic import pseudo_attention_map  # pylint: disable=g-importing-member
@@ -219,6 +224,7 @@ def _plot_maps(exp, mixers, size, seed, example) -> None:
 def main() -> None:
   p = experiment.parser("synthetic_data_efficiency", __doc__,
                         report_only=True, mixers=MIXERS, seeds="", steps=0)
+  experiment.tune_flags(p, "sequences")
   args = experiment.parse(p)
   setting = dict(SCALES[args.scale])
   if args.steps:
@@ -226,6 +232,15 @@ def main() -> None:
   if args.seeds:   # default: the scale's
     setting["seeds"] = experiment.split(args.seeds, int)
   exp = experiment.Experiment(args.out, args)
+  if args.tune:   # the search and the seeds at each choice, per size
+    mixers, lrs = experiment.split(args.mixers), (
+        experiment.split(args.lrs, float) or None)
+    synthetic.report_tuned(exp, synthetic.tune(
+        exp, lambda m, n, s: run_config(m, n, s, setting["steps"]), mixers,
+        setting, lrs, reverse=args.order == "reverse"), mixers, LABELS,
+                           setting, lrs, equal=(EQUAL_FROM, EQUAL_SHARE),
+                           claim=PAPER_CLAIM)
+    return
   run(exp, mixers=experiment.split(args.mixers),
       report_only=args.report_only, **setting)
 

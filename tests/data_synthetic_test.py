@@ -129,3 +129,38 @@ def test_synthetic_runs_import_no_tensorflow():
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.splitlines()[-1] == "[]", out.stdout
+
+
+def test_validation_carved_from_the_training_set():
+  # validation_every = 10: validation is training sequences 0, 10, 20, 30,
+  # train the other 31 in order, test its own draw; together the two are
+  # exactly the training set without the carve.
+  whole = synthetic.split_arrays(_config(num_examples=35).synthetic,
+                                 "train")["inputs"]
+  cfg = _config(num_examples=35, validation_every=10, num_eval_examples=8)
+  batches = {split: list(data.build_pipeline(
+      cfg, split, batch_size=1, seed=0, repeat=False, shuffle=False))
+             for split in ("train", "validation", "test")}
+  got = {s: np.concatenate([b["inputs"] for b in bs])
+         for s, bs in batches.items()}
+  assert [len(got[s]) for s in ("train", "validation", "test")] == [31, 4, 8]
+  np.testing.assert_array_equal(got["validation"], whole[::10])
+  np.testing.assert_array_equal(
+      got["train"], whole[[i for i in range(35) if i % 10]])
+  rows = {x.tobytes() for x in whole}
+  assert not {x.tobytes() for x in got["test"]} & rows
+  # Without the carve, validation is a draw of its own.
+  own = synthetic.split_arrays(_config(num_examples=35,
+                                       num_eval_examples=4).synthetic,
+                               "validation")["inputs"]
+  assert not {x.tobytes() for x in own} & rows
+
+
+@pytest.mark.parametrize("every,examples", [(1, 100), (10, 0), (10, 5)])
+def test_a_carve_the_training_set_cannot_give_is_refused(every, examples):
+  cfg = _config(num_examples=examples, validation_every=every)
+  with pytest.raises(ValueError, match=r"^synthetic.validation_every="
+                     f"{every} carves .* num_examples={examples}\\); set it "
+                     "to 0"):
+    data.build_pipeline(cfg, "train", batch_size=2, seed=0, repeat=False,
+                        shuffle=False)

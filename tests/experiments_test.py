@@ -196,3 +196,43 @@ class SyntheticDataEfficiencyTest(absltest.TestCase):
 
 if __name__ == "__main__":
   absltest.main()
+
+
+def test_synthetic_tune_holds_out_training_sequences_and_tests_on_test(
+    tmp_path, monkeypatch):
+  # --tune's wiring, the trainer replaced: a search run evaluates on every
+  # 10th sequence of its own training draw (seed 100), the seeds on the
+  # test draw after training on their whole sets; each model's seeds at the
+  # setting of lowest validation MSE.
+  from hypermixer_jax.experiment import selection  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.experiment import synthetic as syn  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  def fake_train(c, workdir):
+    seen.append((None, c.seed, c.data.synthetic.data_seed,
+                 c.data.synthetic.validation_every, c.eval_split,
+                 c.learning_rate, c.data.synthetic.num_examples))
+    return {"eval": {"mse": abs(c.learning_rate - 1e-3) + c.seed / 1e4}}
+  monkeypatch.setattr(syn.experiment, "train", fake_train)
+  exp = experiment.Experiment(tmp_path, None)
+  setting = dict(sizes=(500,), seeds=(0, 1, 2), steps=100)
+  tuned = syn.tune(exp, lambda m, n, s: sde.run_config(m, n, s, 100),
+                   ["hypermixer", "attention"], setting, (1e-3, 3e-3))
+  searched, chosen, runs = tuned[500]
+  select = [s for s in seen if s[1] == selection.SEED]
+  assert len(select) == 8 and all(
+      s[2:5] == (selection.SEED, 10, "validation") and s[6] == 500
+      for s in select)
+  final = [s for s in seen if s[1] != selection.SEED]
+  assert [(s[1], s[2], s[3], s[4]) for s in final] == [
+      (seed, seed, 0, "test") for seed in (0, 1, 2)] * 2
+  assert {m: c["lr"] for m, c in chosen.items()} == {
+      "hypermixer": 1e-3, "attention": 1e-3}
+  assert [r["mse"] for r in runs["attention"]] == pytest.approx(
+      [0.0, 1e-4, 2e-4])
+  syn.report_tuned(exp, tuned, ["hypermixer", "attention"], sde.LABELS,
+                   setting, (1e-3, 3e-3), equal=(100_000, 0.1), claim="")
+  table = (tmp_path / "table_tuned.md").read_text()
+  assert "| HyperMixer | 1.00e-04 ± 1.0e-04 (lr 0.001, 2%) |" in table
+  assert "| HyperMixer | 1.00e-02 * | 1.00e-02 | 1.20e-02 | 1.20e-02 |" \
+      in table

@@ -127,6 +127,7 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.synthetic.data_seed = 0                # the data set; the pipeline seed only orders it
   c.synthetic.num_examples = 50_000       # train split; 0 = endless fresh examples
   c.synthetic.num_eval_examples = 2_000   # validation and test splits
+  c.synthetic.validation_every = 0         # k > 0: validation = every k-th train sequence
   c.synthetic.shapes = ("triangle", "box")
   c.synthetic.min_height = 1.0
   c.synthetic.max_height = 25.0

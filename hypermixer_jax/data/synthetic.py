@@ -12,6 +12,11 @@ Examples are generated in blocks of ``BLOCK`` with NumPy, each block from its
 own generator ``default_rng([data_seed, stream, block])``: example i of a
 split is the same whatever the batch size, the number of hosts or the order in
 which blocks are asked for.
+
+``validation_every = k > 0`` carves the validation split from the training
+set (for choosing hyperparameters without a fresh draw the training budget
+does not have): validation is every k-th of the ``num_examples`` training
+sequences (0, k, 2k, ...), train the others; test stays its own draw.
 """
 from __future__ import annotations
 
@@ -34,6 +39,14 @@ def _options_key(opts: ml_collections.ConfigDict | Mapping) -> tuple:
 
 def check_options(opts) -> None:
   """Raises ValueError for options that cannot produce a sequence."""
+  every = opts.get("validation_every", 0)
+  if every and (every < 2 or not opts.num_examples
+                or opts.num_examples < every):
+    raise ValueError(
+        f"synthetic.validation_every={every} carves every {every}th training "
+        f"sequence: it needs 2 <= validation_every <= num_examples (a finite "
+        f"training set, num_examples={opts.num_examples}); set it to 0 for a "
+        "validation split of its own.")
   for s in opts.shapes:
     if s not in SHAPES:
       raise ValueError(f"Unknown synthetic shape {s!r}; choose from {SHAPES}.")
@@ -105,6 +118,13 @@ def generate(opts, split: str, indices: np.ndarray) -> dict[str, np.ndarray]:
   key = _options_key(opts)
   stream = STREAMS[split]
   indices = np.asarray(indices, np.int64)
+  every = dict(key).get("validation_every", 0)
+  if every and split in ("train", "validation"):
+    # Both index the training draw: validation its multiples of ``every``,
+    # train the rest in order.
+    stream = STREAMS["train"]
+    indices = (indices * every if split == "validation"
+               else indices + indices // (every - 1) + 1)
   blocks, rows = np.divmod(indices, BLOCK)
   inputs = np.empty((len(indices), dict(key)["seq_len"]), np.float32)
   targets = np.empty_like(inputs)
@@ -137,4 +157,8 @@ def num_examples(opts, split: str) -> int:
   if split not in STREAMS:
     raise ValueError(f"Unknown split {split!r} for synthetic_pairs; "
                      f"choose from {list(STREAMS)}.")
+  every = opts.get("validation_every", 0)
+  if every and split != "test":
+    held = -(-opts.num_examples // every)   # 0, every, 2 every, ...
+    return opts.num_examples - held if split == "train" else held
   return opts.num_examples if split == "train" else opts.num_eval_examples

@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from hypermixer_jax import experiment
 from hypermixer_jax import models
 from hypermixer_jax.data import synthetic
+from hypermixer_jax.experiment import selection
 from hypermixer_jax.train import pseudo_attention as pa
 
 
@@ -39,3 +41,96 @@ def trivial_baselines(config: ml_collections.ConfigDict,
   mean = float(train["targets"].mean())
   return {"copy_input": float(np.mean((test["inputs"] - test["targets"]) ** 2)),
           "train_mean": float(np.mean((mean - test["targets"]) ** 2))}
+
+
+# ---------------------------------------------------------------------------
+# Equal tuning (``--tune``).
+# ---------------------------------------------------------------------------
+def tune(exp, config, mixers, setting: dict, lrs=None,
+         reverse: bool = False) -> dict:
+  """Every model's search at each training-set size of ``setting``
+  (``sizes``, ``seeds``, ``steps``), then its seeds at its choice:
+  ``{size: (searched, chosen, runs)}`` (``selection.tune``).
+
+  A search run draws its own training set of the size (seed
+  ``selection.SEED``) and holds out every ``selection.VALIDATION_EVERY``-th
+  sequence of it (``data.synthetic.validation_every``), scored once, at the
+  end, by MSE; the test draw is never read. The seeds then train on their
+  full draws of the size and are scored on the test draw, as the untuned
+  runs. ``config(mixer, size, seed)``: the untuned run config."""
+  out, steps = {}, setting["steps"]
+  for size in setting["sizes"]:
+    def one(mixer, seed, setting, key, select, size=size):
+      c = config(mixer, size, seed)
+      c.learning_rate = setting["lr"]
+      c.warmup_steps = min(setting["warmup"], c.num_train_steps)
+      if select:
+        c.data.synthetic.validation_every = selection.VALIDATION_EVERY
+        c.eval_split = "validation"
+        c.eval_every = c.num_train_steps
+      r = experiment.train(c, exp.workdir(key))
+      return dict(selection.lean(r), mse=float(r["eval"]["mse"]))
+    out[size] = selection.tune(
+        exp, mixers, setting["seeds"], selection.settings(steps, lrs),
+        f"s{steps}/n{size}/", one, lambda r: r["mse"], higher=False,
+        reverse=reverse)
+  return out
+
+
+def report_tuned(exp, tuned: dict, mixers, labels: dict, setting: dict,
+                 lrs=None, *, equal: tuple[int, float], claim: str) -> None:
+  """``table_tuned.md``: each model's test MSE at its choice per size (mean
+  ± sd over ``setting``'s seeds), HyperMixer against attention by Welch's
+  test ("lower" below ``equal[0]`` sequences, equal within the share
+  ``equal[1]`` of attention's mean from it), the trivial baselines, and
+  every search."""
+  sizes, steps, (equal_from, equal_share) = sorted(tuned), setting["steps"], equal
+  seeds = ",".join(map(str, setting["seeds"]))
+  n_seeds = len(setting["seeds"])
+  mse = {(m, n): [r["mse"] for r in tuned[n][2].get(m, [])]
+         for m in mixers for n in sizes}
+
+  def cell(m, n):
+    s = tuned[n][1].get(m)
+    if not s:
+      return "search not complete"
+    return (experiment.fmt_seed_summary(experiment.seed_summary(mse[m, n]),
+                                        n_seeds)
+            + f" (lr {s['lr']:g}, {s['warmup_share']:.0%})")
+  rows = [[labels[m]] + [cell(m, n) for n in sizes] for m in mixers]
+  if {"hypermixer", "attention"} <= set(mixers):
+    row = [f"HyperMixer - Attention (paper: lower below {equal_from:,}, "
+           "equal from it)"]
+    for n in sizes:
+      a, b = mse["hypermixer", n], mse["attention", n]
+      row.append(experiment.verdict(
+          a, b, "equal" if n >= equal_from else "lower",
+          margin=equal_share * float(np.mean(b)) if b else None
+      ).text(spec="+.1e") if a and b else "")
+    rows.append(row)
+  base = exp.data.get("baselines", {})
+  if base:
+    rows += [["copy the input"] + [f"{base['copy_input']:.2e}"] * len(sizes),
+             ["train-set mean target"]
+             + [f"{base['train_mean']:.2e}"] * len(sizes)]
+  text = experiment.markdown_table(
+      ["model"] + [f"n={n:,}" for n in sizes], rows)
+  for n in sizes:
+    searched, chosen, _ = tuned[n]
+    text += (f"\n\nValidation MSE of each setting at n={n:,} (the chosen "
+             "one: *):\n\n" + experiment.markdown_table(
+                 selection.headers(lrs), selection.selection_rows(
+                     searched, chosen, labels,
+                     lambda r: f"{r['mse']:.2e}", lrs)))
+  notes = (
+      f"Equal tuning: at each size every model trained {steps} steps at "
+      f"each of the {len(selection.settings(steps, lrs))} settings on a "
+      f"training set of that size drawn with seed {selection.SEED}, every "
+      f"{selection.VALIDATION_EVERY}th sequence of it held out and scored "
+      "(MSE at the last step); the chosen setting then trained with seeds "
+      f"{seeds} on their own full training sets of the size, scored on the "
+      "test draw (never read in the choice). Cells: test MSE, mean ± sd. "
+      f"{claim} {experiment.VERDICT_NOTE}")
+  exp.write_table("Synthetic task, every model tuned alike: test MSE "
+                  "against training-set size", text, notes,
+                  name="table_tuned")
