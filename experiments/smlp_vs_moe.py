@@ -49,6 +49,12 @@ configs, FLOP matching, scoring, tables, figure) lives in
   python experiments/smlp_vs_moe.py --scale=small --out=experiments/results/smlp_vs_moe
   python experiments/smlp_vs_moe.py --scale=small --out=experiments/results/smlp_vs_moe --ablations
 
+``--tune`` (small scale): every main model's learning rate and warm-up
+chosen alike among ``selection.settings`` at its FLOP-matched depth, each
+search run scored on every 10th C4 document carved from the training
+documents (seed 100), then the seeds at each model's choice trained on the
+other documents and scored on WikiText-2 valid: ``table_tuned.md``.
+
 (``--models=NAME`` runs one model or ablation, e.g. one per queued job;
 the runs are recorded in ``results.json``, and the last command's table
 holds every recorded run it names.)
@@ -80,7 +86,9 @@ def _flags():
                  "(names in sparse_lm.ABLATIONS; the first seed)")
   p.add_argument("--plan_only", action="store_true",
                  help="measure FLOPs and choose depths, train nothing")
+  experiment.tune_flags(p, "C4 documents")
   args = experiment.parse(p)
+  experiment.check_tune(args, "the local C4 documents")
   names = experiment.split(args.models)
   if args.ablations:
     names += [n for n in sparse_lm.ABLATIONS if n not in names]
@@ -117,6 +125,13 @@ def main() -> None:
   if args.plan_only:
     return
   ref = sparse_lm.REFERENCE
+  if args.tune:
+    lrs = experiment.split(args.lrs, float) or None
+    tuned = sparse_lm.tune(exp, plan, seeds, f"{regime}/s{steps}", config,
+                           s["batch_size"] * s["seq_len"], lrs,
+                           reverse=args.order == "reverse")
+    sparse_lm.report_tuned(exp, s, plan, tuned, vocab, steps, seeds, lrs)
+    return
   base = (exp.data.get("baselines", {}).get(regime) if exp.report_only else
           exp.baseline(regime, lambda: sparse_lm.lm_baselines(
               config(ref, s["smlp_depth"]))))

@@ -243,3 +243,63 @@ def test_vocabulary_regimes(shared):
   with pytest.raises(ValueError, match="for --scale=small"):
     sparse_lm.train_config(sparse_lm.model_config("gmlp", "paper", (1, 0)),
                            "paper", shared, vocab=vocab)
+
+
+def test_tune_carves_c4_documents_and_scores_seeds_on_wikitext(
+    shared, tmp_path, monkeypatch):
+  # --tune's wiring, the trainer replaced: the two C4 samples joined and
+  # every 10th document carved; search runs score on it once at the end,
+  # the seeds train on the rest at their model's choice.
+  import argparse  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import experiment  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.experiment import selection  # pylint: disable=g-import-not-at-top
+  for i, f in enumerate(("c4_en_tfds_minimal_train_1000.jsonl",
+                         "c4_en_train_00000_first1000.jsonl")):
+    (shared / "c4" / f).write_text("".join(
+        json.dumps({"text": f"doc {i}-{j}"}) + "\n" for j in range(15)))
+  seen = []
+
+  def fake_train(c, workdir):
+    seen.append((c.seed, c.data.local_files.train,
+                 c.data.local_files.validation, c.eval_every,
+                 c.learning_rate, c.model.get("token_mixer")))
+    # The Transformer is best at the larger rate, sMLP at the smaller.
+    best = 3e-3 if c.model.token_mixer == "attention" else 1e-3
+    return {"eval": {"perplexity": 100 + 1e4 * abs(c.learning_rate - best)
+                     + c.seed}}
+  monkeypatch.setattr(sparse_lm.experiment, "train", fake_train)
+  monkeypatch.setattr(sparse_lm, "run_summary", lambda r, t: {})
+  monkeypatch.setattr(sparse_lm, "heldout_last80", lambda c, w: {})
+  monkeypatch.setattr(sparse_lm, "lm_baselines",
+                      lambda c: {"train": c.data.local_files.train})
+  exp = experiment.Experiment(tmp_path / "out",
+                              argparse.Namespace(report_only=False))
+
+  def config(name, depth, seed=0):
+    return sparse_lm.run_config(name, "small", depth, shared, seed=seed,
+                                steps=50)
+  plan = {"smlp_deterministic": {"depth": [1, 1]},
+          "switch": {"depth": [1, 1]}}
+  split, searched, chosen, runs, base = sparse_lm.tune(
+      exp, plan, [0, 1], "b", config, 16 * 128, (1e-3, 3e-3))
+  joined = (pathlib.Path(split["train"]["path"]).parent / "c4_sample.jsonl")
+  assert joined.read_text().count("\n") == 30
+  assert (split["validation"]["documents"], split["train"]["documents"]) == (
+      3, 27)
+  assert "doc 0-0" in pathlib.Path(split["validation"]["path"]).read_text()
+  assert base["train"] == split["train"]["path"]
+  wiki = str(shared / "wikitext-2-raw/wiki.valid.raw")
+  select = [s for s in seen if s[0] == selection.SEED]
+  assert len(select) == 8 and all(
+      s[1] == split["train"]["path"] and s[2] == split["validation"]["path"]
+      and s[3] == 50 for s in select)
+  assert {m: c["lr"] for m, c in chosen.items()} == {
+      "smlp_deterministic": 1e-3, "switch": 3e-3}
+  final = [s for s in seen if s[0] != selection.SEED]
+  assert [(s[0], s[1], s[2], s[4]) for s in final] == [
+      (0, split["train"]["path"], wiki, 1e-3),
+      (1, split["train"]["path"], wiki, 1e-3),
+      (0, split["train"]["path"], wiki, 3e-3),
+      (1, split["train"]["path"], wiki, 3e-3)]
+  assert [r["setting"]["lr"] for r in runs["switch"]] == [3e-3, 3e-3]

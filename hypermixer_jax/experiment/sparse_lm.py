@@ -12,6 +12,7 @@ import ml_collections
 
 from hypermixer_jax import baselines
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import selection
 
 # name -> (label, family fields, moe fields). ``sparse``: has N2 > 0.
 MODELS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
@@ -410,19 +411,22 @@ def train_runs(exp: experiment.Experiment, plan: Mapping[str, Any],
 
 
 def notes(scale: str, s: Mapping[str, Any], vocab: dict | None, steps: int,
-          seeds: Sequence[int]) -> str:
+          seeds: Sequence[int], tuned: bool = False) -> str:
   """The table's notes: the shared setting, how depths and verdicts are
-  found, and what XLA's counts leave out."""
+  found, and what XLA's counts leave out (``tuned``: each model at its own
+  chosen lr and warm-up)."""
   vocab_text = (f"the {vocab['model_vocab_size']:,}-id SentencePiece "
                 "vocabulary of the C4 sample" if vocab else
                 "T5's 32,128-id vocabulary")
   return (
       f"{scale} scale: d={s['d_model']}, d_ffn={s['d_ffn']}, "
       f"{s['num_experts']} experts, {s['num_heads']} head(s), sequence "
-      f"{s['seq_len']}, batch {s['batch_size']}, {steps} steps, AdamW lr "
-      f"{s['lr']:g} (warm-up {s['warmup']}, cosine to 0.1), the same for "
-      f"every model; {vocab_text}; seeds {seeds} (mean ± sd; ablations: the "
-      "first seed). Depths chosen so that the blocks' FLOPs per token match "
+      f"{s['seq_len']}, batch {s['batch_size']}, {steps} steps, AdamW "
+      + ("at each model's chosen lr and warm-up (cosine to 0.1)" if tuned
+         else f"lr {s['lr']:g} (warm-up {s['warmup']}, cosine to 0.1), the "
+         "same for every model")
+      + f"; {vocab_text}; seeds {seeds} (mean ± sd; ablations: the first "
+      "seed). Depths chosen so that the blocks' FLOPs per token match "
       "sMLP's (XLA cost analysis of the compiled train step; the embedding "
       "and the output layer, equal for all, are the rest of the "
       "train-step column, which each run measured itself). Perplexity: per "
@@ -489,3 +493,80 @@ def plot_runs(exp: experiment.Experiment, runs: dict,
   exp.save_figure(fig, "smlp_vs_moe")
 
 
+
+
+# ---------------------------------------------------------------------------
+# Equal tuning (``--tune``, small scale).
+# ---------------------------------------------------------------------------
+def carve_c4(exp: experiment.Experiment, config) -> dict:
+  """The small scale's C4 training documents (both local samples, joined in
+  order into ``exp``'s ``c4_split`` folder) with every
+  ``selection.VALIDATION_EVERY``-th document carved out
+  (``selection.carve_lines``); ``config``: any run config of the study."""
+  folder = pathlib.Path(exp.workdir("c4_split"))
+  folder.mkdir(parents=True, exist_ok=True)
+  joined = folder / "c4_sample.jsonl"
+  joined.write_text("".join(
+      pathlib.Path(f).read_text(encoding="utf-8")
+      for f in config.data.local_files.train.split(",")), encoding="utf-8")
+  return selection.carve_lines(joined, folder)
+
+
+def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
+         budget: str, config, tokens_per_step: int, lrs=None,
+         reverse: bool = False) -> tuple[dict, dict, dict, dict, dict]:
+  """Every model's search at its planned depth (``selection.tune``): each
+  run trains on the carved C4 documents and is scored by its final
+  perplexity on the carved ones; then the seeds at each model's choice,
+  trained on the same documents and scored on WikiText-2 valid as the
+  untuned runs. Returns ``(split, searched, chosen, runs, baselines)``."""
+  names = [n for n in MODELS if n in plan]
+  split = carve_c4(exp, config(REFERENCE, tuple(plan[REFERENCE]["depth"])))
+  exp.save(c4_split=selection.split_record(split))
+  steps = config(REFERENCE, tuple(plan[REFERENCE]["depth"])).num_train_steps
+
+  def one(name, seed, setting, key, select):
+    c = selection.carved(config(name, tuple(plan[name]["depth"]), seed),
+                         split, setting)
+    if select:   # scored once, at the end, on the carved documents
+      c.data.local_files.validation = split["validation"]["path"]
+      c.eval_every, c.eval_steps = c.num_train_steps, -1
+    r = experiment.train(c, exp.workdir(key))
+    if select:
+      return dict(selection.lean(r), perplexity=r["eval"]["perplexity"])
+    return {**r, **run_summary(r, tokens_per_step),
+            "last80": heldout_last80(c, exp.workdir(key))}
+  searched, chosen, runs = selection.tune(
+      exp, names, seeds, selection.settings(steps, lrs), f"{budget}/", one,
+      lambda r: r["perplexity"], higher=False, reverse=reverse)
+  base = exp.baseline(f"{budget}/carved", lambda: lm_baselines(
+      selection.carved(config(REFERENCE, tuple(plan[REFERENCE]["depth"])),
+                       split)))
+  return split, searched, chosen, runs, base
+
+
+def report_tuned(exp: experiment.Experiment, s: Mapping[str, Any],
+                 plan: Mapping[str, Any], tuned: tuple, vocab: dict | None,
+                 steps: int, seeds: Sequence[int], lrs=None) -> None:
+  """``table_tuned.md``: the main table's columns for the tuned runs, each
+  model's choice, and every model's search (validation perplexity)."""
+  split, searched, chosen, runs, base = tuned
+  labels = {n: m[0] for n, m in MODELS.items()}
+  names = [n for n in MODELS if n in plan]
+  table = experiment.markdown_table(HEADERS, table_rows(
+      names, labels, runs, plan, REFERENCE, PAPER,
+      base["all"]["unigram"]) + baseline_rows(base))
+  table += ("\n\nValidation perplexity of each setting (the chosen one: "
+            "*):\n\n" + experiment.markdown_table(
+                selection.headers(lrs), selection.selection_rows(
+                    searched, chosen, labels,
+                    lambda r: f"{r['perplexity']:.1f}", lrs)))
+  text = selection.notes(
+      "document of the two C4 samples", split, steps,
+      ",".join(map(str, seeds)), len(selection.settings(steps, lrs)),
+      "WikiText-2 valid", "perplexity at the last step")
+  text += notes("small", s, vocab, steps, seeds, tuned=True)
+  exp.write_table(f"sMLP vs MoE Transformers at equal FLOPs, every model "
+                  f"tuned alike (small scale, "
+                  f"{'8k' if vocab else 'T5'} vocabulary)", table, text,
+                  name="table_tuned")
