@@ -49,6 +49,11 @@ on the C4 sample less every 10th document and scored on those documents
 never read in the choice. The chosen width then trains ``--seeds`` on the
 whole sample, as every model does, and is judged against the Transformer.
 
+``--tune``: every model of ``--models`` tuned alike, its learning rate and
+warm-up chosen among ``selection.settings`` on the same carved documents
+(seed 100), then ``--seeds`` at each model's choice trained on the other
+documents and scored on the held-out rows: ``table_tuned.md``.
+
 Length: every run, trained at N = 256, is evaluated at 256 / 512 / 1,024.
 All four models are built with ``max_len = 1024`` so all can run there:
 sinusoidal positions (Transformer, linear attention, HyperMixer's
@@ -128,6 +133,10 @@ def lm_part(args, exp) -> None:
     raise AssertionError("the held-out lengths score different tokens.")
   bases = exp.baseline(prefix, lambda: causal.count_baselines(
       base_cfg, held, lengths, vocab["model_vocab_size"]))
+  if args.tune:   # every model's search, then its seeds at its choice
+    causal.tune(exp, args, (s, steps, prefix), vocab, configs, sizes, held,
+                models, base_cfg)
+    return
   seeds = experiment.split(args.seeds, int)
   ablation_seeds = seeds[:args.ablation_seeds]
 
@@ -221,6 +230,7 @@ def main() -> None:
                  "these (each matched in FLOPs) on a validation split carved "
                  "from the C4 sample, then run the chosen width's --seeds "
                  "(e.g. 16,32,64; empty: no selection)")
+  experiment.tune_flags(p, "C4 documents")
   p.add_argument("--ablation_seeds", type=int, default=1,
                  help="seeds of each ablation cell (the first of --seeds)")
   p.add_argument("--rounds", type=int, default=3,

@@ -233,7 +233,8 @@ def test_toy_run_records_and_resumes(shared, vocab, tmp_path, monkeypatch):
       scale="small", out=str(tmp_path / "out"), shared=str(shared),
       models="", seeds="0", steps=0,
       ablate_hyper_dims="", ablate_chunks="", ablation_seeds=1,
-      select_hyper_dims="4,8", report_only=False)
+      select_hyper_dims="4,8", report_only=False, tune=False, lrs="",
+      order="forward")
   cl.lm_part(args, experiment.Experiment(args.out, args))
   saved = json.loads((tmp_path / "out" / "results.json").read_text())
   selected = {k: v for k, v in saved["runs"].items() if "/select_" in k}
@@ -281,6 +282,70 @@ def test_toy_run_records_and_resumes(shared, vocab, tmp_path, monkeypatch):
   cl.lm_part(args, experiment.Experiment(args.out, args))
   again = json.loads((tmp_path / "out" / "results.json").read_text())
   assert again["runs"] == saved["runs"]
+
+
+def test_tune_chooses_each_models_setting_on_carved_documents(
+    shared, vocab, tmp_path, monkeypatch):
+  # --tune: both models search the same settings on the carved C4 split
+  # (scores set here: the Transformer best at the larger rate, HyperMixer
+  # at the smaller); their seeds train on the carved train part at their
+  # own choice and are scored on the held-out rows at every length (the
+  # trainer and the scoring replaced: both are the toy run's, tested above).
+  from hypermixer_jax.experiment import selection  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(cl, "SMALL", dict(TINY, num_layers=1))
+  monkeypatch.setattr(mlm, "c4_vocab", lambda out, shared: vocab)
+  monkeypatch.setattr(selection, "WARMUP_SHARES", (0.5,))
+  trained = []
+
+  def spy(config, workdir, **kwargs):
+    trained.append((workdir, config.data.local_files.to_dict(),
+                    config.learning_rate))
+    best = 3e-3 if config.model.mixer == "attention" else 1e-3
+    return {"eval": {"perplexity": 50 + 1e4 * abs(
+        config.learning_rate - best)}, "step": 2, "source": "scratch",
+            "eval_curve": {}, "train_curve": {}}
+
+  def scored(config, workdir, held, sizes):
+    r = spy(config, workdir)
+    return dict(r, **sizes, train_tokens_per_sec=1.0, lengths={
+        str(n): {"perplexity": 40.0 + n, "digest": causal.digest(a)}
+        for n, a in held.items()})
+  monkeypatch.setattr(experiment, "train", spy)
+  monkeypatch.setattr(causal, "run_cell", scored)
+  args = argparse.Namespace(
+      scale="small", out=str(tmp_path / "out"), shared=str(shared),
+      models="attention,hypermixer", seeds="0,1", steps=0,
+      ablate_hyper_dims="", ablate_chunks="", ablation_seeds=1,
+      select_hyper_dims="", report_only=False, tune=True,
+      lrs="0.001,0.003", order="forward")
+  cl.lm_part(args, experiment.Experiment(args.out, args))
+  saved = json.loads((tmp_path / "out" / "results.json").read_text())
+  assert sorted(k for k in saved["runs"] if "/tune/" in k) == sorted(
+      f"small/s2/tune/model={m}/setting={i}"
+      for m in ("attention", "hypermixer") for i in (0, 1))
+  # Nothing of the untuned grid ran.
+  assert all("/tune/" in w or "/tuned/" in w for w, _, _ in trained)
+  for w, files, lr in trained:
+    assert files["train"].endswith("c4_split/train.jsonl")
+    assert files["validation"].endswith(
+        "c4_split/validation.jsonl" if "/tune/" in w else "wiki.valid.raw")
+  finals = {w.split("/tuned/")[1]: lr for w, _, lr in trained
+            if "/tuned/" in w}
+  assert finals == {"model=attention/seed=0": 3e-3,
+                    "model=attention/seed=1": 3e-3,
+                    "model=hypermixer/seed=0": 1e-3,
+                    "model=hypermixer/seed=1": 1e-3}
+  # Baselines counted on the carved train part, the same scored tokens.
+  base = saved["baselines"]["small/s2/carved"]
+  assert base["train_tokens"] < saved["baselines"]["small/s2"][
+      "train_tokens"]
+  table = (tmp_path / "out" / "table_tuned.md").read_text()
+  assert "every model tuned alike" in table
+  assert "| Transformer | 70.0 | 50.0 * |" in table
+  assert "| HyperMixer (causal) | 50.0 * | 70.0 |" in table
+  assert "each model's chosen warm-up and peak lr" in table
+  assert "less the carved documents" in table
+  assert not (tmp_path / "out" / "table.md").exists()
 
 
 def test_a_width_that_leaves_no_ffn_is_not_a_candidate():

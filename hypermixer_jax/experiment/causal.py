@@ -12,6 +12,7 @@ import numpy as np
 
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import mlm
+from hypermixer_jax.experiment import selection
 
 MODELS = ("attention", "hypermixer", "gmlp", "linear_attention")
 LABELS = {"attention": "Transformer", "hypermixer": "HyperMixer (causal)",
@@ -545,22 +546,27 @@ def select_hyper_dim(exp, args, study, vocab: dict, configs: dict,
 
 
 def lm_notes(c: ml_collections.ConfigDict, s: dict, *, steps: int,
-             seeds: str, ablation_seeds, bases: dict, vocab: dict) -> str:
+             seeds: str, ablation_seeds, bases: dict, vocab: dict,
+             tuned: bool = False) -> str:
   """The LM table's notes: the shared training setting, data and held-out
-  set (``c``: the reference training config, ``s``: the sizes)."""
+  set (``c``: the reference training config, ``s``: the sizes; ``tuned``:
+  each model at its chosen lr and warm-up, on the carved documents)."""
   lengths = tuple(s["eval_lengths"])
   base = bases[str(s["seq_len"])]
+  schedule = ("each model's chosen warm-up and peak lr" if tuned else
+              f"{c.warmup_steps} warm-up steps to lr {c.learning_rate:g}")
   return (
       f"Same for all models: AdamW (b1 {c.b1}, b2 {c.b2}, weight decay "
-      f"{c.weight_decay}), {c.warmup_steps} warm-up steps to lr "
-      f"{c.learning_rate:g} then cosine decay to {c.end_learning_rate_factor:g}"
+      f"{c.weight_decay}), {schedule} "
+      f"then cosine decay to {c.end_learning_rate_factor:g}"
       f" x, clip norm {c.clip_norm}, batch {c.batch_size} x length "
       f"{c.data.seq_len} (unpacked rows), {steps} steps, no dropout, seeds "
       f"{seeds} (initialisation and data order; HyperMixer ablations: "
       f"seeds {ablation_seeds}). Every model's forward FLOPs per token at N = "
       f"{s['seq_len']} (XLA's count) matched to the Transformer's through "
       "d_ffn. Trained on the C4 sample "
-      f"({mlm.C4_TRAIN}, {bases['train_tokens']:,} train tokens); "
+      f"({mlm.C4_TRAIN}{', less the carved documents' if tuned else ''}, "
+      f"{bases['train_tokens']:,} train tokens); "
       f"{mlm.VOCAB_PIECES} SentencePiece pieces trained on it (sha256 "
       f"{vocab['sha256'][:12]}...). Held out: the first "
       f"{s['eval_rows']} rows of WikiText-2 validation at N = {max(lengths)} "
@@ -575,10 +581,12 @@ def lm_notes(c: ml_collections.ConfigDict, s: dict, *, steps: int,
 
 
 def write_lm_report(exp, runs: dict, bases: dict, s: dict, notes: str,
-                    extra: str = "", chosen: str | None = None) -> None:
+                    extra: str = "", chosen: str | None = None, *,
+                    name: str = "table", title: str = "") -> None:
   """The LM table (at the training length, then at every evaluation
-  length) and its figure; ``extra``: text after the notes (the d'
-  selection's section), ``chosen``: the model it chose."""
+  length) and, for the main table, its figure; ``extra``: text after the
+  notes (a selection's section), ``chosen``: the model it chose; ``name``,
+  ``title``: another table (``table_tuned``: no figure)."""
   lengths = tuple(s["eval_lengths"])
   base = bases[str(s["seq_len"])]
   table = experiment.markdown_table(
@@ -588,13 +596,76 @@ def write_lm_report(exp, runs: dict, bases: dict, s: dict, notes: str,
             "tokens)\n\n" + experiment.markdown_table(
                 ["model"] + [f"N = {n}" for n in lengths],
                 length_rows(runs, bases, lengths, chosen)))
-  exp.write_table("Causal language models at matched FLOPs (small scale)",
-                  table, notes + (
+  exp.write_table(title or "Causal language models at matched FLOPs (small "
+                  "scale)", table, notes + (
                       " Length: gMLP's Toeplitz weights beyond offset 255 "
                       "are untrained (near-zero init), so its context stays "
                       "256 tokens; the sinusoidal models see untrained "
-                      "positions beyond 255.") + extra)
-  plot_lm(exp, runs, base, lengths, chosen)
+                      "positions beyond 255.") + extra, name=name)
+  if name == "table":
+    plot_lm(exp, runs, base, lengths, chosen)
+
+
+def tune(exp, args, study, vocab: dict, configs: dict, sizes: dict,
+         held: dict, names, base_cfg: ml_collections.ConfigDict) -> None:
+  """``experiments/causal_lm.py --tune``: every model of ``names``, at its
+  FLOP-matched size, searches ``selection.settings`` (``--lrs``) with seed
+  ``selection.SEED`` on the C4 sample less every 10th document, scored by
+  perplexity on those documents; then ``--seeds`` at each model's choice on
+  the same carved documents, scored on the held-out WikiText rows at every
+  length as the main grid (``study``: its sizes, steps and key prefix;
+  ``base_cfg``: the Transformer's training config). Writes
+  ``table_tuned.md``, baselines counted on the carved documents."""
+  s, steps, prefix = study
+  shared = pathlib.Path(args.shared)
+  split = mlm.carve_validation(shared / mlm.C4_TRAIN,
+                               pathlib.Path(exp.workdir("c4_split")))
+  exp.save(c4_split=mlm.split_record(split))
+  lengths = tuple(s["eval_lengths"])
+  bases = exp.baseline(f"{prefix}/carved", lambda: count_baselines(
+      mlm.carved_config(base_cfg, split), held, lengths,
+      vocab["model_vocab_size"]))
+
+  def one(name, seed, setting, key, select):
+    cfg = train_config(configs[name], args.scale, shared, vocab,
+                       steps=steps, seed=seed, sizes=s)
+    c = mlm.carved_config(cfg, split, setting, select=select)
+    if select:
+      return dict(mlm.lean(experiment.train(c, exp.workdir(key))),
+                  params=sizes[name]["params"])
+    return run_cell(c, exp.workdir(key), held, {
+        k: v for k, v in sizes[name].items() if k != "model"})
+  lrs = experiment.split(args.lrs, float) or None
+  searched, chosen, runs = selection.tune(
+      exp, names, experiment.split(args.seeds, int),
+      selection.settings(steps, lrs), f"{prefix}/", one,
+      mlm.final_perplexity, higher=False, reverse=args.order == "reverse")
+  notes = lm_notes(base_cfg, s, steps=steps, seeds=args.seeds,
+                   ablation_seeds="none", bases=bases, vocab=vocab,
+                   tuned=True)
+  write_lm_report(
+      exp, runs, bases, s, notes + " ".join(gap_verdicts(runs, s["seq_len"])),
+      tuned_section(split, searched, chosen, steps, args.seeds, lrs),
+      name="table_tuned", title="Causal language models at matched FLOPs, "
+      "every model tuned alike (small scale)")
+
+
+def tuned_section(split: dict, searched: dict, chosen: dict, steps: int,
+                  seeds: str, lrs=None) -> str:
+  """The tuned table's search: each model's validation perplexity at every
+  setting, and how the choice was made."""
+  return (
+      "\n\nValidation perplexity of each setting (the chosen one: *):\n\n"
+      + experiment.markdown_table(selection.headers(lrs),
+                                  selection.selection_rows(
+                                      searched, chosen, {
+                                          n: label(n) for n in searched},
+                                      lambda r: f"{mlm.final_perplexity(r):.1f}",
+                                      lrs))
+      + "\n\n" + selection.notes(
+          "document of the C4 sample", split, steps, seeds,
+          len(selection.settings(steps, lrs)),
+          "the held-out WikiText-2 rows", "perplexity at the last step"))
 
 
 def compiled_train_step(m: ml_collections.ConfigDict, n: int):
