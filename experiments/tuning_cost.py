@@ -32,6 +32,12 @@ processes on the same model meet halfway instead of waiting on each other.
 Once every draw is recorded for both models, each model's best draw is
 trained again with ``--best_seeds`` (1, 2): the top of its curve, over seeds.
 
+``--carve`` (small scale): nothing is chosen on dev. Each trial trains on
+the SST-2 train phrases less every 10th and is scored on that tenth
+(``glue.carve``), so the curves are of validation accuracy; each model's
+best draw then trains seeds 0 and ``--best_seeds`` on the same phrases,
+scored on dev (``table_carved.md``).
+
 Writes ``results.json``, ``table.md`` and ``tuning_cost.png``.
 """
 from __future__ import annotations
@@ -73,16 +79,15 @@ def accuracy(run: dict) -> float:
 
 def main() -> None:
   p = experiment.parser("tuning_cost", __doc__, report_only=True,
-                        data_dir="", steps=glue.SMALL["steps"])
+                        data_dir="", steps=glue.SMALL["steps"], models=MODELS)
   p.add_argument("--task", default="sst2")
   p.add_argument("--trials", type=int, default=TRIALS)
-  p.add_argument("--models", default=",".join(MODELS),
-                 help="the models this process trains (the other's recorded "
-                      "trials still count): two processes on one --out can "
-                      "split the study by model")
   p.add_argument("--best_seeds", default="1,2",
                  help="once every draw is recorded, each model's best draw "
                       "is trained again with these seeds (its seed spread)")
+  p.add_argument("--carve", action="store_true",
+                 help="small scale: trials scored on phrases carved from "
+                 "train, the best draws' seeds on dev (table_carved.md)")
   p.add_argument("--order", choices=("forward", "reverse"), default="forward",
                  help="draw order: a second process on the same model with "
                       "--order=reverse takes the draws from the end")
@@ -102,10 +107,14 @@ def main() -> None:
                              glue.SMALL["seq_len"])
   else:
     kw, budget = {}, "paper"
+  split = None
+  if small and args.carve:
+    split, budget = glue.carve(exp, glue.sst2_train(shared)), budget + "_carved"
 
-  def config(mixer, lr, dropout, seed=0):
-    return glue.glue_config(task, mixer, args.scale, lr, shared,
-                            args.data_dir, dropout=dropout, seed=seed, **kw)
+  def config(mixer, lr, dropout, seed=0, select=False):
+    c = glue.glue_config(task, mixer, args.scale, lr, shared, args.data_dir,
+                         dropout=dropout, seed=seed, **kw)
+    return glue.carved_config(c, split, select=select) if split else c
   if small and not exp.report_only:
     exp.baseline(budget, lambda: glue.bag_of_words_baselines(
         config(MODELS[0], 1e-3, 0.0)))
@@ -115,30 +124,31 @@ def main() -> None:
   draws = list(enumerate(space))
   for t, (lr, dropout) in draws[::-1] if args.order == "reverse" else draws:
     for mixer in trained:
-      exp.cell(key(mixer, t), lambda c=config(mixer, lr, dropout),
+      exp.cell(key(mixer, t), lambda c=config(mixer, lr, dropout, select=True),
                k=key(mixer, t): run_trial(c, exp.workdir(k)))
   exp.reload()   # with what another process recorded meanwhile
-  by_trial = {}
-  for t in range(len(space)):
-    for mixer in MODELS:
-      if key(mixer, t) in exp.runs:
-        by_trial[mixer, t] = accuracy(exp.runs[key(mixer, t)])
+  by_trial = {(m, t): accuracy(exp.runs[key(m, t)])
+              for t in range(len(space)) for m in MODELS
+              if key(m, t) in exp.runs}
   best = {}
   if len(by_trial) == len(MODELS) * len(space):   # the search is complete
-    best = _best_draws(exp, space, by_trial, experiment.split(
-        args.best_seeds, int), trained, f"{budget}/{task}", config)
+    seeds = experiment.split(args.best_seeds, int)
+    best = _best_draws(exp, space, by_trial, [0] + seeds if split else seeds,
+                       trained, f"{budget}/{task}", config, bool(split))
   _report(exp, args, task, budget, paired_trials(by_trial, len(space)), best)
 
 
-def _best_draws(exp, space, by_trial, seeds, trained, prefix, config
-                ) -> dict:
+def _best_draws(exp, space, by_trial, seeds, trained, prefix, config,
+                carved: bool = False) -> dict:
   """Each model's best draw, trained again with ``seeds`` (by the models
-  of ``trained``): its lr, dropout and accuracies, seed 0's first."""
+  of ``trained``): its lr, dropout and accuracies, seed 0's first (the
+  trial itself, unless ``carved``: a trial scored on carved phrases is not
+  a dev accuracy)."""
   best = {}
   for mixer in MODELS:
     t = max(range(len(space)), key=lambda t, m=mixer: by_trial[m, t])
     best[mixer] = dict(draw=t, lr=space[t][0], dropout=space[t][1],
-                       accuracy=[by_trial[mixer, t]])
+                       accuracy=[] if carved else [by_trial[mixer, t]])
     for seed in seeds:
       k = f"{prefix}/{mixer}/best/trial{t}/seed={seed}"
       if mixer in trained:
@@ -166,7 +176,9 @@ def _report(exp, args, task, budget, acc, best) -> None:
     return
   ns = list(range(1, done + 1))
   curves = {m: [tuning.expected_max(acc[m], n) for n in ns] for m in MODELS}
-  exp.save(expected_max=curves, best_draws=best)
+  tag = "_carved" if budget.endswith("_carved") else ""   # --carve
+  split = "validation (carved)" if tag else "dev"
+  exp.save(**{f"expected_max{tag}": curves, f"best_draws{tag}": best})
   rows = []
   for n in sorted({1, 2, 3, 5, 10, 15, done} & set(ns)):
     low, high = tuning.gap_interval(acc["hypermixer"], acc["attention"], n)
@@ -175,7 +187,7 @@ def _report(exp, args, task, budget, acc, best) -> None:
                    tuning.interval_verdict(low, high, done)])
   base = exp.data.get("baselines", {}).get(budget)
   if base:
-    rows.append([f"Naive Bayes (bag of tokens): "
+    rows.append([f"Naive Bayes (bag of tokens), dev: "
                  f"{100 * base['naive_bayes']:.1f}", "", "", "", ""])
   if best:
     rows.append(["best draw, over seeds"] + [
@@ -188,7 +200,7 @@ def _report(exp, args, task, budget, acc, best) -> None:
             ).text(100)])
   small = args.scale == "small"
   exp.write_table(
-      f"Tuning cost: expected best {task} dev accuracy after n trials "
+      f"Tuning cost: expected best {task} {split} accuracy after n trials "
       f"({args.scale} scale)",
       experiment.markdown_table(
           ["trials"] + [glue.LABELS[m] for m in MODELS]
@@ -199,7 +211,8 @@ def _report(exp, args, task, budget, acc, best) -> None:
       + (f", the small GLUE layout (width {glue.SMALL['width']}, 2 layers, "
          f"length {glue.SMALL['seq_len']}, 8k SST-2 vocabulary), "
          f"{args.steps} steps of batch 64" if small else "")
-      + ". Dev accuracy at the last step; a diverged trial counts as 0. "
+      + f". {split.capitalize()} accuracy at the last step"
+      + ("; best draws' seeds: dev" * bool(tag)) + "; a diverged trial counts as 0. "
       "Gap: HyperMixer - Transformer, percentiles 2.5 and 97.5 of "
       f"{tuning.BOOTSTRAP} paired bootstrap resamples of the trials; 'agrees' (the paper: "
       "HyperMixer above) only where the interval excludes 0, with at least "
@@ -209,11 +222,12 @@ def _report(exp, args, task, budget, acc, best) -> None:
       f"give. Each trial is one run (seed 0), so a curve's "
       "right end rests on its top trials and their seed noise: 'best draw, "
       "over seeds' trains each model's best draw again with --best_seeds "
-      "(its verdict: Welch's test below). " + experiment.VERDICT_NOTE)
-  _plot(exp, ns, curves, base)
+      "(its verdict: Welch's test below). " + experiment.VERDICT_NOTE,
+      name=f"table{tag}")
+  _plot(exp, ns, curves, None if tag else base, split, tag)
 
 
-def _plot(exp, ns, curves, base) -> None:
+def _plot(exp, ns, curves, base, split="dev", tag="") -> None:
   fig, axes = experiment.figure()
   ax = axes[0, 0]
   for mixer in MODELS:
@@ -222,8 +236,8 @@ def _plot(exp, ns, curves, base) -> None:
   if base:
     experiment.baseline_lines(ax, {"Naive Bayes": 100 * base["naive_bayes"]})
   experiment.style_axes(ax, "random-search trials",
-                        "expected best dev accuracy (%)", legend=10)
-  exp.save_figure(fig, "tuning_cost")
+                        f"expected best {split} accuracy (%)", legend=10)
+  exp.save_figure(fig, f"tuning_cost{tag}")
 
 
 if __name__ == "__main__":

@@ -208,3 +208,20 @@ def test_a_tuned_row_appears_once_its_runs_are_recorded(tmp_path):
       "the validation phrases carved from train (gmlp at the grid's largest "
       "lr, 0.003)")
   assert "gMLP, all tuned alike" in claims.table(tmp_path, (untuned, claim))
+
+
+def test_the_carved_tuning_cost_row_waits_for_its_record(tmp_path):
+  # Its arms read a record key that only --carve writes.
+  rows = {"best_draws": {"hypermixer": {"accuracy": OURS[:3]},
+                         "attention": {"accuracy": OTHER}}}
+  base = {"naive_bayes": 0.81, "dev_rows": 872}
+  (tmp_path / "tuning_cost").mkdir()
+  path = tmp_path / "tuning_cost" / "results.json"
+  path.write_text(json.dumps({"runs": {}, **rows, "baselines": {
+      "w128_s1000_n64": base, "w128_s1000_n64_carved": base}}))
+  both = (claims._tuning_cost(), claims._tuning_cost(carved=True))
+  assert "chosen on carved phrases" not in claims.table(tmp_path, both)
+  rows["best_draws_carved"] = rows["best_draws"]
+  path.write_text(json.dumps({"runs": {}, **rows, "baselines": {
+      "w128_s1000_n64": base, "w128_s1000_n64_carved": base}}))
+  assert "chosen on carved phrases" in claims.table(tmp_path, both)

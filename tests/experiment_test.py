@@ -453,6 +453,55 @@ def test_tuning_cost_models_split_between_processes(shared_data, tmp_path,
     main("--models=gmlp")
 
 
+def test_tuning_cost_carved_chooses_nothing_on_dev(shared_data, tmp_path,
+                                                   monkeypatch):
+  # --carve: every trial trains on the carved train phrases and is scored
+  # on the carved ones; the best draws' seeds (0 included: the trial is no
+  # dev score) train on the same phrases and are scored on dev.
+  calls = []
+
+  def train(config, workdir):
+    calls.append((pathlib.Path(workdir).relative_to(tmp_path).as_posix(),
+                  config.seed, config.data.local_files.train,
+                  config.data.local_files.validation))
+    dev = config.data.local_files.validation.endswith("dev.tsv")
+    return {"eval": {"accuracy": 0.3 + config.model.dropout_rate
+                                 + (0.1 if dev else 0) + 0.01 * config.seed}}
+  monkeypatch.setattr(tuning_cost.experiment, "train", train)
+  monkeypatch.setattr(tuning_cost.glue, "sst2_vocab", lambda exp, shared: {
+      "path": str(shared_data / "t5_spm/sentencepiece.model"),
+      "model_vocab_size": 32128})
+  monkeypatch.setattr(tuning_cost.glue, "bag_of_words_baselines",
+                      lambda c: {"naive_bayes": 0.75, "dev_rows": 872})
+  monkeypatch.setattr(sys, "argv", [
+      "tuning_cost.py", f"--out={tmp_path}", f"--shared={shared_data}",
+      "--scale=small", "--trials=3", "--steps=2", "--best_seeds=1,2",
+      "--carve"])
+  tuning_cost.main()
+  saved = json.loads((tmp_path / "results.json").read_text())
+  train_part = saved["sst2_split"]["train"]["sha256"]
+  space = tuning_cost.trials(3)
+  top = int(np.argmax([d for _, d in space]))
+  trials = [c for c in calls if "/best/" not in c[0]]
+  best = [c for c in calls if "/best/" in c[0]]
+  assert len(trials) == 6 and all(
+      c[0].startswith("runs/w128_s2_n64_carved/") and c[1] == 0
+      and c[2].endswith("carved_train.tsv")
+      and c[3].endswith("carved_validation.tsv") for c in trials)
+  assert experiment.file_digest(trials[0][2]) == train_part
+  assert [(c[0].split("/best/")[1], c[1]) for c in best] == [
+      (f"trial{top}/seed={s}", s) for s in (0, 1, 2)] * 2
+  assert all(c[2].endswith("carved_train.tsv") and c[3].endswith("dev.tsv")
+             for c in best)
+  dev_acc = [0.4 + space[top][1] + 0.01 * s for s in range(3)]
+  np.testing.assert_allclose(
+      saved["best_draws_carved"]["hypermixer"]["accuracy"], dev_acc)
+  assert "best_draws" not in saved and "expected_max_carved" in saved
+  table = (tmp_path / "table_carved.md").read_text()
+  assert "expected best sst2 validation (carved) accuracy" in table
+  assert not (tmp_path / "table.md").exists()
+
+
 class LowResourceTest(absltest.TestCase):
 
   def test_subset_is_a_fixed_fraction_of_the_rows(self):

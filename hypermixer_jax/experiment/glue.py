@@ -224,6 +224,34 @@ SST2_TUNED = dict(
     "is not reported. ")
 
 
+def carve(exp: experiment.Experiment, source: str, task: str = "sst2",
+          group=None) -> dict:
+  """Every 10th example of ``task``'s train file ``source`` carved out
+  (``selection.carve_lines``; ``group(rows)``: each row's group, carved
+  whole; a TSV keeps its header) into ``exp``'s ``<task>_split`` folder,
+  its description recorded as ``<task>_split``."""
+  suffix = pathlib.Path(source).suffix
+  split = selection.carve_lines(
+      source, exp.workdir(f"{task}_split"),
+      names=(f"carved_train{suffix}", f"carved_validation{suffix}"),
+      header=suffix == ".tsv", group=group)
+  exp.save(**{f"{task}_split": selection.split_record(split)})
+  return split
+
+
+def carved_config(c: ml_collections.ConfigDict, split: dict,
+                  setting: dict | None = None, *, select: bool = False
+                  ) -> ml_collections.ConfigDict:
+  """``c`` trained on ``split``'s train part (at ``setting``'s lr and
+  warm-up, None: ``c``'s); ``select``: scored once, at the end, on the
+  carved validation part instead of ``c``'s evaluation split."""
+  c = selection.carved(c, split, setting)
+  if select:
+    c.data.local_files.validation = split["validation"]["path"]
+    c.eval_every = c.num_train_steps
+  return c
+
+
 def tune(exp: experiment.Experiment, mixers, seeds, config, steps: int,
          prefix: str, source: str, lrs=None, reverse: bool = False, *,
          task: str = "sst2", group=None
@@ -237,18 +265,10 @@ def tune(exp: experiment.Experiment, mixers, seeds, config, steps: int,
   ``config(mixer, seed)``: the untuned small-scale run config. Returns
   ``(split, searched, chosen, runs, baselines)``, the baselines fitted on
   the carved train part."""
-  suffix = pathlib.Path(source).suffix
-  split = selection.carve_lines(
-      source, exp.workdir(f"{task}_split"),
-      names=(f"carved_train{suffix}", f"carved_validation{suffix}"),
-      header=suffix == ".tsv", group=group)
-  exp.save(**{f"{task}_split": selection.split_record(split)})
+  split = carve(exp, source, task, group)
 
   def one(mixer, seed, setting, key, select):
-    c = selection.carved(config(mixer, seed), split, setting)
-    if select:   # scored once, at the end, on the carved examples
-      c.data.local_files.validation = split["validation"]["path"]
-      c.eval_every = c.num_train_steps
+    c = carved_config(config(mixer, seed), split, setting, select=select)
     return selection.lean(run_cell(exp, c, key))
   searched, chosen, runs = selection.tune(
       exp, mixers, seeds, selection.settings(steps, lrs), prefix, one,
