@@ -18,30 +18,26 @@ against the same model trained from scratch with the same fine-tuning budget.
                  unigram and bigram baselines of the same positions;
                  fine-tuning: SST-2 with ``--fractions`` of the 67,349 train
                  phrases (``experiment.glue.subset_tsv``), ``--finetune_steps``
-                 of batch 64, both arms; learning rate: each (model, arm,
-                 setting) takes the best of ``--lrs`` by the final accuracy
-                 of a seed-100 run on a validation split carved from the
-                 setting's train file (``pretraining.carve_setting``; a
+                 of batch 64, both arms; each (model, arm, setting) takes
+                 the best of ``--lrs`` x ``--warmup_shares`` by the final
+                 accuracy of a seed-100 run on a validation split carved
+                 from the setting's train file (``carve_setting``; a
                  pretrained arm from a seed-100 pretraining), then every
-                 seed runs at that rate on the whole train file; seeds
-                 ``--seeds`` (pretraining and fine-tuning seeds equal, so the
-                 spread covers both); Naive Bayes on the same tokens and
-                 subset beside them; the pair task (``--tasks``, SNLI by
-                 default): the 80% train part of ``nli_splits``'s fixed cut
-                 of its dev file, tested on the 20% part, all of its labels,
-                 at the same length 64 (about 1% of SNLI's pairs are longer
-                 in the 8k vocabulary), fine-tuned from the same pretrained
-                 encoders; a linear probe (``hypermixer_jax.probe``) of
-                 each pretrained encoder, frozen, against a freshly
-                 initialised one, on the SST-2 rows of each fraction: what
-                 pretraining put into the features before fine-tuning.
+                 seed runs there on the whole train file; seeds ``--seeds``
+                 (pretraining and fine-tuning alike); Naive Bayes on the
+                 same tokens beside them; the pair task (``--tasks``, SNLI):
+                 the 80% train part of ``nli_splits``' fixed cut of its dev
+                 file, tested on the 20% part, at length 64 (about 1% of
+                 SNLI's pairs are longer), from the same encoders; a linear
+                 probe (``hypermixer_jax.probe``) of each pretrained
+                 encoder, frozen, against a fresh one, on each fraction's
+                 SST-2 rows: what pretraining put into the features.
 
   python experiments/pretrain_finetune.py --scale=small \
       --out=experiments/results/pretrain_finetune
 
-Each arm chooses its own learning rate, so two processes on the same
-``--out`` can split the work with ``--arms=scratch`` and ``--arms=pretrained``
-(two processes with the same arms would wait on each other's cells).
+Each arm makes its own choice, so two processes on one ``--out`` can split
+the work with ``--arms=scratch`` and ``--arms=pretrained``.
 
 Writes ``results.json``, ``table.md`` and ``pretrain_finetune.png`` (dev
 accuracy against fine-tuning step, both arms) into ``--out``. Only the small
@@ -68,6 +64,8 @@ from hypermixer_jax.experiment.pretraining import report
 from hypermixer_jax.experiment.pretraining import selection_config
 from hypermixer_jax.experiment.pretraining import settings_of
 from hypermixer_jax.experiment.pretraining import SMALL
+from hypermixer_jax.experiment.pretraining import WARMUP
+from hypermixer_jax.experiment.pretraining import warmup_key
 
 MODELS = ("hypermixer", "attention", "gmlp")
 # SST-2 at --fractions of its labels, then a pair task at all of its own.
@@ -87,6 +85,7 @@ def _parser():
   p.add_argument("--lrs", default=SMALL["lrs"],
                  help="fine-tuning learning rates searched on the carved "
                  "validation split")
+  p.add_argument("--warmup_shares", default="0.1", help="tried with each lr")
   p.add_argument("--arms", default=",".join(ARMS),
                  help="the arms this process trains (each arm chooses its "
                  "own learning rate, so two processes can take one each); "
@@ -144,19 +143,18 @@ class _Grid:
     self.exp.cell(key, run)
 
   def finetune(self, mixer, task, fraction, arm, lr, seed, *,
-               train: bool = True) -> str:
+               train: bool = True, share: float = WARMUP) -> str:
     """The cell's key, after running it (when ``train`` and ``arm`` is one
     of ``--arms``; else only what is recorded counts)."""
     exp = self.exp
     # SST-2 cells keep keys without the task (the first recorded ones).
-    cell = dict(model=mixer, fraction=fraction, arm=arm, lr=lr, seed=seed)
+    cell = dict(model=mixer, fraction=fraction, arm=arm, lr=lr,
+                **warmup_key(share), seed=seed)
     key = experiment.cell_key(
         self.tag, cell if task == "sst2" else dict(task=task, **cell))
     init = (exp.workdir(self.pretrain_key(mixer, seed))
             if arm == "pretrained" else "")
-    cfg = finetune_config(mixer, self.shared, self.vocab, lr=lr, seed=seed,
-                          fraction=fraction, out=exp.out,
-                          steps=self.args.finetune_steps, init=init, task=task)
+    cfg = self.config(mixer, task, fraction, lr, share, seed, init)
     exp.baseline(nb_key(task, fraction),
                  lambda: glue.bag_of_words_baselines(cfg))
 
@@ -169,18 +167,23 @@ class _Grid:
       exp.cell(key, run)
     return key
 
-  def select(self, mixer, task, fraction, arm, lr) -> str:
-    """The key of the selection run of ``lr`` (seed ``selection.SEED``,
-    carved split of the setting's train file), after running it when
-    ``arm`` is trained here."""
+  def config(self, mixer, task, fraction, lr, share, seed, init):
+    return finetune_config(mixer, self.shared, self.vocab, lr=lr, seed=seed,
+                           fraction=fraction, out=self.exp.out, init=init,
+                           steps=self.args.finetune_steps, task=task,
+                           warmup=share)
+
+  def select(self, mixer, task, fraction, arm, lr, share=WARMUP) -> str:
+    """The key of the selection run of ``lr`` and warm-up ``share`` (seed
+    ``selection.SEED``, carved split of the setting's train file), after
+    running it when ``arm`` is trained here."""
     exp, seed = self.exp, selection.SEED
     key = experiment.cell_key(f"select/{self.tag}", dict(
-        task=task, model=mixer, fraction=fraction, arm=arm, lr=lr, seed=seed))
+        task=task, model=mixer, fraction=fraction, arm=arm, lr=lr,
+        **warmup_key(share), seed=seed))
     init = (exp.workdir(self.pretrain_key(mixer, seed))
             if arm == "pretrained" else "")
-    cfg = finetune_config(mixer, self.shared, self.vocab, lr=lr, seed=seed,
-                          fraction=fraction, out=exp.out,
-                          steps=self.args.finetune_steps, init=init, task=task)
+    cfg = self.config(mixer, task, fraction, lr, share, seed, init)
     split = carve_setting(cfg, exp.out, task)
     cfg = selection_config(cfg, split)
 
@@ -192,26 +195,24 @@ class _Grid:
       exp.cell(key, run)
     return key
 
-  def setting(self, mixer, setting, lrs, seeds, chosen, keys) -> None:
-    """Each arm's learning rate chosen on the carved validation split, then
-    every seed at it. Until an arm's search is recorded whole (a report of
-    the other process's arm), the record's earlier choice stands, marked:
-    the best of ``lrs`` on seed 0's reported score."""
+  def setting(self, mixer, setting, grid, seeds, chosen, keys) -> None:
+    """Each arm's (lr, warm-up share) of ``grid`` chosen on the carved
+    validation split, then every seed at it. Until an arm's search is whole,
+    the record's earlier choice (the best rate on seed 0's dev score)
+    stands, marked; with nothing recorded, none."""
     for arm in ARMS:
-      search = {lr: self.select(mixer, *setting, arm, lr) for lr in lrs}
+      search = {g: self.select(mixer, *setting, arm, *g) for g in grid}
       runs, how = self.exp.runs, "validation"   # (as reloaded by the runs)
       if any(k not in runs for k in search.values()):
-        how, search = "dev", {lr: self.finetune(mixer, *setting, arm, lr,
-                                                seeds[0], train=False)
-                              for lr in lrs}
-      # (A report may find no recorded rate yet: then nothing is chosen.)
-      tried = [x for x in lrs if search[x] in runs]
-      lr = max(tried, key=lambda x, s=search: runs[s[x]]["eval"]["accuracy"],
-               default=None)
-      chosen[mixer, setting, arm] = (lr, how)
+        how, search = "dev", {(lr, WARMUP): self.finetune(
+            mixer, *setting, arm, lr, seeds[0], train=False)
+                              for lr in dict(grid)}
+      best = max((g for g in search if search[g] in runs), default=None,
+                 key=lambda g, s=search: runs[s[g]]["eval"]["accuracy"])
+      chosen[mixer, setting, arm] = (*(best or (None, WARMUP)), how)
       keys[mixer, setting, arm] = [
-          self.finetune(mixer, *setting, arm, lr, s, train=how != "dev")
-          for s in seeds] if lr is not None else []
+          self.finetune(mixer, *setting, arm, best[0], s, share=best[1],
+                        train=how != "dev") for s in seeds] if best else []
 
 
 def main() -> None:
@@ -234,7 +235,9 @@ def main() -> None:
   settings = settings_of(tasks, experiment.split(args.fractions, float))
   for mixer in models:
     for setting in settings:
-      cells.setting(mixer, setting, experiment.split(args.lrs, float), seeds,
+      cells.setting(mixer, setting, [
+          (lr, w) for lr in experiment.split(args.lrs, float)
+          for w in experiment.split(args.warmup_shares, float)], seeds,
                     chosen, keys)
     # Linear probes of the pretrained encoders (the SST-2 settings).
     for seed in (seeds if "pretrained" in trained else []):

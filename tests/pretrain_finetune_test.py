@@ -145,8 +145,8 @@ def test_report_rows_of_run_and_unrun_settings(tmp_path):
                        "eval_curve": {"1000": {"accuracy": a}}}
       keys["gmlp", (task, fraction), arm] = ks if fraction == 1 else []
       chosen["gmlp", (task, fraction), arm] = (
-          (1e-3, "validation" if task == "sst2" else "dev") if fraction == 1
-          else (None, "dev"))
+          (1e-3, 0.1, "validation" if task == "sst2" else "dev")
+          if fraction == 1 else (None, 0.1, "dev"))
   for s, (fresh, pre) in enumerate(((0.60, 0.62), (0.62, 0.64))):
     exp.runs[f"probe/s30/model=gmlp/fraction=1/seed={s}"] = {
         "random": fresh, "pretrained": pre}
@@ -191,7 +191,8 @@ def _fake_grid(shared_data, out, monkeypatch):
     return {"eval": {"perplexity": 40.0, "accuracy": acc},
             "eval_curve": {"2": {"accuracy": acc}},
             "data": config.data.local_files.to_dict(),
-            "eval_every": config.eval_every}
+            "eval_every": config.eval_every,
+            "warmup_steps": config.warmup_steps}
   monkeypatch.setattr(pf.experiment, "train", train)
   monkeypatch.setattr(pf.mlm, "c4_vocab", lambda exp, shared: {
       "path": str(shared_data / "t5_spm/sentencepiece.model"),
@@ -245,6 +246,32 @@ def test_learning_rate_is_chosen_on_a_split_carved_from_train(
   assert seed["data"]["validation"].endswith("SST-2/dev.tsv")
   table = (out / "table.md").read_text()
   assert "| 0.0003 / - |" in table
+
+
+def test_warm_up_shares_widen_the_search_and_keep_the_recorded_keys(
+    shared_data, tmp_path, monkeypatch):
+  # --warmup_shares: each rate with each share (the configs' own 10% keeps
+  # its keys, so searches recorded before stay valid); the seeds train at
+  # the chosen pair, the share in their keys and configs.
+  out = tmp_path / "out"
+  calls, main = _fake_grid(shared_data, out, monkeypatch)
+  main("--seeds=0", "--lrs=0.001", "--arms=scratch")
+  assert calls[0] == (SEL.format("scratch", "0.001"), 1e-3)
+  calls.clear()
+  main("--seeds=0", "--lrs=0.001,0.0003", "--warmup_shares=0.5,0.1",
+       "--arms=scratch", "--finetune_steps=2")
+  share = SEL.replace("/seed=100", "/warmup=0.5/seed=100")
+  # 0.001 at 10% was recorded; the rest runs. 3e-4 wins (the fake's
+  # scores), at 50% (the earlier of a tie).
+  assert calls == [(share.format("scratch", "0.001"), 1e-3),
+                   (share.format("scratch", "0.0003"), 3e-4),
+                   (SEL.format("scratch", "0.0003"), 3e-4),
+                   (FINE.format("scratch", "0.0003", 0).replace(
+                       "/seed=0", "/warmup=0.5/seed=0"), 3e-4)]
+  runs = json.loads((out / "results.json").read_text())["runs"]
+  assert runs[share.format("scratch", "0.001")[5:]]["warmup_steps"] == 1
+  assert runs[SEL.format("scratch", "0.001")[5:]]["warmup_steps"] == 1
+  assert "| 0.0003, warm-up 50% / - |" in (out / "table.md").read_text()
 
 
 def test_a_recorded_encoder_without_checkpoint_is_pretrained_again(

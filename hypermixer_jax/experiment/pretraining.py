@@ -30,15 +30,25 @@ TARGET_GAIN = 2.0
 PROBE_L2 = 1e-2
 
 
+# The fine-tuning configs' own warm-up share (``glue.glue_config``'s).
+WARMUP = 0.1
+
+
+def warmup_key(share: float) -> dict:
+  """The warm-up share in a cell's key: none for the configs' own."""
+  return {} if share == WARMUP else {"warmup": share}
+
+
 def finetune_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
                     lr: float, seed: int, fraction: float, out: pathlib.Path,
-                    steps: int, init: str = "",
-                    task: str = "sst2") -> ml_collections.ConfigDict:
+                    steps: int, init: str = "", task: str = "sst2",
+                    warmup: float = WARMUP) -> ml_collections.ConfigDict:
   """The classifier run of ``task``: from scratch (``init=''``) or
   fine-tuned from the pretraining workdir ``init`` (encoder loaded,
-  classifier new). SST-2 trains on ``fraction`` of its train phrases and is
-  scored on its dev file; a pair task on the train part of ``nli_splits``'s
-  cut of its dev file (written under ``out``), scored on the test part."""
+  classifier new), warm-up ``warmup`` of the steps. SST-2 trains on
+  ``fraction`` of its train phrases and is scored on its dev file; a pair
+  task on the train part of ``nli_splits``'s cut of its dev file (written
+  under ``out``), scored on the test part."""
   if task == "sst2":
     train = experiment.require(shared / "glue/SST-2/train.tsv", "SST-2 train")
     file = train if fraction >= 1 else glue.subset_tsv(
@@ -64,6 +74,8 @@ def finetune_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
   if init:
     c.init_checkpoint = init
     c.init_reinit = "(?!encoder/)"     # configs/glue.py's finetune setting
+  if warmup != WARMUP:   # (else the config's own, unchanged)
+    c.warmup_steps = max(1, round(warmup * c.num_train_steps))
   return c
 
 
@@ -241,12 +253,14 @@ def _row(runs, bases, args, mixer, setting, seeds, chosen, keys) -> list:
        "unigram)") if ppl else "not run", probed, cost]
 
 
-def _lr_cell(lr: float | None, how: str) -> str:
-  """A chosen learning rate, marked when its arm's validation search is
-  not recorded yet and it is still the choice on seed 0's reported score."""
+def _lr_cell(lr: float | None, warmup: float, how: str) -> str:
+  """A chosen learning rate (and warm-up share, where not the configs'
+  own), marked when its arm's validation search is not recorded yet and it
+  is still the choice on seed 0's reported score."""
   if lr is None:
     return "-"
-  return f"{lr:g}" + (" (dev, seed 0)" if how == "dev" else "")
+  return (f"{lr:g}" + (f", warm-up {warmup:.0%}" if warmup != WARMUP else "")
+          + (" (dev, seed 0)" if how == "dev" else ""))
 
 
 def _notes(args, seeds, bases) -> str:
