@@ -183,13 +183,9 @@ def hypermixer_verdict(runs, size: int, seeds) -> str:
   """Welch's test of HyperMixer's test MSE against attention's at ``size``
   training sequences: the paper's "lower" below ``EQUAL_FROM``, "equal"
   (within ``EQUAL_SHARE`` of attention's mean) from it."""
-  mse = {m: _mses(runs, m, size, seeds) for m in ("hypermixer", "attention")}
-  if not all(mse.values()):
-    return ""
-  margin = EQUAL_SHARE * float(np.mean(mse["attention"]))
-  claim = "equal" if size >= EQUAL_FROM else "lower"
-  return experiment.verdict(mse["hypermixer"], mse["attention"], claim,
-                            margin=margin).text(spec="+.1e")
+  return synthetic.mse_verdict(_mses(runs, "hypermixer", size, seeds),
+                               _mses(runs, "attention", size, seeds), size,
+                               (EQUAL_FROM, EQUAL_SHARE))
 
 
 def _plot_mse(exp, summary, sizes, seeds, mixers) -> None:

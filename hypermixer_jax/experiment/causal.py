@@ -655,13 +655,9 @@ def tuned_section(split: dict, searched: dict, chosen: dict, steps: int,
   """The tuned table's search: each model's validation perplexity at every
   setting, and how the choice was made."""
   return (
-      "\n\nValidation perplexity of each setting (the chosen one: *):\n\n"
-      + experiment.markdown_table(selection.headers(lrs),
-                                  selection.selection_rows(
-                                      searched, chosen, {
-                                          n: label(n) for n in searched},
-                                      lambda r: f"{mlm.final_perplexity(r):.1f}",
-                                      lrs))
+      "\n\n" + selection.search_section(
+          searched, chosen, {n: label(n) for n in searched}, lrs,
+          what="perplexity", cell=lambda r: f"{mlm.final_perplexity(r):.1f}")
       + "\n\n" + selection.notes(
           "document of the C4 sample", split, steps, seeds,
           len(selection.settings(steps, lrs)),

@@ -239,17 +239,8 @@ def carve(exp: experiment.Experiment, source: str, task: str = "sst2",
   return split
 
 
-def carved_config(c: ml_collections.ConfigDict, split: dict,
-                  setting: dict | None = None, *, select: bool = False
-                  ) -> ml_collections.ConfigDict:
-  """``c`` trained on ``split``'s train part (at ``setting``'s lr and
-  warm-up, None: ``c``'s); ``select``: scored once, at the end, on the
-  carved validation part instead of ``c``'s evaluation split."""
-  c = selection.carved(c, split, setting)
-  if select:
-    c.data.local_files.validation = split["validation"]["path"]
-    c.eval_every = c.num_train_steps
-  return c
+# ``c`` on the carved train part; ``select``: scored on the carved rest.
+carved_config = selection.carved
 
 
 def tune(exp: experiment.Experiment, mixers, seeds, config, steps: int,
@@ -313,7 +304,7 @@ def report_tuned(exp: experiment.Experiment, mixers, seeds: str,
     rows.append(experiment.table_row(headers, {
         "model": label, headers[2]: f"{100 * base[kind]:.1f}"}))
   table = (experiment.markdown_table(headers, rows) + "\n\n"
-           + selection.accuracy_section(searched, chosen, LABELS, lrs))
+           + selection.search_section(searched, chosen, LABELS, lrs))
   notes = selection.notes(
       text["carved"], split, steps, seeds,
       len(selection.settings(steps, lrs)),

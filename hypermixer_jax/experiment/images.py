@@ -162,11 +162,8 @@ def carved_config(c: ml_collections.ConfigDict, split: dict,
   and warm-up (None: ``c``'s); ``select``: a selection run, evaluated once
   at the end on the whole carved validation part, the test split never
   read."""
-  c = selection.carved(c, split, setting)
-  if select:
-    c.data.local_files.validation = split["validation"]["path"]
-    c.eval_every = c.num_train_steps
-    c.eval_steps = -1
+  c = selection.carved(c, split, setting, select=select)
+  if select:   # nor the test evaluator
     c.evals = ml_collections.ConfigDict()
   return c
 
@@ -213,7 +210,7 @@ def report_tuned(exp, families, seeds: str, steps: int, batch_size: int,
   split, searched, chosen, runs, base = tuned
   table = (experiment.markdown_table(HEADERS, table_rows(families, runs,
                                                          base)) + "\n\n"
-           + selection.accuracy_section(searched, chosen, LABELS, lrs))
+           + selection.search_section(searched, chosen, LABELS, lrs))
   text = selection.notes(
       "image of the CIFAR-10 training TSV", split, steps, seeds,
       len(selection.settings(steps, lrs)), "all 10,000 test images",

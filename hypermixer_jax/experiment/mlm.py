@@ -365,20 +365,8 @@ def tuned_notes(split: dict, steps: int, seeds: str) -> str:
       "WikiText-2 rows; baselines counted on that train split. ")
 
 
-def carved_config(c: ml_collections.ConfigDict, split: dict,
-                  setting: dict | None = None, *, select: bool = False
-                  ) -> ml_collections.ConfigDict:
-  """``c`` trained on the carved split's train part, at ``setting``'s
-  learning rate and warm-up (None: ``c``'s); ``select``: evaluated on the
-  whole carved validation part (a selection run) instead of ``c``'s
-  held-out set."""
-  c = selection.carved(c, split, setting)
-  if select:
-    c.data.local_files.validation = split["validation"]["path"]
-    c.eval_steps = -1
-  return c
-
-
+# ``c`` on the carved train part; ``select``: scored on the carved rest.
+carved_config = selection.carved
 lean = selection.lean
 
 

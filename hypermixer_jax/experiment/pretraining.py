@@ -88,12 +88,7 @@ def carve_setting(config: ml_collections.ConfigDict, out: pathlib.Path,
   task with all of its pairs, as in ``nli_splits``' cut."""
   train = pathlib.Path(config.data.local_files.train)
   tsv = train.suffix == ".tsv"
-  group = None
-  if task != "sst2":
-    head = (train.read_text(encoding="utf-8").split("\n", 1)[0]
-            if tsv else None)
-    group = lambda rows: nli.group_keys(   # pylint: disable=g-long-lambda
-        [r.rstrip("\n") for r in rows], head, nli.GROUP_BY[task])
+  group = nli.carve_groups(str(train), task) if task != "sst2" else None
   names = tuple(f"{train.stem}_carved_{part}{train.suffix}"
                 for part in ("train", "validation"))
   return selection.carve_lines(train, out / "splits", names=names,
@@ -105,12 +100,7 @@ def selection_config(config: ml_collections.ConfigDict, split: dict
   """``config`` as a learning-rate selection run: trained on ``split``'s
   carved train part, evaluated once at the end on its carved validation
   part (the reported dev or test file never read)."""
-  c = selection.carved(config, split)
-  c.data.local_files.validation = split["validation"]["path"]
-  c.eval_split = "validation"
-  c.eval_every = c.num_train_steps
-  c.eval_steps = -1
-  return c
+  return selection.carved(config, split, select=True)
 
 
 def pretrain_config(mixer: str, shared: pathlib.Path, vocab: dict, *,

@@ -97,16 +97,31 @@ def split_record(split: dict) -> dict:
           if isinstance(x, dict) else x for k, x in split.items()}
 
 
-def carved(c: ml_collections.ConfigDict, split: dict,
-           setting: dict | None = None) -> ml_collections.ConfigDict:
-  """A copy of the run config ``c`` trained on ``split``'s train part (a
-  file of ``local_files``), at ``setting``'s learning rate and warm-up
-  (None: ``c``'s)."""
-  c = ml_collections.ConfigDict(c.to_dict())
-  c.data.local_files.train = split["train"]["path"]
+def at(c: ml_collections.ConfigDict, setting: dict | None
+       ) -> ml_collections.ConfigDict:
+  """``c`` (changed in place) at ``setting``'s learning rate and warm-up
+  (None: ``c``'s own)."""
   if setting:
     c.learning_rate = setting["lr"]
     c.warmup_steps = min(setting["warmup"], c.num_train_steps)
+  return c
+
+
+def carved(c: ml_collections.ConfigDict, split: dict,
+           setting: dict | None = None, *, select: bool = False
+           ) -> ml_collections.ConfigDict:
+  """A copy of the run config ``c`` trained on ``split``'s train part (a
+  file of ``local_files``), at ``setting``'s learning rate and warm-up
+  (None: ``c``'s). ``select``: a selection run, evaluated once, at its
+  last step, on the whole carved validation part; the set a number is
+  reported on is never read."""
+  c = at(ml_collections.ConfigDict(c.to_dict()), setting)
+  c.data.local_files.train = split["train"]["path"]
+  if select:
+    c.data.local_files.validation = split["validation"]["path"]
+    c.eval_split = "validation"
+    c.eval_every = c.num_train_steps
+    c.eval_steps = -1
   return c
 
 
@@ -195,14 +210,17 @@ def selection_rows(selection: dict, chosen: dict, labels: dict,
   return rows
 
 
-def accuracy_section(searched: dict, chosen: dict, labels: dict,
-                     lrs: Sequence[float] | None = None) -> str:
-  """A table's search section for accuracies: each model's validation
-  accuracy (%, at the end of each selection run) at every setting."""
-  return ("Validation accuracy (%) of each setting (the chosen one: *):\n\n"
+def search_section(searched: dict, chosen: dict, labels: dict,
+                   lrs: Sequence[float] | None = None, *,
+                   what: str = "accuracy (%)",
+                   cell: Callable[[dict], str] | None = None) -> str:
+  """A table's search section: each model's validation ``what`` at every
+  setting, ``cell(run)`` of each selection run (default: its final
+  accuracy in %), the chosen one marked."""
+  cell = cell or (lambda r: f"{100 * r['eval']['accuracy']:.2f}")
+  return (f"Validation {what} of each setting (the chosen one: *):\n\n"
           + experiment.markdown_table(headers(lrs), selection_rows(
-              searched, chosen, labels,
-              lambda r: f"{100 * r['eval']['accuracy']:.2f}", lrs)))
+              searched, chosen, labels, cell, lrs)))
 
 
 def notes(what: str, split: dict, steps: int, seeds: str, n_settings: int,

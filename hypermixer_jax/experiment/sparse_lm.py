@@ -527,10 +527,7 @@ def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
 
   def one(name, seed, setting, key, select):
     c = selection.carved(config(name, tuple(plan[name]["depth"]), seed),
-                         split, setting)
-    if select:   # scored once, at the end, on the carved documents
-      c.data.local_files.validation = split["validation"]["path"]
-      c.eval_every, c.eval_steps = c.num_train_steps, -1
+                         split, setting, select=select)
     r = experiment.train(c, exp.workdir(key))
     if select:
       return dict(selection.lean(r), perplexity=r["eval"]["perplexity"])
@@ -556,11 +553,9 @@ def report_tuned(exp: experiment.Experiment, s: Mapping[str, Any],
   table = experiment.markdown_table(HEADERS, table_rows(
       names, labels, runs, plan, REFERENCE, PAPER,
       base["all"]["unigram"]) + baseline_rows(base))
-  table += ("\n\nValidation perplexity of each setting (the chosen one: "
-            "*):\n\n" + experiment.markdown_table(
-                selection.headers(lrs), selection.selection_rows(
-                    searched, chosen, labels,
-                    lambda r: f"{r['perplexity']:.1f}", lrs)))
+  table += "\n\n" + selection.search_section(
+      searched, chosen, labels, lrs, what="perplexity",
+      cell=lambda r: f"{r['perplexity']:.1f}")
   text = selection.notes(
       "document of the two C4 samples", split, steps,
       ",".join(map(str, seeds)), len(selection.settings(steps, lrs)),

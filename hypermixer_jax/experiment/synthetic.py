@@ -61,9 +61,7 @@ def tune(exp, config, mixers, setting: dict, lrs=None,
   out, steps = {}, setting["steps"]
   for size in setting["sizes"]:
     def one(mixer, seed, setting, key, select, size=size):
-      c = config(mixer, size, seed)
-      c.learning_rate = setting["lr"]
-      c.warmup_steps = min(setting["warmup"], c.num_train_steps)
+      c = selection.at(config(mixer, size, seed), setting)
       if select:
         c.data.synthetic.validation_every = selection.VALIDATION_EVERY
         c.eval_split = "validation"
@@ -77,6 +75,19 @@ def tune(exp, config, mixers, setting: dict, lrs=None,
   return out
 
 
+def mse_verdict(hyper, attention, size: int, equal: tuple[int, float]
+                ) -> str:
+  """Welch's test of HyperMixer's test MSEs against attention's at ``size``
+  training sequences: the paper's "lower" below ``equal[0]`` sequences,
+  "equal" (within the share ``equal[1]`` of attention's mean) from it;
+  '' without runs on both sides."""
+  if not hyper or not attention:
+    return ""
+  return experiment.verdict(
+      hyper, attention, "equal" if size >= equal[0] else "lower",
+      margin=equal[1] * float(np.mean(attention))).text(spec="+.1e")
+
+
 def report_tuned(exp, tuned: dict, mixers, labels: dict, setting: dict,
                  lrs=None, *, equal: tuple[int, float], claim: str) -> None:
   """``table_tuned.md``: each model's test MSE at its choice per size (mean
@@ -84,7 +95,7 @@ def report_tuned(exp, tuned: dict, mixers, labels: dict, setting: dict,
   test ("lower" below ``equal[0]`` sequences, equal within the share
   ``equal[1]`` of attention's mean from it), the trivial baselines, and
   every search."""
-  sizes, steps, (equal_from, equal_share) = sorted(tuned), setting["steps"], equal
+  sizes, steps, equal_from = sorted(tuned), setting["steps"], equal[0]
   seeds = ",".join(map(str, setting["seeds"]))
   n_seeds = len(setting["seeds"])
   mse = {(m, n): [r["mse"] for r in tuned[n][2].get(m, [])]
@@ -102,11 +113,8 @@ def report_tuned(exp, tuned: dict, mixers, labels: dict, setting: dict,
     row = [f"HyperMixer - Attention (paper: lower below {equal_from:,}, "
            "equal from it)"]
     for n in sizes:
-      a, b = mse["hypermixer", n], mse["attention", n]
-      row.append(experiment.verdict(
-          a, b, "equal" if n >= equal_from else "lower",
-          margin=equal_share * float(np.mean(b)) if b else None
-      ).text(spec="+.1e") if a and b else "")
+      row.append(mse_verdict(mse["hypermixer", n], mse["attention", n], n,
+                             equal))
     rows.append(row)
   base = exp.data.get("baselines", {})
   if base:
@@ -117,11 +125,9 @@ def report_tuned(exp, tuned: dict, mixers, labels: dict, setting: dict,
       ["model"] + [f"n={n:,}" for n in sizes], rows)
   for n in sizes:
     searched, chosen, _ = tuned[n]
-    text += (f"\n\nValidation MSE of each setting at n={n:,} (the chosen "
-             "one: *):\n\n" + experiment.markdown_table(
-                 selection.headers(lrs), selection.selection_rows(
-                     searched, chosen, labels,
-                     lambda r: f"{r['mse']:.2e}", lrs)))
+    text += "\n\n" + selection.search_section(
+        searched, chosen, labels, lrs, what=f"MSE at n={n:,}",
+        cell=lambda r: f"{r['mse']:.2e}")
   notes = (
       f"Equal tuning: at each size every model trained {steps} steps at "
       f"each of the {len(selection.settings(steps, lrs))} settings on a "
