@@ -290,6 +290,7 @@ def run():
     FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   from hypermixer_jax import runtime  # pylint: disable=g-import-not-at-top
   runtime.choose_platforms()   # before any device query: no libtpu on CPUs
+  runtime.retain_host_memory()  # before JAX's threads take malloc arenas
   app.run(main, flags_parser=parse_flags)
 
 

@@ -15,6 +15,16 @@ otherwise try to start a TPU runtime at JAX's first device query, print
 host-bound, worker-hostname and "no jellyfish device" lines, and hold a
 lock file that makes a second concurrent run fail its own attempt.
 
+``retain_host_memory`` keeps the memory that glibc's ``free`` returns in the
+process. XLA:CPU allocates a program's temporaries afresh at every call
+(68 MB for a HyperMixing train step of 8 x 512 tokens); above glibc's mmap
+threshold each one is mapped and unmapped again, so the step first-touches
+~18,000 new zeroed pages (minor page faults) every time, and its products
+then run ~20% slower than the same products timed alone
+(docs/performance.md, "Host memory"). ``main.run()``, the experiments and
+the benchmarks call it at start-up. By default it acts only where the model
+runs on XLA:CPU; ``HYPERMIXER_HOST_MALLOC=system`` keeps glibc's defaults.
+
 ``initialize_distributed`` calls ``jax.distributed.initialize``:
 
 * explicit, when a coordinator address is given (any cluster; the test
@@ -27,6 +37,7 @@ lock file that makes a second concurrent run fail its own attempt.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import io
 import ipaddress
@@ -37,6 +48,16 @@ import tempfile
 
 DISTRIBUTED_MODES = ("auto", "on", "off")
 _tensorflow_hidden = False   # hide_accelerators_from_tensorflow has run
+HOST_MALLOC_MODES = ("auto", "retain", "system")
+# glibc's mallopt parameters (malloc.h) and the values retain_host_memory
+# sets: one arena, no mmap'd chunks, freed memory trimmed only beyond 2 GiB
+# (mallopt takes a C int); the heap grows in 64 MB steps. The same settings as environment variables, for a
+# child process (benchmarks give them to the code they compare with).
+_MALLOPT = ((-8, 1), (-4, 0), (-1, 2 ** 31 - 1), (-2, 64 << 20))
+RETAINED_MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
+                       "MALLOC_TRIM_THRESHOLD_": str(2 ** 31 - 1),
+                       "MALLOC_TOP_PAD_": str(64 << 20)}
+_host_memory_retained = False
 
 
 @contextlib.contextmanager
@@ -152,6 +173,98 @@ def choose_platforms() -> str | None:
   platforms = ",".join([*gpus, "cpu"])
   jax.config.update("jax_platforms", platforms)
   return platforms
+
+
+def preloaded_allocator(maps: str = "/proc/self/maps") -> str | None:
+  """``'tcmalloc'``, ``'jemalloc'`` or ``'mimalloc'`` when such an
+  allocator is mapped into the process (``LD_PRELOAD``), else None."""
+  try:
+    with open(maps, encoding="utf-8", errors="replace") as f:
+      text = f.read()
+  except OSError:
+    return None
+  return next((name for name in ("tcmalloc", "jemalloc", "mimalloc")
+               if f"lib{name}" in text), None)
+
+
+def _cpu_only_host() -> bool:
+  """Whether JAX will run on the CPU: ``JAX_PLATFORMS`` names only ``cpu``,
+  or (unset) the host has no TPU chip and no GPU device node."""
+  platforms = os.environ.get("JAX_PLATFORMS", "")
+  if platforms:
+    return {p.strip() for p in platforms.split(",") if p.strip()} == {"cpu"}
+  return not _tpu_chips() and not any(
+      os.path.exists(node) for _, _, node in _GPU_PLUGINS)
+
+
+def _jax_started() -> bool:
+  """Whether JAX's backends (and their threads) have started."""
+  if "jax" not in sys.modules:
+    return False
+  try:
+    from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+    return xla_bridge.backends_are_initialized()
+  except (ImportError, AttributeError):
+    return len(os.listdir("/proc/self/task")) > 1
+
+
+def retain_host_memory(mode: str | None = None) -> str:
+  """Keeps freed host memory in the process (glibc's ``mallopt``).
+
+  Must run before JAX's backends start: their threads take their own
+  malloc arenas, where chunks larger than an arena's 64 MB heap are always
+  mapped afresh. Afterwards it changes nothing and says so. The memory a
+  step frees stays with the process (its resident size keeps its peak),
+  which a training process reaches again at every step anyway.
+
+  ``'auto'`` retains only where the model runs on XLA:CPU (no TPU chip or
+  GPU device node, or ``JAX_PLATFORMS=cpu``): on an accelerator host the
+  temporaries live on the device, and the host's allocations are the input
+  pipeline's many threads, which one shared arena would serialise.
+
+  Args:
+    mode: ``'auto'``, ``'retain'`` or ``'system'`` (glibc's defaults); None
+      reads ``HYPERMIXER_HOST_MALLOC`` (default ``'auto'``).
+  Returns:
+    What the process allocates with: ``'retained'``, ``'system'``, or the
+    name of a preloaded allocator (tcmalloc keeps freed memory itself).
+  """
+  global _host_memory_retained
+  if mode is None:
+    mode = os.environ.get("HYPERMIXER_HOST_MALLOC", "") or "auto"
+  if mode not in HOST_MALLOC_MODES:
+    raise ValueError(f"HYPERMIXER_HOST_MALLOC={mode!r}: use 'auto' (retain "
+                     "on hosts without accelerators), 'retain' (keep freed "
+                     "host memory in the process) or 'system' (glibc's "
+                     "defaults).")
+  if mode == "auto":
+    mode = "retain" if _cpu_only_host() else "system"
+  other = preloaded_allocator()
+  if other:
+    return other
+  if _host_memory_retained:
+    return "retained"
+  if mode == "system" or not sys.platform.startswith("linux"):
+    return "system"
+  try:
+    libc = ctypes.CDLL(None)
+    libc.gnu_get_libc_version  # pylint: disable=pointless-statement
+  except (OSError, AttributeError):
+    return "system"   # not glibc (musl, ...): its own policy
+  if _jax_started():
+    logging.warning("retain_host_memory: JAX's backends have started, so "
+                    "host memory keeps glibc's defaults; call it before the "
+                    "first device query.")
+    return "system"
+  _host_memory_retained = all(libc.mallopt(param, value) == 1
+                              for param, value in _MALLOPT)
+  return "retained" if _host_memory_retained else "system"
+
+
+def host_malloc() -> str:
+  """What ``retain_host_memory`` settled (without changing anything)."""
+  return preloaded_allocator() or (
+      "retained" if _host_memory_retained else "system")
 
 
 def _is_loopback(address: str) -> bool:

@@ -7,8 +7,9 @@ The rule, per page:
   `results/<name>/` folders it links), or in the claims table
   (`experiments/results/claims.md`), or is a setting named in ALLOWED.
 * A page beside a record (`experiments/results/<name>/README.md`): every
-  number in its prose and its own tables appears in that folder's tables or
-  is a value of its `results.json` at the precision shown (a fraction may be
+  number in its prose and its own tables appears in the tables of that
+  folder (sub-folders included) or is a value of their `results.json` at
+  the precision shown (a fraction may be
   shown as a percentage). The figures written before this rule that no
   record holds are listed, per page, in `docs_unrecorded.json`; a page may
   lose them, never gain one.
@@ -106,9 +107,15 @@ class _Record:
   """Numbers of one experiment folder: its tables' and its results.json's."""
 
   def __init__(self, folder):
+    # The folder's records, its sub-folders' included (a page may compare
+    # runs recorded side by side, e.g. one per setting), and every table
+    # it writes, whatever its name.
     self.tokens = _table_tokens([folder])
-    path = folder / "results.json"
-    self.values = list(_leaves(json.loads(path.read_text()))) if path.exists() else []
+    for table in folder.rglob("*.md"):
+      if table.name != "README.md":
+        self.tokens |= _tokens(table.read_text())
+    self.values = [v for path in sorted(folder.rglob("results.json"))
+                   for v in _leaves(json.loads(path.read_text()))]
     self._rounded = {}
 
   def holds(self, part):

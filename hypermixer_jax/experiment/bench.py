@@ -112,14 +112,19 @@ class TorchTimed:
   The child (``benchmarks/torch_worker.py``, run by ``python``: an
   interpreter with torch) builds ``workload`` from ``cfg`` and answers each
   round, so ``interleave`` can alternate its rounds with this process's.
-  Started under ``taskset``, the child inherits the parent's core.
+  Started under ``taskset``, the child inherits the parent's core, and
+  the parent's host allocator: a preloaded one through ``LD_PRELOAD``,
+  ``runtime.retain_host_memory``'s settings through glibc's variables.
   """
 
   def __init__(self, python: str, workload: str, cfg: Mapping[str, Any]):
     import subprocess  # pylint: disable=g-import-not-at-top
     worker = str(REPO / "benchmarks" / "torch_worker.py")
+    env = dict(os.environ)
+    if runtime.host_malloc() == "retained":
+      env.update(runtime.RETAINED_MALLOC_ENV)
     self.proc = subprocess.Popen([python, worker, workload, json.dumps(cfg)],
-                                 stdin=subprocess.PIPE,
+                                 stdin=subprocess.PIPE, env=env,
                                  stdout=subprocess.PIPE, text=True)
 
   def _ask(self, cmd: str) -> str:
@@ -297,14 +302,16 @@ def device_peak(dtype: str) -> float | None:
 
 
 def device_name() -> str:
-  """The device, the host cores this process may use and the XLA flags
-  it was started with (they change what the compiled programs run)."""
+  """The device, the host cores this process may use, its host allocator
+  (``runtime.host_malloc``) and the XLA flags it was started with (they
+  change what the compiled programs run)."""
   d = jax.devices()[0]
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
       else os.cpu_count()
   kind = getattr(d, "device_kind", d.platform)
   flags = os.environ.get("XLA_FLAGS", "").strip()
-  return (f"{d.platform}:{kind} ({cores} host cores visible"
+  return (f"{d.platform}:{kind} ({cores} host cores visible; host malloc: "
+          f"{runtime.host_malloc()}"
           + (f"; XLA_FLAGS='{flags}'" if flags else "") + ")")
 
 
@@ -316,9 +323,12 @@ def parser(doc: str, *, rounds: str = "repeats", min_seconds: float = 0.5,
 
   Benchmarks build it first in ``main``, before JAX's first device query,
   so it also keeps libtpu from starting where no TPU chip is attached
-  (``runtime.choose_platforms``, as ``main.run()`` does).
+  (``runtime.choose_platforms``, as ``main.run()`` does) and keeps freed
+  host memory in the process (``runtime.retain_host_memory``; the table
+  header says which allocator ran).
   """
   runtime.choose_platforms()
+  runtime.retain_host_memory()
   ap = argparse.ArgumentParser(description=doc.split("\n")[0])
   ap.add_argument(f"--{rounds}", type=int, default=5,
                   help="interleaved timing rounds")

@@ -49,9 +49,11 @@ def parser(name: str, description: str, *, report_only: bool = False,
   Experiments train in-process, so building their parser first in
   ``main`` stands for ``main.run()``'s start-up: libtpu (installed for
   compile mode) must not start on a machine without TPU chips, which has
-  to be settled before JAX's first device query.
+  to be settled before JAX's first device query, as must
+  ``runtime.retain_host_memory``.
   """
   runtime.choose_platforms()
+  runtime.retain_host_memory()
   p = argparse.ArgumentParser(
       description=description,
       formatter_class=argparse.RawDescriptionHelpFormatter)
