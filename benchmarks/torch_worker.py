@@ -16,6 +16,10 @@ Workloads (JSON keys):
   (``official``: a checkout of idiap/hypermixing, imported from there, never
   copied) with ``hyper_dim``, self-mixing, forward in inference mode, or
   forward + backward of ``sum(y^2)`` to the parameters and the input.
+* ``matmul``: ``torch.matmul(a, b)`` in inference mode, ``a`` of shape
+  ``lhs`` and ``b`` of shape ``rhs``; ``lhs_t`` / ``rhs_t``: the operand is
+  made with its last two axes swapped and viewed transposed, as the
+  official HyperMixing passes its values and W2 to ``bmm``.
 * ``sleep``: sleeps ``seconds`` (tests the protocol without torch).
 """
 from __future__ import annotations
@@ -32,6 +36,18 @@ def build(workload: str, cfg: dict):
   import torch  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(1)
   torch.manual_seed(0)
+  if workload == "matmul":
+    def operand(shape, transposed):
+      if not transposed:
+        return torch.randn(shape)
+      return torch.randn([*shape[:-2], shape[-1], shape[-2]]).transpose(-1, -2)
+    a = operand(cfg["lhs"], cfg.get("lhs_t"))
+    b = operand(cfg["rhs"], cfg.get("rhs_t"))
+
+    def product():
+      with torch.inference_mode():
+        return torch.matmul(a, b)
+    return product
   x = torch.randn(cfg["batch"], cfg["n"], cfg["d"])
   if workload == "mha":
     mha = torch.nn.MultiheadAttention(cfg["d"], cfg["heads"],

@@ -207,3 +207,32 @@ def test_model_consumption_is_steps_times_batch():
                                     min_seconds=0.01)
   assert c["steps_s"] > 0
   assert c["examples_s"] == pytest.approx(4 * c["steps_s"])
+
+
+def test_gemm_forms_compute_the_same_product_as_torchs():
+  """bench_gemm times each product as the step writes it and in a plain
+  layout: the two give the same matrix (the plain form's operands are the
+  written ones transposed), and the PyTorch child's logical shapes give
+  the same output shape."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import script_modules  # pylint: disable=g-import-not-at-top
+  gemm = script_modules.load("benchmarks/bench_gemm.py")
+  rng = np.random.default_rng(0)
+  plain_from_written = [
+      lambda x, w: (x, w),
+      lambda x, g: (x.T, g),
+      lambda v, w: (np.swapaxes(v, 1, 2), w),
+      lambda w, h: (w, np.swapaxes(h, 1, 2))]
+  for p, to_plain in zip(gemm.products(2, 6, 3, 4), plain_from_written):
+    fn, shapes = p["written"]
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    written = np.asarray(jax.jit(fn)(*args))
+    plain_fn, plain_shapes = p["plain"]
+    plain_args = to_plain(*args)
+    assert [a.shape for a in plain_args] == [tuple(s) for s in plain_shapes]
+    np.testing.assert_allclose(np.asarray(plain_fn(*plain_args)), written,
+                               rtol=1e-5, atol=1e-5, err_msg=p["name"])
+    t = p["torch"]
+    assert np.matmul(np.empty(t["lhs"]), np.empty(t["rhs"])).shape == \
+        written.shape, p["name"]
+    assert p["flops"] == 2 * written.size * plain_shapes[0][-1]
