@@ -120,13 +120,13 @@ import resource, statistics
 from hypermixer_jax import runtime
 print(runtime.retain_host_memory())
 import jax, jax.numpy as jnp
-f = jax.jit(lambda x: jnp.einsum("bij,bjk->bik", jnp.sin(x), x).sum())
-x = jnp.ones((64, 512, 512))     # 64 MB; temporaries: sin(x) and the product
-print(f.lower(x).compile().memory_analysis().temp_size_in_bytes)
+f = jax.jit(lambda x, v: jnp.einsum("bij,bjk->bik", jnp.sin(x), v).sum())
+x, v = jnp.ones((64, 512, 512)), jnp.ones((64, 512, 1))   # temporary: sin(x)
+print(f.lower(x, v).compile().memory_analysis().temp_size_in_bytes)
 faults = []
 for _ in range(16):
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-  f(x).block_until_ready()
+  f(x, v).block_until_ready()
   faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 print(statistics.median(faults[6:]))
 """
