@@ -69,6 +69,7 @@ import numpy as np
 
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import mlm
+from hypermixer_jax.experiment import selection as selection_lib
 
 def main() -> None:
   p = experiment.parser("mlm_perplexity", __doc__, report_only=True,
@@ -162,9 +163,10 @@ def _tuned_report(exp, args, steps, split, tuned, sizes, bases, vocab,
       f"MLM perplexity, every model tuned alike ({steps} steps)",
       experiment.markdown_table(mlm.HEADERS,
                                 mlm.table_rows(runs, sizes, base))
-      + "\n\nValidation perplexity of each setting (the chosen one: *):\n\n"
-      + experiment.markdown_table(mlm.SELECTION_HEADERS,
-                                  mlm.selection_rows(selection, chosen)),
+      + "\n\n" + selection_lib.search_section(
+          selection, chosen, mlm.LABELS, mlm.TUNE_LRS,
+          shares=mlm.TUNE_WARMUP_SHARES, what="perplexity",
+          cell=lambda r: f"{mlm.final_perplexity(r):.2f}"),
       notes, name=mlm.report_names(args.scale, steps)[0] + "_tuned")
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import mlm
+from hypermixer_jax.experiment import selection as selection_lib
 
 import script_modules
 
@@ -57,10 +58,20 @@ def test_search_is_the_same_for_every_model_and_chooses_the_lowest():
                "gmlp": [run(s, 9.0 - i) for i, s in enumerate(settings)]}
   chosen = mlm.choose(selection)
   assert chosen == {"attention": settings[0], "gmlp": settings[-1]}
-  rows = {r[0]: r[1:] for r in mlm.selection_rows(selection, chosen)}
+  text = selection_lib.search_section(
+      selection, chosen, mlm.LABELS, mlm.TUNE_LRS,
+      shares=mlm.TUNE_WARMUP_SHARES, what="perplexity",
+      cell=lambda r: f"{mlm.final_perplexity(r):.2f}")
+  rows = {r[0]: r[1:] for r in (
+      [c.strip() for c in line.strip("|").split("|")]
+      for line in text.splitlines() if line.startswith("| "))}
   assert rows["gMLP"][-1] == f"{9.0 - (len(settings) - 1):.2f} *"
   assert rows["BERT (Transformer)"][0] == "10.00 *"
   assert sum("*" in c for c in rows["gMLP"]) == 1
+  # Both choices sit at an end of the searched rates, and the table says so.
+  assert text.endswith(
+      f"(a wider search may find a better one): BERT (Transformer) (lr "
+      f"{min(mlm.TUNE_LRS):g}), gMLP (lr {max(mlm.TUNE_LRS):g}).")
 
 
 def test_tune_selects_on_the_carved_split_and_reports_at_the_choice(

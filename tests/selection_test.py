@@ -173,3 +173,23 @@ def test_tune_chooses_nothing_before_a_search_is_complete(tmp_path):
   # Run backwards (a second process), the missing cell is trained first.
   _, calls = _fake_tune(tmp_path, scores, reverse=True)
   assert calls == [("b", selection.SEED, 1e-3, True)]
+
+
+def test_a_choice_at_the_edge_of_the_rates_is_named():
+  """A best rate that is the highest or lowest searched may not be the best
+  there is: the search section names it; an inner choice, or a grid of one
+  rate, gets no note."""
+  lrs = (1e-4, 1e-3, 1e-2)
+  labels = {"a": "A", "b": "B", "c": "C"}
+  chosen = {"a": {"lr": 1e-2, "warmup_share": 0.1},
+            "b": {"lr": 1e-3, "warmup_share": 0.1},
+            "c": {"lr": 1e-4, "warmup_share": 0.02}}
+  assert selection.at_edge(chosen, labels, lrs) == ["A (lr 0.01)",
+                                                    "C (lr 0.0001)"]
+  assert selection.at_edge({"b": chosen["b"]}, labels, lrs) == []
+  assert selection.at_edge(chosen, labels, (1e-3,)) == []
+  text = selection.search_section({}, {"a": chosen["a"], "b": None}, labels,
+                                  lrs)
+  assert text.endswith("a better one): A (lr 0.01).")
+  assert "edge" not in selection.search_section({}, {"b": chosen["b"]},
+                                                labels, lrs)

@@ -383,14 +383,3 @@ def tune(exp, models, seeds, steps: int, prefix: str, run
   select)``."""
   return selection.tune(exp, models, seeds, tune_settings(steps), prefix,
                         run, final_perplexity, higher=False)
-
-
-def selection_rows(runs_by_model: dict, chosen: dict) -> list[list]:
-  """One row per model: its validation perplexity at every setting, the
-  chosen one marked."""
-  return selection.selection_rows(
-      runs_by_model, chosen, LABELS, lambda r: f"{final_perplexity(r):.2f}",
-      TUNE_LRS, TUNE_WARMUP_SHARES)
-
-
-SELECTION_HEADERS = selection.headers(TUNE_LRS, TUNE_WARMUP_SHARES)

@@ -212,15 +212,32 @@ def selection_rows(selection: dict, chosen: dict, labels: dict,
 
 def search_section(searched: dict, chosen: dict, labels: dict,
                    lrs: Sequence[float] | None = None, *,
+                   shares: Sequence[float] | None = None,
                    what: str = "accuracy (%)",
                    cell: Callable[[dict], str] | None = None) -> str:
   """A table's search section: each model's validation ``what`` at every
   setting, ``cell(run)`` of each selection run (default: its final
-  accuracy in %), the chosen one marked."""
+  accuracy in %), the chosen one marked, and the models chosen at the
+  edge of the searched learning rates."""
   cell = cell or (lambda r: f"{100 * r['eval']['accuracy']:.2f}")
+  edge = at_edge(chosen, labels, lrs)
   return (f"Validation {what} of each setting (the chosen one: *):\n\n"
-          + experiment.markdown_table(headers(lrs), selection_rows(
-              searched, chosen, labels, cell, lrs)))
+          + experiment.markdown_table(headers(lrs, shares), selection_rows(
+              searched, chosen, labels, cell, lrs, shares))
+          + ("\n\nChosen at the edge of the searched learning rates (a "
+             "wider search may find a better one): " + ", ".join(edge) + "."
+             if edge else ""))
+
+
+def at_edge(chosen: dict, labels: dict,
+            lrs: Sequence[float] | None = None) -> list[str]:
+  """The models whose chosen learning rate is the highest or the lowest of
+  the grid (of two or more rates), as ``"label (lr X)"``."""
+  lrs, _ = _grid(lrs, None)
+  if len(set(lrs)) < 2:
+    return []
+  return [f"{labels[m]} (lr {s['lr']:g})" for m, s in chosen.items()
+          if s and s["lr"] in (min(lrs), max(lrs))]
 
 
 def notes(what: str, split: dict, steps: int, seeds: str, n_settings: int,
