@@ -49,14 +49,14 @@ import tempfile
 DISTRIBUTED_MODES = ("auto", "on", "off")
 _tensorflow_hidden = False   # hide_accelerators_from_tensorflow has run
 HOST_MALLOC_MODES = ("auto", "retain", "system")
-# glibc's mallopt parameters (malloc.h) and the values retain_host_memory
-# sets: one arena, no mmap'd chunks, freed memory trimmed only beyond 2 GiB
-# (mallopt takes a C int); the heap grows in 64 MB steps. The same settings as environment variables, for a
-# child process (benchmarks give them to the code they compare with).
-_MALLOPT = ((-8, 1), (-4, 0), (-1, 2 ** 31 - 1), (-2, 64 << 20))
-RETAINED_MALLOC_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
-                       "MALLOC_TRIM_THRESHOLD_": str(2 ** 31 - 1),
-                       "MALLOC_TOP_PAD_": str(64 << 20)}
+# What retain_host_memory sets, as (glibc mallopt parameter of malloc.h,
+# the same setting's environment variable for a child process, value): one
+# arena, no mmap'd chunks, freed memory trimmed only beyond 2 GiB (mallopt
+# takes a C int), the heap grown in 64 MB steps.
+_RETAINED = ((-8, "MALLOC_ARENA_MAX", 1), (-4, "MALLOC_MMAP_MAX_", 0),
+             (-1, "MALLOC_TRIM_THRESHOLD_", 2 ** 31 - 1),
+             (-2, "MALLOC_TOP_PAD_", 64 << 20))
+RETAINED_MALLOC_ENV = {name: str(value) for _, name, value in _RETAINED}
 _host_memory_retained = False
 
 
@@ -257,7 +257,7 @@ def retain_host_memory(mode: str | None = None) -> str:
                     "first device query.")
     return "system"
   _host_memory_retained = all(libc.mallopt(param, value) == 1
-                              for param, value in _MALLOPT)
+                              for param, _, value in _RETAINED)
   return "retained" if _host_memory_retained else "system"
 
 
