@@ -111,6 +111,12 @@ def _fake_tune(tmp_path, scores, seeds=(0, 1), reverse=False, report=False):
   def run(model, seed, setting, key, select):
     calls.append((model, seed, setting["lr"], select))
     assert key.startswith("p/tune/" if select else "p/tuned/")
+    if select and scores[(model, setting["lr"])] is None:
+      # The training loop's message when a run's loss becomes NaN.
+      raise FloatingPointError(
+          "loss or gradient became NaN/Inf between steps 1 and 10; "
+          f"stopping. Not saved; the latest checkpoint is step 5 in "
+          f"{tmp_path}/runs/{key}.")
     return {"eval": {"accuracy": scores[(model, setting["lr"])] if select
                      else seed / 10}}
   out = selection.tune(exp, ["a", "b"], seeds,
@@ -193,3 +199,24 @@ def test_a_choice_at_the_edge_of_the_rates_is_named():
   assert text.endswith("a better one): A (lr 0.01).")
   assert "edge" not in selection.search_section({}, {"b": chosen["b"]},
                                                 labels, lrs)
+
+
+def test_a_diverged_setting_is_recorded_and_never_chosen(tmp_path):
+  """A setting whose loss became NaN does not stop the search: it is
+  recorded as diverged (the steps, no machine path), shown so in the
+  search table and passed over, and a rerun does not train it again; a
+  model whose every setting diverged gets no choice and no seeds."""
+  scores = {("a", 1e-3): 0.6, ("a", 3e-3): None,
+            ("b", 1e-3): None, ("b", 3e-3): None}
+  (searched, chosen, runs), calls = _fake_tune(tmp_path, scores)
+  assert chosen == {"a": {"lr": 1e-3, "warmup": 1, "warmup_share": 0.1}}
+  assert set(runs) == {"a"} and len(calls) == 4 + 2
+  assert searched["a"][1][selection.DIVERGED] == (
+      "loss or gradient became NaN/Inf between steps 1 and 10")
+  assert str(tmp_path) not in (tmp_path / "results.json").read_text()
+  table = selection.search_section(searched, chosen, {"a": "A", "b": "B"},
+                                   (1e-3, 3e-3), shares=(0.1,))
+  assert "| A | 60.00 * | diverged |" in table
+  assert "| B | diverged | diverged |" in table
+  _, again = _fake_tune(tmp_path, scores)
+  assert again == []

@@ -23,6 +23,8 @@ WARMUP_SHARES = (0.02, 0.1)
 # The selection runs' seed: none of the reported runs uses it.
 SEED = 100
 VALIDATION_EVERY = 10
+# A selection run's record key when its training stopped on NaN/Inf.
+DIVERGED = "diverged"
 
 
 def settings(steps: int, lrs: Sequence[float] | None = None,
@@ -141,10 +143,13 @@ def choose(selection: dict, score: Callable[[dict], float], *,
   """Each model's setting of best ``score`` (``higher``: the largest) at
   the end of its selection runs (``selection``: {model: [run of each
   setting]}, each run recording its ``setting``); ties go to the earlier
-  setting."""
+  setting. A run that diverged (``DIVERGED``) is never chosen; a model
+  whose every run diverged gets no setting."""
   sign = -1.0 if higher else 1.0
+  kept = {m: [r for r in runs if DIVERGED not in r]
+          for m, runs in selection.items()}
   return {m: dict(min(runs, key=lambda r: sign * score(r))["setting"])
-          for m, runs in selection.items() if runs}
+          for m, runs in kept.items() if runs}
 
 
 def tune(exp, models: Sequence[str], seeds: Sequence[int],
@@ -162,7 +167,8 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
   setting (a reordered grid, a choice that moved) is retired and run again
   (``Experiment.cells``' ``expect``). A model is chosen for only once its
   whole search is recorded, so a report of a partial search trains no
-  seeds. ``reverse``: each grid from its last cell (a second process on the
+  seeds. A selection run whose loss or gradient became NaN/Inf is recorded
+  as diverged (``DIVERGED``: the steps) and not chosen. ``reverse``: each grid from its last cell (a second process on the
   same records meets the first in the middle).
 
   Returns ``(searched, chosen, runs)``: {model: selection runs in the
@@ -172,8 +178,13 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
 
   def select(cell, key):
     setting = settings_[cell["setting"]]
-    return dict(run(cell["model"], SEED, setting, key, True),
-                setting=setting)
+    try:
+      record = run(cell["model"], SEED, setting, key, True)
+    except FloatingPointError as e:
+      # The loop stops on NaN/Inf; the search records where, without the
+      # message's workdir path, and goes on to the next setting.
+      record = {DIVERGED: str(e).split(";")[0]}
+    return dict(record, setting=setting)
   searched = exp.cells(f"{prefix}tune", order(experiment.grid(
       model=models, setting=range(len(settings_)))), select,
       expect=lambda cell: {"setting": settings_[cell["setting"]]})
@@ -203,6 +214,7 @@ def selection_rows(selection: dict, chosen: dict, labels: dict,
   rows = []
   for m, runs in selection.items():
     cells = {(r["setting"]["lr"], r["setting"]["warmup_share"]):
+             "diverged" if DIVERGED in r else
              cell(r) + (" *" if r["setting"] == chosen.get(m) else "")
              for r in runs}
     rows.append([labels[m]] + [cells.get((lr, w), "not run")
