@@ -91,8 +91,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main():
-  runtime.choose_platforms()  # before JAX's first device query
-  runtime.retain_host_memory()  # likewise: before JAX's threads start
+  runtime.prepare_host()  # before JAX's first device query
   args = _parser().parse_args()
   if args.shards > 1 and not args.shard_dir:
     args.shard_dir = tempfile.mkdtemp(prefix="bench_input_shards_")

@@ -78,8 +78,7 @@ def run(preset, mesh_shape, devices, model_cfg, batch, args):
 
 
 def main():
-  runtime.choose_platforms()  # before JAX's first device query
-  runtime.retain_host_memory()  # likewise: before JAX's threads start
+  runtime.prepare_host()  # before JAX's first device query
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--mixer", default="gmlp", choices=tuple(models.MIXERS))
   parser.add_argument("--d_model", type=int, default=256)

@@ -72,8 +72,7 @@ def flops_per_token(args, mesh, compiled):
 
 
 def main():
-  runtime.choose_platforms()  # before JAX's first device query
-  runtime.retain_host_memory()  # likewise: before JAX's threads start
+  runtime.prepare_host()  # before JAX's first device query
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--vocab_size", type=int, default=512)
   ap.add_argument("--d_model", type=int, default=64)

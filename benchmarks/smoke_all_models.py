@@ -99,8 +99,7 @@ def smoke(name: str) -> tuple[int, float, float, float]:
 
 def main(argv):
   del argv
-  runtime.choose_platforms()  # before JAX's first device query
-  runtime.retain_host_memory()  # likewise: before JAX's threads start
+  runtime.prepare_host()  # before JAX's first device query
   names = _MODELS.value or models.model_names()
   print(f"devices: {jax.devices()}  dtype: {_DTYPE.value}  "
         f"batch: {_BATCH.value}  tiny: {_TINY.value}")

@@ -289,8 +289,7 @@ def run():
   for flag in FLAGS.get_flags_for_module(__name__):
     FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   from hypermixer_jax import runtime  # pylint: disable=g-import-not-at-top
-  runtime.choose_platforms()   # before any device query: no libtpu on CPUs
-  runtime.retain_host_memory()  # before JAX's threads take malloc arenas
+  runtime.prepare_host()   # before any device query
   app.run(main, flags_parser=parse_flags)
 
 

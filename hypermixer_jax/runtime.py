@@ -1,7 +1,8 @@
 """Process start-up: TensorFlow kept on the host, and JAX's multi-host runtime.
 
-``main.py`` calls both before anything touches a device; notebooks and other
-entry points can call them too.
+``main.py`` calls them before anything touches a device (``prepare_host``
+runs the host-side two for every entry point: the experiments and the
+benchmarks too); notebooks and other entry points can call them too.
 
 TensorFlow only runs the input pipelines (seqio / TFDS / tf.data), but on a
 GPU machine its first op would initialise CUDA and reserve most of the GPU
@@ -259,6 +260,15 @@ def retain_host_memory(mode: str | None = None) -> str:
   _host_memory_retained = all(libc.mallopt(param, value) == 1
                               for param, _, value in _RETAINED)
   return "retained" if _host_memory_retained else "system"
+
+
+def prepare_host() -> str:
+  """The start-up of every entry point, before JAX's first device query:
+  ``choose_platforms`` (no libtpu on machines without TPU chips), then
+  ``retain_host_memory`` (before JAX's threads take malloc arenas).
+  Returns what the process allocates with (``retain_host_memory``)."""
+  choose_platforms()
+  return retain_host_memory()
 
 
 def host_malloc() -> str:

@@ -327,8 +327,7 @@ def parser(doc: str, *, rounds: str = "repeats", min_seconds: float = 0.5,
   host memory in the process (``runtime.retain_host_memory``; the table
   header says which allocator ran).
   """
-  runtime.choose_platforms()
-  runtime.retain_host_memory()
+  runtime.prepare_host()
   ap = argparse.ArgumentParser(description=doc.split("\n")[0])
   ap.add_argument(f"--{rounds}", type=int, default=5,
                   help="interleaved timing rounds")

@@ -52,8 +52,7 @@ def parser(name: str, description: str, *, report_only: bool = False,
   to be settled before JAX's first device query, as must
   ``runtime.retain_host_memory``.
   """
-  runtime.choose_platforms()
-  runtime.retain_host_memory()
+  runtime.prepare_host()
   p = argparse.ArgumentParser(
       description=description,
       formatter_class=argparse.RawDescriptionHelpFormatter)
