@@ -15,9 +15,10 @@ gMLP, FNet), no pretraining.
                  same tokens and splits.
 
 ``--tune`` (small scale): every model tuned alike, its learning rate and
-warm-up chosen among ``selection.settings`` on every 10th SST-2 train phrase
-(seed 100), then the seeds at each model's choice trained on the other
-phrases and scored on dev: ``table_tuned.md``.
+warm-up chosen among ``selection.settings`` on every 10th SST-2 train
+sentence with all its phrases (``glue.sentence_groups``; seed 100), then
+the seeds at each model's choice trained on the other sentences' phrases
+and scored on dev: ``table_tuned.md``.
 
   python experiments/glue_from_scratch.py --scale=small \
       --out=experiments/results/glue_from_scratch

@@ -21,9 +21,10 @@ the Transformer: ~12-14% at 10% of SNLI/MNLI, < 2% at 100%.
       --out=experiments/results/low_resource
 
 ``--tune`` (small scale): both models tuned alike at 10%, their learning
-rate and warm-up chosen among ``selection.settings`` on every 10th phrase of
-the 10% subset (seed 100), then the seeds at each model's choice trained on
-the rest of the subset and scored on dev: ``table_tuned.md``. (At 100% the
+rate and warm-up chosen among ``selection.settings`` on the 10% subset's
+phrases of every 10th SST-2 sentence (``glue.sentence_groups``; seed 100),
+then the seeds at each model's choice trained on the rest of the subset and
+scored on dev: ``table_tuned.md``. (At 100% the
 same search is ``glue_from_scratch --tune``'s.)
 
 Writes ``results.json``, ``table.md`` and ``low_resource.png``.
@@ -152,7 +153,7 @@ def _small_runs(exp, args, shared):
 
 
 def _tune(exp, args, shared, fraction: float = 0.1) -> None:
-  """``--tune``: both models' search on phrases carved from the subset at
+  """``--tune``: both models' search on sentences carved from the subset at
   ``fraction``, then the seeds at each one's choice (``glue.tune``)."""
   budget = dict(steps=args.steps, width=args.width, seq_len=64)
   vocab = glue.sst2_vocab(glue_vocab(exp), shared)
@@ -165,13 +166,15 @@ def _tune(exp, args, shared, fraction: float = 0.1) -> None:
           "sst2", m, "small", glue.SMALL["lr"], shared, train_file=subset,
           seed=s, vocab=vocab, **budget),
       args.steps, f"w{args.width}_s{args.steps}/fraction={fraction:g}/",
-      subset, search, reverse=args.order == "reverse", task=f"sst2_{pct}")
+      subset, search, reverse=args.order == "reverse", task=f"sst2_{pct}",
+      group=glue.sentence_groups(glue.sst2_train(shared)))
   glue.report_tuned(exp, MODELS, args.seeds, args.steps, tuned, search,
                     text=dict(glue.SST2_TUNED, title=(
                         f"Low resource: SST-2 at {fraction:.0%}, both models "
                         "tuned alike (small scale)"),
-                              carved=f"phrase of the {fraction:.0%} subset "
-                              "of the SST-2 train TSV", paper=False))
+                              carved=f"sentence (with all its phrases) of "
+                              f"the {fraction:.0%} subset of the SST-2 train "
+                              "TSV", paper=False))
 
 
 def _report(exp, args, tasks, fractions, seeds, acc) -> None:

@@ -21,8 +21,9 @@ against the same model trained from scratch with the same fine-tuning budget.
                  of batch 64, both arms; each (model, arm, setting) takes
                  the best of ``--lrs`` x ``--warmup_shares`` by the final
                  accuracy of a seed-100 run on a validation split carved
-                 from the setting's train file (``carve_setting``; a
-                 pretrained arm from a seed-100 pretraining), then every
+                 from the setting's train file (``carve_setting``: whole
+                 SST-2 sentences, whole pair-task premises; a pretrained
+                 arm from a seed-100 pretraining), then every
                  seed runs there on the whole train file; seeds ``--seeds``
                  (pretraining and fine-tuning alike); Naive Bayes on the
                  same tokens beside them; the pair task (``--tasks``, SNLI):
@@ -36,13 +37,10 @@ against the same model trained from scratch with the same fine-tuning budget.
   python experiments/pretrain_finetune.py --scale=small \
       --out=experiments/results/pretrain_finetune
 
-Each arm makes its own choice, so two processes on one ``--out`` can split
-the work with ``--arms=scratch`` and ``--arms=pretrained``.
-
-Writes ``results.json``, ``table.md`` and ``pretrain_finetune.png`` (dev
-accuracy against fine-tuning step, both arms) into ``--out``. Only the small
-scale exists: at paper scale the same pair of commands is the README's
-fine-tuning recipe (``configs/c4_mlm.py`` then
+Two processes on one ``--out`` can split the work (``--arms``). Writes
+``results.json``, ``table.md`` and ``pretrain_finetune.png`` (dev accuracy
+against fine-tuning step) into ``--out``. At paper scale the same pair of
+commands is the README's fine-tuning recipe (``configs/c4_mlm.py``, then
 ``configs/glue.py:TASK,MIXER,finetune``).
 """
 from __future__ import annotations
@@ -61,6 +59,7 @@ from hypermixer_jax.experiment.pretraining import nb_key
 from hypermixer_jax.experiment.pretraining import pretrain_config
 from hypermixer_jax.experiment.pretraining import probe_encoders
 from hypermixer_jax.experiment.pretraining import report
+from hypermixer_jax.experiment.pretraining import retire_other_carve
 from hypermixer_jax.experiment.pretraining import selection_config
 from hypermixer_jax.experiment.pretraining import settings_of
 from hypermixer_jax.experiment.pretraining import SMALL
@@ -76,9 +75,8 @@ ARMS = ("scratch", "pretrained")
 def _parser():
   p = experiment.parser("pretrain_finetune", __doc__, report_only=True,
                         models=MODELS, seeds="0,1,2")
-  p.add_argument("--tasks", default=",".join(TASKS),
-                 help="sst2 and/or a pair task of nli_splits (mnli, snli, "
-                 "qnli)")
+  p.add_argument("--tasks", default=",".join(TASKS), help="sst2 and/or a "
+                 "pair task of nli_splits (mnli, snli, qnli)")
   p.add_argument("--fractions", default=SMALL["fractions"],
                  help="fractions of SST-2's train phrases (a pair task "
                  "always uses its whole train part)")
@@ -103,6 +101,7 @@ class _Grid:
     self.exp, self.args, self.shared, self.vocab = exp, args, shared, vocab
     self.trained = trained
     self.tag = f"p{args.pretrain_steps}_f{args.finetune_steps}"
+    self.sentences = glue.sentence_groups(glue.sst2_train(shared))
 
   def pretrain_key(self, mixer: str, seed: int) -> str:
     return f"pretrain/s{self.args.pretrain_steps}/model={mixer}/seed={seed}"
@@ -184,7 +183,7 @@ class _Grid:
     init = (exp.workdir(self.pretrain_key(mixer, seed))
             if arm == "pretrained" else "")
     cfg = self.config(mixer, task, fraction, lr, share, seed, init)
-    split = carve_setting(cfg, exp.out, task)
+    split = carve_setting(cfg, exp.out, task, self.sentences)
     cfg = selection_config(cfg, split)
 
     def run():
@@ -192,6 +191,7 @@ class _Grid:
       return dict(selection.lean(experiment.train(cfg, exp.workdir(key))),
                   **extra, split=selection.split_record(split))
     if arm in self.trained:
+      retire_other_carve(exp, key, split)
       exp.cell(key, run)
     return key
 

@@ -33,7 +33,7 @@ Once every draw is recorded for both models, each model's best draw is
 trained again with ``--best_seeds`` (1, 2): the top of its curve, over seeds.
 
 ``--carve`` (small scale): nothing is chosen on dev. Each trial trains on
-the SST-2 train phrases less every 10th and is scored on that tenth
+the SST-2 train phrases less every 10th sentence's and is scored on those
 (``glue.carve``), so the curves are of validation accuracy; each model's
 best draw then trains seeds 0 and ``--best_seeds`` on the same phrases,
 scored on dev (``table_carved.md``).

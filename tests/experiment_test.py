@@ -224,6 +224,19 @@ class HarnessTest(absltest.TestCase):
     self.assertEqual(report.data["sizes"], {"dtype": "auto"})
     self.assertEqual((out / "results.json").read_bytes(), before)
 
+  def test_a_baseline_of_other_data_is_computed_again(self):
+    out = pathlib.Path(tempfile.mkdtemp())
+    exp = experiment.Experiment(out, argparse.Namespace(report_only=False))
+    self.assertEqual(exp.baseline("b", lambda: {"nb": 0.5}, tag={"d": 1}),
+                     {"nb": 0.5, "d": 1})
+    self.assertEqual(exp.baseline("b", lambda: 1 / 0, tag={"d": 1})["nb"],
+                     0.5)
+    again = experiment.Experiment(out, argparse.Namespace(report_only=False))
+    self.assertEqual(again.baseline("b", lambda: {"nb": 0.7}, tag={"d": 2}),
+                     {"nb": 0.7, "d": 2})
+    saved = json.loads((out / "results.json").read_text())
+    self.assertEqual(saved["baselines"]["b"], {"nb": 0.7, "d": 2})
+
   def test_fingerprint_reads_files_by_content(self):
     import ml_collections  # pylint: disable=g-import-not-at-top
     tmp = pathlib.Path(tempfile.mkdtemp())

@@ -12,7 +12,9 @@ import jax.numpy as jnp
 import pytest
 
 from hypermixer_jax import experiment
+from hypermixer_jax.experiment import glue
 from hypermixer_jax.experiment import pretraining
+from hypermixer_jax.experiment import selection
 from hypermixer_jax.models import zoo
 from hypermixer_jax.train import checkpoint
 
@@ -231,13 +233,18 @@ def test_learning_rate_is_chosen_on_a_split_carved_from_train(
   runs = json.loads((out / "results.json").read_text())["runs"]
   sel = runs[SEL.format("scratch", "0.001")[len("runs/"):]]
   # Trained on the carved train part, scored once on the carved validation
-  # part: every 10th SST-2 phrase, never the dev file.
+  # part: every 10th SST-2 sentence with its phrases, never the dev file.
   train, held = (pathlib.Path(sel["data"][p]) for p in ("train", "validation"))
   assert held.name == "train_carved_validation.tsv"
   assert "dev" not in sel["data"]["validation"] and sel["eval_every"] == 2
-  rows = (shared_data / "glue/SST-2/train.tsv").read_text().splitlines()
-  assert held.read_text().splitlines() == [rows[0]] + rows[1::10]
-  assert len(train.read_text().splitlines()) == len(rows) - len(rows[1::10])
+  source = shared_data / "glue/SST-2/train.tsv"
+  rows = source.read_text().splitlines(True)
+  keys = glue.sentence_groups(str(source))(rows[1:])
+  every = set(list(dict.fromkeys(keys))[::10])
+  assert held.read_text() == "".join(
+      [rows[0]] + [r for r, k in zip(rows[1:], keys) if k in every])
+  assert len(train.read_text().splitlines()) + len(
+      held.read_text().splitlines()) == len(rows) + 1   # a header each
   assert sel["split"]["validation"]["sha256"] == experiment.file_digest(held)
   assert "path" not in json.dumps(sel["split"])
   # The seeds train on the whole train file and are scored on dev.
@@ -365,6 +372,34 @@ def test_pair_task_is_carved_by_premise(shared_data, tmp_path):
   assert sel.data.local_files.validation == split["validation"]["path"]
   assert sel.eval_every == sel.num_train_steps == 2
   assert c.data.local_files.validation.endswith("snli_test_by_premise.jsonl")
+
+
+def test_sst2_is_carved_by_sentence_and_other_carves_retired(shared_data,
+                                                             tmp_path):
+  """SST-2 at 10%: whole sentences (of the whole train file) are carved;
+  asked without them, the carve refuses; a selection run recorded on
+  another validation split is retired and its key runs again."""
+  vocab = {"path": str(shared_data / "t5_spm/sentencepiece.model"),
+           "model_vocab_size": 8064}
+  c = pf.finetune_config("gmlp", shared_data, vocab, lr=1e-3, seed=0,
+                         fraction=0.1, out=tmp_path, steps=2, task="sst2")
+  with pytest.raises(ValueError, match="sentences=glue.sentence_groups"):
+    pretraining.carve_setting(c, tmp_path, "sst2")
+  group = glue.sentence_groups(glue.sst2_train(shared_data))
+  split = pretraining.carve_setting(c, tmp_path, "sst2", group)
+  held, kept = (set(group(pathlib.Path(split[p]["path"]).read_text(
+      encoding="utf-8").splitlines(True)[1:])) for p in ("validation", "train"))
+  assert held and kept and not held & kept
+  exp = experiment.Experiment(tmp_path / "exp", argparse.Namespace(
+      report_only=False))
+  same = {"split": selection.split_record(split)}
+  other = {"split": {"validation": {"sha256": "0" * 64}}}
+  exp.runs.update({"a": dict(same), "b": dict(other)})
+  for key in ("a", "b"):
+    pretraining.retire_other_carve(exp, key, split)
+  assert "a" in exp.runs and "b" not in exp.runs
+  assert exp.data["superseded"]["b"]["superseded_because"] == (
+      "carved from another validation split")
 
 
 def test_probe_reads_the_pretrained_encoder(shared_data, tmp_path,

@@ -1,6 +1,7 @@
 """Equal tuning's shared parts: the search, the carved split, the choice."""
 import hashlib
 import json
+import pathlib
 
 import pytest
 
@@ -98,7 +99,8 @@ def test_carve_by_group_keeps_each_group_on_one_side(tmp_path):
       66, 9)
 
 
-def _fake_tune(tmp_path, scores, seeds=(0, 1), reverse=False, report=False):
+def _fake_tune(tmp_path, scores, seeds=(0, 1), reverse=False, report=False,
+               tag=None):
   """``selection.tune`` over two models and two settings with a fake
   trainer: a selection run scores ``scores[(model, lr)]``; every call is
   logged as (model, seed, lr, select)."""
@@ -122,7 +124,7 @@ def _fake_tune(tmp_path, scores, seeds=(0, 1), reverse=False, report=False):
   out = selection.tune(exp, ["a", "b"], seeds,
                        selection.settings(10, (1e-3, 3e-3), (0.1,)), "p/",
                        run, lambda r: r["eval"]["accuracy"], higher=True,
-                       reverse=reverse)
+                       reverse=reverse, tag=tag)
   return out, calls
 
 
@@ -220,3 +222,67 @@ def test_a_diverged_setting_is_recorded_and_never_chosen(tmp_path):
   assert "| B | diverged | diverged |" in table
   _, again = _fake_tune(tmp_path, scores)
   assert again == []
+
+
+def test_runs_of_another_carve_are_retired_and_run_again(tmp_path):
+  """``tag`` (the carved split's digest): every run records it, and a
+  recorded run holding another (or none) is retired, not reused."""
+  scores = {("a", 1e-3): 0.7, ("a", 3e-3): 0.6,
+            ("b", 1e-3): 0.5, ("b", 3e-3): 0.8}
+  _fake_tune(tmp_path, scores)
+  (_, _, runs), calls = _fake_tune(tmp_path, scores, tag={"split": "new"})
+  assert len(calls) == 4 + 4   # the whole search and every seed again
+  assert all(r["split"] == "new" for rs in runs.values() for r in rs)
+  data = json.loads((tmp_path / "results.json").read_text())
+  assert "split" not in data["superseded"]["p/tune/model=a/setting=0"]
+  assert _fake_tune(tmp_path, scores, tag={"split": "new"})[1] == []
+
+
+def _sst2(path, phrases):
+  path.write_text("sentence\tlabel\n" + "".join(
+      f"{p} \t{i % 2}\n" for i, p in enumerate(phrases)))
+  return str(path)
+
+
+def test_sst2_phrases_are_grouped_by_their_sentence(tmp_path):
+  """A phrase's sentence is the longest train phrase that holds it as whole
+  tokens, the first of equal length; a subset is grouped by the whole
+  file's sentences; carved by it, no sentence has phrases on both sides."""
+  from hypermixer_jax.experiment import glue  # pylint: disable=g-import-not-at-top
+  phrases = ["the cat", "sat on", "the cat sat on the mat", "a dog",
+             "a dog barked", "cat sat", "the dog", "barked", "at", "c"]
+  source = _sst2(tmp_path / "train.tsv", phrases)
+  rows = pathlib.Path(source).read_text().splitlines(True)[1:]
+  keys = glue.sentence_groups(source)(rows)
+  cat, dog = "the cat sat on the mat", "a dog barked"
+  # "at" is inside "sat" only as characters, not as a token: its own group.
+  assert keys == [cat, cat, cat, dog, dog, cat, "the dog", dog, "at", "c"]
+  # A row the reference lacks is its own group.
+  assert glue.sentence_groups(source)(["a cat \t1\n"]) == ["a cat \t1"]
+  sub = rows[0:1] + rows[4:5]   # a subset: grouped as in the whole file
+  assert glue.sentence_groups(source)(sub) == [cat, dog]
+  split = selection.carve_lines(source, tmp_path / "out", header=True,
+                                group=glue.sentence_groups(source))
+  held = pathlib.Path(split["validation"]["path"]).read_text()
+  assert held == "sentence\tlabel\n" + "".join(
+      rows[i] for i in (0, 1, 2, 5))   # the first sentence, whole
+
+
+def test_the_sst2_train_file_groups_into_its_sentences(shared_data,
+                                                       tmp_path):
+  """On the real file: about 6.9k sentences (SST-2's binary train set has
+  6,920). Carved by sentence, no held-out phrase's sentence has a phrase
+  trained on; carved by phrase, nearly every one has."""
+  from hypermixer_jax.experiment import glue  # pylint: disable=g-import-not-at-top
+  source = glue.sst2_train(shared_data)
+  group = glue.sentence_groups(source)
+
+  def shared_sentences(by):
+    split = selection.carve_lines(source, tmp_path / str(by), header=True,
+                                  group=by)
+    held, kept = (set(group(pathlib.Path(split[k]["path"]).read_text(
+        encoding="utf-8").splitlines(True)[1:]))
+                  for k in ("validation", "train"))
+    return len(held & kept) / len(held), len(held)
+  assert shared_sentences(group) == (0.0, pytest.approx(689, abs=2))
+  assert shared_sentences(None)[0] > 0.9

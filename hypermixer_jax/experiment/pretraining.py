@@ -80,19 +80,33 @@ def finetune_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
 
 
 def carve_setting(config: ml_collections.ConfigDict, out: pathlib.Path,
-                  task: str) -> dict:
+                  task: str, sentences=None) -> dict:
   """The validation split that chooses the setting's learning rate, carved
   from its train file (``config``'s) into ``out/splits``
-  (``selection.carve_lines``): every ``VALIDATION_EVERY``-th row of SST-2's
-  phrases, every ``VALIDATION_EVERY``-th premise (or question) of a pair
-  task with all of its pairs, as in ``nli_splits``' cut."""
+  (``selection.carve_lines``): every ``VALIDATION_EVERY``-th SST-2 sentence
+  with all its phrases (``sentences``: ``glue.sentence_groups`` of the
+  whole train file), every ``VALIDATION_EVERY``-th premise (or question)
+  of a pair task with all of its pairs, as in ``nli_splits``' cut."""
   train = pathlib.Path(config.data.local_files.train)
   tsv = train.suffix == ".tsv"
-  group = nli.carve_groups(str(train), task) if task != "sst2" else None
+  if task == "sst2" and sentences is None:
+    raise ValueError("carve_setting: SST-2 is carved by sentence; pass "
+                     "sentences=glue.sentence_groups(<SST-2 train.tsv>).")
+  group = nli.carve_groups(str(train), task) if task != "sst2" else sentences
   names = tuple(f"{train.stem}_carved_{part}{train.suffix}"
                 for part in ("train", "validation"))
   return selection.carve_lines(train, out / "splits", names=names,
                                header=tsv, group=group)
+
+
+def retire_other_carve(exp, key: str, split: dict) -> None:
+  """Retires (``Experiment.supersede``) the selection run recorded as
+  ``key`` when it was scored on another carved validation split than
+  ``split``, so that it runs again instead of choosing from other data."""
+  recorded = exp.runs.get(key, {}).get("split", {}).get("validation", {})
+  if key in exp.runs and recorded.get("sha256") != split["validation"][
+      "sha256"]:
+    exp.supersede(key, "carved from another validation split")
 
 
 def selection_config(config: ml_collections.ConfigDict, split: dict
@@ -264,7 +278,8 @@ def _notes(args, seeds, bases) -> str:
       f"batches of 64 and {args.finetune_steps} steps in each setting. "
       f"Learning rate: each arm's best of {args.lrs} on a validation split "
       f"carved from the setting's train file (every "
-      f"{selection.VALIDATION_EVERY}th SST-2 phrase, every "
+      f"{selection.VALIDATION_EVERY}th SST-2 sentence with all its "
+      f"phrases, every "
       f"{selection.VALIDATION_EVERY}th premise of a pair task with its "
       f"pairs; digests in the record), run with seed {selection.SEED} (a "
       f"pretrained arm from its own pretraining of seed {selection.SEED}) on "

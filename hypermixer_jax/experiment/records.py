@@ -235,14 +235,18 @@ class Experiment:
         out.setdefault(c[by], []).append(result)
     return out
 
-  def baseline(self, key: str, fn: Callable[[], dict[str, Any]]
-               ) -> dict[str, Any]:
+  def baseline(self, key: str, fn: Callable[[], dict[str, Any]],
+               tag: dict[str, Any] | None = None) -> dict[str, Any]:
     """The trivial baselines recorded under ``key`` in ``results.json``'s
     ``baselines``: ``fn()``, computed and saved the first time they are
-    asked for (a report computes a missing one without saving it)."""
+    asked for (a report computes a missing one without saving it).
+    ``tag``: fields the record holds (e.g. the digest of the data fitted
+    on); a record holding other values is computed again."""
     bases = self.data.setdefault("baselines", {})
-    if key not in bases:
-      bases[key] = fn()
+    tag = dict(tag or {})
+    if key not in bases or any(bases[key].get(k) != v
+                               for k, v in tag.items()):
+      bases[key] = dict(fn(), **tag)
       self.save()
     return bases[key]
 

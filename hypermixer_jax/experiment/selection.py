@@ -156,7 +156,8 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
          settings_: Sequence[dict], prefix: str,
          run: Callable[[str, int, dict, str, bool], dict],
          score: Callable[[dict], float], *, higher: bool,
-         reverse: bool = False) -> tuple[dict, dict, dict]:
+         reverse: bool = False, tag: dict | None = None
+         ) -> tuple[dict, dict, dict]:
   """Equal tuning in ``exp``: every model's search over ``settings_`` (seed
   ``SEED``, cells under ``{prefix}tune``), then ``seeds`` at each model's
   best setting by ``score`` (cells under ``{prefix}tuned``).
@@ -169,11 +170,13 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
   whole search is recorded, so a report of a partial search trains no
   seeds. A selection run whose loss or gradient became NaN/Inf is recorded
   as diverged (``DIVERGED``: the steps) and not chosen. ``reverse``: each grid from its last cell (a second process on the
-  same records meets the first in the middle).
+  same records meets the first in the middle). ``tag``: fields every run
+  records and every recorded run must hold (e.g. the carved split's digest:
+  runs of another split are retired and run again).
 
   Returns ``(searched, chosen, runs)``: {model: selection runs in the
   settings' order}, {model: its setting}, {model: its seeds' runs}."""
-  settings_ = list(settings_)
+  settings_, tag = list(settings_), dict(tag or {})
   order = (lambda cells: cells[::-1]) if reverse else (lambda cells: cells)
 
   def select(cell, key):
@@ -184,10 +187,10 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
       # The loop stops on NaN/Inf; the search records where, without the
       # message's workdir path, and goes on to the next setting.
       record = {DIVERGED: str(e).split(";")[0]}
-    return dict(record, setting=setting)
+    return dict(record, setting=setting, **tag)
   searched = exp.cells(f"{prefix}tune", order(experiment.grid(
       model=models, setting=range(len(settings_)))), select,
-      expect=lambda cell: {"setting": settings_[cell["setting"]]})
+      expect=lambda cell: {"setting": settings_[cell["setting"]], **tag})
   searched = {m: sorted(r, key=lambda x: settings_.index(x["setting"]))
               for m, r in searched.items()}
   chosen = choose({m: r for m, r in searched.items()
@@ -196,11 +199,11 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
   def final(cell, key):
     setting = chosen[cell["model"]]
     return dict(run(cell["model"], cell["seed"], setting, key, False),
-                setting=setting)
+                setting=setting, **tag)
   ready = [m for m in models if m in chosen]
   runs = exp.cells(f"{prefix}tuned", order(experiment.grid(
       model=ready, seed=seeds)), final, expect=lambda cell: {
-          "setting": chosen[cell["model"]]}) if ready else {}
+          "setting": chosen[cell["model"]], **tag}) if ready else {}
   return searched, chosen, runs
 
 
