@@ -220,7 +220,7 @@ SST2_TUNED = dict(
     carved="sentence (with all its phrases) of the SST-2 train TSV",
     reported_on="the {n} dev sentences",
     caveat="A phrase's sentence is the longest train phrase holding it "
-    "(``glue.sentence_groups``): no carved phrase's sentence is trained on. "
+    "(`glue.sentence_groups`): no carved phrase's sentence is trained on. "
     "The carved rows are mostly short phrases, the dev rows whole sentences, "
     "so validation accuracy ranks the settings and is not reported. ")
 
@@ -259,15 +259,41 @@ def carve(exp: experiment.Experiment, source: str, task: str = "sst2",
   whole, by default an SST-2 phrase's sentence, ``sentence_groups`` of
   ``source``; a TSV keeps its header) into ``exp``'s ``<task>_split``
   folder, its description recorded as ``<task>_split``."""
-  if group is None and task.startswith("sst2"):
+  by_sentence = group is None and task.startswith("sst2")
+  if by_sentence:
     group = sentence_groups(source)
   suffix = pathlib.Path(source).suffix
   split = selection.carve_lines(
       source, exp.workdir(f"{task}_split"),
       names=(f"carved_train{suffix}", f"carved_validation{suffix}"),
       header=suffix == ".tsv", group=group)
+  if by_sentence:
+    split.update(sentence_overlap(source, group))
   exp.save(**{f"{task}_split": selection.split_record(split)})
   return split
+
+
+def _overlap_note(split: dict) -> str:
+  if "sentences" not in split:
+    return ""
+  return (f"Carved by sentence ({split['sentences']:,} sentences): carved "
+          f"by phrase instead, "
+          f"{100 * split['row_carve_shares_sentence']:.1f}% of the held-out "
+          "phrases would share their sentence with trained ones. ")
+
+
+def sentence_overlap(source: str, group) -> dict:
+  """What carving ``source``'s rows by ``group`` (their sentences) avoids:
+  the sentences, and the share of every ``VALIDATION_EVERY``-th row (a
+  carve by row) whose sentence keeps other rows in training."""
+  rows = pathlib.Path(source).read_text(encoding="utf-8").splitlines(True)[1:]
+  keys = group(rows)
+  every = selection.VALIDATION_EVERY
+  kept = {k for i, k in enumerate(keys) if i % every}
+  held = keys[::every]
+  return {"sentences": len(set(keys)),
+          "row_carve_shares_sentence": sum(k in kept for k in held)
+                                       / len(held)}
 
 
 # ``c`` on the carved train part; ``select``: scored on the carved rest.
@@ -342,7 +368,8 @@ def report_tuned(exp: experiment.Experiment, mixers, seeds: str,
       text["carved"], split, steps, seeds,
       len(selection.settings(steps, lrs)),
       text["reported_on"].format(n=f"{n_eval:,}"),
-      "accuracy at the last step") + text["caveat"] + (
+      "accuracy at the last step") + text["caveat"] + _overlap_note(
+          split) + (
       "Baselines fitted on the same carved train part. "
       + experiment.VERDICT_NOTE)
   exp.write_table(text["title"], table, notes, name=name)
