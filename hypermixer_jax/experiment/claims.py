@@ -296,8 +296,9 @@ def _sst2(other: str, label: str, number: str, tuned: bool = False
                ("Naive Bayes", ("baselines", base, "naive_bayes")),
                ("baselines", base, "dev_rows"),
                regime=_tuned_regime(
-                   "sst2_split", "phrases", ("hypermixer", other), runs,
-                   "SST-2, {train} train phrases (a tenth carved out), "
+                   "sst2_split", "sentences", ("hypermixer", other), runs,
+                   "SST-2, {train} train phrases (a tenth of the sentences "
+                   "carved out), "
                    "1,000 steps x 64, ~1.3M params") if tuned else
                SST2_REGIME, at_scale=SST2_SCALE, when_recorded=tuned)
 
@@ -334,9 +335,9 @@ def _low_resource(tuned: bool = False) -> Claim:
                (Arm("Transformer", runs.format("attention")),),
                "higher", ("Naive Bayes", ("baselines", base, "naive_bayes")),
                ("baselines", base, "dev_rows"), regime=_tuned_regime(
-                   "sst2_10pct_split", "phrases", ("hypermixer", "attention"),
-                   runs, "SST-2, 10% of train less a carved tenth ({train} "
-                   "phrases), 1,000 steps x 64") if tuned else
+                   "sst2_10pct_split", "sentences", ("hypermixer", "attention"),
+                   runs, "SST-2, 10% of train less a tenth of the sentences "
+                   "({train} phrases), 1,000 steps x 64") if tuned else
                "SST-2, 10% of train (6.7k phrases), 1,000 steps x 64; "
                + GLUE_UNTUNED, at_scale="the paper measures SNLI/MNLI, not "
                "SST-2, at 11M params", when_recorded=tuned)
