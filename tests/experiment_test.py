@@ -65,6 +65,49 @@ class HarnessTest(absltest.TestCase):
     on_disk = json.loads((pathlib.Path(out) / "results.json").read_text())
     self.assertEqual(sorted(on_disk["runs"]), ["x", "y"])
 
+  def test_a_stale_copy_never_writes_over_another_processes_records(self):
+    """Two processes load the same record. One retires a run and records it
+    again (a new split), computes a baseline and saves a field; the other,
+    still holding the old copy, records its own run, baseline and field.
+    Every save keeps the other's work: nothing of either is lost, and the
+    old copy does not come back."""
+    out = pathlib.Path(tempfile.mkdtemp())
+    first = experiment.Experiment(out)
+    first.run("k", lambda: {"v": "old"})
+    a, b = experiment.Experiment(out), experiment.Experiment(out)
+    a.supersede("k", "another split")
+    a.run("k", lambda: {"v": "new"})
+    a.baseline("nb/a", lambda: {"acc": 0.5})
+    a.save(sizes={"width": 8})
+    self.assertEqual(b.runs["k"]["v"], "old")   # b's copy is stale
+    b.run("j", lambda: {"v": "b's"})
+    b.baseline("nb/b", lambda: {"acc": 0.6})
+    b.save(vocab={"pieces": 8})
+    a.save()
+    for exp in (a, b, experiment.Experiment(out)):
+      exp.reload()
+      self.assertEqual(exp.runs["k"]["v"], "new")
+      self.assertEqual(exp.runs["j"]["v"], "b's")
+      self.assertEqual(exp.data["superseded"]["k"]["v"], "old")
+      self.assertEqual(sorted(exp.data["baselines"]), ["nb/a", "nb/b"])
+      self.assertEqual((exp.data["sizes"], exp.data["vocab"]),
+                       ({"width": 8}, {"pieces": 8}))
+    # A field's dict held by the caller stays the record's across saves.
+    splits = b.data.setdefault("splits", {})
+    splits["mnli"] = 1
+    b.save()
+    splits["snli"] = 2
+    b.save()
+    self.assertEqual(experiment.Experiment(out).data["splits"],
+                     {"mnli": 1, "snli": 2})
+    # A run this process retired stays retired when it saves again.
+    b.supersede("j", "checked")
+    b.save()
+    a.save()
+    on_disk = json.loads((out / "results.json").read_text())
+    self.assertNotIn("j", on_disk["runs"])
+    self.assertEqual(sorted(on_disk["superseded"]), ["j", "k"])
+
   def test_a_dead_processes_claim_is_taken_over(self):
     out = tempfile.mkdtemp()
     exp = experiment.Experiment(out)

@@ -3,6 +3,9 @@ once under its key, shared by processes, resumed after a kill."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
+import fcntl
 import itertools
 import json
 import os
@@ -51,6 +54,10 @@ class Experiment:
     self.data: dict[str, Any] = {"runs": {}}
     if self.path.exists():
       self.data = json.loads(self.path.read_text(encoding="utf-8"))
+    # The record as this process last read or wrote it: what differs from
+    # it in ``data`` is this process's own change, not yet written
+    # (``_merge``).
+    self._seen = copy.deepcopy(self.data)
     # A report (--report_only) trains nothing and keeps the recorded
     # command's arguments. Each run also keeps the arguments of the command
     # that ran it: the top-level ``args`` are only the last command's.
@@ -61,7 +68,6 @@ class Experiment:
       self.data["args"] = self.args
     self._t0 = time.time()
     self._ran = False      # whether this process ran a cell (wall_s_total)
-    self._retired: set[str] = set()   # keys superseded by this process
 
   @property
   def runs(self) -> dict[str, Any]:
@@ -72,14 +78,44 @@ class Experiment:
     return str((self.out / "runs" / key).resolve())
 
   def reload(self) -> None:
-    """Merges in the runs other processes recorded in ``results.json``."""
-    # Several processes may work on one experiment (e.g. one per core, with
-    # --order=reverse): runs recorded by the others are kept, never dropped.
-    if self.path.exists():
-      on_disk = json.loads(self.path.read_text(encoding="utf-8"))
-      self.data["runs"] = {**{k: v for k, v in on_disk.get("runs", {}).items()
-                              if k not in self._retired},
-                           **self.data["runs"]}
+    """Merges in what other processes recorded in ``results.json``."""
+    with self._locked():
+      self._merge()
+
+  @contextlib.contextmanager
+  def _locked(self):
+    """Holds ``results.json.lock`` (``flock``): one process at a time reads,
+    merges and writes the record."""
+    with open(self.out / "results.json.lock", "a", encoding="utf-8") as f:
+      fcntl.flock(f, fcntl.LOCK_EX)
+      try:
+        yield
+      finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+  def _merge(self) -> None:
+    """``data`` := the record on disk with this process's own changes since
+    it last read it. Several processes may work on one experiment (e.g. one
+    per core, with --order=reverse): each one's runs, retired runs,
+    baselines and fields are kept, and a copy this process read before
+    another changed it (a run retired and recorded again elsewhere) never
+    writes the old version back."""
+    if not self.path.exists():
+      return
+    text = self.path.read_text(encoding="utf-8")
+    disk = json.loads(text)
+    seen, merged = self._seen, {}
+    for field in {**disk, **self.data}:
+      mine, theirs = self.data.get(field, _NONE), disk.get(field, _NONE)
+      if field in _BY_KEY:
+        merged[field] = _merge_entries(
+            {} if theirs is _NONE else theirs,
+            self.data.setdefault(field, {}), seen.get(field, {}))
+      else:
+        merged[field] = _newer(mine, theirs, seen.get(field, _NONE))
+    merged = {k: v for k, v in merged.items() if v is not _NONE}
+    # (A copy of its own: records are not shared with ``data``.)
+    self.data, self._seen = merged, json.loads(text)
 
   def _claim(self, key: str) -> bool:
     """True when this process may run ``key``; False after waiting for
@@ -172,7 +208,6 @@ class Experiment:
     ``runs/superseded/`` (a run there would resume from its checkpoints),
     so that the cell runs again. A report leaves the cell out."""
     result = self.runs.pop(key)
-    self._retired.add(key)
     self.data.setdefault("superseded", {})[key] = dict(
         result, superseded_because=why)
     print(f"[{self.out.name}] {key}: superseded ({why})", flush=True)
@@ -277,11 +312,13 @@ class Experiment:
     self.data.update(extra)
     if self.report_only:
       return
-    self.reload()
-    tmp = self.path.with_suffix(f".json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(self.data, indent=1, default=float),
-                   encoding="utf-8")
-    tmp.replace(self.path)
+    with self._locked():
+      self._merge()
+      tmp = self.path.with_suffix(f".json.{os.getpid()}.tmp")
+      text = json.dumps(self.data, indent=1, default=float)
+      tmp.write_text(text, encoding="utf-8")
+      tmp.replace(self.path)
+      self._seen = json.loads(text)
 
   def write_table(self, title: str, table: str, notes: str = "", *,
                   name: str = "table") -> str:
@@ -302,6 +339,45 @@ class Experiment:
   def save_figure(self, fig, name: str) -> None:
     """Writes ``fig`` as ``<name>.png`` beside the table."""
     fig.savefig(self.figure_path(name), dpi=120)
+
+
+# The record's fields merged entry by entry between processes.
+_BY_KEY = ("runs", "superseded", "baselines", "splits")
+
+
+_NONE = object()   # a field or entry that one side does not hold
+
+
+def _newer(mine: Any, theirs: Any, seen: Any) -> Any:
+  """One field or entry: this process's value where it changed it since
+  ``seen`` (what it last read or wrote; ``_NONE``: absent), else the one on
+  disk. An unchanged value equal to the disk's stays the same object, so
+  that code holding it keeps seeing the record's."""
+  if mine is not _NONE and (seen is _NONE or not _same(seen, mine)):
+    return mine      # added or changed here
+  if mine is _NONE and seen is not _NONE:   # removed here ...
+    return _NONE if theirs is _NONE or _same(theirs, seen) else theirs
+  if mine is not _NONE and theirs is not _NONE and _same(mine, theirs):
+    return mine
+  return theirs
+
+
+def _merge_entries(disk: dict, mine: dict, seen: dict) -> dict:
+  """``disk`` with the entries ``mine`` added or changed since ``seen``
+  (what this process last read or wrote), and without those it removed
+  since then (unless another process has changed them meanwhile). Written
+  into ``mine`` itself, which code may hold (``splits = data['splits']``)."""
+  out = {key: _newer(mine.get(key, _NONE), disk.get(key, _NONE),
+                     seen.get(key, _NONE)) for key in {**disk, **mine}}
+  mine.clear()
+  mine.update((k, v) for k, v in out.items() if v is not _NONE)
+  return mine
+
+
+def _same(a: Any, b: Any) -> bool:
+  """Equal as recorded (a NaN equals a NaN)."""
+  return a == b or (json.dumps(a, sort_keys=True, default=float)
+                    == json.dumps(b, sort_keys=True, default=float))
 
 
 def _portable(value: Any) -> Any:
