@@ -772,3 +772,6 @@ def test_glue_tune_selects_on_carved_phrases_and_reports_dev(tmp_path,
   assert "| Transformer | 0.001, 2% | 61.0 ± 1.0 (n=3) | 79.4 | paper yes; " \
          "ours agrees: +30.0" in table
   assert "| HyperMixer | 0.00 | 0.00 | 100.00 * | 100.00 |" in table
+  # Half the selection runs right, 4 validation rows: sqrt(.25 / 4).
+  assert "binomial standard error at the searches' mean accuracy is 25.00 " \
+         "points" in table

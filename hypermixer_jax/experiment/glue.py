@@ -273,6 +273,21 @@ def carve(exp: experiment.Experiment, source: str, task: str = "sst2",
   return split
 
 
+def _search_noise(searched: dict, split: dict) -> str:
+  """The validation split's binomial standard error at the search's mean
+  accuracy: settings closer than about twice it are not told apart."""
+  accs = [r["eval"]["accuracy"] for runs in searched.values() for r in runs
+          if "eval" in r]
+  n = split.get("validation", {}).get("documents", 0)
+  if not accs or not n:
+    return ""
+  p = float(np.mean(accs))
+  return (f"The validation split's binomial standard error at the searches' "
+          f"mean accuracy is {100 * np.sqrt(p * (1 - p) / n):.2f} points: "
+          "settings within about twice that of each other are not told "
+          "apart by one selection run. ")
+
+
 def _overlap_note(split: dict) -> str:
   if "sentences" not in split:
     return ""
@@ -369,7 +384,7 @@ def report_tuned(exp: experiment.Experiment, mixers, seeds: str,
       len(selection.settings(steps, lrs)),
       text["reported_on"].format(n=f"{n_eval:,}"),
       "accuracy at the last step") + text["caveat"] + _overlap_note(
-          split) + (
+          split) + _search_noise(searched, split) + (
       "Baselines fitted on the same carved train part. "
       + experiment.VERDICT_NOTE)
   exp.write_table(text["title"], table, notes, name=name)
