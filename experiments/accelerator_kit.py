@@ -66,15 +66,20 @@ def _flags(argv):
 
 
 def _earlier(out: str, device: str, toy: bool) -> dict:
-  """OUT/results.json of an earlier run on the same kind of device (its
-  sections are kept, the ones measured now replace theirs)."""
+  """OUT/results.json of an earlier run on the same kind of device: its
+  sections are kept, the rows measured now replace theirs. A record of
+  another device kind (or toy size) is never overwritten."""
   path = os.path.join(out, "results.json")
   if not os.path.exists(path):
     return {}
   with open(path, encoding="utf-8") as f:
     old = json.load(f)
-  same = old.get("device") == device and old.get("toy") == toy
-  return old if same else {}
+  if (kit.device_kind(old.get("device", "")) != kit.device_kind(device)
+      or old.get("toy") != toy):
+    raise SystemExit(
+        f"{path} holds runs on {old.get('device')!r} (toy={old.get('toy')}),"
+        f" this run is on {device!r} (toy={toy}): pass another --out")
+  return old
 
 
 def main(argv=None) -> dict:
@@ -87,11 +92,12 @@ def main(argv=None) -> dict:
   dtype = "float32" if args.toy else "bfloat16"
   device = bc.device_name()
   results = _earlier(args.out, device, args.toy)
-  results.update(device=device, toy=args.toy, dtype=dtype,
+  results.update(device=kit.device_kind(device), toy=args.toy, dtype=dtype,
                  setup=kit.setup(args.toy),
                  peak_flops=metrics_lib.peak_flops(
                      jax.devices()[0].device_kind))
   run = {"jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
+         "device": device,
          # This run's dense ceiling: MFU is read against it too.
          "matmul_flops_per_s": bc.matmul_ceiling(
              jnp.dtype(dtype), 256 if args.toy else 8192)}
@@ -103,14 +109,16 @@ def main(argv=None) -> dict:
       "profile": lambda: kit.profile(args.toy, dtype, args.profiled)}
   for name in args.sections:
     t0 = time.perf_counter()
-    # Rows measured now replace theirs; the section's other rows stay.
-    results[name] = {**results.get(name, {}), **sections[name]()}
-    results.setdefault("runs", {})[name] = dict(
-        run, wall_s=time.perf_counter() - t0)
+    # Rows measured now replace theirs; the section's other rows stay, and
+    # each row's run (date, ceiling, device flags) stays recorded.
+    rows = sections[name]()
+    results[name] = {**results.get(name, {}), **rows}
+    kit.add_run(results, name, dict(run, rows=list(rows),
+                                    wall_s=time.perf_counter() - t0))
     # Written after every section: a run stopped by its time limit keeps
     # what it measured.
     bc.write_outputs(args.out, "table", kit.table(results), results)
-    print(f"{name}: {results['runs'][name]['wall_s']:.0f} s", flush=True)
+    print(f"{name}: {time.perf_counter() - t0:.0f} s", flush=True)
   print(kit.table(results))
   return results
 

@@ -38,6 +38,8 @@ def test_toy_run_writes_every_section(tmp_path):
   again = json.loads((tmp_path / "results.json").read_text())
   assert again["mlm_mfu"] == before
   assert list(again["token_mixing"]) == ["64", "32"]
+  assert [r["rows"] for r in again["runs"]["token_mixing"]] == [["64"], ["32"]]
+  assert again["runs"]["mlm_mfu"] == r["runs"]["mlm_mfu"]
   table = kit.main(["--report_only", "--out", str(tmp_path)])
   assert table == again
 
@@ -47,13 +49,43 @@ def test_a_failing_row_is_recorded_not_fatal():
   assert got["error"].startswith("ZeroDivisionError: division by zero")
 
 
-def test_a_run_on_another_device_starts_afresh(tmp_path):
+def test_a_record_of_another_device_kind_is_never_overwritten(tmp_path):
   (tmp_path / "results.json").write_text(json.dumps(
-      {"device": "gpu:another", "toy": True, "mlm_mfu": {"x": {}}}))
+      {"device": "gpu:H200 (16 host cores visible)", "toy": False,
+       "mlm_mfu": {"x": {}}}))
   # pylint: disable=protected-access
-  assert kit._earlier(str(tmp_path), "gpu:another", True)["mlm_mfu"]
-  assert kit._earlier(str(tmp_path), "cpu:this one", True) == {}
-  assert kit._earlier(str(tmp_path), "gpu:another", False) == {}
+  # The host's setup (allocator, XLA flags) may differ: same device kind.
+  same = "gpu:H200 (16 host cores visible; XLA_FLAGS='--a=')"
+  assert kit._earlier(str(tmp_path), same, False)["mlm_mfu"]
+  for device, toy in (("cpu:cpu (2 host cores visible)", False),
+                      (same, True)):
+    with pytest.raises(SystemExit, match="results.json holds runs on "
+                       "'gpu:H200.*pass another --out"):
+      kit._earlier(str(tmp_path), device, toy)
+
+
+def _mfu_row(tflops):
+  return {"step_s": 0.1, "tokens_per_s": 1.0, "mfu": 0.1,
+          "tflops_per_s": tflops}
+
+
+def test_each_row_keeps_the_run_that_measured_it():
+  # A record from before rows were tracked: one run of every row.
+  results = {"mlm_mfu": {"a": _mfu_row(100.0), "b": _mfu_row(100.0)},
+             "runs": {"mlm_mfu": {"date": "d0", "matmul_flops_per_s": 500e12}}}
+  results["mlm_mfu"]["b"] = _mfu_row(300.0)      # b measured again
+  kit_lib.add_run(results, "mlm_mfu", {"date": "d1", "rows": ["b"],
+                                       "matmul_flops_per_s": 600e12})
+  assert kit_lib.run_of(results, "mlm_mfu", "a")["date"] == "d0"
+  assert kit_lib.run_of(results, "mlm_mfu", "b")["date"] == "d1"
+  # Each row's MFU against the ceiling its own run measured.
+  table = kit_lib.table(results)
+  assert "| a | 100.0 | 1 | 10.0% | 20.0% |" in table
+  assert "| b | 100.0 | 1 | 10.0% | 50.0% |" in table
+  # Once every row of the first run is measured again, that run is dropped.
+  kit_lib.add_run(results, "mlm_mfu", {"date": "d2", "rows": ["a"]})
+  assert [r["date"] for r in kit_lib.section_runs(results, "mlm_mfu")] == [
+      "d1", "d2"]
 
 
 def test_profile_splits_a_step_by_model_part():

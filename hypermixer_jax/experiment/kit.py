@@ -282,21 +282,53 @@ def guarded(fn) -> dict:
             "where": traceback.format_exc().splitlines()[-3:]}
 
 
-def table(results: dict) -> str:
-  """The sections measured so far, as markdown tables."""
-  ceiling = results.get("runs", {}).get("mlm_mfu", {}).get(
-      "matmul_flops_per_s")
-  mfu = [[m, r["error"] if "error" in r else f"{r['step_s'] * 1e3:.1f}",
-          f"{r.get('tokens_per_s', 0):,.0f}",
-          f"{r['mfu']:.1%}" if r.get("mfu") else "-",
-          f"{r['tflops_per_s'] * 1e12 / ceiling:.1%}"
-          if ceiling and "tflops_per_s" in r else "-"]
-         for m, r in results.get("mlm_mfu", {}).items()]
-  text = [bc.markdown_table(
+def device_kind(device: str) -> str:
+  """``bench.device_name()``'s platform and chip, without the host setup."""
+  return device.split(" (")[0]
+
+
+def section_runs(results: dict, name: str) -> list:
+  """The runs that measured section ``name``'s rows, oldest first (a record
+  written before rows were tracked holds one run, of every row)."""
+  runs = results.get("runs", {}).get(name, [])
+  return [runs] if isinstance(runs, dict) else list(runs)
+
+
+def run_of(results: dict, name: str, row: str) -> dict:
+  """The latest run that measured ``row`` of section ``name``."""
+  for run in reversed(section_runs(results, name)):
+    if run.get("rows") is None or row in run["rows"]:
+      return run
+  return {}
+
+
+def add_run(results: dict, name: str, run: dict) -> None:
+  """Records ``run`` (its ``rows`` measured) for section ``name``, dropping
+  earlier runs none of whose rows are still theirs."""
+  runs = section_runs(results, name) + [run]
+  owners = {id(run_of({"runs": {name: runs}}, name, r))
+            for r in results.get(name, {})}
+  results.setdefault("runs", {})[name] = [r for r in runs if id(r) in owners]
+
+
+def _mfu_table(results: dict, key: str) -> str:
+  def ceiling(m):
+    return run_of(results, key, m).get("matmul_flops_per_s")
+  return bc.markdown_table(
       ["mixer", "step ms", "tokens/s", "MFU (datasheet peak)",
-       "of the measured matmul ceiling"], mfu)]
+       "of the measured matmul ceiling", "measured"],
+      [[m, r["error"] if "error" in r else f"{r['step_s'] * 1e3:.1f}",
+        f"{r.get('tokens_per_s', 0):,.0f}",
+        f"{r['mfu']:.1%}" if r.get("mfu") else "-",
+        f"{r['tflops_per_s'] * 1e12 / ceiling(m):.1%}"
+        if ceiling(m) and "tflops_per_s" in r else "-",
+        run_of(results, key, m).get("date", "-")]
+       for m, r in results[key].items()])
+
+
+def _mixing_table(results: dict, key: str) -> str:
   rows = []
-  for n, r in results.get("token_mixing", {}).items():
+  for n, r in results[key].items():
     cells = [n, r["batch"]]
     for name in ("hypermixing", "attention"):
       t = r[name]
@@ -306,31 +338,52 @@ def table(results: dict) -> str:
     ok = "error" not in r["hypermixing"] and "error" not in r["attention"]
     cells += [f"{r['attention'][k] / r['hypermixing'][k]:.2f}x" if ok
               else "-" for k in ("forward_s", "forward_backward_s")]
-    rows.append(cells)
-  text.append(bc.markdown_table(
+    rows.append(cells + [run_of(results, key, n).get("date", "-")])
+  return bc.markdown_table(
       ["N", "batch", "HyperMixing fwd ms", "HyperMixing fwd+bwd ms",
        "attention fwd ms", "attention fwd+bwd ms",
-       "attention / HyperMixing fwd", "attention / HyperMixing fwd+bwd"],
-      rows))
-  sw = results.get("smlp_vs_switch", {})
+       "attention / HyperMixing fwd", "attention / HyperMixing fwd+bwd",
+       "measured"], rows)
+
+
+def _switch_table(results: dict, key: str) -> str:
+  sw = results[key]
   base = sw.get("switch", {}).get("tokens_per_s")
-  text.append(bc.markdown_table(
+  return bc.markdown_table(
       ["model", "dense layers", "tokens/s", "of the Switch Transformer's",
-       "matmul GFLOP/step"], [
+       "matmul GFLOP/step", "measured"], [
            [k, v.get("num_dense_layers", "-"),
             v["error"] if "error" in v else f"{v['tokens_per_s']:,.0f}",
             f"{v['tokens_per_s'] / base:.2f}x"
             if base and "tokens_per_s" in v else "-",
-            f"{v.get('matmul_flops', 0) / 1e9:,.1f}"]
-           for k, v in sw.items()]))
-  for key in sorted(k for k in results if k.startswith("profile")):
-    text.append(f"`{key}`:\n\n{profile_table(results[key])}")
+            f"{v.get('matmul_flops', 0) / 1e9:,.1f}",
+            run_of(results, key, k).get("date", "-")]
+           for k, v in sw.items()])
+
+
+def table(results: dict) -> str:
+  """The sections measured so far, as markdown tables, each row with the
+  date of the run that measured it (MFU also against that run's matmul
+  ceiling). A section kept under another name (``mlm_mfu_<what changed>``:
+  the figures before a change) follows its own, under its name."""
+  kinds = (("mlm_mfu", _mfu_table), ("token_mixing", _mixing_table),
+           ("smlp_vs_switch", _switch_table),
+           ("profile", lambda r, k: profile_table(r[k], r, k)))
+  text = []
+  for base, render in kinds:
+    if base in SECTIONS[:3]:    # always shown, even before it is measured
+      text.append(render(results if base in results else {base: {}}, base))
+    keys = sorted(k for k in results if k == base or k.startswith(base + "_"))
+    text += [f"`{key}`:\n\n{render(results, key)}" for key in keys
+             if key not in SECTIONS[:3]]
   return "\n\n".join(text)
 
 
-def profile_table(prof: dict) -> str:
+def profile_table(prof: dict, results: dict | None = None,
+                  key: str = "profile") -> str:
   """``profile``'s split: per train step, the device time by part and the
-  three instructions that take most."""
+  three instructions that take most (and, given the record, the date of the
+  run that measured the row)."""
   rows = []
   for name, r in prof.items():
     if "error" in r:
@@ -343,6 +396,11 @@ def profile_table(prof: dict) -> str:
                     for o in r["top"][:3])
     rows.append([name, f"{r['wall_s_per_step'] * 1e3:.1f}",
                  f"{busy * 1e3:.1f}", parts, top])
+  if results is None:
+    return bc.markdown_table(
+        ["train step", "wall ms", "device busy ms", "device time by part",
+         "largest instructions"], rows)
   return bc.markdown_table(
       ["train step", "wall ms", "device busy ms", "device time by part",
-       "largest instructions"], rows)
+       "largest instructions", "measured"],
+      [row + [run_of(results, key, row[0]).get("date", "-")] for row in rows])
