@@ -45,7 +45,7 @@ def main() -> None:
   p.add_argument("--dropout", type=float, default=None,
                  help="the models' dropout rate (default: configs/glue.py's "
                  "0.1); part of the recorded budget")
-  experiment.tune_flags(p, "SST-2 phrases")
+  experiment.tune_flags(p, "SST-2 sentences (with their phrases)")
   args = experiment.parse(p)
   experiment.check_tune(args, "the SST-2 train phrases")
   exp = experiment.Experiment(args.out, args)

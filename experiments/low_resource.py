@@ -87,7 +87,7 @@ def main() -> None:
   p = experiment.parser("low_resource", __doc__, report_only=True,
                         data_dir="", seeds="0,1,2", steps=glue.SMALL["steps"])
   p.add_argument("--width", type=int, default=glue.SMALL["width"])
-  experiment.tune_flags(p, "phrases of the 10% subset")
+  experiment.tune_flags(p, "sentences (with their phrases) of the 10% subset")
   args = experiment.parse(p)
   experiment.check_tune(args, "the SST-2 subset")
   exp = experiment.Experiment(args.out, args)

@@ -88,7 +88,8 @@ def tune_flags(p: argparse.ArgumentParser, carved_from: str) -> None:
   ``--lrs`` (the search's rates) and ``--order``."""
   p.add_argument("--tune", action="store_true",
                  help=f"small scale: every model's learning rate and warm-up "
-                 f"chosen alike on {carved_from} carved from the training "
+                 f"chosen alike on {carved_from.replace('%', '%%')} carved "
+                 "from the training "
                  "set, then the seeds at each model's choice "
                  "(table_tuned.md)")
   p.add_argument("--lrs", default="",
