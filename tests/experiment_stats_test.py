@@ -167,6 +167,19 @@ class VerdictTest(absltest.TestCase):
                          scale=sps.sem(A))
     np.testing.assert_allclose([mean, low, high], [np.mean(A), *ref])
 
+  def test_mean_ci_of_accuracies_carries_the_evaluation_sets_noise(self):
+    acc = [0.80, 0.81, 0.82]
+    # Seeds' variance of the mean plus the binomial one, Welch-Satterthwaite
+    # degrees of freedom, computed here by hand.
+    v_seeds, v_eval = np.var(acc, ddof=1) / 3, 0.81 * 0.19 / 872
+    df = (v_seeds + v_eval) ** 2 / (v_seeds ** 2 / 2 + v_eval ** 2 / 871)
+    half = sps.t.ppf(0.975, df) * np.sqrt(v_seeds + v_eval)
+    mean, low, high = stats.mean_ci(acc, n_eval=872)
+    np.testing.assert_allclose([mean, low, high],
+                               [0.81, 0.81 - half, 0.81 + half])
+    # Wider than the seeds' interval alone, which ignores the 872 examples.
+    self.assertLess(low, stats.mean_ci(acc)[1])
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -536,15 +536,17 @@ HEADERS = ("paper", "claim", "paper's number", "ours (mean ± sd, 95% CI)",
            "[95% CI], p)", "regime", "why it may change at scale")
 
 
-def _mean_sd_ci(values: Sequence[float], c: Claim, ci: bool = True) -> str:
-  """``'80.7 ± 0.9 (n=3), 95% CI [78.4, 83.0]'`` in the claim's units."""
+def _mean_sd_ci(values: Sequence[float], c: Claim, ci: bool = True,
+                n_eval: int | None = None) -> str:
+  """``'80.7 ± 0.9 (n=3), 95% CI [78.4, 83.0]'`` in the claim's units (for
+  accuracies, the interval carries the evaluation set's noise)."""
   if not values:
     return "not run"
   f = c.spec.lstrip("+")
   mean, sd = stats.mean_sd(values)
   text = f"{c.scale * mean:{f}} ± {c.scale * sd:{f}} (n={len(values)})"
   if ci and len(values) > 1:
-    _, low, high = stats.mean_ci(values)
+    _, low, high = stats.mean_ci(values, n_eval=n_eval)
     text += f", 95% CI [{c.scale * low:{f}}, {c.scale * high:{f}}]"
   return text
 
@@ -557,7 +559,8 @@ def judge(c: Claim, data: dict[str, Any]) -> list[str]:
   for other in c.others:
     theirs = other.values(data)
     if not ours or not theirs:
-      return [c.paper, c.text, c.paper_number, _mean_sd_ci(ours, c),
+      return [c.paper, c.text, c.paper_number,
+              _mean_sd_ci(ours, c, n_eval=n_eval),
               "not run", "", "not run", c.regime_text(data), c.at_scale]
     verdicts.append(stats.verdict(ours, theirs, c.direction, n_eval=n_eval,
                                   margin=c.margin))
@@ -578,7 +581,8 @@ def judge(c: Claim, data: dict[str, Any]) -> list[str]:
           ours, value, n_eval=n_eval).text(c.scale, spec=c.spec)
   against = "; ".join(f"{o.label} {_mean_sd_ci(o.values(data), c, False)}"
                       for o in c.others)
-  return [c.paper, c.text, c.paper_number, _mean_sd_ci(ours, c), against,
+  return [c.paper, c.text, c.paper_number,
+          _mean_sd_ci(ours, c, n_eval=n_eval), against,
           base, verdict, c.regime_text(data), c.at_scale]
 
 
@@ -598,7 +602,9 @@ def table(results: pathlib.Path,
           if not getattr(c, "when_recorded", False)
           or c.recorded(records[c.experiment])]
   return (tables.markdown_table(HEADERS, rows) + "\n\n"
-          + stats.VERDICT_NOTE + " Accuracies in points; perplexities and "
+          + stats.VERDICT_NOTE + " The 95% CI of 'ours' is the seeds' t "
+          "interval; for accuracies it carries the evaluation set's binomial "
+          "noise too. Accuracies in points; perplexities and "
           "MSE as recorded; a claim against several models agrees only "
           "where every pair does. The papers' numbers are from their own "
           "settings (PAPERS.md) and are not comparable in absolute value.")

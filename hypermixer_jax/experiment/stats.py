@@ -84,16 +84,22 @@ def fmt_seed_summary(stats: Mapping[str, float], planned: int) -> str:
                  else f" ({stats['seeds']} of {planned} seeds)")
 
 
-def mean_ci(values: Sequence[float], level: float = 0.95
-            ) -> tuple[float, float, float]:
-  """``(mean, low, high)``: the mean of the seeds with its t interval
-  (NaN bounds for fewer than two values)."""
+def mean_ci(values: Sequence[float], level: float = 0.95,
+            n_eval: int | None = None) -> tuple[float, float, float]:
+  """``(mean, low, high)``: the mean of the seeds with its t interval (NaN
+  bounds for fewer than two values). ``n_eval``: for accuracies, the
+  evaluation set's binomial variance is added to the seeds' (as ``welch``
+  does), degrees of freedom by Welch-Satterthwaite: the interval of the
+  accuracy on the population the evaluation set was drawn from."""
   from scipy import stats  # pylint: disable=g-import-not-at-top
-  mean, sd = mean_sd(values)
-  if len(values) < 2:
+  mean, terms, k = _side(values, n_eval)
+  if k < 2:
     return mean, math.nan, math.nan
-  half = stats.t.ppf(0.5 + level / 2, len(values) - 1) * sd / math.sqrt(
-      len(values))
+  var = sum(v for v, _ in terms)
+  if var == 0:
+    return mean, mean, mean
+  df = var ** 2 / sum(v ** 2 / d for v, d in terms if v > 0)
+  half = stats.t.ppf(0.5 + level / 2, df) * math.sqrt(var)
   return mean, mean - half, mean + half
 
 
