@@ -323,11 +323,13 @@ def notes(scale: str, seeds, steps: int | None, batch_size: int, *,
           f"within ±{100 * LEVEL_MARGIN:g} points. "
           + experiment.VERDICT_NOTE)
   if scale == "small":
+    # CIFAR-10's 50,000 training images, less the carved validation ones.
+    train_n = 50_000 - (50_000 // selection.VALIDATION_EVERY if tuned else 0)
     text += (
         f" CIFAR-10 (the shared JPEG copy, quality 75), "
         f"{steps} steps of batch {batch_size} ("
-        f"{steps * batch_size / 50000:.2f} epochs of the 50,000 training "
-        "images), AdamW "
+        f"{steps * batch_size / train_n:.2f} epochs of the {train_n:,} "
+        + ("carved " if tuned else "") + "training images), AdamW "
         + ("at each family's chosen lr and warm-up" if tuned else
            "lr 1e-3, 10% warm-up") + ", weight decay 0.05, then cosine, "
         "random-resized crop (area >= 0.35) and flip, accuracy on all 10,000 "
@@ -336,7 +338,7 @@ def notes(scale: str, seeds, steps: int | None, batch_size: int, *,
         "float32 on one CPU core; GFLOP / train step: XLA's count of the "
         "compiled step (wall time moves with the host's load). Baselines: "
         "fitted on the same "
-        + ("45,000 carved" if tuned else "50,000") + " training images, "
+        + f"{train_n:,}" + (" carved" if tuned else "") + " training images, "
         "uncropped, scored on "
         "the same 10,000 test images; the linear classifier's penalty is "
         "picked on the last 10% of the training images. "
