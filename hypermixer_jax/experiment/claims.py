@@ -381,8 +381,8 @@ def _synthetic(size: int, tuned: bool = False) -> Claim:
                scale=1.0, spec="+.1e", regime=_tuned_regime(
                    "", "sequences",
                    ("hypermixer", "attention"), runs,
-                   f"{size:,} training sequences, 1,500 steps x 64, 3 "
-                   "seeds") if tuned else SYN_REGIME.format(size),
+                   f"{size:,} training sequences, 1,500 steps x 64"
+                   ) if tuned else SYN_REGIME.format(size),
                at_scale=SYN_SCALE, when_recorded=tuned)
 
 
