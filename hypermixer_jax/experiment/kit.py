@@ -305,10 +305,13 @@ def run_of(results: dict, name: str, row: str) -> dict:
 def add_run(results: dict, name: str, run: dict) -> None:
   """Records ``run`` (its ``rows`` measured) for section ``name``, dropping
   earlier runs none of whose rows are still theirs."""
-  runs = section_runs(results, name) + [run]
-  owners = {id(run_of({"runs": {name: runs}}, name, r))
-            for r in results.get(name, {})}
-  results.setdefault("runs", {})[name] = [r for r in runs if id(r) in owners]
+  kept, later = [], set()
+  for r in reversed(section_runs(results, name) + [run]):
+    rows = set(results.get(name, {}) if r.get("rows") is None else r["rows"])
+    if rows - later:
+      kept.append(r)
+    later |= rows
+  results.setdefault("runs", {})[name] = kept[::-1]
 
 
 def _mfu_table(results: dict, key: str) -> str:
