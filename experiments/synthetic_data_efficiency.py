@@ -173,7 +173,10 @@ def _write_table(exp, summary, sizes, seeds, mixers, *, steps, batch_size,
       f"steps of batch {batch_size}, mean ± standard deviation over "
       f"{len(seeds)} seeds (initialisation, data order and training set); — "
       "not run. "
-      f"{PAPER_CLAIM} Equal: within ±{100 * EQUAL_SHARE:g}% of attention's "
+      + experiment.where_ran({f"n={s:,}": [r for k, r in exp.runs.items() if (
+          k.split("/")[:2] in ([m, f"n{s}"] for m in mixers))] for s in sizes},
+                             end=" ")
+      + f"{PAPER_CLAIM} Equal: within ±{100 * EQUAL_SHARE:g}% of attention's "
       f"mean MSE (TOST). {experiment.VERDICT_NOTE}")
   exp.write_table("Synthetic task: test MSE against training-set size",
                   experiment.markdown_table(headers, rows), notes)
@@ -220,13 +223,14 @@ def _plot_maps(exp, mixers, size, seed, example) -> None:
 def main() -> None:
   p = experiment.parser("synthetic_data_efficiency", __doc__,
                         report_only=True, mixers=MIXERS, seeds="", steps=0)
+  p.add_argument("--sizes", default="", help="comma-separated training-set "
+                 "sizes (default: the scale's; processes can take one each)")
   experiment.tune_flags(p, "sequences")
   args = experiment.parse(p)
-  setting = dict(SCALES[args.scale])
-  if args.steps:
-    setting["steps"] = args.steps
-  if args.seeds:   # default: the scale's
-    setting["seeds"] = experiment.split(args.seeds, int)
+  setting = dict(SCALES[args.scale])   # each flag left empty: the scale's
+  setting.update((k, v) for k, v in (
+      ("sizes", experiment.split(args.sizes, int)), ("steps", args.steps),
+      ("seeds", experiment.split(args.seeds, int))) if v)
   exp = experiment.Experiment(args.out, args)
   if args.tune:   # the search and the seeds at each choice, per size
     mixers, lrs = experiment.split(args.mixers), (

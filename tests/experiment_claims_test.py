@@ -80,6 +80,19 @@ class ClaimsTest(absltest.TestCase):
             for o in (OTHER, OURS)]
     self.assertEqual(verdict, f"not decided: vs b: {want[0]}; vs c: {want[1]}")
 
+  def test_a_relative_margin_is_a_share_of_the_others_mean(self):
+    near = [0.802, 0.81, 0.806]                  # mean 0.806
+    data = {"runs": {**_runs("a", OURS), **_runs("b", near)},
+            "baselines": {"majority": 0.5}}
+    c = _claim(direction="equal", margin=0.1, relative_margin=True)
+    want = stats.verdict(OURS, near, "equal", margin=0.1 * np.mean(near))
+    self.assertEqual(claims.judge(c, data)[6], want.text(100))
+    self.assertTrue(want.text(100).startswith("agrees"))
+    # An absolute margin of 0.1 would be 10 points wide, not 8.1.
+    self.assertNotEqual(
+        claims.judge(dataclasses.replace(c, relative_margin=False), data)[6],
+        want.text(100))
+
   def test_a_baseline_pattern_averages_its_matches(self):
     data = {"runs": {**_runs("a", OURS), **_runs("b", OTHER)},
             "baselines": {"m/seed=0": {"x": 0.4}, "m/seed=1": {"x": 0.6},

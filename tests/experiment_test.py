@@ -10,6 +10,7 @@ import sys
 import tempfile
 
 from absl.testing import absltest
+import jax
 import numpy as np
 import pytest
 
@@ -44,6 +45,11 @@ class HarnessTest(absltest.TestCase):
     first = exp.run("a/b", lambda: calls.append(1) or {"eval": {"acc": 0.5}})
     self.assertEqual(first["eval"], {"acc": 0.5})
     self.assertIn("wall_s", first)
+    self.assertEqual(first["ran_on"], f"{jax.devices()[0].platform}: "
+                     f"{jax.devices()[0].device_kind}")
+    with jax.default_matmul_precision("highest"):  # a GPU run would use TF32
+      self.assertTrue(exp.run("p", dict)["ran_on"].endswith(
+          " (matmul precision highest)"))
     # A new process on the same directory reads the result back.
     again = experiment.Experiment(out)
     again.run("a/b", lambda: calls.append(2) or {})
@@ -54,13 +60,24 @@ class HarnessTest(absltest.TestCase):
     saved = json.loads((pathlib.Path(out) / "results.json").read_text())
     self.assertEqual(saved["runs"]["a/b"]["eval"], {"acc": 0.5})
 
+  def test_where_ran_names_each_device_and_its_groups(self):
+    cpu, gpu = {}, {"ran_on": "gpu: NVIDIA H200 (matmul precision highest)"}
+    self.assertEqual(experiment.where_ran({"a": [cpu], "b": [cpu]}, " "), "")
+    self.assertEqual(experiment.where_ran({"a": [gpu]}, end=" "),
+                     f"Ran on: {gpu['ran_on']} (a). ")
+    groups = {"n=5": [cpu], "n=50": [gpu, cpu], "n=500": [gpu]}
+    self.assertEqual(
+        experiment.where_ran(groups),
+        "Ran on: cpu: cpu (n=5, n=50); gpu: NVIDIA H200 (matmul precision "
+        "highest) (n=50, n=500).")
+
   def test_processes_sharing_a_directory_keep_each_others_runs(self):
     out = tempfile.mkdtemp()
     a, b = experiment.Experiment(out), experiment.Experiment(out)
     a.run("x", lambda: {"v": 1})
     b.run("y", lambda: {"v": 2})           # b's copy predates "x"
-    self.assertEqual(b.run("x", lambda: {"v": 99}), {"v": 1, "wall_s":
-                                                     a.runs["x"]["wall_s"]})
+    self.assertEqual(b.run("x", lambda: {"v": 99}), a.runs["x"])
+    self.assertEqual(a.runs["x"]["v"], 1)
     a.save()
     on_disk = json.loads((pathlib.Path(out) / "results.json").read_text())
     self.assertEqual(sorted(on_disk["runs"]), ["x", "y"])

@@ -83,6 +83,7 @@ from hypermixer_jax.experiment.flags import tune_flags
 from hypermixer_jax.experiment.records import cell_key
 from hypermixer_jax.experiment.records import Experiment
 from hypermixer_jax.experiment.records import grid
+from hypermixer_jax.experiment.records import where_ran
 from hypermixer_jax.experiment.runs import flops_per_step
 from hypermixer_jax.experiment.runs import held_out_arrays
 from hypermixer_jax.experiment.runs import match_field

@@ -165,6 +165,7 @@ class Experiment:
       t0 = time.time()
       result = dict(fn())
       result.setdefault("wall_s", time.time() - t0)
+      result.setdefault("ran_on", ran_on())
       if self.args is not None:
         result.setdefault("args", self.args)
       self._ran = True
@@ -388,6 +389,38 @@ def _portable(value: Any) -> Any:
     if rel.split(os.sep)[:2] != [os.pardir, os.pardir]:
       return rel
   return value
+
+
+def ran_on() -> str:
+  """Where this process computes: JAX's backend and device kind, with the
+  float32 matmul precision where it is set (a GPU's default may use TF32),
+  e.g. ``'cpu: cpu'`` or ``'gpu: NVIDIA H200 (matmul precision highest)'``.
+  Records made before this field ran on CPUs."""
+  import jax  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[0]
+  text = f"{device.platform}: {device.device_kind}"
+  precision = jax.config.jax_default_matmul_precision
+  return text + (f" (matmul precision {precision})" if precision else "")
+
+
+# What ``ran_on`` says of a CPU; records made before the field ran on CPUs.
+CPU = "cpu: cpu"
+
+
+def where_ran(groups: dict[str, Iterable[dict[str, Any]]], end: str = ""
+              ) -> str:
+  """A table note saying where each group of runs ran ({label: runs}),
+  e.g. ``'Ran on: cpu: cpu (n=500); gpu: NVIDIA H200 (matmul precision
+  highest) (n=5,000, n=50,000).'`` followed by ``end``; '' when every run
+  ran on CPUs."""
+  labels: dict[str, list[str]] = {}
+  for label, runs in groups.items():
+    for on in sorted({r.get("ran_on", CPU) for r in runs}):
+      labels.setdefault(on, []).append(label)
+  if set(labels) <= {CPU}:
+    return ""
+  return "Ran on: " + "; ".join(
+      f"{on} ({', '.join(names)})" for on, names in labels.items()) + "." + end
 
 
 def _alive(pid: int) -> bool:

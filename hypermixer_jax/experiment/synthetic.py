@@ -128,6 +128,9 @@ def report_tuned(exp, tuned: dict, mixers, labels: dict, setting: dict,
     text += "\n\n" + selection.search_section(
         searched, chosen, labels, lrs, what=f"MSE at n={n:,}",
         cell=lambda r: f"{r['mse']:.2e}")
+  where = experiment.where_ran({f"n={n:,}": [
+      r for runs in (*tuned[n][0].values(), *tuned[n][2].values())
+      for r in runs] for n in sizes}, end=" ")
   notes = (
       f"Equal tuning: at each size every model trained {steps} steps at "
       f"each of the {len(selection.settings(steps, lrs))} settings on a "
@@ -136,7 +139,7 @@ def report_tuned(exp, tuned: dict, mixers, labels: dict, setting: dict,
       "(MSE at the last step); the chosen setting then trained with seeds "
       f"{seeds} on their own full training sets of the size, scored on the "
       "test draw (never read in the choice). Cells: test MSE, mean ± sd. "
-      f"{claim} {experiment.VERDICT_NOTE}")
+      f"{where}{claim} {experiment.VERDICT_NOTE}")
   exp.write_table("Synthetic task, every model tuned alike: test MSE "
                   "against training-set size", text, notes,
                   name="table_tuned")
