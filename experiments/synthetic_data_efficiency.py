@@ -39,6 +39,7 @@ against training-set size) and ``pseudo_attention.png`` into ``--out``.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 import ml_collections
@@ -120,28 +121,27 @@ def run(exp: experiment.Experiment, *, sizes: Sequence[int],
 
 
 def _train_runs(exp, sizes, seeds, mixers, report_only, **opts) -> dict:
-  """Trains what ``exp`` lacks; returns the test sequence the maps are of
-  (the largest set's first seed keeps its parameters for them)."""
-  example = None
+  """Trains what ``exp`` lacks (processes on one ``--out`` share the runs
+  out); returns the test sequence the maps are of (the largest set's first
+  seed keeps its parameters for them)."""
+  example = map_example(run_config(mixers[0], sizes[-1], seeds[0], **opts))
+  jobs = []
   # Seeds outermost: a run cut short still has every model at every size.
-  for seed in seeds:
-    for size in sizes:
-      for mixer in mixers:
-        key = f"{mixer}/n{size}/seed{seed}"
-        cfg = run_config(mixer, size, seed, **opts)
-        want_map = size == sizes[-1] and seed == seeds[0]
-        if want_map and example is None:
-          example = map_example(cfg)
+  for seed, size, mixer in itertools.product(seeds, sizes, mixers):
+    cfg = run_config(mixer, size, seed, **opts)
+    want_map = size == sizes[-1] and seed == seeds[0]
 
-        def fn(cfg=cfg, key=key, want_map=want_map):
-          r = experiment.train(cfg, exp.workdir(key), with_params=want_map)
-          if want_map:
-            r["pseudo_attention"] = pseudo_attention_map(
-                cfg, r.pop("params"), example["inputs"]).tolist()
-          return dict(r, mse=float(r["eval"]["mse"]), mixer=mixer,
-                      num_examples=size, seed=seed)
-        if not report_only:
-          exp.run(key, fn)
+    def fn(cfg=cfg, key=f"{mixer}/n{size}/seed{seed}", want_map=want_map,
+           mixer=mixer, size=size, seed=seed):
+      r = experiment.train(cfg, exp.workdir(key), with_params=want_map)
+      if want_map:
+        r["pseudo_attention"] = pseudo_attention_map(
+            cfg, r.pop("params"), example["inputs"]).tolist()
+      return dict(r, mse=float(r["eval"]["mse"]), mixer=mixer,
+                  num_examples=size, seed=seed)
+    jobs.append((f"{mixer}/n{size}/seed{seed}", fn))
+  if not report_only:
+    exp.share(jobs)
   return example
 
 

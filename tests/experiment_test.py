@@ -161,6 +161,26 @@ class HarnessTest(absltest.TestCase):
     self.assertEqual([r.get("by") for r in got["a"]],
                      ["other", None, "other", None])
 
+  def test_jobs_of_any_keys_are_shared_out_the_same_way(self):
+    out = pathlib.Path(tempfile.mkdtemp())
+    exp, other = experiment.Experiment(out), experiment.Experiment(out)
+    (out / "claims").mkdir()
+    taken = out / "claims" / "m__n5__seed0.pid"
+    taken.write_text(str(os.getppid()))     # another live process runs it
+    ran = []
+
+    def second():
+      ran.append("second")
+      other.runs["m/n5/seed0"] = {"by": "other"}
+      taken.unlink()
+      other.save()
+      return {"by": "this"}
+    got = exp.share([("m/n5/seed0", lambda: ran.append("first") or {}),
+                     ("m/n50/seed0", second)], before=ran.append)
+    self.assertEqual(ran, ["m/n50/seed0", "second", "m/n5/seed0"])
+    self.assertEqual(got, {"m/n50/seed0": exp.runs["m/n50/seed0"],
+                           "m/n5/seed0": {"by": "other"}})
+
   def test_a_cell_recorded_at_another_setting_is_retired_and_rerun(self):
     out = pathlib.Path(tempfile.mkdtemp())
     exp = experiment.Experiment(out)

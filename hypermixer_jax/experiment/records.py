@@ -245,31 +245,44 @@ class Experiment:
     of the cell must hold; a result that holds other values was made by
     another setting of the cell, and is retired (``supersede``) and run
     again rather than mixed into the current setting's seeds."""
-    cells = list(cells)
-    results: dict[str, dict[str, Any] | None] = {}
-    queue = list(cells)
-    while queue:
-      # The next cell no other live process is running (checked afresh
-      # before each cell): processes working on one grid share it out
-      # instead of queueing behind each other's claims. Where every cell
-      # left is taken, wait for the first.
-      c = next((c for c in queue
-                if not self._claimed_elsewhere(cell_key(prefix, c))),
-               queue[0])
-      queue.remove(c)
-      key = cell_key(prefix, c)
-      if expect is not None and key in self.runs:
-        want = expect(c)
+    cells = {cell_key(prefix, c): c for c in cells}
+
+    def check(key: str) -> None:
+      if key in self.runs:
+        want = expect(cells[key])
         got = {k: self.runs[key].get(k) for k in want}
         if got != want:
           self.supersede(key, f"recorded {got}, the cell now has {want}")
-      results[key] = self.cell(key, lambda c=c, key=key: fn(c, key))
+    results = self.share([(k, lambda c=c, k=k: fn(c, k))
+                          for k, c in cells.items()],
+                         before=check if expect is not None else None)
     out: dict[Any, list[dict[str, Any]]] = {}
-    for c in cells:
-      result = results[cell_key(prefix, c)]
+    for key, c in cells.items():
+      result = results[key]
       if result is not None:
         out.setdefault(c[by], []).append(result)
     return out
+
+  def share(self, jobs: Sequence[tuple[str, Callable[[], dict[str, Any]]]],
+            before: Callable[[str], None] | None = None
+            ) -> dict[str, dict[str, Any] | None]:
+    """``{key: cell(key, fn)}`` for each ``(key, fn)`` of ``jobs``, taken
+    in order but skipping the keys another live process is running (checked
+    afresh before each): processes working on the same jobs share them out
+    instead of queueing behind each other's claims. Where every job left is
+    taken, wait for the first. ``before(key)``: called just before a job's
+    cell (e.g. to retire a record made at another setting)."""
+    results: dict[str, dict[str, Any] | None] = {}
+    queue = list(jobs)
+    while queue:
+      job = next((j for j in queue if not self._claimed_elsewhere(j[0])),
+                 queue[0])
+      queue.remove(job)
+      key, fn = job
+      if before is not None:
+        before(key)
+      results[key] = self.cell(key, fn)
+    return results
 
   def baseline(self, key: str, fn: Callable[[], dict[str, Any]],
                tag: dict[str, Any] | None = None) -> dict[str, Any]:
