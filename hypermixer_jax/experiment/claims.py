@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from hypermixer_jax.experiment import glue
 from hypermixer_jax.experiment import nli
+from hypermixer_jax.experiment import records as records_lib
 from hypermixer_jax.experiment import sparse_lm
 from hypermixer_jax.experiment import stats
 from hypermixer_jax.experiment import tables
@@ -400,7 +401,7 @@ def _ran_on(data: dict[str, Any], regime: str, *arms: Arm) -> str:
   ran on CPUs)."""
   runs = [r for a in arms for k, r in data["runs"].items()
           if fnmatch.fnmatchcase(k, a.pattern)]
-  where = sorted({r.get("ran_on", "cpu: cpu") for r in runs})
+  where = sorted({r.get("ran_on", records_lib.CPU) for r in runs})
   return f"{regime}; ran on {' and '.join(where)}" if where else regime
 
 
