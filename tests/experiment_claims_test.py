@@ -139,7 +139,7 @@ class ClaimsTest(absltest.TestCase):
         text, "CIFAR-10 32x32, 1,600 training images, 40 steps x 64 (1.60 "
         "epochs), 0.12M params; each model's lr and warm-up chosen from 2 "
         "settings on the validation images carved from train (a at the "
-        "grid's largest lr, 0.01)")
+        "grid's largest lr, 0.01; b at the grid's smallest lr, 0.001)")
     # A run without its own arguments reads the record's.
     data["runs"] = {"small/s300/a/seed=0": {"step": 40, "params": 2e6}}
     self.assertIn("40 steps x 999",
@@ -219,7 +219,8 @@ def test_a_tuned_row_appears_once_its_runs_are_recorded(tmp_path):
       "SST-2, 60,614 train phrases (a tenth of the sentences carved out), "
       "1,000 steps x 64, ~1.3M params; each model's lr and warm-up chosen "
       "from 2 settings on the validation sentences carved from train (gmlp "
-      "at the grid's largest lr, 0.003)")
+      "at the grid's largest lr, 0.003; hypermixer at the grid's smallest "
+      "lr, 0.001)")
   assert "gMLP, all tuned alike" in claims.table(tmp_path, (untuned, claim))
 
 

@@ -181,8 +181,8 @@ def _search_text(data: dict[str, Any], models: Sequence[str],
   """How the tuned runs of ``models`` (keys ``tuned.format(model)``, each
   recording its ``setting``) were chosen: the size of each model's search
   (its runs under the same prefix with ``/tune/`` and ``setting=``), and
-  which choices sit at the search's largest learning rate, where a wider
-  grid might move them."""
+  which choices sit at the search's largest or smallest learning rate,
+  where a wider grid might move them."""
   search = tuned.replace("/tuned/", "/tune/").replace("seed=", "setting=")
   lrs = {m: [r["setting"]["lr"] for k, r in data["runs"].items()
              if fnmatch.fnmatchcase(k, search.format(m))] for m in models}
@@ -190,13 +190,16 @@ def _search_text(data: dict[str, Any], models: Sequence[str],
   text = (f"each model's lr and warm-up chosen from "
           f"{'/'.join(map(str, counts))} settings on the validation "
           f"{carved_from} carved from train")
-  edge = sorted({m for m in models for k, r in data["runs"].items()
+  edges = []
+  for word, end in (("largest", max), ("smallest", min)):
+    at = sorted({m for m in models for k, r in data["runs"].items()
                  if fnmatch.fnmatchcase(k, tuned.format(m))
-                 and lrs[m] and r["setting"]["lr"] == max(lrs[m])})
-  if edge:
-    text += (f" ({', '.join(edge)} at the grid's largest lr, "
-             f"{max(max(lrs[m]) for m in edge):g})")
-  return text
+                 and len(set(lrs[m])) > 1
+                 and r["setting"]["lr"] == end(lrs[m])})
+    if at:
+      edges.append(f"{', '.join(at)} at the grid's {word} lr, "
+                   f"{end(end(lrs[m]) for m in at):g}")
+  return text + (f" ({'; '.join(edges)})" if edges else "")
 
 
 def _image_regime(models: Sequence[str], base: str, tuned: bool
@@ -319,11 +322,12 @@ def _nli(task: str, number: str, tuned: bool = False) -> Claim:
                (Arm("Transformer", runs.format("attention")),),
                "higher", ("Naive Bayes", (*base, "naive_bayes")),
                (*base, "dev_rows"), regime=_tuned_regime(
-                   f"{task}_split", "premises", ("hypermixer", "attention"),
-                   runs, f"{task.upper()}: {{train}} pairs of the dev "
-                   "file's train part (whole premises carved out), 1,000 "
-                   "steps x 64, ~0.8M params") if tuned else
-               NLI_REGIME.format(task.upper()),
+                   f"{task}_split", f"{nli.GROUP_BY[task]}s",
+                   ("hypermixer", "attention"), runs,
+                   f"{task.upper()}: {{train}} pairs of the dev file's "
+                   f"train part (a tenth of the {nli.GROUP_BY[task]}s "
+                   "carved out), 1,000 steps x 64, ~0.8M params") if tuned
+               else NLI_REGIME.format(task.upper()),
                at_scale=NLI_SCALE, when_recorded=tuned)
 
 
