@@ -12,7 +12,7 @@ The rule, per page:
   the precision shown (a fraction may be
   shown as a percentage). The figures written before this rule that no
   record holds are listed, per page, in `docs_unrecorded.json`; a page may
-  lose them, never gain one.
+  lose them (the list then loses them too), never gain one.
 * Every included table equals its file (`scripts/docs_tables.py --check`).
 """
 import collections
@@ -211,3 +211,22 @@ def test_the_rule_catches_a_typed_figure_and_passes_a_recorded_one(tmp_path):
   assert _unbacked_in_page(page) == []
   page.write_text("A reaches 80.7, 35-53% of the time, at 1,874.9.\n")
   assert _unbacked_in_page(page) == ["35-53%", "1,874.9"]
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.parent.name)
+def test_unrecorded_list_names_only_figures_its_page_still_states(page):
+  """A figure a page lost leaves ``docs_unrecorded.json`` too, so that it
+  cannot come back unrecorded."""
+  known = collections.Counter(
+      json.loads(UNRECORDED.read_text()).get(page.parent.name, []))
+  stale = known - collections.Counter(_unbacked_in_page(page))
+  assert not stale, (f"tests/docs_unrecorded.json lists for "
+                     f"{page.parent.name} figures its page no longer states: "
+                     f"{sorted(stale)} (remove them from the list)")
+
+
+def test_unrecorded_list_names_only_pages_that_exist():
+  names = {p.parent.name for p in _pages()}
+  unknown = set(json.loads(UNRECORDED.read_text())) - names
+  assert not unknown, (f"tests/docs_unrecorded.json names no page of "
+                       f"experiments/results/: {sorted(unknown)}")
