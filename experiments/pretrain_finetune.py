@@ -54,12 +54,12 @@ from hypermixer_jax.experiment import nli
 from hypermixer_jax.experiment import selection
 # pylint: disable=g-importing-member
 from hypermixer_jax.experiment.pretraining import carve_setting
+from hypermixer_jax.experiment.pretraining import carved_search_run
 from hypermixer_jax.experiment.pretraining import finetune_config
 from hypermixer_jax.experiment.pretraining import nb_key
 from hypermixer_jax.experiment.pretraining import pretrain_config
 from hypermixer_jax.experiment.pretraining import probe_encoders
 from hypermixer_jax.experiment.pretraining import report
-from hypermixer_jax.experiment.pretraining import retire_other_carve
 from hypermixer_jax.experiment.pretraining import selection_config
 from hypermixer_jax.experiment.pretraining import settings_of
 from hypermixer_jax.experiment.pretraining import SMALL
@@ -172,10 +172,10 @@ class _Grid:
                            steps=self.args.finetune_steps, task=task,
                            warmup=share)
 
-  def select(self, mixer, task, fraction, arm, lr, share=WARMUP) -> str:
+  def select(self, mixer, task, fraction, arm, lr, share=WARMUP):
     """The key of the selection run of ``lr`` and warm-up ``share`` (seed
     ``selection.SEED``, carved split of the setting's train file), after
-    running it when ``arm`` is trained here."""
+    running it when ``arm`` is trained here (``carved_search_run``)."""
     exp, seed = self.exp, selection.SEED
     key = experiment.cell_key(f"select/{self.tag}", dict(
         task=task, model=mixer, fraction=fraction, arm=arm, lr=lr,
@@ -190,10 +190,7 @@ class _Grid:
       extra = self.encoder(mixer, seed)[1] if init else {}
       return dict(selection.lean(experiment.train(cfg, exp.workdir(key))),
                   **extra, split=selection.split_record(split))
-    if arm in self.trained:
-      retire_other_carve(exp, key, split)
-      exp.cell(key, run)
-    return key
+    return carved_search_run(exp, key, split, run, arm in self.trained)
 
   def setting(self, mixer, setting, grid, seeds, chosen, keys) -> None:
     """Each arm's (lr, warm-up share) of ``grid`` chosen on the carved
@@ -203,7 +200,7 @@ class _Grid:
     for arm in ARMS:
       search = {g: self.select(mixer, *setting, arm, *g) for g in grid}
       runs, how = self.exp.runs, "validation"   # (as reloaded by the runs)
-      if any(k not in runs for k in search.values()):
+      if any(k is None or k not in runs for k in search.values()):
         how, search = "dev", {(lr, WARMUP): self.finetune(
             mixer, *setting, arm, lr, seeds[0], train=False)
                               for lr in dict(grid)}

@@ -341,18 +341,26 @@ def test_arms_split_between_processes(shared_data, tmp_path, monkeypatch):
 
 def test_an_arm_without_its_search_keeps_its_recorded_choice(
     shared_data, tmp_path, monkeypatch):
-  # A record from before the carved search: seed 0 at both rates on dev.
-  # A report keeps that choice, marked, and trains nothing at it.
+  # A record from before the carved search: seed 0 at both rates on dev,
+  # and a search of the pretrained arm scored on another carved split
+  # (favouring the other rate). A process training only the scratch arm
+  # keeps the dev choice, marked, trains nothing at it, and leaves the
+  # stale search to the process that trains that arm.
   out = tmp_path / "out"
   exp = experiment.Experiment(out)
   for lr, acc in ((0.001, 0.75), (0.0003, 0.72)):
     exp.runs[FINE.format("pretrained", lr, 0)[len("runs/"):]] = {
         "eval": {"accuracy": acc}, "eval_curve": {"2": {"accuracy": acc}}}
+    exp.runs[SEL.format("pretrained", lr)[len("runs/"):]] = {
+        "eval": {"accuracy": 1 - acc},
+        "split": {"validation": {"sha256": "0" * 64}}}
   exp.save()
   calls, main = _fake_grid(shared_data, out, monkeypatch)
   main("--seeds=0", "--lrs=0.001,0.0003", "--arms=scratch")
   assert all("pretrained" not in c for c, _ in calls)
   assert "| 0.0003 / 0.001 (dev, seed 0) |" in (out / "table.md").read_text()
+  runs = json.loads((out / "results.json").read_text())["runs"]
+  assert SEL.format("pretrained", "0.0003")[len("runs/"):] in runs
 
 
 def test_pair_task_is_carved_by_premise(shared_data, tmp_path):

@@ -99,14 +99,33 @@ def carve_setting(config: ml_collections.ConfigDict, out: pathlib.Path,
                                header=tsv, group=group)
 
 
+def carved_alike(record: dict, split: dict) -> bool:
+  """Whether a selection run's ``record`` was scored on ``split``'s carved
+  validation part (the sha256 it recorded)."""
+  recorded = record.get("split", {}).get("validation", {})
+  return recorded.get("sha256") == split["validation"]["sha256"]
+
+
 def retire_other_carve(exp, key: str, split: dict) -> None:
   """Retires (``Experiment.supersede``) the selection run recorded as
   ``key`` when it was scored on another carved validation split than
   ``split``, so that it runs again instead of choosing from other data."""
-  recorded = exp.runs.get(key, {}).get("split", {}).get("validation", {})
-  if key in exp.runs and recorded.get("sha256") != split["validation"][
-      "sha256"]:
+  if key in exp.runs and not carved_alike(exp.runs[key], split):
     exp.supersede(key, "carved from another validation split")
+
+
+def carved_search_run(exp, key: str, split: dict, run, train: bool
+                      ) -> str | None:
+  """``key`` of a selection run scored on ``split``: run it (``exp.cell``)
+  where ``train``, after retiring a record of it from another carved split;
+  else None where such a record stands (no choice is made from it: the
+  process that trains its arm retires and reruns it)."""
+  if train:
+    retire_other_carve(exp, key, split)
+    exp.cell(key, run)
+  elif key in exp.runs and not carved_alike(exp.runs[key], split):
+    return None
+  return key
 
 
 def selection_config(config: ml_collections.ConfigDict, split: dict
