@@ -172,7 +172,7 @@ class _Grid:
                            steps=self.args.finetune_steps, task=task,
                            warmup=share)
 
-  def select(self, mixer, task, fraction, arm, lr, share=WARMUP):
+  def select(self, mixer, task, fraction, arm, lr, share=WARMUP) -> str | None:
     """The key of the selection run of ``lr`` and warm-up ``share`` (seed
     ``selection.SEED``, carved split of the setting's train file), after
     running it when ``arm`` is trained here (``carved_search_run``)."""
