@@ -4,11 +4,13 @@ The rule, per page:
 * README.md and experiments/README.md: every number in prose and tables
   (code blocks, inline code and included tables aside) appears in a
   generated table (`table*.md`) of the experiment its section cites (the
-  `results/<name>/` folders it links), or in the claims table
-  (`experiments/results/claims.md`), or is a setting named in ALLOWED.
+  `results/<name>/` folders it links), or in the rows of the claims table
+  (`experiments/results/claims.md`) drawn from those experiments, or is a
+  setting named in ALLOWED.
 * A page beside a record (`experiments/results/<name>/README.md`): every
   number in its prose and its own tables appears in the tables of that
-  folder (sub-folders included) or is a value of their `results.json` at
+  folder (sub-folders included), in the claims rows drawn from it, or is a
+  value of their `results.json` at
   the precision shown (a fraction may be
   shown as a percentage). The figures written before this rule that no
   record holds are listed, per page, in `docs_unrecorded.json`; a page may
@@ -16,6 +18,7 @@ The rule, per page:
 * Every included table equals its file (`scripts/docs_tables.py --check`).
 """
 import collections
+import functools
 import importlib.util
 import json
 import math
@@ -23,6 +26,8 @@ import pathlib
 import re
 
 import pytest
+
+from hypermixer_jax.experiment import claims as claims_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
@@ -34,13 +39,13 @@ SMALL = 10
 ALLOWED = {
     "README.md": {"3.11", "32,128", "80/10/10", "32x32", "4x4", "1,500", "64",
                   "1024", "128", "25", "200/1500", "15%", "60", "2048", "16",
-                  "2021", "2022", "2023"},
+                  "2021", "2022", "2023", "1,000"},
     "experiments/README.md": {"2", "20", "4k", "8k", "128", "1000", "1500",
                               "3,000", "2000", "6000", "400", "500", "5,000",
                               "50,000", "8192", "256", "512", "4096", "2048",
                               "10", "100", "80/20", "+12-14", "+2", "1.49M",
                               "0.26M", "32", "32,768", "2021", "2022",
-                              "2023"},
+                              "2023", "0.05"},
 }
 
 NUMBER = re.compile(
@@ -77,14 +82,20 @@ def _tokens(text):
   return {p for f in _figures(text) for p in _parts(f)}
 
 
+@functools.cache
+def _claims_tokens(experiment):
+  """Figures of the claims rows drawn from ``experiment``'s record (the rows
+  of claims.md it backs; another study's rows back nothing here)."""
+  rows = [c for c in claims_lib.CLAIMS if c.experiment == experiment]
+  return frozenset(_tokens(claims_lib.table(RESULTS, rows)) if rows else ())
+
+
 def _table_tokens(folders):
   tokens = set()
   for folder in folders:
     for table in folder.glob("table*.md"):
       tokens |= _tokens(table.read_text())
-  claims = RESULTS / "claims.md"
-  if claims.exists():
-    tokens |= _tokens(claims.read_text())
+    tokens |= _claims_tokens(folder.name)
   return tokens
 
 
@@ -211,6 +222,19 @@ def test_the_rule_catches_a_typed_figure_and_passes_a_recorded_one(tmp_path):
   assert _unbacked_in_page(page) == []
   page.write_text("A reaches 80.7, 35-53% of the time, at 1,874.9.\n")
   assert _unbacked_in_page(page) == ["35-53%", "1,874.9"]
+
+
+def test_claims_rows_back_only_the_experiment_they_come_from(tmp_path):
+  """A figure of the claims table backs a page only where the row is drawn
+  from that page's own record, never by coincidence with another study."""
+  row = next(c for c in claims_lib.CLAIMS if c.experiment == "smlp_vs_moe")
+  own = sorted(_claims_tokens("smlp_vs_moe"), key=len)[-1]
+  assert own in _tokens((RESULTS / "claims.md").read_text()), row.text
+  for name, backed in (("smlp_vs_moe", True), ("not_a_study", False)):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "README.md").write_text(f"It ends at {own}.\n")
+    assert (_unbacked_in_page(folder / "README.md") == []) == backed, name
 
 
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: p.parent.name)
