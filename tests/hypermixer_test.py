@@ -1,4 +1,5 @@
 """HyperMixing vs a NumPy loop reference; padding, segments, invariances."""
+import functools
 import math
 
 import chex
@@ -83,8 +84,19 @@ def reference(params, x, ctx, *, num_heads=1, tied=False,
   return out
 
 
+@functools.lru_cache(maxsize=None)
+def _make(d, seed, kw):
+  return _build(d, seed, **dict(kw))
+
+
 def make(d=11, seed=0, **kw):
-  """Module, perturbed (unboxed) params and a jitted apply."""
+  """Module, perturbed (unboxed) params and a jitted apply; made once per
+  configuration, so that tests of the same module share its compiled
+  programs (a new ``jax.jit`` traces and lowers again)."""
+  return _make(d, seed, tuple(sorted(kw.items())))
+
+
+def _build(d, seed, **kw):
   module = HyperMixing(D_PRIME, max_len=MAX_LEN, **kw)
   x = jnp.zeros((B, N, d))
   variables = nn.unbox(jax.jit(module.init)(jax.random.key(seed), x))
@@ -307,28 +319,45 @@ def prefix_scan_reference(w_in, w_out, values, segment_ids):
   return jnp.einsum("bmhk,bmhfk->bmhf", w_out, nn.gelu(hidden, False))
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 4, 17, 64])
-def test_chunked_causal_scan_equals_prefix_scan(chunk):
-  # N = 17 (prime): chunk 3 and 4 leave a ragged last chunk; segment runs
-  # (including a non-contiguous id and padding) cross chunk boundaries.
+def _sin_loss(f, seg):
+  return lambda *a: jnp.sum(jnp.sin(f(*a, seg)))
+
+
+def _scan_inputs():
   n, h, f, k = 17, 2, 5, 3
   keys = jax.random.split(jax.random.key(11), 3)
   w_in = jax.random.normal(keys[0], (2, n, h, k))
   w_out = jax.random.normal(keys[1], (2, n, h, k))
   v = jax.random.normal(keys[2], (2, n, h, f))
   seg = jnp.array([[1] * 5 + [2] * 7 + [1] * 3 + [0] * 2, [1] * n])
+  return w_in, w_out, v, seg
+
+
+@functools.lru_cache(maxsize=None)
+def _prefix_scan_want():
+  """The reference's outputs (with and without segment ids) and gradients,
+  computed once for the chunk sizes."""
+  w_in, w_out, v, seg = _scan_inputs()
+  want = [prefix_scan_reference(w_in, w_out, v, s) for s in (seg, None)]
+  g_want = jax.jit(jax.grad(_sin_loss(prefix_scan_reference, seg),
+                            argnums=(0, 1, 2)))(w_in, w_out, v)
+  return want, g_want
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 17, 64])
+def test_chunked_causal_scan_equals_prefix_scan(chunk):
+  # N = 17 (prime): chunk 3 and 4 leave a ragged last chunk; segment runs
+  # (including a non-contiguous id and padding) cross chunk boundaries.
+  w_in, w_out, v, seg = _scan_inputs()
   fn = jax.jit(lambda a, b, c, s: causal_token_mixing(a, b, c, s, chunk),
                static_argnums=())
-  for s in (seg, None):
-    got = fn(w_in, w_out, v, s)
-    want = prefix_scan_reference(w_in, w_out, v, s)
-    chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-5)
+  want, g_want = _prefix_scan_want()
+  for s, w in zip((seg, None), want):
+    chex.assert_trees_all_close(fn(w_in, w_out, v, s), w, rtol=1e-5,
+                                atol=1e-5)
   # Gradients too (the chunk body is rematerialised in the backward pass).
-  loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(*a, seg)))  # noqa: E731
-  g_got = jax.jit(jax.grad(loss(lambda a, b, c, s: causal_token_mixing(
-      a, b, c, s, chunk)), argnums=(0, 1, 2)))(w_in, w_out, v)
-  g_want = jax.jit(jax.grad(loss(prefix_scan_reference), argnums=(0, 1, 2)))(
-      w_in, w_out, v)
+  g_got = jax.jit(jax.grad(_sin_loss(lambda a, b, c, s: causal_token_mixing(
+      a, b, c, s, chunk), seg), argnums=(0, 1, 2)))(w_in, w_out, v)
   chex.assert_trees_all_close(g_got, g_want, rtol=1e-4, atol=1e-4)
 
 
@@ -353,18 +382,14 @@ TWO_PASS = ["untied_sinusoidal_ln", "tied_none_no_ln", "heads_learned_hidden",
 
 
 @pytest.mark.parametrize("case", TWO_PASS)
-@pytest.mark.parametrize("chunk_tokens", [2, 5])
-def test_two_pass_chunks_equal_one_pass(case, chunk_tokens):
+def test_two_pass_chunks_equal_one_pass(case):
   """Token chunks (uneven sizes, masks, segment ids) give the one-pass
-  function: outputs and gradients w.r.t. parameters and inputs."""
+  function: outputs and gradients w.r.t. parameters and inputs. Chunks of
+  2 and of 5 tokens, against one one-pass program."""
   cfg = dict(CASES[case])
   d, m = cfg.pop("d"), cfg.pop("m", None)
-  one = HyperMixing(D_PRIME, max_len=MAX_LEN, chunk_tokens=0, **cfg)
-  two = HyperMixing(D_PRIME, max_len=MAX_LEN, chunk_tokens=chunk_tokens,
-                    **cfg)
   ctx = rand(B, N, d, seed=3)
   x = ctx if m is None else rand(B, m, d, seed=4)
-  assert two._chunks(B, N, x.shape[1]) > 2  # pylint: disable=protected-access
   variables = make(d, **cfg)[0]
   seg = jnp.asarray(np.arange(x.shape[1])[None] < np.array([[x.shape[1]],
                                                              [3]]),
@@ -380,17 +405,28 @@ def test_two_pass_chunks_equal_one_pass(case, chunk_tokens):
     y = module.apply(v, x, **call)
     return jnp.sum(jnp.sin(y)), y
 
-  grad = lambda mod: jax.jit(jax.grad(  # noqa: E731
-      lambda v, x, c: loss(mod, v, x, c), argnums=(0, 1, 2),
-      has_aux=True))(variables, x, ctx)
-  (g1, y1), (g2, y2) = grad(one), grad(two)
-  np.testing.assert_allclose(y2, y1, rtol=1e-5, atol=1e-5)
+  def grad(chunk_tokens):
+    mod = HyperMixing(D_PRIME, max_len=MAX_LEN, chunk_tokens=chunk_tokens,
+                      **cfg)
+    if chunk_tokens:
+      assert mod._chunks(B, N, x.shape[1]) > 2  # pylint: disable=protected-access
+    return jax.jit(jax.grad(lambda v, x, c: loss(mod, v, x, c),
+                            argnums=(0, 1, 2), has_aux=True))(
+                                variables, x, ctx)
+
+  g1, y1 = grad(0)
   assert np.abs(np.asarray(y1)).max() > 0.1
-  # float32 summation order only (in float64 the two agree to 1e-12 of the
-  # gradients' size): tolerance relative to each array's largest entry.
-  for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(g1)):
-    scale = float(np.abs(np.asarray(b)).max())
-    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * scale + 1e-7)
+  for chunk_tokens in (2, 5):
+    g2, y2 = grad(chunk_tokens)
+    np.testing.assert_allclose(y2, y1, rtol=1e-5, atol=1e-5,
+                               err_msg=f"chunk_tokens={chunk_tokens}")
+    # float32 summation order only (in float64 the two agree to 1e-12 of
+    # the gradients' size): tolerance relative to each array's largest
+    # entry.
+    for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(g1)):
+      scale = float(np.abs(np.asarray(b)).max())
+      np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * scale + 1e-7,
+                                 err_msg=f"chunk_tokens={chunk_tokens}")
 
 
 def test_two_pass_is_the_cpu_default_and_can_be_turned_off():
