@@ -9,7 +9,24 @@ import script_modules
 kit = script_modules.load("experiments/accelerator_kit.py")
 
 
+@pytest.fixture
+def steps_traced_once(monkeypatch):
+  """``compile.trace_train_step`` traces each (config, devices, batch) once:
+  the sMLP / Switch section traces a step to count its matmul FLOPs when it
+  picks the Switch depth and again when it times that step."""
+  traced = {}
+  trace = kit_lib.tc.trace_train_step
+
+  def cached(config, devices, batch_size=None):
+    key = (config.to_json(), tuple(devices), batch_size)
+    if key not in traced:
+      traced[key] = trace(config, devices, batch_size)
+    return traced[key]
+  monkeypatch.setattr(kit_lib.tc, "trace_train_step", cached)
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("steps_traced_once")
 def test_toy_run_writes_every_section(tmp_path):
   kit.main(["--toy", "--mixers", "hypermixer", "--out", str(tmp_path)])
   r = json.loads((tmp_path / "results.json").read_text())
