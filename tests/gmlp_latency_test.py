@@ -13,6 +13,10 @@ gmlp_latency = script_modules.load("experiments/gmlp_latency.py")
 
 TOY = {"small": ((2, 16, 32), (1, 16, 32))}
 
+# Each model config is traced once for this module: parameters are counted
+# with and without the token table, at paper size too.
+pytestmark = pytest.mark.usefixtures("models_traced_once")
+
 
 class FakeClock:
   """perf_counter stand-in: call k of the forward takes ``durations[k]``."""
@@ -57,9 +61,10 @@ def _forward(config, params=None):
   model = models.build_model(config)
   x = jax.random.randint(jax.random.key(0), (2, config.max_len), 1, 100)
   if params is None:
-    params = model.init(jax.random.key(1), x)["params"]
+    # Jitted: op by op, each of the model's operations compiles on its own.
+    params = jax.jit(model.init)(jax.random.key(1), x)["params"]
   fn = lambda p: model.apply({"params": p}, x, deterministic=True)
-  return params, fn(params), str(jax.make_jaxpr(fn)(params))
+  return params, jax.jit(fn)(params), str(jax.make_jaxpr(fn)(params))
 
 
 def test_variants_compute_what_their_names_say():
