@@ -63,26 +63,32 @@ def _batch(packed: bool, seed=0):
   return batch, dict(batch, masked_positions=_positions(weights, P))
 
 
+_ATTENTION = _model()
+
+
+def _loss(params, batch):
+  inputs, kwargs = heads.model_inputs(batch, "mlm")
+  out = _ATTENTION.apply({"params": params}, inputs, **kwargs)
+  return heads.compute_loss("mlm", out, batch)
+
+
+@jax.jit
+def _full_and_gathered(params, full, gathered):
+  """Loss and gradients of both heads, and the gathered logits: one program
+  for both parametrisations (their batches have the same shapes)."""
+  return (jax.value_and_grad(_loss, has_aux=True)(params, full),
+          jax.value_and_grad(_loss, has_aux=True)(params, gathered),
+          _ATTENTION.apply({"params": params}, gathered["inputs"],
+                           **heads.model_inputs(gathered, "mlm")[1]))
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
 def test_gathered_head_equals_full_head(packed):
-  model = _model()
   full, gathered = _batch(packed)
-  params = model.init(jax.random.key(0), full["inputs"],
-                      segment_ids=full["segment_ids"])["params"]
-
-  def loss(params, batch):
-    inputs, kwargs = heads.model_inputs(batch, "mlm")
-    out = model.apply({"params": params}, inputs, **kwargs)
-    return heads.compute_loss("mlm", out, batch)
-
-  @jax.jit
-  def both(params):
-    return (jax.value_and_grad(loss, has_aux=True)(params, full),
-            jax.value_and_grad(loss, has_aux=True)(params, gathered),
-            model.apply({"params": params}, gathered["inputs"],
-                        **heads.model_inputs(gathered, "mlm")[1]))
-
-  ((l_full, m_full), g_full), ((l_gat, m_gat), g_gat), logits = both(params)
+  params = jax.jit(_ATTENTION.init)(jax.random.key(0), full["inputs"],
+                                    segment_ids=full["segment_ids"])["params"]
+  ((l_full, m_full), g_full), ((l_gat, m_gat), g_gat), logits = (
+      _full_and_gathered(params, full, gathered))
   assert logits.shape == (B, P, V)   # only P positions per row
   np.testing.assert_allclose(l_gat, l_full, rtol=1e-6)
   np.testing.assert_allclose(m_gat["accuracy"], m_full["accuracy"])
