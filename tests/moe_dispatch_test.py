@@ -22,9 +22,10 @@ def _inputs():
 
 def _value_and_grads(make, params, x, **kw):
   """Output and d sum(y * r) / d (params, x) of ``make(dispatch)`` for both
-  dispatches (r a fixed random cotangent, so every output element counts)."""
-  out = {}
-  for dispatch in ("index", "einsum"):
+  dispatches (r a fixed random cotangent, so every output element counts),
+  computed side by side in one program."""
+
+  def value_and_grad(dispatch, p, x):
     layer = make(dispatch)
 
     def f(p, x):
@@ -33,10 +34,11 @@ def _value_and_grads(make, params, x, **kw):
       r = jax.random.normal(jax.random.key(6), y.shape)
       return jnp.sum(y * r), y
 
-    (_, y), grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1),
-                                               has_aux=True))(params, x)
-    out[dispatch] = (y, grads)
-  return out["index"], out["einsum"]
+    (_, y), grads = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(p, x)
+    return y, grads
+
+  return jax.jit(lambda p, x: tuple(
+      value_and_grad(d, p, x) for d in ("index", "einsum")))(params, x)
 
 
 def _assert_same(index, einsum, tol=1e-5):
