@@ -126,7 +126,7 @@ def test_bf16_keeps_softmax_norm_statistics_and_loss_in_float32(name):
   loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params)
   assert loss.dtype == jnp.float32
   assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype("float32")}
-  opt_state = optax.adamw(1e-3).init(params)
+  opt_state = jax.jit(optax.adamw(1e-3).init)(params)   # one program
   assert {x.dtype for x in jax.tree.leaves(opt_state)
           if x.ndim} == {jnp.dtype("float32")}
 
