@@ -24,10 +24,14 @@ def _cfg(mixer, **kw):
 
 
 def _logits(cfg, tokens, params=None):
+  """The model's logits and parameters, each one jitted program (op by op,
+  every operation of the model would compile on its own)."""
   model = models.build_model(cfg)
   if params is None:
-    params = model.init(jax.random.key(1), tokens[:1])["params"]
-  logits, _ = model.apply({"params": params}, tokens, mutable=COLLECTIONS)
+    params = jax.jit(model.init)(jax.random.key(1), tokens[:1])["params"]
+  logits, _ = jax.jit(lambda p, x: model.apply({"params": p}, x,
+                                               mutable=COLLECTIONS))(
+                                                   params, tokens)
   return np.asarray(logits), params
 
 
