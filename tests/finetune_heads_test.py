@@ -52,11 +52,25 @@ def _flat(tree):
           for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-def _check(source_cfg, target_cfg, tmp_path, *reinit):
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+  """``written(cfg)``: a folder holding ``_init(cfg, 0)`` saved as step 7,
+  written once per model config for the module (loading only reads it)."""
+  folders = {}
+
+  def written(cfg):
+    key = cfg.to_json()
+    if key not in folders:
+      folders[key] = tmp_path_factory.mktemp("pretrained")
+      artifacts.write_params(folders[key], _init(cfg, 0), step=7)
+    return folders[key]
+  return written
+
+
+def _check(source_cfg, target_cfg, pretrained, *reinit):
   source = _init(source_cfg, 0)
-  artifacts.write_params(tmp_path / "pretrained", source, step=7)
   fresh = _init(target_cfg, 1)
-  loaded = ckpt_lib.load_pretrained(tmp_path / "pretrained", fresh, *reinit)
+  loaded = ckpt_lib.load_pretrained(pretrained(source_cfg), fresh, *reinit)
   src, new, out = _flat(source), _flat(fresh), _flat(loaded)
   assert set(out) == set(new)
   encoder = [k for k in out if k.startswith("encoder/")]
@@ -68,28 +82,28 @@ def _check(source_cfg, target_cfg, tmp_path, *reinit):
 
 @pytest.mark.parametrize("head", ["mlm", "causal_lm", "classify",
                                   "pair_classify"])
-def test_mlm_checkpoint_fine_tunes_every_text_head(head, tmp_path):
-  _check(_text("mlm"), _text(head), tmp_path, DEFAULT_REINIT)
+def test_mlm_checkpoint_fine_tunes_every_text_head(head, pretrained):
+  _check(_text("mlm"), _text(head), pretrained, DEFAULT_REINIT)
 
 
-def test_load_pretrained_default_reinitialises_the_heads(tmp_path):
+def test_load_pretrained_default_reinitialises_the_heads(pretrained):
   # Called as a library function without ``reinit``: the same default as
   # config.init_reinit (the heads' own modules), not a pattern matching none.
-  _check(_text("mlm"), _text("classify"), tmp_path)
+  _check(_text("mlm"), _text("classify"), pretrained)
 
 
 @pytest.mark.parametrize("head", ["image", "classify", "regression"])
-def test_image_checkpoint_fine_tunes_every_continuous_head(head, tmp_path):
-  _check(_continuous("image"), _continuous(head), tmp_path, DEFAULT_REINIT)
+def test_image_checkpoint_fine_tunes_every_continuous_head(head, pretrained):
+  _check(_continuous("image"), _continuous(head), pretrained, DEFAULT_REINIT)
 
 
-def test_other_encoder_still_fails_naming_the_paths(tmp_path):
-  artifacts.write_params(tmp_path / "p", _init(_text("mlm"), 0))
+def test_other_encoder_still_fails_naming_the_paths(pretrained):
   bigger = _text("classify")
   bigger.d_ffn = 32
   with pytest.raises(ValueError, match="shape mismatch: encoder/stack/layer_0/"
                      "feature_mixing/wi/dense/kernel checkpoint"):
-    ckpt_lib.load_pretrained(tmp_path / "p", _init(bigger, 1), DEFAULT_REINIT)
+    ckpt_lib.load_pretrained(pretrained(_text("mlm")), _init(bigger, 1),
+                             DEFAULT_REINIT)
 
 
 def test_export_holds_params_only_and_reloads(tmp_path):
@@ -103,7 +117,7 @@ def test_export_holds_params_only_and_reloads(tmp_path):
   # command's own tests).
   cfg.data.vocab_path = ""
   params = _init(cfg.model, 3)
-  opt_state = optax.adamw(1e-3).init(params)
+  opt_state = jax.jit(optax.adamw(1e-3).init)(params)
   ck = ckpt_lib.Checkpointer(tmp_path / "run" / "checkpoints", save_every=0,
                              async_save=False)
   ck.save(5, {"step": np.int32(5), "params": params, "opt_state": opt_state},
