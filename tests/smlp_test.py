@@ -16,8 +16,9 @@ RULES = [("batch", ("data", "fsdp")), ("expert", "expert"), ("vocab", None),
          ("norm", None), ("length", None)]
 
 
-def _model(**kw):
+def _model(dense_layers=1, **kw):
   cfg = smlp.smlp_config("tiny")
+  cfg.num_dense_layers = dense_layers
   cfg.moe.update(kw)
   return models.build_model(cfg), cfg
 
@@ -51,7 +52,9 @@ def test_configs():
     ("gshard", "partial", True),
 ])
 def test_no_position_reads_a_later_token(router, routing, deterministic):
-  model, cfg = _model(tmoe_router=router, smoe_routing=routing,
+  # The sparse block alone (sMoE, then tMoE: what routes): the dense gMLP
+  # block's causal SGU (tests/gmlp_test.py) would double the compile.
+  model, cfg = _model(0, tmoe_router=router, smoe_routing=routing,
                       capacity_factor=0.75, eval_capacity_factor=0.75)
   n, vocab = cfg.max_len, cfg.vocab_size
   tokens = jax.random.randint(jax.random.key(0), (n,), 0, vocab)
@@ -77,8 +80,8 @@ def test_no_position_reads_a_later_token(router, routing, deterministic):
 
 
 def test_lm_expert_parallel_equals_single_device():
-  model, cfg = _model(tmoe_router="switch", smoe_routing="partial",
-                      capacity_factor=0.75)
+  model, cfg = _model(0, tmoe_router="switch", smoe_routing="partial",
+                      capacity_factor=0.75)   # the sparse block: it is split
   x = jax.random.randint(jax.random.key(3), (8, cfg.max_len), 0,
                          cfg.vocab_size)
   params = model.init(jax.random.key(4), x)["params"]
