@@ -170,9 +170,10 @@ def test_toy_run_end_to_end(shared_data, tmp_path, monkeypatch):
       mlm.SMALL, d_model=32, bert_d_ffn=64, mlp_layers=2, bert_layers=1,
       bert_heads=1, seq_len=32, batch_size=8, steps=4, warmup=1, evals=2,
       eval_batch_size=8))
-  # Two of the three models: aMLP's configuration is gMLP's plus tiny
-  # attention (its matching and sizes: the tests above).
-  monkeypatch.setattr(mlm, "MODELS", ("attention", "gmlp"))
+  # One model: that every model is trained and scored on the same rows is
+  # test_every_model_gets_the_same_held_out_set's, their matching and sizes
+  # the tests above; the models not run keep their rows in the table.
+  monkeypatch.setattr(mlm, "MODELS", ("attention",))
   out = tmp_path / "out"
   monkeypatch.setattr(sys, "argv", [
       "mlm_perplexity.py", "--scale=small", f"--out={out}", "--vocab=t5",
