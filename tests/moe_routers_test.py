@@ -1,4 +1,6 @@
 """Routers against hand-computed examples and NumPy loops."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,22 +40,30 @@ def _np_top_k(logits, k, cap, mask, normalize, priority="choice"):
   return dispatch, combine
 
 
+# The routers as single programs: op by op, each of their operations would
+# be compiled on its own.
+_dense_jit = jax.jit(routers.dense, static_argnums=(1, 2))
+_switch_route = jax.jit(routers.switch_route, static_argnames="capacity")
+_balanced_assignment = jax.jit(
+    routers.balanced_assignment,
+    static_argnames=("epsilon", "max_iters", "scaling"))
+
+
 def _dense(routed, capacity):
   """A router's (routes, aux) as GShard's (dispatch, combine, aux)."""
   routes, aux = routed
-  return (*routers.dense(routes, aux["expert_usage"].shape[-1], capacity),
-          aux)
+  return (*_dense_jit(routes, aux["expert_usage"].shape[-1], capacity), aux)
 
 
 def test_switch_load_balancing_loss_hand_example():
   probs = np.array([[0.7, 0.3], [0.6, 0.4], [0.2, 0.8], [0.9, 0.1]])
   logits = jnp.asarray(np.log(probs), jnp.float32)
-  _, aux = routers.switch_route(logits, capacity=4)
+  _, aux = _switch_route(logits, capacity=4)
   # f = (3/4, 1/4), P = (0.6, 0.4): 2 * (0.75 * 0.6 + 0.25 * 0.4) = 1.1.
   np.testing.assert_allclose(aux["load_balancing_loss"], 1.1, rtol=1e-6)
   # The padding token 3 is not counted: f = (2/3, 1/3), P = (0.5, 0.5).
   mask = jnp.array([True, True, True, False])
-  _, aux = routers.switch_route(logits, capacity=4, mask=mask)
+  _, aux = _switch_route(logits, capacity=4, mask=mask)
   np.testing.assert_allclose(aux["load_balancing_loss"], 1.0, rtol=1e-6)
   # z-loss: logsumexp(log p) = 0 for every token.
   np.testing.assert_allclose(aux["z_loss"], 0.0, atol=1e-6)
@@ -69,10 +79,10 @@ def test_load_balancing_loss_is_differentiable_and_z_loss_formula():
     p = jax.nn.softmax(l)
     return routers.load_balancing_loss(p, jax.nn.one_hot(jnp.argmax(l, -1), 3),
                                        real)
-  g = jax.grad(lb)(logits)
+  g = jax.jit(jax.grad(lb))(logits)
   assert float(jnp.abs(g).sum()) > 0
   z = np.log(np.exp(np.asarray(logits, np.float64)).sum(-1))
-  np.testing.assert_allclose(routers.router_z_loss(logits, real),
+  np.testing.assert_allclose(jax.jit(routers.router_z_loss)(logits, real),
                              np.mean(z ** 2), rtol=1e-5)
 
 
@@ -83,8 +93,8 @@ def test_capacity_and_dropped_fraction_constructed_batch():
   mask = jnp.array([1, 1, 1, 1, 0, 1], bool)
   assert routers.expert_capacity(6, 2, 1.25) == 4
   assert routers.expert_capacity(6, 2, 1.0, k=2) == 6
-  dispatch, combine, aux = _dense(routers.switch_route(logits, capacity=2,
-                                                      mask=mask), 2)
+  dispatch, combine, aux = _dense(_switch_route(logits, capacity=2,
+                                                mask=mask), 2)
   want = np.zeros((6, 2, 2))
   want[0, 0, 0] = want[1, 0, 1] = want[3, 1, 0] = want[5, 1, 1] = 1
   np.testing.assert_array_equal(dispatch, want)        # token 2 dropped
@@ -106,7 +116,7 @@ def test_top_k_route_matches_numpy_loop(k, normalize, priority):
       lambda l, m: routers.top_k_route(
           l, k=k, capacity=cap, mask=m, normalize_gates=normalize,
           priority=priority))(logits, mask)
-  dispatch, combine = routers.dense(routes, e, cap)
+  dispatch, combine = _dense_jit(routes, e, cap)
   want_d, want_c = _np_top_k(logits, k, cap, mask, normalize, priority)
   np.testing.assert_array_equal(dispatch, want_d)
   np.testing.assert_allclose(combine, want_c, rtol=1e-5, atol=1e-7)
@@ -163,7 +173,7 @@ def test_balanced_assignment_scaling_phases_reach_the_same_optimum():
   rows, cols = linear_sum_assignment(-np.repeat(scores, 8, axis=1))
   opt = np.repeat(scores, 8, axis=1)[rows, cols].sum()
   for scaling in (2.0, 8.0, 1e6):
-    got = np.asarray(routers.balanced_assignment(
+    got = np.asarray(_balanced_assignment(
         jnp.asarray(scores), epsilon=1e-4, max_iters=100_000,
         scaling=scaling))
     np.testing.assert_array_equal(np.bincount(got, minlength=6), [8] * 6)
@@ -175,11 +185,11 @@ def test_balanced_assignment_scaling_phases_reach_the_same_optimum():
 def test_balanced_assignment_final_balancing_step():
   # No auction round at all: the balancing step alone must balance exactly.
   scores = jnp.asarray(np.random.RandomState(0).randn(12, 4), jnp.float32)
-  got = np.asarray(routers.balanced_assignment(scores, max_iters=0))
+  got = np.asarray(_balanced_assignment(scores, max_iters=0))
   np.testing.assert_array_equal(got, np.repeat(np.arange(4), 3))
   # One round: the few leftovers are balanced too.
-  got = np.asarray(routers.balanced_assignment(scores + 5 * jnp.eye(4)[0],
-                                               max_iters=1))
+  got = np.asarray(_balanced_assignment(scores + 5 * jnp.eye(4)[0],
+                                        max_iters=1))
   np.testing.assert_array_equal(np.bincount(got, minlength=4), [3] * 4)
 
 
@@ -219,9 +229,10 @@ def test_hash_route_table_and_dispatch():
   ids = np.random.RandomState(0).randint(0, 101, size=11)
   mask = np.ones(11, bool)
   mask[5] = False
-  dispatch, combine, aux = _dense(routers.hash_route(
-      jnp.asarray(ids), table=jnp.asarray(table), num_experts=4, capacity=2,
-      mask=jnp.asarray(mask)), 2)
+  dispatch, combine, aux = _dense(jax.jit(functools.partial(
+      routers.hash_route, num_experts=4, capacity=2))(
+          jnp.asarray(ids), table=jnp.asarray(table),
+          mask=jnp.asarray(mask)), 2)
   want = np.zeros((11, 4, 2))
   count = np.zeros(4, int)
   for t, i in enumerate(ids):
