@@ -1,8 +1,10 @@
 """Start-up of a process: TensorFlow on the host only, distributed flags."""
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -46,10 +48,14 @@ def test_hiding_twice_is_a_no_op(monkeypatch):
   """main.py hides before the config files import TensorFlow and again in
   main(): the second call must not touch TensorFlow's (fixed) devices."""
   monkeypatch.setattr(runtime, "_tensorflow_hidden", True)
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  # A stand-in TensorFlow that records what is asked of it (importing the
+  # real one costs seconds): a call that went on would import it here.
   calls = []
-  monkeypatch.setattr(tf.config, "set_visible_devices",
-                      lambda *a: calls.append(a))
+  tf = types.ModuleType("tensorflow")
+  tf.config = types.SimpleNamespace(
+      set_visible_devices=lambda *a: calls.append(a))
+  tf.get_logger = lambda: calls.append("get_logger") or logging.getLogger()
+  monkeypatch.setitem(sys.modules, "tensorflow", tf)
   runtime.hide_accelerators_from_tensorflow()
   assert calls == []
 
