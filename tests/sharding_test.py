@@ -100,6 +100,14 @@ def _reference(mixer):
   return jax.device_get((params, loss, grads))
 
 
+@functools.lru_cache(maxsize=None)
+def _abstract_params(mixer):
+  """The model's boxed parameters as shapes (traced once per mixer)."""
+  inputs, kwargs = heads.model_inputs(BATCH, "mlm")
+  return jax.eval_shape(
+      lambda k: _model(mixer).init(k, inputs, **kwargs)["params"], KEY)
+
+
 def _grad_fn(mixer, mesh, rules, param_shardings):
   return jax.jit(
       sharding.within(jax.value_and_grad(_loss_fn(_model(mixer))), mesh,
@@ -183,9 +191,7 @@ def test_sharded_loss_and_grads_equal_single_device(mixer, preset):
   sharded initialisation is tested on every mesh below, compiles are slow)."""
   ref_params, ref_loss, ref_grads = _reference(mixer)
   mesh, rules = _mesh(PRESET_MESH[preset]), sharding.get_rules(preset)
-  inputs, kwargs = heads.model_inputs(BATCH, "mlm")
-  abstract = jax.eval_shape(
-      lambda k: _model(mixer).init(k, inputs, **kwargs)["params"], KEY)
+  abstract = _abstract_params(mixer)
   sharding.validate_divisibility(abstract, mesh, rules)
   shardings = sharding.logical_shardings(abstract, mesh, rules)
   params = jax.device_put(ref_params, shardings)
