@@ -253,11 +253,13 @@ def test_smoe_partial_padded_rows_equal_unpadded_rows():
   layer = SparseSpatialMixing(E, L, routing="partial", init_scale=3.0)
   v = jax.random.normal(jax.random.key(1), (3, L, h))
   params = nn.unbox(layer.init(jax.random.key(2), v)["params"])
-  fwd = lambda v, **kw: layer.apply({"params": params}, v, **kw)
+  # Jitted: one program for the padded rows, one per unpadded length (op by
+  # op, each new shape compiles every op again).
+  fwd = jax.jit(lambda v, kw: layer.apply({"params": params}, v, **kw))
   for length in (10, 14, 19):
     seg = (jnp.arange(L) < length).astype(jnp.int32)[None].repeat(3, 0)
-    padded = fwd(v, segment_ids=seg)[:, :length]
-    alone = fwd(v[:, :length])
+    padded = fwd(v, dict(segment_ids=seg))[:, :length]
+    alone = fwd(v[:, :length], {})
     np.testing.assert_allclose(padded, alone, rtol=1e-6, atol=1e-6,
                                err_msg=f"length {length}")
     # ... and the first floor(0.2 n) positions are X1 (f = 1), not 0.2 T.
@@ -288,7 +290,8 @@ def test_smoe_partial_is_causal_by_jacobian(padded):
   kw = {}
   if padded:
     kw = dict(segment_ids=(jnp.arange(n) < 9).astype(jnp.int32)[None])
-  jac = jax.jacfwd(lambda x: layer.apply({"params": params}, x, **kw))(v)
+  jac = jax.jit(jax.jacfwd(lambda x: layer.apply({"params": params}, x,
+                                                  **kw)))(v)
   jac = np.abs(np.asarray(jac)[0, :, :, 0]).max(axis=(1, 3))   # [t, u]
   length = 9 if padded else n
   jac = jac[:length, :length]
