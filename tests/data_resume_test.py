@@ -42,24 +42,58 @@ def _take(pipeline, n):
   return [next(it) for _ in range(n)]
 
 
+KW = dict(batch_size=4, seed=11, repeat=True, shuffle=True)
+
+
+def _read_stream(cfg):
+  """An uninterrupted shuffled stream (``KW``) that the resume tests compare
+  against: ``full``, its first 10 batches (across the first epoch's end on
+  these files); ``states``, ``get_state()`` after 2 and after 7 batches (as
+  JSON, as a checkpoint holds it); ``tf_save``, TF's own eager ``_save`` of
+  the live tf.data iterator after 2 batches; ``epoch_end``, the number of
+  batches of the first epoch."""
+  pipeline = data.build_pipeline(cfg, "train", **KW)
+  it = iter(pipeline)
+  full, states, tf_save, epoch_end = [], {}, None, None
+  while len(full) < 10:
+    if len(full) in (2, 7):
+      states[len(full)] = json.dumps(pipeline.get_state())
+    if len(full) == 2 and pipeline._iterator is not None:  # pylint: disable=protected-access
+      tf_save = pipeline._iterator._save().numpy().decode()  # pylint: disable=protected-access
+    full.append(next(it))
+    if epoch_end is None and pipeline._epoch == 1:  # pylint: disable=protected-access
+      epoch_end = len(full) - 1
+  return {"full": full, "states": states, "tf_save": tf_save,
+          "epoch_end": epoch_end}
+
+
+@pytest.fixture(scope="module")
+def c4_stream(files):
+  """The C4 MLM stream of ``_read_stream``, read once for the module: its
+  tests resume it from the same saved positions (each epoch's tf.data graph
+  is the slow part of these tests; the stream's two are built once)."""
+  return _read_stream(_configs(files)["c4_mlm"])
+
+
+def _state(stream, batch):
+  """A fresh copy of the stream's state after ``batch`` batches."""
+  return json.loads(stream["states"][batch])
+
+
 @pytest.mark.parametrize("task", ["c4_mlm", "glue_mnli", "synthetic_pairs"])
-def test_resume_reproduces_stream(files, task):
+def test_resume_reproduces_stream(files, c4_stream, task):
   cfg = _configs(files)[task]
-  kw = dict(batch_size=4, seed=11, repeat=True, shuffle=True)
-  pipeline = data.build_pipeline(cfg, "train", **kw)
-  uninterrupted = iter(pipeline)
-  full = [next(uninterrupted) for _ in range(7)]
-  state = json.loads(json.dumps(pipeline.get_state()))  # as a checkpoint would
-  full += [next(uninterrupted) for _ in range(3)]
+  stream = c4_stream if task == "c4_mlm" else _read_stream(cfg)
+  full, state = stream["full"], _state(stream, 7)
   assert state["epoch"] >= 1 and state["batch"] < 7  # the cut crosses epochs
-  resumed = data.build_pipeline(cfg, "train", **kw)
+  resumed = data.build_pipeline(cfg, "train", **KW)
   resumed.set_state(state)
   for a, b in zip(full[7:], _take(resumed, 3)):
     assert a.keys() == b.keys()
     for k in a:
       np.testing.assert_array_equal(a[k], b[k], err_msg=f"{task} {k}")
   # Another seed gives another order.
-  other = _take(data.build_pipeline(cfg, "train", **{**kw, "seed": 12}), 1)
+  other = _take(data.build_pipeline(cfg, "train", **{**KW, "seed": 12}), 1)
   assert not np.array_equal(full[0]["targets" if "targets" in other[0]
                                    else "inputs"],
                             other[0]["targets" if "targets" in other[0]
@@ -128,21 +162,17 @@ def test_restarted_eval_pipeline_reuses_its_dataset(files, task):
   _assert_same_batches(list(shuffled.restarted()), once)
 
 
-def test_iterator_state_of_another_graph_resumes_by_skipping(files):
+def test_iterator_state_of_another_graph_resumes_by_skipping(files,
+                                                             c4_stream):
   """A saved tf.data iterator that does not fit this pipeline's graph (e.g.
   saved before a change of tf.data options) falls back to skipping."""
   cfgs = _configs(files)
-  kw = dict(batch_size=4, seed=11, repeat=True, shuffle=True)
-  pipeline = data.build_pipeline(cfgs["c4_mlm"], "train", **kw)
-  it = iter(pipeline)
-  full = [next(it) for _ in range(2)]
-  state = json.loads(json.dumps(pipeline.get_state()))
-  full += [next(it) for _ in range(2)]
-  other = data.build_pipeline(cfgs["glue_mnli"], "train", **kw)
+  full, state = c4_stream["full"][:4], _state(c4_stream, 2)
+  other = data.build_pipeline(cfgs["glue_mnli"], "train", **KW)
   other_it = iter(other)
   next(other_it)
   state["iterator"] = other.get_state()["iterator"]  # another graph's state
-  resumed = data.build_pipeline(cfgs["c4_mlm"], "train", **kw)
+  resumed = data.build_pipeline(cfgs["c4_mlm"], "train", **KW)
   resumed.set_state(state)
   got = _take(resumed, 2)
   assert resumed.batches_replayed == state["batch"] == 2
@@ -151,7 +181,7 @@ def test_iterator_state_of_another_graph_resumes_by_skipping(files):
       np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-def test_iterator_state_is_tf_datas_own_format(files):
+def test_iterator_state_is_tf_datas_own_format(files, c4_stream):
   """The graph-mode save writes TF's own format: a state from TF's eager
   ``OwnedIterator._save`` restores here, and ours restores with TF's eager
   ``_restore``; both continue the stream exactly (checkpoints written before
@@ -159,25 +189,20 @@ def test_iterator_state_is_tf_datas_own_format(files):
   its background prefetch held, so the stream is compared, not the bytes."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   cfg = _configs(files)["c4_mlm"]
-  kw = dict(batch_size=4, seed=11, repeat=True, shuffle=True)
-  pipeline = data.build_pipeline(cfg, "train", **kw)
-  it = iter(pipeline)
-  full = [next(it) for _ in range(2)]
-  ours = pipeline.get_state()
-  tfs = pipeline._iterator._save().numpy().decode()  # pylint: disable=protected-access
+  full = c4_stream["full"]
+  ours, tfs = _state(c4_stream, 2), c4_stream["tf_save"]
   # Several slices (the join and split of the format are exercised); how
   # many depends on what the buffers held at the save (10 on a busy machine).
   assert len(ours["iterator"].split(",")) > 1
-  full += [next(it) for _ in range(2)]
-  resumed = data.build_pipeline(cfg, "train", **kw)
+  resumed = data.build_pipeline(cfg, "train", **KW)
   resumed.set_state({**ours, "iterator": tfs})
-  _assert_same_batches(_take(resumed, 2), full[2:])
+  _assert_same_batches(_take(resumed, 2), full[2:4])
   assert resumed.batches_replayed == 0
-  fresh = data.build_pipeline(cfg, "train", **kw)
+  fresh = data.build_pipeline(cfg, "train", **KW)
   tf_iterator = iter(fresh._make_epoch(ours["epoch"]))  # pylint: disable=protected-access
   tf_iterator._restore(tf.constant(ours["iterator"]))  # pylint: disable=protected-access
   rest_of_epoch = [{k: v.numpy() for k, v in b.items()} for b in tf_iterator]
-  full += [next(it) for _ in range(len(rest_of_epoch))]
+  assert len(rest_of_epoch) == c4_stream["epoch_end"] - 2
   _assert_same_batches(rest_of_epoch, full[2:2 + len(rest_of_epoch)])
 
 
@@ -186,10 +211,9 @@ def test_position_restores_under_another_threadpool_size(files):
   pool size restores the tf.data iterator (no replay) under another, and the
   stream continues exactly."""
   cfg = _configs(files)["c4_mlm"]
-  kw = dict(batch_size=4, seed=11, repeat=True, shuffle=True)
   saved_cfg = cfg.copy_and_resolve_references()
   saved_cfg.threadpool_size = 3
-  pipeline = data.build_pipeline(saved_cfg, "train", **kw)
+  pipeline = data.build_pipeline(saved_cfg, "train", **KW)
   it = iter(pipeline)
   full = [next(it) for _ in range(2)]
   state = json.loads(json.dumps(pipeline.get_state()))
@@ -197,7 +221,7 @@ def test_position_restores_under_another_threadpool_size(files):
   assert "iterator" in state
   resumed_cfg = cfg.copy_and_resolve_references()
   resumed_cfg.threadpool_size = 0      # the default: another size here
-  resumed = data.build_pipeline(resumed_cfg, "train", **kw)
+  resumed = data.build_pipeline(resumed_cfg, "train", **KW)
   resumed.set_state(state)
   got = _take(resumed, 3)
   assert resumed.batches_replayed == 0   # restored, not skipped
