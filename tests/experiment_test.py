@@ -1,6 +1,7 @@
 """The experiment harness and the GLUE experiments' own arithmetic."""
 import argparse
 import contextlib
+import functools
 import io
 import itertools
 import json
@@ -479,6 +480,16 @@ class TuningCostTest(absltest.TestCase):
                      {"hypermixer": [], "attention": []})
 
 
+@pytest.fixture
+def few_resamples(monkeypatch):
+  """The reports' bootstrap intervals from 100 resamples, not 2,000: the
+  tests using this check what runs and what is recorded, not the intervals
+  (``TuningCostTest`` checks ``gap_interval`` itself)."""
+  monkeypatch.setattr(tuning, "gap_interval", functools.partial(
+      tuning.gap_interval, samples=100))
+
+
+@pytest.mark.usefixtures("few_resamples")
 def test_tuning_cost_models_split_between_processes(shared_data, tmp_path,
                                                     monkeypatch):
   # One process per model trains each trial once; once the search is
@@ -546,6 +557,7 @@ def test_tuning_cost_models_split_between_processes(shared_data, tmp_path,
     main("--models=gmlp")
 
 
+@pytest.mark.usefixtures("few_resamples")
 def test_tuning_cost_carved_chooses_nothing_on_dev(shared_data, tmp_path,
                                                    monkeypatch):
   # --carve: every trial trains on the carved train phrases and is scored
