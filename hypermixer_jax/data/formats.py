@@ -52,8 +52,8 @@ def numbered_lines(path: tf.Tensor) -> tf.data.Dataset:
   """(line number from 1, checked line) of one file, parsed in this file's
   own chain (WikiText articles, TSV headers)."""
   lines = tf.data.TextLineDataset(path).enumerate(start=1)
-  return lines.map(lambda number, line: (number, check_line(path, number,
-                                                             line)),
+  return lines.map(tf.autograph.experimental.do_not_convert(
+      lambda number, line: (number, check_line(path, number, line))),
                    num_parallel_calls=tf.data.AUTOTUNE)
 
 

@@ -34,6 +34,9 @@ def split_into_chunks(ds: tf.data.Dataset, sequence_length: Mapping[str, int],
   """
   length = sequence_length[key]
 
+  # Plain graph code: no autograph conversion at each pipeline build (as for
+  # every function this module maps).
+  @tf.autograph.experimental.do_not_convert
   def chunk(ex):
     tokens = ex[key]
     starts = tf.range(0, tf.size(tokens), length)
@@ -83,6 +86,7 @@ def bert_mask(ex: Mapping[str, tf.Tensor], seed: tf.Tensor, *,
 def mask_tokens(ds: tf.data.Dataset, **kwargs) -> tf.data.Dataset:
   """``bert_mask`` over a dataset, one stateless seed per example (seqio)."""
   @seqio.map_over_dataset(num_seeds=1)
+  @tf.autograph.experimental.do_not_convert
   def fn(ex, seed):
     return bert_mask(ex, seed, **kwargs)
   return fn(ds)
@@ -112,6 +116,7 @@ def encode_pair(ds: tf.data.Dataset, sequence_length: Mapping[str, int],
   length = sequence_length["inputs"]
   pair = len(keys) == 2
 
+  @tf.autograph.experimental.do_not_convert
   def fn(ex):
     a = tf.cast(vocab.encode_tf(ex[keys[0]]), tf.int32)
     cls = tf.constant([cls_id], tf.int32)

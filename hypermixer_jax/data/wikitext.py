@@ -45,12 +45,13 @@ def open_wikitext(path, fields):
   The row's line number is that of the article's first line.
   """
   del fields
-  lines = numbered_lines(path).map(
-      lambda number, line: (number, line, tf.constant(False)))
+  lines = numbered_lines(path).map(tf.autograph.experimental.do_not_convert(
+      lambda number, line: (number, line, tf.constant(False))))
   # A sentinel title after the last line flushes the last article.
   end = tf.data.Dataset.from_tensors(
       (tf.constant(0, tf.int64), tf.constant(""), tf.constant(True)))
 
+  @tf.autograph.experimental.do_not_convert
   def step(state, element):
     text, first = state
     number, line, is_end = element
@@ -74,8 +75,8 @@ def open_wikitext(path, fields):
 
   articles = lines.concatenate(end).scan(
       (tf.constant(""), tf.constant(0, tf.int64)), step)
-  articles = articles.filter(lambda number, text, emit: emit).map(
-      lambda number, text, emit: (number, text))
+  articles = articles.filter(tf.autograph.experimental.do_not_convert(lambda number, text, emit: emit)).map(
+      tf.autograph.experimental.do_not_convert(lambda number, text, emit: (number, text)))
   return raw_lines({"path": path}, articles)
 
 
