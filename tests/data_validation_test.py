@@ -50,6 +50,10 @@ def _raised(error, fn, match=None) -> BaseException:
     fn()
   err = caught.value.with_traceback(None)
   del caught
+  if isinstance(err, data.DataError):
+    # The pipeline raises it without tf.data's error as its context, whose
+    # traceback would keep the failed iterator alive in any caller.
+    assert err.__context__ is None, repr(err.__context__)
   return err
 
 

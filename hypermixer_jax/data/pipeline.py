@@ -105,8 +105,14 @@ class Pipeline:
         except StopIteration:
           return
         except tf.errors.OpError as e:
-          raise seqio_pipeline.translate(e, self._identity) from None
-        yield {k: v.numpy() for k, v in element.items()}
+          error = seqio_pipeline.translate(e, self._identity)
+        else:
+          yield {k: v.numpy() for k, v in element.items()}
+          continue
+        # Raised outside the handler: the error does not carry tf.data's
+        # (as its context), whose traceback would keep the failed iterator
+        # and its threads alive for as long as the error is kept.
+        raise error
     finally:
       self._iterator = None
 
