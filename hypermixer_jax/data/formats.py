@@ -118,6 +118,9 @@ def json_unescape(raw: tf.Tensor) -> tf.Tensor:
   return tf.tensor_scatter_nd_update(out, rows, general)
 
 
+# Traced once per process (a fixed signature), not again in every pipeline
+# build that parses JSON lines.
+@tf.function(input_signature=[tf.TensorSpec([], tf.string)], autograph=False)
 def _json_unescape_general(raw: tf.Tensor) -> tf.Tensor:
   """``json_unescape`` for any body, vectorised over code points.
 
