@@ -148,10 +148,8 @@ import resource
 from hypermixer_jax import runtime
 print(runtime.retain_host_memory())
 import jax, jax.numpy as jnp
-# x + 1 is the temporary (an elementwise op the einsum cannot take in; a
-# cheap one: the calls' time is the faults, not a transcendental's).
-f = jax.jit(lambda x, v: jnp.einsum("bij,bjk->bik", x + 1, v).sum())
-x, v = jnp.ones((64, 512, 512)), jnp.ones((64, 512, 1))
+f = jax.jit(lambda x, v: jnp.einsum("bij,bjk->bik", jnp.sin(x), v).sum())
+x, v = jnp.ones((64, 512, 512)), jnp.ones((64, 512, 1))   # temporary: sin(x)
 print(f.lower(x, v).compile().memory_analysis().temp_size_in_bytes)
 faults = []
 for _ in range(40):
