@@ -135,7 +135,8 @@ def decode_guarded(group: dict[str, tf.Tensor], image_fn, size: int
   """
   n = tf.shape(group["source"], out_type=tf.int64)[0]
   decoded = (tf.data.Dataset.from_tensor_slices(group).enumerate()
-             .map(tf.autograph.experimental.do_not_convert(lambda i, ex: (i, image_fn(ex))))
+             .map(tf.autograph.experimental.do_not_convert(
+                 lambda i, ex: (i, image_fn(ex))))
              .ignore_errors()
              .batch(DECODE_GROUP * 4))
   empty = tf.data.Dataset.from_tensors((tf.zeros([0], tf.int64),

@@ -75,8 +75,9 @@ def open_wikitext(path, fields):
 
   articles = lines.concatenate(end).scan(
       (tf.constant(""), tf.constant(0, tf.int64)), step)
-  articles = articles.filter(tf.autograph.experimental.do_not_convert(lambda number, text, emit: emit)).map(
-      tf.autograph.experimental.do_not_convert(lambda number, text, emit: (number, text)))
+  plain = tf.autograph.experimental.do_not_convert
+  articles = articles.filter(plain(lambda number, text, emit: emit)).map(
+      plain(lambda number, text, emit: (number, text)))
   return raw_lines({"path": path}, articles)
 
 
