@@ -397,7 +397,7 @@ SYN_PAPER = "synthetic_data_efficiency_paper"
 SYN_PAPER_REGIME = ("{:,} training sequences, the paper's 5,000 steps x 64; "
                     + _untuned(3e-3, "100 steps").replace("{", "{{"))
 SYN_PAPER_SCALE = ("the paper's setting, but untuned: the tuned runs at 1,500 "
-                   "steps chose the grid's largest lr for both")
+                   "steps chose other rates, which differ by size and model")
 
 
 def _ran_on(data: dict[str, Any], regime: str, *arms: Arm) -> str:
