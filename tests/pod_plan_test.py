@@ -1,5 +1,7 @@
 """The pod plan (experiment.pods, experiments/pod_plan.py): the grid's
 bookkeeping (no compiles)."""
+import json
+import pathlib
 import sys
 
 import pytest
@@ -242,3 +244,15 @@ def test_suggested_batch_where_fixed_traffic_holds_mfu_down():
   assert best == 256 and now == pytest.approx(ceiling)
   assert tc.batch_advice(wide).startswith("not the batch (16 examples per "
                                           "chip)")
+
+
+def test_committed_pages_are_what_the_record_generates():
+  """recommended.md and hosts.md beside the pod plan's record are its report
+  code's output over the committed results.json, never edited by hand."""
+  folder = pathlib.Path(__file__).resolve().parent.parent / (
+      "experiments/results/pod_plan")
+  runs = json.loads((folder / "results.json").read_text())["runs"]
+  assert (folder / "recommended.md").read_text().rstrip("\n") == (
+      pods.RECOMMEND_HEAD + pods.recommend_table(runs)).rstrip("\n")
+  assert (folder / "hosts.md").read_text().rstrip("\n") == pods.host_table(
+      runs, pods.PIPELINE_RATES).rstrip("\n")

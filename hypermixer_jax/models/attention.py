@@ -385,8 +385,8 @@ def auto_chunk_size(n: int, dh: int, dv: int, causal: bool,
   same forward and backward). So one chunk while N < C + m Dh Dv / (Dh + Dv)
   (Dh = Dv = 64, C = 64: N < 192 non-causal, N < 128 causal). A smaller C
   needs fewer multiply-adds but runs smaller matmuls; on a CPU core C = 64
-  was the fastest of 32 / 64 / 128 / 256 at N = 512 (experiments/results/
-  glue_from_scratch/README.md).
+  was the fastest of 32 / 64 / 128 / 256 at N = 512 in a one-off sweep (not
+  recorded: a default to measure again on other hardware).
   """
   m = 2 if causal else 4
   return n if n < chunk + m * dh * dv / (dh + dv) else chunk
