@@ -79,8 +79,8 @@ def default_data_config() -> ml_collections.ConfigDict:
     threadpool_size: threads of the tf.data pipelines' private thread pool;
       0 = ``default_threadpool_size()`` (the host's cores, at least 8).
       Only speed depends on it: a checkpointed position restores under
-      another size (docs/performance.md, Input pipelines, for the
-      measurement behind the default).
+      another size (docs/performance.md, Input pipelines, has the command
+      that measures pipelines).
     mlm: BERT masking rates (selection, [MASK], random token).
     image_size, patch_size: resolution and square patch side for ImageNet.
     min_crop_area: smallest area fraction of the random resized crop.

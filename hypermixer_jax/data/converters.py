@@ -38,7 +38,8 @@ class _Converter(seqio.FeatureConverter):
   task's last step already trims every feature to its task length, and the
   padding or packing gives every output feature its model length as a
   static shape, so the per-row checks only cost time (SST-2: ~20 of ~120
-  CPU-us per example, docs/performance.md, Input pipelines). The static
+  CPU-us per example in a one-off run, docs/performance.md, Input pipelines).
+  The static
   shapes of the converted dataset are checked instead; a converter built
   with ``apply_length_check=True`` keeps seqio's per-row checks as well.
   """

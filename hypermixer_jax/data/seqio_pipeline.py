@@ -43,7 +43,7 @@ def translate(error: tf.errors.OpError, identity: dict) -> Exception:
 # restore with the other. TF's versions run one eager op per slice: with the
 # default 10k-example shuffle buffer (~10k slices) a save took 3.4 s and
 # blocked the training loop at every checkpoint; these run as one graph
-# (0.2 s, docs/performance.md, Input pipelines).
+# (0.2 s; one-off runs, docs/performance.md, Input pipelines).
 @tf.function(reduce_retracing=True, autograph=False)
 def save_iterator(resource: tf.Tensor, policy: int) -> tf.Tensor:
   state = tf.raw_ops.SerializeIterator(resource_handle=resource,
@@ -127,7 +127,7 @@ def epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
   # after a map runs inside it, and the remaining filters (blank lines,
   # empty documents) run in parallel instead of on the consumer's thread.
   # Deterministic order is kept. On the SST-2 pipeline this halved the
-  # CPU time per example (docs/performance.md, Input pipelines).
+  # CPU time per example (a one-off run; docs/performance.md, Input pipelines).
   opt = options.experimental_optimization
   opt.map_fusion = True
   opt.map_and_filter_fusion = True

@@ -97,8 +97,8 @@ class LocalReader:
   reader reads one file whole (``parse(lines(path))``).
 
   With a parallel map per line inside each file's chain, SST-2 read as 8
-  shards cost 1.45x the CPU per example of the same rows in one file
-  (docs/performance.md, Input pipelines).
+  shards cost 1.45x the CPU per example of the same rows in one file (a
+  one-off measurement; docs/performance.md, Input pipelines, has the command).
   """
 
   def __init__(self, open_fn, to_features, drop_blank: bool, per_row=None):
@@ -280,7 +280,8 @@ class _LocalFileSource(seqio.FileDataSource):
   On a local disk the interleave runs on the consumer's thread (reading lines
   costs little next to parsing them); a thread per file only added hand-offs
   (SST-2 as 8 shards on 2 cores: 7.4k examples/s with a parallel interleave,
-  8.9-11k without; docs/performance.md, Input pipelines). Remote files
+  8.9-11k without, in one-off runs; docs/performance.md, Input pipelines).
+  Remote files
   (``gs://`` ...) keep seqio's parallel interleave, which hides their read
   latency.
   """

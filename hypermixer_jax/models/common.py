@@ -271,8 +271,9 @@ def erf_gelu(x: Array) -> Array:
   Same function as ``jax.nn.gelu(x, approximate=False)``, which computes
   ``0.5 x erfc(-x / sqrt 2)``: erfc costs an exp plus two polynomials and a
   select per element on XLA's CPU backend, erf one polynomial, which made the
-  GELUs ~7% of a GLUE-size HyperMixer train step (profile in
-  docs/performance.md, Train-step efficiency). The two differ by at most
+  GELUs ~7% of a GLUE-size HyperMixer train step (a one-off profile on one
+  CPU core; docs/performance.md, Train-step efficiency, says how to profile).
+  The two differ by at most
   ~1e-6 in absolute value (float32 roundings of the same function; in the
   negative tail, where 1 + erf cancels, the erf form keeps that absolute
   accuracy but not a relative one: |GELU(x)| < 0.02 for x < -2). The

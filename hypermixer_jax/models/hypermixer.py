@@ -90,8 +90,8 @@ def hyper_mlp(x: Array, k1: Array, b1: Array | None, k2: Array,
   ``common.gelu``) and computes the weight gradients as 2-D products over
   the flattened tokens (``_weight_grad``). Autodiff's version made XLA:CPU
   write transposed copies of the token-major activations and store
-  GELU's intermediate values (docs/performance.md, HyperMixing against the
-  official code).
+  GELU's intermediate values (docs/performance.md, Attention and HyperMixing
+  against PyTorch, and its record experiments/results/hypermixing_official).
   """
   return _hyper_mlp_fwd(x, k1, b1, k2, b2)[0]
 
@@ -463,20 +463,22 @@ class HyperMixing(nn.Module):
       order aside). On a CPU the chunks' working sets stay in cache, which
       made the forward 1.3-1.4x faster from 4k tokens per call, but its
       backward pass is slower than the one-pass form's (fwd+bwd x1.16 at
-      8 x 2048), so the default uses it only for deterministic calls
-      (evaluation, prediction), not for training (docs/performance.md,
-      HyperMixing forward). None: that default (1024 tokens when traced for
-      CPU, ``common.target_platform``; one pass elsewhere); 0: always one
-      pass; > 0: always chunked.
+      8 x 2048; one-off runs on one CPU core, docs/performance.md,
+      HyperMixing forward, has the command), so the default uses it only
+      for deterministic calls (evaluation, prediction), not for training.
+      None: that default (1024 tokens when traced for CPU,
+      ``common.target_platform``; one pass elsewhere); 0: always one pass;
+      > 0: always chunked.
     cpu_path: forms tuned for XLA:CPU's gradient step: the (shared-weight)
       hypernetworks through ``hyper_mlp`` (its own backward pass) instead of
       autodiff of two Dense layers, and in the one-pass mixing with one head
       and one slot the TM-MLP as ``single_head_token_mixing``. Same
       parameters, function and gradients (float32 rounding aside); together
       they made the gradient step 1.3-1.8x faster on one core at B = 8,
-      d = 256, d' = 512 (docs/performance.md, HyperMixing against the
-      official code). The forward compiles as before. None: on CPU
-      (``common.target_platform``), the generic forms elsewhere.
+      d = 256, d' = 512 (one-off runs; docs/performance.md, Attention and
+      HyperMixing against PyTorch, has the command). The forward compiles as
+      before. None: on CPU (``common.target_platform``), the generic forms
+      elsewhere.
   """
   hyper_dim: int
   num_heads: int = 1
