@@ -1,5 +1,7 @@
 """experiment.nli (nli_splits.py): the fixed 80/20 cut of a dev file."""
+import concurrent.futures
 import pathlib
+import threading
 
 import pytest
 
@@ -43,6 +45,27 @@ def test_jsonl_cut_has_no_header_and_keeps_written_files(tmp_path):
   before = pathlib.Path(a["train"]).stat().st_mtime_ns
   assert nli.split_file(src, tmp_path, "snli")["sha256"] == a["sha256"]
   assert pathlib.Path(a["train"]).stat().st_mtime_ns == before
+
+
+def test_writers_sharing_one_out_do_not_collide(tmp_path):
+  # Two processes of one study (--order=reverse) may cut the same split at
+  # once; a shared temporary name made one of them fail on its rename.
+  rows = [f'{{"premise": "p{i}", "hypothesis": "h{i}", "label": "neutral"}}'
+          for i in range(2000)]
+  src = _write(tmp_path / "dev.jsonl", rows)
+  for trial in range(5):
+    out = tmp_path / f"out{trial}"
+    start = threading.Barrier(8)
+
+    def cut(out=out, start=start):
+      start.wait()
+      return nli.split_file(src, out, "snli")["sha256"]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+      digests = list(pool.map(lambda _: cut(), range(8)))
+    assert all(d == digests[0] for d in digests)
+    assert sorted(q.name for q in (out / "splits").iterdir()) == [
+        "snli_test_by_premise.jsonl", "snli_train_by_premise.jsonl"]
 
 
 def test_pairs_of_one_premise_stay_on_one_side(tmp_path):

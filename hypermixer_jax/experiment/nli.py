@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import pathlib
+import tempfile
 
 import numpy as np
 
@@ -75,10 +77,13 @@ def split_file(source: str, out: pathlib.Path, task: str) -> dict:
   for part, path in paths.items():
     if not path.exists():
       path.parent.mkdir(parents=True, exist_ok=True)
-      tmp = path.with_name(path.name + ".tmp")
-      tmp.write_text("\n".join(header + [lines[i] for i in parts[part]])
-                     + "\n", encoding="utf-8")
-      tmp.replace(path)
+      # A temporary name of its own per writer: processes sharing one
+      # ``--out`` may write the same split at once (the contents are equal).
+      with tempfile.NamedTemporaryFile(
+          "w", encoding="utf-8", dir=path.parent, prefix=path.name,
+          suffix=".tmp", delete=False) as f:
+        f.write("\n".join(header + [lines[i] for i in parts[part]]) + "\n")
+      os.replace(f.name, path)
   return {"train": str(paths["train"]), "test": str(paths["test"]),
           "rows": {p: len(parts[p]) for p in parts}, "grouped_by": field,
           "groups": {"test": len(test_groups),

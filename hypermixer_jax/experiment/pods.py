@@ -252,9 +252,10 @@ def open_results(out: str) -> experiment.Experiment:
       data = json.load(f)
     if "runs" not in data:
       os.makedirs(out, exist_ok=True)
-      with open(path + ".tmp", "w", encoding="utf-8") as f:
+      tmp = f"{path}.{os.getpid()}.tmp"
+      with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"runs": data}, f, indent=1)
-      os.replace(path + ".tmp", path)
+      os.replace(tmp, path)
   return experiment.Experiment(out)
 
 
