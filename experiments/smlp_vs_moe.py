@@ -101,6 +101,37 @@ def _flags():
   return args, names
 
 
+def write_dispatch_table(exp, s, regime, config) -> None:
+  """``table_dispatch.md``: the main models' FLOP matching under the
+  study's einsum dispatch and under the layers' default, index (its fits
+  recorded under ``{regime}/flops_index/``)."""
+  def index_config(name, depth, seed=0):
+    c = config(name, depth, seed)
+    c.model.moe.dispatch = "index"
+    return c
+
+  def fits(dispatch, prefix, cfg):
+    def fit_of(name):
+      dense = name in sparse_lm.DENSE
+      return sparse_lm.recorded_fit(
+          exp, f"{regime}/{prefix}/{name}", lambda: sparse_lm.fit_block_flops(
+              lambda d: sparse_lm.train_step_flops(cfg(
+                  name, (d[0], 0) if dense else d))), dispatch)
+    return sparse_lm.matched_plan(s, list(sparse_lm.MODELS), cfg, fit_of)
+  plans = {"einsum": fits("einsum", "flops", config),
+           "index": fits("index", "flops_index", index_config)}
+  exp.write_table(
+      "FLOPs matched by depth under each dispatch", sparse_lm.dispatch_table(
+          plans), "Each model's blocks (N1 dense + N2 sparse) chosen so "
+      "that their FLOPs per token (XLA's count of the compiled train step) "
+      "are closest to sMLP's, counted with the study's dispatch (GShard's "
+      "one-hot einsums, which every run here trained with) and with the "
+      "layers' default (gathers and scatters, the same outputs, ~0 FLOPs "
+      "counted). The einsums' count grows with a routing group's tokens x "
+      "experts x slots, so it weighs on the MoE models' sparse blocks, "
+      "and on sMLP's own.", name="table_dispatch")
+
+
 def main() -> None:
   args, names = _flags()
   exp = experiment.Experiment(args.out, args)
@@ -118,10 +149,13 @@ def main() -> None:
   # FLOP matching (recorded, so a restart does not recompile).
   def fit_of(name):
     dense = name in sparse_lm.DENSE
-    return exp.run(f"{regime}/flops/{name}", lambda: sparse_lm.fit_block_flops(
-        lambda d: sparse_lm.train_step_flops(config(
-            name, (d[0], 0) if dense else d))))
+    return sparse_lm.recorded_fit(
+        exp, f"{regime}/flops/{name}", lambda: sparse_lm.fit_block_flops(
+            lambda d: sparse_lm.train_step_flops(config(
+                name, (d[0], 0) if dense else d))))
   plan = sparse_lm.record_plan(exp, s, names, config, fit_of)
+  if regime == "small8k":
+    write_dispatch_table(exp, s, regime, config)
   if args.plan_only:
     return
   ref = sparse_lm.REFERENCE

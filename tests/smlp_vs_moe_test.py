@@ -1,12 +1,15 @@
 """experiments/smlp_vs_moe.py's study (experiment.sparse_lm): configs, FLOP
 matching, summaries, table rows."""
+import argparse
 import itertools
+import json
 import math
 import pathlib
 
 import pytest
 
 
+from hypermixer_jax import experiment
 from hypermixer_jax import models
 from hypermixer_jax.experiment import sparse_lm
 from hypermixer_jax.train import loop
@@ -83,6 +86,63 @@ def test_ablations_change_only_their_moe_fields(shared):
     assert c.model.moe.to_dict() == {**ref.model.moe.to_dict(), **moe}
     c.model.moe = ref.model.moe
     assert c.to_dict() == ref.to_dict()
+
+
+RECORD = (pathlib.Path(__file__).resolve().parent.parent
+          / "experiments/results/smlp_vs_moe/results.json")
+
+
+def test_recorded_flop_fits_are_what_the_study_runs_today(shared):
+  # Every model runs the einsum dispatch, whose FLOPs the recorded fits
+  # count: a fit measured again now on the study's config gives the
+  # recorded one (the index dispatch's fit does not, and its matched depths
+  # differ). GShard: top-2, the largest dispatch of the tMoEs; its sparse
+  # block and the base suffice (the dense block is a Transformer block's).
+  record = json.loads(RECORD.read_text(encoding="utf-8"))
+  vocab = dict(record["vocab"], path=str(shared / "unused.model"))
+  for name in sparse_lm.MODELS:
+    c = sparse_lm.run_config(name, "small", (1, 1) if name not in
+                             sparse_lm.DENSE else (1, 0), shared, vocab=vocab)
+    assert c.model.moe.dispatch == sparse_lm.DISPATCH == "einsum"
+  fit = record["runs"]["small8k/flops/gshard"]
+  assert sparse_lm.recorded_dispatch(fit) == "einsum"
+
+  def measure(depth, dispatch):
+    c = sparse_lm.run_config("gshard", "small", depth, shared, vocab=vocab)
+    c.model.moe.dispatch = dispatch
+    return sparse_lm.train_step_flops(c)
+  base = measure((0, 0), "einsum")
+  sparse = measure((0, 1), "einsum") - base
+  assert base == pytest.approx(fit["base"], rel=1e-3)
+  assert sparse == pytest.approx(fit["sparse"], rel=1e-2)
+  assert measure((0, 1), "index") - base < 0.95 * fit["sparse"]
+
+
+def test_records_of_another_dispatch_or_fit_are_refused(tmp_path):
+  exp = experiment.Experiment(tmp_path, argparse.Namespace(a=1))
+  # A fit recorded before the layers had the choice ran the einsums.
+  exp.runs["f/old"] = {"base": 1.0, "dense": 2.0, "sparse": 3.0}
+  exp.runs["f/index"] = {"base": 1.0, "dense": 2.0, "sparse": 2.0,
+                         "dispatch": "index"}
+  exp.save()
+  measured = []
+
+  def measure():
+    measured.append(1)
+    return {"base": 1.0, "dense": 2.0, "sparse": 4.0}
+  assert sparse_lm.recorded_fit(exp, "f/old", measure)["sparse"] == 3.0
+  assert not measured
+  got = sparse_lm.recorded_fit(exp, "f/index", measure)
+  assert got["sparse"] == 4.0 and got["dispatch"] == "einsum"
+  assert "ran dispatch='index'" in (
+      exp.data["superseded"]["f/index"]["superseded_because"])
+  # A run whose own FLOPs/token are not its plan's is not tabulated.
+  plan = {"depth": (1, 2), "flops": 1.0e7}
+  sparse_lm.check_flops("switch", plan, {"flops_per_token": 1.005e7})
+  with pytest.raises(ValueError, match=r"switch: a recorded run measured "
+                     r"10,500,000 FLOPs/token, its FLOP fit predicts "
+                     r"10,000,000 at depth \(1, 2\)"):
+    sparse_lm.check_flops("switch", plan, {"flops_per_token": 1.05e7})
 
 
 def test_paper_scale_is_the_papers_setting(shared):
@@ -168,10 +228,13 @@ def test_run_summary_and_table_rows():
           "hash": [{**r, "perplexity": 305.0}, {**r2, "perplexity": 306.0},
                    {**r3, "perplexity": 307.0}]}
   plan = {"smlp_deterministic": dict(depth=(2, 2), layer_flops=2e6,
-                                     params=2.5e6),
-          "switch": dict(depth=(1, 2), layer_flops=1.8e6, params=2.4e6),
-          "hash": dict(depth=(1, 2), layer_flops=1.8e6, params=2.4e6),
-          "gmlp": dict(depth=(6, 0), layer_flops=2.1e6, params=2.3e6)}
+                                     flops=3e6, params=2.5e6),
+          "switch": dict(depth=(1, 2), layer_flops=1.8e6, flops=3e6,
+                         params=2.4e6),
+          "hash": dict(depth=(1, 2), layer_flops=1.8e6, flops=3e6,
+                       params=2.4e6),
+          "gmlp": dict(depth=(6, 0), layer_flops=2.1e6, flops=3.1e6,
+                       params=2.3e6)}
   rows = sparse_lm.table_rows(
       ["smlp_deterministic", "switch", "hash", "gmlp"],
       {n: sparse_lm.MODELS[n][0] for n in sparse_lm.MODELS}, runs, plan,

@@ -268,8 +268,10 @@ def _mlm_tuned_regime(models: Sequence[str]
 MOE = "small8k/s1000/runs/{}/seed=*"
 MOE_BIGRAM = ("bigram", ("baselines", "small8k", "all", "bigram"))
 MOE_REGIME = ("C4 sample train (8k vocabulary), WikiText-2 valid, 1,000 "
-              "steps x 16 x 128 (2.0M tokens), ~3M params, 4 experts; "
-              + _untuned(sparse_lm.SCALES["small"]["lr"],
+              "steps x 16 x 128 (2.0M tokens), ~3M params, 4 experts, "
+              "depths matched on FLOPs that count the MoE dispatch's one-hot "
+              "einsums (on the arithmetic alone four depths move by one "
+              "block); " + _untuned(sparse_lm.SCALES["small"]["lr"],
                          f"{sparse_lm.SMALL_VOCAB['warmup']} steps"))
 MOE_SCALE = ("the paper's 64-expert models on 100B tokens; routing "
              "balance and capacity matter more with many experts")

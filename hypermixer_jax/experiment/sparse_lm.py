@@ -65,6 +65,58 @@ SCALES = {
 # the budget that takes the models below 0.6 x the unigram perplexity.
 SMALL_VOCAB = dict(d_model=128, d_ffn=512, num_heads=2, smlp_depth=(3, 3),
                    batch_size=16, steps=1000, warmup=50, evals=5)
+# How the MoE layers move tokens (tMoE) and columns (partial sMoE) to their
+# experts in this study: GShard's one-hot dispatch and combine einsums, whose
+# FLOPs XLA counts, so the FLOP matching counts them too. Every run and FLOP
+# fit recorded here ran them (records from before the layers had the choice
+# hold no ``dispatch`` field: ``recorded_dispatch``). The layers' default,
+# 'index' (gathers, ~0 FLOPs), computes the same outputs; matched on its
+# counts, four depths differ (the results page lists them).
+DISPATCH = "einsum"
+# A run's measured train-step FLOPs/token against its plan's fit: beyond this
+# relative difference one of them was made by other code.
+FLOPS_TOLERANCE = 0.01
+
+
+def recorded_dispatch(record: Mapping[str, Any]) -> str:
+  """The dispatch a recorded run or FLOP fit ran (the einsums where the
+  record predates the field)."""
+  return record.get("dispatch", "einsum")
+
+
+def retire_other_dispatch(exp: experiment.Experiment, key: str,
+                          dispatch: str = DISPATCH) -> None:
+  """Retires ``key``'s record when it ran another dispatch than
+  ``dispatch`` (its FLOPs, and so the depths matched on them, differ)."""
+  exp.reload()
+  record = exp.runs.get(key)
+  if record is not None and recorded_dispatch(record) != dispatch:
+    exp.supersede(key, f"ran dispatch={recorded_dispatch(record)!r}, "
+                  f"expected dispatch={dispatch!r}")
+
+
+def recorded_fit(exp: experiment.Experiment, key: str,
+                 measure: Callable[[], dict[str, float]],
+                 dispatch: str = DISPATCH) -> dict[str, Any]:
+  """A FLOP fit recorded under ``key`` (``measure()`` where none is, or
+  where the recorded one counted another dispatch than ``dispatch``, the
+  one ``measure`` runs)."""
+  retire_other_dispatch(exp, key, dispatch)
+  return exp.run(key, lambda: {**measure(), "dispatch": dispatch})
+
+
+def check_flops(name: str, plan_entry: Mapping[str, Any],
+                run: Mapping[str, Any]) -> None:
+  """Refuses a run whose own train-step FLOPs/token (``run_summary``)
+  differ from its plan's fit by more than ``FLOPS_TOLERANCE``: the two were
+  counted on different code, so the run's depth is not the matched one."""
+  got, want = run["flops_per_token"], plan_entry["flops"]
+  if abs(got / want - 1) > FLOPS_TOLERANCE:
+    raise ValueError(
+        f"{name}: a recorded run measured {got:,.0f} FLOPs/token, its FLOP "
+        f"fit predicts {want:,.0f} at depth {tuple(plan_entry['depth'])}: "
+        "one of them was made by other code; retire the stale record "
+        "(Experiment.supersede) and run it again.")
 
 
 def settings(scale: str, vocab: str) -> tuple[str, dict[str, Any]]:
@@ -96,8 +148,8 @@ def model_config(name: str, scale: str, depth: tuple[int, int],
                 num_sparse_layers=n2, **fields))
   if scale == "small":
     c.dtype = "float32"                    # bf16 is slow on CPUs
-  c.moe.update({**dict(num_experts=s["num_experts"],
-                       expert_d_ffn=s["d_ffn"]), **moe_fields, **(moe or {})})
+  c.moe.update({**dict(num_experts=s["num_experts"], expert_d_ffn=s["d_ffn"],
+                       dispatch=DISPATCH), **moe_fields, **(moe or {})})
   return c
 
 
@@ -311,6 +363,8 @@ def table_rows(names: Sequence[str], labels: Mapping[str, str],
   rows = []
   for name in names:
     p, rs = plan[name], runs.get(name) or []
+    for r in rs:
+      check_flops(name, p, r)
     n1, n2 = p["depth"]
     row = [labels[name], f"{n1}+{n2}", f"{p['params'] / 1e6:.2f}M",
            f"{rs[0]['flops_per_token'] / 1e6:.2f}" if rs else "not run",
@@ -364,11 +418,11 @@ def plan_entry(name: str, fit: Mapping[str, float], depth: tuple[int, int],
               params=models.count_params(config(name, depth).model))
 
 
-def record_plan(exp: experiment.Experiment, s: Mapping[str, Any],
-                names: Sequence[str], config, fit_of) -> dict:
+def matched_plan(s: Mapping[str, Any], names: Sequence[str], config,
+                 fit_of) -> dict:
   """Each model's depth whose blocks match sMLP's FLOPs per token (the
-  ablations keep sMLP's), recorded and printed. ``s``: the sizes of
-  ``settings``; ``fit_of(name)``: its ``fit_block_flops``."""
+  ablations keep sMLP's). ``s``: the sizes of ``settings``;
+  ``fit_of(name)``: its ``fit_block_flops``."""
   target = layer_flops(fit_of(REFERENCE), s["smlp_depth"])
   plan = {}
   for name in names:
@@ -379,7 +433,39 @@ def record_plan(exp: experiment.Experiment, s: Mapping[str, Any],
       depth, _ = choose_depth(fit, target, depth_candidates(
           name in DENSE, s["max_layers"]))
     plan[name] = plan_entry(name, fit, depth, config)
-  exp.save(plan={k: {**v, "depth": list(v["depth"])} for k, v in plan.items()})
+  return plan
+
+
+def dispatch_table(plans: Mapping[str, Mapping[str, Any]]) -> str:
+  """The FLOP matching under each dispatch (``{dispatch: matched_plan}``):
+  each main model's depth and its blocks' FLOPs per token against sMLP's.
+  The einsums' FLOPs grow with the tokens x experts x slots of a routing
+  group; the index dispatch's gathers count ~0."""
+  ref = {d: p[REFERENCE]["layer_flops"] for d, p in plans.items()}
+  headers = ["model"] + [f"{h} ({d} dispatch)" for d in plans for h in (
+      "N1+N2", "layer MFLOPs/token", "vs sMLP")]
+  rows = []
+  for name in MODELS:
+    if not all(name in p for p in plans.values()):
+      continue
+    row = [MODELS[name][0]]
+    for d, p in plans.items():
+      n1, n2 = p[name]["depth"]
+      row += [f"{n1}+{n2}", f"{p[name]['layer_flops'] / 1e6:.2f}",
+              f"{p[name]['layer_flops'] / ref[d]:.2f}"]
+    rows.append(row)
+  return experiment.markdown_table(headers, rows)
+
+
+def record_plan(exp: experiment.Experiment, s: Mapping[str, Any],
+                names: Sequence[str], config, fit_of) -> dict:
+  """``matched_plan``, recorded and printed."""
+  target = layer_flops(fit_of(REFERENCE), s["smlp_depth"])
+  plan = matched_plan(s, names, config, fit_of)
+  # Merged into the recorded plan: a command naming fewer models keeps the
+  # others' entries.
+  exp.save(plan={**exp.data.get("plan", {}), **{
+      k: {**v, "depth": list(v["depth"])} for k, v in plan.items()}})
   for name, pl in plan.items():
     print(f"{name}: depth {pl['depth']}, layer FLOPs/token "
           f"{pl['layer_flops'] / 1e6:.3f}M ({pl['layer_flops'] / target:.2f}"
@@ -398,8 +484,10 @@ def train_runs(exp: experiment.Experiment, plan: Mapping[str, Any],
     for seed in seeds[:1] if name in ABLATIONS else seeds:
       key = f"{budget}/runs/{name}/seed={seed}"
       cfg = config(name, tuple(pl["depth"]), seed)
-      result = exp.cell(key, lambda c=cfg, k=key: experiment.train(
-          c, exp.workdir(k)))
+      if not exp.report_only:
+        retire_other_dispatch(exp, key)
+      result = exp.cell(key, lambda c=cfg, k=key: dict(
+          experiment.train(c, exp.workdir(k)), dispatch=DISPATCH))
       if result is not None:
         last80 = exp.cell(f"{budget}/last80/{name}/seed={seed}",
                           lambda c=cfg, k=key: heldout_last80(
@@ -535,7 +623,8 @@ def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
             "last80": heldout_last80(c, exp.workdir(key))}
   searched, chosen, runs = selection.tune(
       exp, names, seeds, selection.settings(steps, lrs), f"{budget}/", one,
-      lambda r: r["perplexity"], higher=False, reverse=reverse)
+      lambda r: r["perplexity"], higher=False, reverse=reverse,
+      tag={"dispatch": DISPATCH})
   base = exp.baseline(f"{budget}/carved", lambda: lm_baselines(
       selection.carved(config(REFERENCE, tuple(plan[REFERENCE]["depth"])),
                        split)))
