@@ -101,6 +101,19 @@ def _flags():
   return args, names
 
 
+def fitter(exp, prefix, config, dispatch=sparse_lm.DISPATCH):
+  """``fit_of(name)``: the model's FLOP fit under ``config`` (which runs
+  ``dispatch``), recorded under ``{prefix}/{name}`` so that a restart does
+  not recompile."""
+  def fit_of(name):
+    dense = name in sparse_lm.DENSE
+    return sparse_lm.recorded_fit(
+        exp, f"{prefix}/{name}", lambda: sparse_lm.fit_block_flops(
+            lambda d: sparse_lm.train_step_flops(config(
+                name, (d[0], 0) if dense else d))), dispatch)
+  return fit_of
+
+
 def write_dispatch_table(exp, s, regime, config) -> None:
   """``table_dispatch.md``: the main models' FLOP matching under the
   study's einsum dispatch and under the layers' default, index (its fits
@@ -111,13 +124,8 @@ def write_dispatch_table(exp, s, regime, config) -> None:
     return c
 
   def fits(dispatch, prefix, cfg):
-    def fit_of(name):
-      dense = name in sparse_lm.DENSE
-      return sparse_lm.recorded_fit(
-          exp, f"{regime}/{prefix}/{name}", lambda: sparse_lm.fit_block_flops(
-              lambda d: sparse_lm.train_step_flops(cfg(
-                  name, (d[0], 0) if dense else d))), dispatch)
-    return sparse_lm.matched_plan(s, list(sparse_lm.MODELS), cfg, fit_of)
+    return sparse_lm.matched_plan(s, list(sparse_lm.MODELS), cfg, fitter(
+        exp, f"{regime}/{prefix}", cfg, dispatch))
   plans = {"einsum": fits("einsum", "flops", config),
            "index": fits("index", "flops_index", index_config)}
   exp.write_table(
@@ -146,17 +154,11 @@ def main() -> None:
                                 args.data_dir, vocab=vocab, seed=seed,
                                 steps=steps)
 
-  # FLOP matching (recorded, so a restart does not recompile).
-  def fit_of(name):
-    dense = name in sparse_lm.DENSE
-    return sparse_lm.recorded_fit(
-        exp, f"{regime}/flops/{name}", lambda: sparse_lm.fit_block_flops(
-            lambda d: sparse_lm.train_step_flops(config(
-                name, (d[0], 0) if dense else d))))
+  fit_of = fitter(exp, f"{regime}/flops", config)
   plan = sparse_lm.record_plan(exp, s, names, config, fit_of)
-  if regime == "small8k":
-    write_dispatch_table(exp, s, regime, config)
   if args.plan_only:
+    if regime == "small8k":
+      write_dispatch_table(exp, s, regime, config)
     return
   ref = sparse_lm.REFERENCE
   if args.tune:

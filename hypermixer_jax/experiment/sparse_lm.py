@@ -484,8 +484,7 @@ def train_runs(exp: experiment.Experiment, plan: Mapping[str, Any],
     for seed in seeds[:1] if name in ABLATIONS else seeds:
       key = f"{budget}/runs/{name}/seed={seed}"
       cfg = config(name, tuple(pl["depth"]), seed)
-      if not exp.report_only:
-        retire_other_dispatch(exp, key)
+      retire_other_dispatch(exp, key)
       result = exp.cell(key, lambda c=cfg, k=key: dict(
           experiment.train(c, exp.workdir(k)), dispatch=DISPATCH))
       if result is not None:
