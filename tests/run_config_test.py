@@ -198,6 +198,19 @@ def test_unknown_fields_name_the_closest():
   assert run_config.unknown_fields(config, ["--config.seqlen=8"]) == (
       "--config.seqlen: the config has no field 'seqlen'; did you mean "
       "--config.data.seq_len or --config.data.synthetic.seq_len?")
+  # An option of the configured mixer that the config leaves unset: the
+  # line says why it is refused and how to set it; a misspelt one is named.
+  line = run_config.unknown_fields(
+      config, ["--config.model.mixer_kwargs.hyper_dim=8",
+               "--config.model.mixer_kwargs.tied=false"])
+  assert line.startswith(
+      "--config.model.mixer_kwargs.tied: 'tied' is an option of mixer "
+      "'hypermixer' (HyperMixing) that this config leaves at its default")
+  assert "set c.model.mixer_kwargs.tied in a config file" in line
+  assert run_config.unknown_fields(
+      config, ["--config.model.mixer_kwargs.tide=false"]) == (
+          "--config.model.mixer_kwargs.tide: mixer 'hypermixer' "
+          "(HyperMixing) has no option 'tide'; did you mean 'tied'?")
   line = run_config.unknown_fields(config, ["--config.mesh.zzz=1"])
   assert line == ("--config.mesh.zzz: the config has no field 'mesh.zzz'; "
                   "config.mesh has data, expert, fsdp, tensor")

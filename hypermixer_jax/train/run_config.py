@@ -607,6 +607,9 @@ def unknown_fields(config: ml_collections.ConfigDict,
     field = arg.split("=", 1)[0].split(".", 1)[1]
     if field in names:
       continue
+    line = _unset_mixer_option(flat, field)
+    if line:
+      return line
     parts = field.split(".")
     close = closest_fields(field, names - {".".join(parts[:i])
                                            for i in range(1, len(parts))})
@@ -622,3 +625,30 @@ def unknown_fields(config: ml_collections.ConfigDict,
             f"{', '.join(siblings)}")
     return f"--config.{field}: the config has no field {field!r}{hint}"
   return None
+
+
+def _unset_mixer_option(flat: Mapping[str, Any], field: str) -> str | None:
+  """The line for ``model.mixer_kwargs.<option>`` that the config does not
+  set: config_flags only overrides fields a config holds, so an option of
+  the mixer left at its default needs a config file that sets it."""
+  prefix = "model.mixer_kwargs."
+  mixer = flat.get("model.mixer")
+  leaf = field[len(prefix):]
+  if not field.startswith(prefix) or "." in leaf or not isinstance(
+      mixer, str):
+    return None
+  from hypermixer_jax.models import registry  # pylint: disable=g-import-not-at-top
+  if mixer not in registry.MIXERS:
+    return None
+  cls = registry.mixer_class(mixer)
+  options = registry.fields(cls)
+  if leaf not in options:
+    close = difflib.get_close_matches(leaf, options, n=1, cutoff=0.5)
+    return (f"--config.{field}: mixer {mixer!r} ({cls.__name__}) has no "
+            f"option {leaf!r}" + (f"; did you mean {close[0]!r}?" if close
+                                  else f"; its options: {', '.join(options)}"))
+  return (f"--config.{field}: {leaf!r} is an option of mixer {mixer!r} "
+          f"({cls.__name__}) that this config leaves at its default, and "
+          "--config.* only overrides fields a config sets; set "
+          f"c.model.mixer_kwargs.{leaf} in a config file (e.g. a copy of the "
+          "one given to --config) and pass that file.")
