@@ -4,6 +4,7 @@ import os
 import pytest
 
 import flag_configs
+from hypermixer_jax.train import config_checks
 from hypermixer_jax.train import loop
 
 SMLP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
@@ -51,3 +52,29 @@ def test_other_mixers_pack():
   config = _mlm_config("gmlp")
   assert config.data.packing
   loop.check_model_fits_data(config)
+
+
+def test_a_mixer_swapped_under_another_mixers_options_stops_in_one_line(
+    tmp_path):
+  # configs/default.py sets HyperMixing's hyper_dim; swapping the mixer on
+  # the command line leaves it there. Refused before the workdir is made,
+  # naming the option and the fix; the config argument's choice builds.
+  config = flag_configs.load(os.path.join(os.path.dirname(SMLP), "default.py"),
+                             "--config.model.mixer=mlp_mixer")
+  workdir = tmp_path / "run"
+  with pytest.raises(config_checks.ConfigError) as e:
+    loop.train_and_evaluate(config, str(workdir))
+  assert str(e.value).startswith(
+      "model.mixer='mlp_mixer' (MlpMixerTokenMixing) does not take "
+      "model.mixer_kwargs hyper_dim, which the config sets for its own "
+      "mixer; choose the mixer by the config file's argument (e.g. "
+      "--config=configs/default.py:mlp_mixer")
+  assert "\n" not in str(e.value) and not workdir.exists()
+  config_checks.check_model(flag_configs.load(
+      os.path.join(os.path.dirname(SMLP), "default.py:mlp_mixer")).model)
+  # Any other refusal of the model builder is one line too.
+  config = flag_configs.load(os.path.join(os.path.dirname(SMLP), "default.py"),
+                             "--config.model.block=post_lm")
+  with pytest.raises(config_checks.ConfigError, match=r"^model: unknown "
+                     r"block 'post_lm'; valid blocks: "):
+    config_checks.check_model(config.model)

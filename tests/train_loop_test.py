@@ -2,8 +2,10 @@
 import logging as std_logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 
 from absl import flags
 import jax
@@ -145,6 +147,53 @@ def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path, reference,
   b_ev = metrics_lib.read_metrics(str(reference[0]), "eval")
   assert a_ev[60]["mse"] == b_ev[60]["mse"]
 
+
+@pytest.mark.slow
+def test_sigterm_saves_stops_and_resumes_like_an_uninterrupted_run(
+    tmp_path, reference):
+  """A run of one process (no jax.distributed, so Orbax sees no preemption)
+  that gets SIGTERM after step 37 saves step 37 (between the periodic saves
+  at 30 and 60), stops, and gives SIGTERM its handler back; resumed, it ends
+  with the uninterrupted run's losses."""
+  before = signal.getsignal(signal.SIGTERM)
+  result = loop.train_and_evaluate(
+      _config(*RUN, "--config.debug.sigterm_at_step=37"), str(tmp_path))
+  assert result.preempted and result.step == 37
+  assert signal.getsignal(signal.SIGTERM) is before
+  assert list(ckpt_lib.Checkpointer(tmp_path / "checkpoints").all_steps()) == [
+      30, 37]
+  resumed = loop.train_and_evaluate(_config(*RUN), str(tmp_path))
+  assert resumed.source == "workdir" and resumed.step == 60
+  a = metrics_lib.read_metrics(str(tmp_path))
+  b = metrics_lib.read_metrics(str(reference[0]))
+  assert sorted(a) == sorted(b)
+  for step in b:
+    assert a[step]["loss"] == b[step]["loss"], step
+
+
+def test_an_experiment_stops_on_a_preempted_run_and_resumes_it(tmp_path):
+  # An experiment's cell must not record a run that SIGTERM cut short.
+  from hypermixer_jax.experiment import runs  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit, match=r"preempted at step 7 \(its "
+                     r"checkpoint is saved\); run the same command again"):
+    runs.train(_config(*RUN, "--config.debug.sigterm_at_step=7"),
+               str(tmp_path))
+  out = runs.train(_config(*RUN), str(tmp_path))
+  assert out["step"] == 60 and out["source"] == "workdir" and out["eval"]
+
+
+def test_sigterm_notice_is_one_process_and_main_thread_only():
+  before = signal.getsignal(signal.SIGTERM)
+  notice = ckpt_lib.SigtermNotice()
+  assert signal.getsignal(signal.SIGTERM) == notice._on_sigterm
+  notice.close()
+  assert signal.getsignal(signal.SIGTERM) is before
+  # Off the main thread Python refuses handlers: nothing is installed.
+  out = []
+  thread = threading.Thread(target=lambda: out.append(ckpt_lib.SigtermNotice()))
+  thread.start()
+  thread.join()
+  assert signal.getsignal(signal.SIGTERM) is before and not out[0].received
 
 
 @pytest.mark.slow

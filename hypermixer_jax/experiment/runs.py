@@ -78,6 +78,12 @@ def train(config, workdir: str, *, with_params: bool = False
   result = loop.train_and_evaluate(config, workdir)
   if isinstance(result, dict):  # {name: RunResult}, main model first
     result = next(iter(result.values()))
+  if getattr(result, "preempted", False):
+    # A run stopped by a preemption notice (SIGTERM) is not a result: the
+    # experiment stops before recording it, and its command resumes it.
+    raise SystemExit(f"{workdir}: preempted at step {result.step} (its "
+                     "checkpoint is saved); run the same command again to "
+                     "resume.")
   curves = {split: {int(s): r for s, r in
                     metrics.read_metrics(workdir, split).items()}
             for split in ("train", "eval")}

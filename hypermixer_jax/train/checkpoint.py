@@ -16,7 +16,11 @@ A checkpoint step holds three items:
 
 Saves are asynchronous, every ``save_every`` steps, keeping the newest
 ``keep`` (Orbax's ``max_to_keep``); a save is also due when Orbax's
-``reached_preemption`` says the job is being preempted. ``restore``
+``reached_preemption`` says the job is being preempted. That needs
+``jax.distributed`` (its preemption service turns SIGTERM into a step that
+all hosts agree on); a training run of one process (a GPU host, a CPU, a
+notebook) gets the same from ``SigtermNotice``: SIGTERM is recorded and the
+next step saves and stops, a second SIGTERM terminates at once. ``restore``
 recomputes the fingerprints and checks that every restored float is finite:
 a mismatch (a flipped bit, a zeroed block) makes the step damaged exactly as
 an unreadable one. Steps saved before fingerprints existed restore with the
@@ -43,7 +47,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from typing import Any, Sequence
 
@@ -90,6 +96,38 @@ def abstract_like(tree: PyTree, shardings: PyTree | None = None) -> PyTree:
       tree, shardings)
 
 
+class SigtermNotice:
+  """SIGTERM as a preemption notice in a run of one process.
+
+  Orbax's ``reached_preemption`` asks ``jax.distributed``'s preemption
+  service, which a single process usually does not start, so SIGTERM would
+  kill it without a save. While open, the first SIGTERM only sets
+  ``received`` (and gives the signal back its previous handler, so that a
+  second one terminates at once); ``close`` restores that handler. Nothing is
+  installed in a multi-process job (the service agrees on the step there) or
+  off the main thread (Python allows handlers only there).
+  """
+
+  def __init__(self):
+    self.received = False
+    self._previous = None
+    if (jax.process_count() == 1
+        and threading.current_thread() is threading.main_thread()):
+      self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+  def _on_sigterm(self, signum, frame) -> None:
+    del signum, frame
+    self.received = True
+    signal.signal(signal.SIGTERM, self._previous)
+    logging.warning("SIGTERM received: saving a checkpoint after the current "
+                    "step, then stopping (a second SIGTERM terminates now).")
+
+  def close(self) -> None:
+    if self._previous is not None and not self.received:
+      signal.signal(signal.SIGTERM, self._previous)
+    self._previous = None
+
+
 class Checkpointer:
   """Saves and restores ``(state, data position)`` pairs under ``directory``.
 
@@ -100,11 +138,15 @@ class Checkpointer:
       still happen).
     keep: ``max_to_keep`` (None or 0 keeps all).
     async_save: write in a background thread (training goes on meanwhile).
+    sigterm: a training run's checkpointer: in a run of one process, SIGTERM
+      is a preemption notice (``SigtermNotice``) until ``close``.
   """
 
   def __init__(self, directory: str | os.PathLike, *, save_every: int = 1000,
-               keep: int | None = 3, async_save: bool = True):
+               keep: int | None = 3, async_save: bool = True,
+               sigterm: bool = False):
     self.directory = os.fspath(directory)
+    self._sigterm = SigtermNotice() if sigterm else None
     self._save_every = int(save_every)
     # The save interval is ours (``step % save_every``): Orbax's own policy
     # also saves the first step of every run, which restarts would repeat.
@@ -126,8 +168,11 @@ class Checkpointer:
     return self.manager.all_steps()
 
   def reached_preemption(self, step: int) -> bool:
-    """True when the job received a preemption notice (all hosts agree)."""
-    return self.manager.reached_preemption(step)
+    """True when the job received a preemption notice (all hosts agree), or
+    this one process a SIGTERM (``sigterm``)."""
+    # Asked at every step: in a multi-host job it is a synchronisation point.
+    reached = self.manager.reached_preemption(step)
+    return reached or bool(self._sigterm and self._sigterm.received)
 
   def should_save(self, step: int, *, preempted: bool | None = None) -> bool:
     """Periodic save due at ``step``, or preemption.
@@ -277,6 +322,8 @@ class Checkpointer:
     if wait_cleanup is not None:
       wait_cleanup()
     self.manager.close()
+    if self._sigterm is not None:
+      self._sigterm.close()
 
   def __enter__(self) -> "Checkpointer":
     return self

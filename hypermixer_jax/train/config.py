@@ -54,7 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_train_steps = 1000
   c.batch_size = 64            # global, per train step
   c.eval_batch_size = 64
-  c.eval_every = 500           # 0: only at the end; -1: never
+  c.eval_every = 500           # 0: only at the end
   c.eval_steps = 10            # batches per evaluation; -1: the whole split
   c.eval_split = "validation"
   c.log_every = 50
@@ -89,10 +89,12 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Test hooks: SIGKILL this process right after the given step has been
   # logged (kill_at_step), or right after its checkpoint, before its
-  # evaluation (kill_after_save_at_step); replace the loss of the given step
-  # by NaN (by poisoning the batch's float arrays). -1 disables.
+  # evaluation (kill_after_save_at_step); SIGTERM it after the given step
+  # (sigterm_at_step: a preemption notice); replace the loss of the given
+  # step by NaN (by poisoning the batch's float arrays). -1 disables.
   c.debug = ml_collections.ConfigDict(dict(
-      kill_at_step=-1, kill_after_save_at_step=-1, nan_at_step=-1))
+      kill_at_step=-1, kill_after_save_at_step=-1, sigterm_at_step=-1,
+      nan_at_step=-1))
   return c
 
 

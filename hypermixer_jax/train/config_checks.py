@@ -163,6 +163,31 @@ def doubts(config: ml_collections.ConfigDict) -> list[str]:
   return out
 
 
+def check_model(model: ml_collections.ConfigDict) -> None:
+  """The model builds from its config (the Linen module only, no
+  parameters), or a ``ConfigError`` of one line: an unknown mixer, block or
+  head, a mixer option the mixer does not take, a head it cannot serve."""
+  from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.models import registry  # pylint: disable=g-import-not-at-top
+  mixer, given = model.get("mixer"), dict(model.get("mixer_kwargs") or {})
+  if isinstance(mixer, str) and mixer in registry.MIXERS and given:
+    cls = registry.mixer_class(mixer)
+    foreign = sorted(set(given) - set(registry.fields(cls)))
+    if foreign:
+      raise ConfigError(
+          f"model.mixer={mixer!r} ({cls.__name__}) does not take "
+          f"model.mixer_kwargs {', '.join(foreign)}, which the config sets "
+          "for its own mixer; choose the mixer by the config file's "
+          f"argument (e.g. --config=configs/default.py:{mixer}, "
+          f"configs/glue.py:sst2,{mixer}) or a config that sets "
+          "mixer_kwargs for it (valid: "
+          f"{', '.join(registry.fields(cls))}).")
+  try:
+    models.build_model(model)
+  except ValueError as e:
+    raise ConfigError(f"model: {' '.join(str(e).split())}") from None
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ``ConfigError`` listing every invalid field (before compiling);
   logs a warning for each of ``doubts``."""

@@ -321,6 +321,8 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
     progress.all_finite = jnp.logical_and(progress.all_finite, m["is_finite"])
     if step % config.log_every == 0 or step == total:
       _log(run, progress, ck, m, step, writer, bar, throughput)
+    if step == config.debug.sigterm_at_step:
+      os.kill(os.getpid(), signal.SIGTERM)
     progress.preempted = ck.reached_preemption(step)
     _save(run, progress, ck, train_pipe, step, step == total)
     if step == config.debug.kill_after_save_at_step:
@@ -378,7 +380,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
   run = _setup(config, workdir)
   ck = ckpt_lib.Checkpointer(
       os.path.join(workdir, "checkpoints"), save_every=config.checkpoint_every,
-      keep=config.keep_checkpoints, async_save=config.async_checkpoints)
+      keep=config.keep_checkpoints, async_save=config.async_checkpoints,
+      sigterm=True)
   train_pipe = _pipeline(config, "train", config.batch_size, train=True)
   profiler = profiling.StepProfiler(workdir, config.profile.start_step,
                                     config.profile.num_steps)

@@ -51,7 +51,8 @@ def guard(config: ml_collections.ConfigDict, workdir: str, *,
           is_main: bool) -> contextlib.AbstractContextManager:
   """Checks before anything is built or compiled, and the run's lock.
 
-  Validates every config field (``config_checks``), checks that what the
+  Validates every config field and that the model builds
+  (``config_checks``), checks that what the
   input pipeline emits fits the model (``data.check_fits_model``), the
   batch sizes, data files and workdir (``preflight``) and that the config
   fits the workdir's checkpoints (``run_config.check_fits_checkpoints``),
@@ -61,6 +62,7 @@ def guard(config: ml_collections.ConfigDict, workdir: str, *,
   from hypermixer_jax.train import config_checks  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
   config_checks.validate(config)
+  config_checks.check_model(config.model)
   data_lib.check_fits_model(config.data, config.model)
   preflight.check_batches(config)
   preflight.check_data_files(config)
