@@ -104,16 +104,19 @@ class SigtermNotice:
   kill it without a save. While open, the first SIGTERM only sets
   ``received`` (and gives the signal back its previous handler, so that a
   second one terminates at once); ``close`` restores that handler. Nothing is
-  installed in a multi-process job (the service agrees on the step there) or
-  off the main thread (Python allows handlers only there).
+  installed where ``jax.distributed`` runs (its service agrees on the step,
+  one process or many) or off the main thread (Python allows handlers only
+  there). A previous handler that Python did not install (None) comes back
+  as the default action.
   """
 
   def __init__(self):
     self.received = False
     self._previous = None
-    if (jax.process_count() == 1
+    if (jax.process_count() == 1 and not jax.distributed.is_initialized()
         and threading.current_thread() is threading.main_thread()):
-      self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+      previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+      self._previous = signal.SIG_DFL if previous is None else previous
 
   def _on_sigterm(self, signum, frame) -> None:
     del signum, frame
