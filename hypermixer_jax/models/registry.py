@@ -83,6 +83,15 @@ def mixer_class(name: str) -> type[nn.Module]:
   return getattr(module, entry.cls)
 
 
+def options(name: Any) -> tuple[type[nn.Module], tuple[str, ...]] | None:
+  """``(class, its fields)`` of registered mixer ``name``; None for any
+  other value (a config's checks name the problem in their own words)."""
+  if not isinstance(name, str) or name not in MIXERS:
+    return None
+  cls = mixer_class(name)
+  return cls, fields(cls)
+
+
 def can_be_causal(cls) -> bool:
   return (getattr(cls, "causal_by_construction", False)
           or "causal" in fields(cls))

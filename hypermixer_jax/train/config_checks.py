@@ -170,9 +170,10 @@ def check_model(model: ml_collections.ConfigDict) -> None:
   from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.models import registry  # pylint: disable=g-import-not-at-top
   mixer, given = model.get("mixer"), dict(model.get("mixer_kwargs") or {})
-  if isinstance(mixer, str) and mixer in registry.MIXERS and given:
-    cls = registry.mixer_class(mixer)
-    foreign = sorted(set(given) - set(registry.fields(cls)))
+  found = registry.options(mixer)
+  if found is not None and given:
+    cls, valid = found
+    foreign = sorted(set(given) - set(valid))
     if foreign:
       raise ConfigError(
           f"model.mixer={mixer!r} ({cls.__name__}) does not take "
@@ -181,7 +182,7 @@ def check_model(model: ml_collections.ConfigDict) -> None:
           f"argument (e.g. --config=configs/default.py:{mixer}, "
           f"configs/glue.py:sst2,{mixer}) or a config that sets "
           "mixer_kwargs for it (valid: "
-          f"{', '.join(registry.fields(cls))}).")
+          f"{', '.join(valid)}).")
   try:
     models.build_model(model)
   except ValueError as e:

@@ -634,14 +634,13 @@ def _unset_mixer_option(flat: Mapping[str, Any], field: str) -> str | None:
   prefix = "model.mixer_kwargs."
   mixer = flat.get("model.mixer")
   leaf = field[len(prefix):]
-  if not field.startswith(prefix) or "." in leaf or not isinstance(
-      mixer, str):
+  if not field.startswith(prefix) or "." in leaf:
     return None
   from hypermixer_jax.models import registry  # pylint: disable=g-import-not-at-top
-  if mixer not in registry.MIXERS:
+  found = registry.options(mixer)
+  if found is None:
     return None
-  cls = registry.mixer_class(mixer)
-  options = registry.fields(cls)
+  cls, options = found
   if leaf not in options:
     close = difflib.get_close_matches(leaf, options, n=1, cutoff=0.5)
     return (f"--config.{field}: mixer {mixer!r} ({cls.__name__}) has no "
