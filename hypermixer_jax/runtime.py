@@ -215,8 +215,10 @@ def retain_host_memory(mode: str | None = None) -> str:
   Must run before JAX's backends start: their threads take their own
   malloc arenas, where chunks larger than an arena's 64 MB heap are always
   mapped afresh. Afterwards it changes nothing and says so. The memory a
-  step frees stays with the process (its resident size keeps its peak),
-  which a training process reaches again at every step anyway.
+  step frees stays with the process (its resident size keeps its peak,
+  which a training process reaches again at every step anyway, plus the
+  few temporaries the heap grows by while small blocks split the holes
+  earlier temporaries left).
 
   ``'auto'`` retains only where the model runs on XLA:CPU (no TPU chip or
   GPU device node, or ``JAX_PLATFORMS=cpu``): on an accelerator host the
