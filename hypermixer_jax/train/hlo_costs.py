@@ -30,8 +30,8 @@ slice once per HBM side, ``while`` bodies times their trip counts
 instruction gets a model part from its ``op_name`` metadata (the Flax module
 path: mixer, feed-forward, ...) or the source files of its stack frames
 (optax: optimizer; the heads: loss); XLA's own copies take their consumer's.
-Array bytes are unpadded (TPU tiles pad small dimensions: tiny models
-under-count).
+Array bytes include the padding of the layout's first tile (``T(8,128)``
+pads the most-minor dimensions, as XLA:TPU's shape sizes do).
 """
 from __future__ import annotations
 
