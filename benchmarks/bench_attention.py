@@ -9,8 +9,10 @@ started with the interpreter given by ``--torch_python`` (an environment
 with torch: torch is no dependency of this project), one torch thread; the
 two processes take turns, round by round (``bench.interleave``:
 ceiling, ours, library path, torch, ceiling, ...), so pin the parent
-(``taskset -c 1``) and both sides share one core. Reported: min and median ms per call, and
-ours / torch both as min / min and as the median of per-round ratios.
+(``taskset -c 1``) and both sides share one core. Reported: min ms per call
+(ours, library path, torch), ours / torch both as min / min and as the
+median of per-round ratios, and ours as a share of the ceiling (paired);
+every round's times go to results.json.
 
 ``ours`` is the module's automatic choice (the block-wise online-softmax
 scan on CPU for N > block size); ``library`` forces

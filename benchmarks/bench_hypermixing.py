@@ -1,6 +1,7 @@
 """HyperMixing forward speed against the matmul ceiling, and causal memory.
 
-Two tables, both measured in this process on this device:
+Four tables, one a run (chosen by the flags), measured on this device (PyTorch,
+where compared, in a child process on the same core):
 
 1. Forward of the (non-causal) HyperMixing token mixer at B x N x d with
    hyper_dim d' for several N: time, XLA-counted FLOPs, FLOP/s as a share

@@ -83,8 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                       "position instead of its throughput")
   parser.add_argument("--shuffle_buffer_size", type=int, default=0,
                       help="override the pipelines' shuffle buffer "
-                      "(default: 1,000 examples; the data config's own "
-                      "default is 10,000)")
+                      "(default: 1,000 examples for text, 100 for "
+                      "images; the data config's own default is 10,000)")
   parser.add_argument("--json", action="store_true",
                       help="print one JSON line per pipeline")
   return parser

@@ -8,7 +8,7 @@ analysis of the compiled step (per-device FLOPs x devices / tokens); the
 dense gMLP's depth is chosen so that its FLOPs per token are the closest to
 the sMLP's (fitted from depths 1 and 2, which cost the same per layer).
 
-  python benchmarks/bench_smlp.py            # the table in experiments/README.md
+  python benchmarks/bench_smlp.py            # MFLOPs/token, step ms, tokens/s
   python benchmarks/bench_smlp.py --d_model 128 --d_ffn 512 --max_len 256
 
 Note: XLA counts a while loop's body once, so Base Layers' auction (a

@@ -4,8 +4,8 @@
         --workdir=/ckpt/lm_hypermixer
 
 Argument: a GLUE model of the zoo, ``glue_<ARG>``, that has a causal mode
-(``hypermixer`` (tied), ``hypermixer_untied``, ``attention``,
-``linear_attention``),
+(``hypermixer`` (tied), ``hypermixer_untied``, ``gmlp`` (its spatial gating
+unit's causal mask), ``attention``, ``linear_attention``),
 given a ``causal_lm`` head and trained on packed rows of N = 1024 tokens.
 Causal HyperMixing runs as a chunked scan (``mixer_kwargs.causal_chunk_size``
 tokens per step): per layer it keeps one chunk's [B, C, d, d'] hidden states

@@ -14,8 +14,9 @@ the same model (depth, width, blocks) at the paper's 224x224 / 16x16 with
 file starts from that config and changes only the data (32x32 JPEGs of
 ``data.local_files``, 4x4 patches, 10 classes, CIFAR augmentation), the
 model's input layout that follows from it (``max_len`` 64 patches,
-``input_dim`` 48, ``num_classes`` 10) and the length of training (batch 128,
-200 epochs of 50,000 images).
+``input_dim`` 48, ``num_classes`` 10) and the schedule (batch 128, 200 epochs
+of 50,000 images, 5 warm-up epochs, evaluation of 200-image batches and a
+checkpoint every 10 epochs).
 
 Argument: any zoo image model (``gmlp_ti``, ``gmlp_s``, ``mixer_s16``,
 ``mixer_cifar``, ``vit_ti16``, ``vit_cifar``, ...). At 32x32 / 4x4,

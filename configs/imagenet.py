@@ -6,7 +6,9 @@
 Argument: a zoo image model (``mixer_s16``, ``mixer_b16``, ``mixer_b32``,
 ``gmlp_ti``, ``gmlp_s``, ``gmlp_b``, ``vit_ti16``). DeiT-style recipe of the gMLP paper
 (AdamW, batch 4096, lr 1e-3 with 10k warm-up steps and cosine decay, weight
-decay 0.05, 300 epochs); FSDP sharding, bf16 compute on TPU / GPU (the
+decay 0.05, 300 epochs); the ``fsdp`` rules on an all-data mesh
+(``mesh.fsdp=1``: parameters replicated; ``--config.mesh.fsdp=N`` shards
+them over N devices), bf16 compute on TPU / GPU (the
 precision policy, ``model.dtype='auto'``). ViT-style peer of
 gMLP-Ti: ``vit_ti16`` (DeiT-Ti layout).
 

@@ -170,7 +170,7 @@ def main() -> None:
   p.add_argument("--min_seconds", type=float, default=1.0,
                  help="keep timing a point until its calls add up to this")
   p.add_argument("--batch", type=int, default=1)
-  args = p.parse_args()
+  args = experiment.parse(p)
   import jax  # pylint: disable=g-import-not-at-top
   lengths = experiment.split(args.lengths, int)
   exp = experiment.Experiment(args.out, args)

@@ -44,7 +44,7 @@ def main() -> None:
   p.add_argument("--tasks", default=",".join(nli.FILES))
   p.add_argument("--width", type=int, default=nli.SMALL["width"])
   p.add_argument("--seq_len", type=int, default=nli.SMALL["seq_len"])
-  experiment.tune_flags(p, "premises")
+  experiment.tune_flags(p, "premises", table="table_tuned_<task>.md")
   args = experiment.parse(p)
   experiment.check_tune(args, "each task's train part")
   exp = experiment.Experiment(args.out, args)

@@ -4,11 +4,12 @@ The HyperMixer paper trains its GLUE models from scratch only; the gMLP paper
 (Liu et al. 2021, §4) pretrains and claims gMLP closes the gap to BERT on
 fine-tuning. This experiment follows the user's path through the codebase:
 a masked-LM run (``configs/c4_mlm.py``'s setting) leaves an Orbax checkpoint,
-and the classifier (``configs/glue.py:sst2,MIXER,finetune``: encoder loaded,
-classifier re-initialised, ``init_reinit='(?!encoder/)'``) fine-tunes from it,
+and the small GLUE classifier loads its encoder as ``configs/glue.py``'s
+``finetune`` variant does (classifier re-initialised,
+``init_reinit='(?!encoder/)'``; budget and learning rate are this study's),
 against the same model trained from scratch with the same fine-tuning budget.
 
-  --scale=small  the GLUE layout at width 128 (``glue_from_scratch
+  --scale=small  the GLUE layout at width 128 (``experiment.glue
                  .small_model``: 2 layers, sequence length 64) on the 8k
                  SentencePiece vocabulary of ``mlm_perplexity`` (trained on
                  the C4 train sample; shared by pretraining and fine-tuning,

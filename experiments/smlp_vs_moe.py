@@ -9,7 +9,8 @@ The ablations (``--ablations``): the number of experts (2, 4, 8) and the
 tMoE router of sMLP (Switch instead of Base Layers).
 
 All models are the ``smlp`` family (``models/smlp.py``): ``token_mixer='gmlp'``
-is sMLP (gMLP with no sparse layer), ``'attention'`` the (MoE) Transformer.
+is sMLP (a dense gMLP when it has no sparse block), ``'attention'`` the (MoE)
+Transformer.
 As in the paper, FLOPs are matched by the number of layers at fixed widths:
 the FLOPs per token of a depth (N1 dense + N2 sparse blocks) are XLA's cost
 analysis of the compiled train step (``metrics.step_flops``, what the

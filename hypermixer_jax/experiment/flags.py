@@ -82,16 +82,18 @@ def parser(name: str, description: str, *, report_only: bool = False,
   return p
 
 
-def tune_flags(p: argparse.ArgumentParser, carved_from: str) -> None:
+def tune_flags(p: argparse.ArgumentParser, carved_from: str,
+               table: str = "table_tuned.md") -> None:
   """Adds ``--tune`` (every model's learning rate and warm-up chosen alike
-  on ``carved_from``, carved from the training data: ``selection.tune``),
-  ``--lrs`` (the search's rates) and ``--order``."""
+  on ``carved_from``, carved from the training data: ``selection.tune``;
+  its report in ``table``), ``--lrs`` (the search's rates) and
+  ``--order``."""
   p.add_argument("--tune", action="store_true",
                  help=f"small scale: every model's learning rate and warm-up "
                  f"chosen alike on {carved_from.replace('%', '%%')} carved "
                  "from the training "
                  "set, then the seeds at each model's choice "
-                 "(table_tuned.md)")
+                 f"({table})")
   p.add_argument("--lrs", default="",
                  help="--tune: the search's learning rates, the same for "
                  "every model (default: selection.LRS, 3e-4,1e-3,3e-3); "
