@@ -24,9 +24,10 @@ def _state(head, d_model=16, seed=0):
   batch = {"inputs": jax.ShapeDtypeStruct((8, 8), np.int32),
            "segment_ids": jax.ShapeDtypeStruct((8, 8), np.int32),
            "token_type_ids": jax.ShapeDtypeStruct((8, 8), np.int32)}
-  tx, _ = optim.make_optimizer(c)
-  state, _ = steps.create_train_state(models.build_model(c.model), tx,
-                                      jax.random.key(seed), batch, mesh, rules)
+  model = models.build_model(c.model)
+  tx, _ = optim.make_optimizer(c, steps.param_shapes(model, batch))
+  state, _ = steps.create_train_state(model, tx, jax.random.key(seed), batch,
+                                      mesh, rules)
   return state
 
 

@@ -1,4 +1,5 @@
 """Tests of hypermixer_jax.train.optim: schedules, decay mask, clipping, accumulation."""
+from flax import linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -6,7 +7,10 @@ import numpy as np
 import optax
 import pytest
 
+from hypermixer_jax import models
+from hypermixer_jax.experiment.flags import load_config
 from hypermixer_jax.train import optim
+from hypermixer_jax.train import steps
 
 
 def _config(**kw):
@@ -41,13 +45,94 @@ def test_unknown_decay_fails():
 def test_weight_decay_only_on_matrices():
   params = {"w": jnp.ones((3, 5)), "b": jnp.ones((5,))}
   tx, _ = optim.make_optimizer(_config(weight_decay=0.5, warmup_steps=0,
-                                       decay="constant", learning_rate=0.1))
+                                       decay="constant", learning_rate=0.1),
+                               params)
   zeros = jax.tree.map(jnp.zeros_like, params)
   updates, _ = tx.update(zeros, tx.init(params), params)
   # Zero gradient: only decoupled weight decay moves the parameters.
   np.testing.assert_allclose(updates["w"], -0.1 * 0.5 * np.ones((3, 5)),
                              rtol=1e-6)
   np.testing.assert_allclose(updates["b"], 0.0)
+
+
+def test_axes_that_stack_copies_are_not_counted():
+  """A scanned stack's [L, d] LayerNorm scale and an expert bank's [E, F]
+  biases are vectors (no decay); their matrices decay."""
+  boxed = {
+      "scale": nn.LogicallyPartitioned(jnp.ones((2, 5)), ("layers", "norm")),
+      "bias": nn.LogicallyPartitioned(jnp.ones((4, 6)), ("expert", "mlp")),
+      "kernel": nn.LogicallyPartitioned(jnp.ones((2, 5, 6)),
+                                        ("layers", "embed", "mlp")),
+      "wi": nn.LogicallyPartitioned(jnp.ones((4, 5, 6)),
+                                    ("expert", "embed", "mlp")),
+      "router": nn.LogicallyPartitioned(jnp.ones((5, 4)), ("embed", None)),
+      "bo": nn.LogicallyPartitioned(jnp.ones((4, 5)), ("expert", "embed")),
+      "query": {"bias": nn.LogicallyPartitioned(jnp.ones((2, 3)),
+                                                ("heads", "kv"))}}
+  assert optim.weight_decay_mask(boxed) == {
+      "scale": False, "bias": False, "kernel": True, "wi": True,
+      "router": True, "bo": False, "query": {"bias": False}}
+  params = nn.unbox(boxed)
+  tx, _ = optim.make_optimizer(_config(weight_decay=0.5, warmup_steps=0,
+                                       decay="constant", learning_rate=0.1),
+                               boxed)
+  updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params),
+                         tx.init(params), params)
+  for name in ("scale", "bias", "bo"):
+    np.testing.assert_array_equal(updates[name], 0.0)
+  np.testing.assert_array_equal(updates["query"]["bias"], 0.0)
+  for name in ("kernel", "wi", "router"):
+    np.testing.assert_allclose(updates[name], -0.05, rtol=1e-6)
+
+
+def _layer_masks(mask, scanned):
+  """Layer 0's decay mask of a text model's stack, scanned or unrolled."""
+  stack = mask["encoder"]["stack"]
+  return stack["layers"]["layer"] if scanned else stack["layer_0"]
+
+
+@pytest.mark.parametrize("mixer", ["hypermixer", "gmlp", "attention"])
+def test_scanned_and_unrolled_stacks_decay_the_same_leaves(mixer):
+  """The scanned stack's leaves carry a leading layer axis; its mask equals
+  the unrolled stack's, layer by layer (LayerNorms and biases left alone)."""
+  masks = {}
+  for scanned in (False, True):
+    cfg = models.get_model_config(f"glue_{mixer}")
+    cfg.update(num_layers=2, d_model=16, d_ffn=32, max_len=8,
+               vocab_size=50, scan_layers=scanned)
+    if mixer == "hypermixer":
+      cfg.mixer_kwargs.hyper_dim = 8
+    shapes = steps.param_shapes(models.build_model(cfg),
+                                {"inputs": jnp.zeros((2, 8), jnp.int32)})
+    masks[scanned] = _layer_masks(optim.weight_decay_mask(shapes), scanned)
+  assert masks[True] == masks[False]
+  leaves = jax.tree_util.tree_leaves_with_path(masks[True])
+  names = {jax.tree_util.keystr(p): m for p, m in leaves}
+  assert any(names.values()) and not all(names.values())
+  for path, decays in names.items():
+    assert decays == path.endswith(("['kernel']", "['embedding']")), path
+
+
+def test_expert_banks_decay_their_matrices_not_their_biases():
+  """sMLP's expert banks (tMoE wi / wo, sMoE spatial kernels) decay; their
+  [E, ...] biases do not."""
+  cfg = load_config("smlp_lm.py", "tiny")
+  shapes = steps.param_shapes(models.build_model(cfg.model),
+                              {"inputs": jnp.zeros((2, cfg.model.max_len),
+                                                   jnp.int32)})
+  mask = optim.weight_decay_mask(shapes)
+  experts = {jax.tree_util.keystr(p): (m, leaf.names)
+             for (p, m), leaf in zip(
+                 jax.tree_util.tree_leaves_with_path(mask),
+                 jax.tree.leaves(shapes,
+                                 is_leaf=lambda x: isinstance(
+                                     x, nn.Partitioned)))
+             if "expert" in leaf.names}
+  assert experts, "the tiny sMLP has no expert banks"
+  for path, (decays, names) in experts.items():
+    assert decays == (len(names) == 3), (path, names)
+  assert any(d for d, _ in experts.values())
+  assert not all(d for d, _ in experts.values())
 
 
 def test_grad_accumulation_equals_big_batch():
@@ -58,12 +143,12 @@ def test_grad_accumulation_equals_big_batch():
            for _ in range(3)]
   kw = dict(warmup_steps=0, decay="constant", learning_rate=0.1,
             weight_decay=0.1, clip_norm=0.5)
-  big, _ = optim.make_optimizer(_config(**kw))
+  big, _ = optim.make_optimizer(_config(**kw), params)
   mean = jax.tree.map(lambda *g: sum(g) / 3, *grads)
   u, _ = big.update(mean, big.init(params), params)
   expected = optax.apply_updates(params, u)
 
-  acc, _ = optim.make_optimizer(_config(grad_accum_steps=3, **kw))
+  acc, _ = optim.make_optimizer(_config(grad_accum_steps=3, **kw), params)
   state, p = acc.init(params), params
   for i, g in enumerate(grads):
     u, state = jax.jit(acc.update)(g, state, p)

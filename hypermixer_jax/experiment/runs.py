@@ -65,7 +65,8 @@ def train(config, workdir: str, *, with_params: bool = False
 
   ``{'eval': final evaluation metrics, 'step': last step, 'source': where
   the run started from ('scratch', 'init_checkpoint' or 'workdir': resumed),
-  'eval_curve': {step: metrics}, 'train_curve': {step: throughput}}``;
+  'eval_curve': {step: metrics}, 'train_curve': {step: throughput},
+  'weight_decay_mask': the optimiser's decay rule (optim.DECAY_MASK_RULE)}``;
   curves come from the run's ``metrics.jsonl``, of which the training
   intervals keep only their throughput (``THROUGHPUT``: what tables read; the
   losses stay in the workdir). A workdir that already holds checkpoints resumes.
@@ -75,6 +76,7 @@ def train(config, workdir: str, *, with_params: bool = False
   """
   from hypermixer_jax.train import loop  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import metrics  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
   result = loop.train_and_evaluate(config, workdir)
   if isinstance(result, dict):  # {name: RunResult}, main model first
     result = next(iter(result.values()))
@@ -91,7 +93,8 @@ def train(config, workdir: str, *, with_params: bool = False
                  for s, r in curves["train"].items()}
   out = {"eval": dict(result.eval_metrics), "step": int(result.step),
          "source": result.source, "eval_curve": curves["eval"],
-         "train_curve": {s: r for s, r in train_curve.items() if r}}
+         "train_curve": {s: r for s, r in train_curve.items() if r},
+         "weight_decay_mask": optim.DECAY_MASK_RULE}
   if with_params:
     out["params"] = trained_params(config, workdir, result)
   return out

@@ -606,7 +606,10 @@ def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
   run trains on the carved C4 documents and is scored by its final
   perplexity on the carved ones; then the seeds at each model's choice,
   trained on the same documents and scored on WikiText-2 valid as the
-  untuned runs. Returns ``(split, searched, chosen, runs, baselines)``."""
+  untuned runs. Every run records the dispatch and the weight-decay rule
+  (runs of another are retired and run again).
+  Returns ``(split, searched, chosen, runs, baselines)``."""
+  from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
   names = [n for n in MODELS if n in plan]
   split = carve_c4(exp, config(REFERENCE, tuple(plan[REFERENCE]["depth"])))
   exp.save(c4_split=selection.split_record(split))
@@ -623,7 +626,7 @@ def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
   searched, chosen, runs = selection.tune(
       exp, names, seeds, selection.settings(steps, lrs), f"{budget}/", one,
       lambda r: r["perplexity"], higher=False, reverse=reverse,
-      tag={"dispatch": DISPATCH})
+      tag={"dispatch": DISPATCH, "weight_decay_mask": optim.DECAY_MASK_RULE})
   base = exp.baseline(f"{budget}/carved", lambda: lm_baselines(
       selection.carved(config(REFERENCE, tuple(plan[REFERENCE]["depth"])),
                        split)))

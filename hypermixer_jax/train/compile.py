@@ -200,8 +200,8 @@ def trace_train_step(config: ml_collections.ConfigDict, devices: list[Any],
   with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
     model, facts = models.build_model(config.model), models.model_facts(
         config.model)
-  tx, _ = optim.make_optimizer(config)
   spec = abstract_batch(config, int(batch_size or config.batch_size))
+  tx, _ = optim.make_optimizer(config, steps.param_shapes(model, spec))
   state, state_sh = steps.abstract_train_state(model, tx, spec, mesh, rules)
   batch_sh = sharding.batch_shardings(spec, mesh, rules)
   traced = steps.jit_train_step(

@@ -153,7 +153,6 @@ def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
   model = models.build_model(config.model)
   facts = models.model_facts(config.model)
   check_model_fits_data(config)
-  tx, schedule = optim.make_optimizer(config)
 
   rng = jax.random.key(config.seed)
   # Dropout keys: the train step folds this key with the step number.
@@ -167,9 +166,10 @@ def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
   sample = next(iter(_pipeline(config, "train", config.batch_size,
                                train=False)))
   heads.check_batch(facts.head, sample)
+  spec = sharding.global_batch_spec(sample)
+  tx, schedule = optim.make_optimizer(config, steps.param_shapes(model, spec))
   state, state_sh = steps.create_train_state(
-      model, tx, jax.random.fold_in(rng, 0), sharding.global_batch_spec(sample),
-      mesh, rules)
+      model, tx, jax.random.fold_in(rng, 0), spec, mesh, rules)
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
   logging.info("model family %s, head %s: %.3fM parameters",
                config.model.family, facts.head, n_params / 1e6)

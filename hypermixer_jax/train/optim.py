@@ -1,7 +1,10 @@
 """Optimiser and learning-rate schedule built from the run's config.
 
 AdamW (decoupled weight decay on matrices only, never on biases, LayerNorm
-scales or other vectors), linear warm-up followed by linear, cosine or no
+scales or other vectors: leaves named ``bias`` or ``scale`` (a multi-head
+[H, K] bias included) are left alone, and a leaf's rank leaves out the axes
+that stack copies of it, a scanned stack's layers and an MoE layer's
+experts, read from its logical axis names), linear warm-up followed by linear, cosine or no
 decay, global-norm gradient clipping, and gradient accumulation with
 ``optax.MultiSteps``.
 
@@ -13,19 +16,36 @@ updates and runs over ``num_train_steps // k`` of them.
 """
 from __future__ import annotations
 
+from typing import Any
+
+from flax import linen as nn
 import jax
 import ml_collections
 import optax
 
+from hypermixer_jax.models import common
+
 DECAYS = ("linear", "cosine", "constant")
+# Logical axes that stack copies of a parameter rather than shape one: a
+# scanned stack's layers ([L, d] LayerNorm scales are L vectors) and an MoE
+# layer's experts ([E, F] biases are E vectors).
+STACKED_AXES = (common.LAYERS, common.EXPERT)
+# Flax's names of the leaves that shift or scale rather than mix features.
+UNDECAYED_NAMES = ("bias", "scale")
+# The rule ``weight_decay_mask`` applies, as runs record it. Runs recorded
+# without it decayed every leaf of rank > 1: a scanned stack's LayerNorm
+# scales and biases, an MoE layer's [E, F] biases and attention's [H, K]
+# query / key / value biases included.
+DECAY_MASK_RULE = "logical_rank"
 
 
 def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warm-up to ``learning_rate`` then ``config.decay`` to 0.
+  """Linear warm-up to ``learning_rate``, then ``config.decay``.
 
-  The schedule is indexed by optimiser updates (not micro-steps) and reaches
-  ``end_learning_rate_factor * learning_rate`` after the last update,
-  ``num_train_steps // grad_accum_steps``.
+  The schedule is indexed by optimiser updates (not micro-steps); linear and
+  cosine decay reach ``end_learning_rate_factor * learning_rate`` after the
+  last update, ``num_train_steps // grad_accum_steps``; constant keeps the
+  peak.
   """
   if config.decay not in DECAYS:
     raise ValueError(f"config.decay={config.decay!r}; expected one of "
@@ -48,19 +68,37 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
       [optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
 
 
-def weight_decay_mask(params):
-  """True for the leaves that get weight decay: matrices and higher ranks."""
-  return jax.tree.map(lambda p: p.ndim > 1, params)
+def weight_decay_mask(params: Any) -> Any:
+  """True for the leaves that get weight decay, matrices and higher ranks,
+  as a tree of the unboxed parameters' structure.
+
+  Leaves named as in ``UNDECAYED_NAMES`` never decay. A boxed leaf
+  (``nn.Partitioned``, what ``model.init`` returns) counts its logical axes
+  other than ``STACKED_AXES``; a plain array or shape counts all its
+  dimensions (right only where no axis stacks copies).
+  """
+  def decays(path, leaf) -> bool:
+    key = path[-1] if path else None
+    if getattr(key, "key", None) in UNDECAYED_NAMES:
+      return False
+    if isinstance(leaf, nn.Partitioned):
+      return sum(name not in STACKED_AXES for name in leaf.names) > 1
+    return len(leaf.shape) > 1
+  return jax.tree_util.tree_map_with_path(
+      decays, params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
 def make_optimizer(
-    config: ml_collections.ConfigDict
+    config: ml_collections.ConfigDict, params: Any
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Returns ``(tx, schedule)`` for ``config`` (see the module docstring).
 
   Fields read: ``learning_rate``, ``warmup_steps``, ``decay``,
   ``num_train_steps``, ``weight_decay``, ``b1``, ``b2``, ``clip_norm`` (<= 0
   disables clipping) and ``grad_accum_steps`` (1 disables accumulation).
+  ``params``: the model's parameters as ``model.init`` returns them (boxed,
+  with logical axis names) or their shapes (``steps.param_shapes``); their
+  names say which leaves are matrices (``weight_decay_mask``).
   """
   schedule = make_schedule(config)
   parts = []
@@ -69,7 +107,7 @@ def make_optimizer(
   parts.append(optax.adamw(schedule, b1=config.b1, b2=config.b2,
                            eps=config.get("eps", 1e-8),
                            weight_decay=config.weight_decay,
-                           mask=weight_decay_mask))
+                           mask=weight_decay_mask(params)))
   tx = optax.chain(*parts)
   accum = int(config.grad_accum_steps)
   if accum < 1:

@@ -199,19 +199,38 @@ def abstract_train_state(model: nn.Module, tx: optax.GradientTransformation,
                                 jax.random.key(0), mesh, rules)
 
 
-def _state_init_fn(model: nn.Module, tx: optax.GradientTransformation,
-                   sample_batch: Any) -> Callable[[jax.Array], TrainState]:
-  """``rng -> TrainState`` with boxed (logically named) params and moments."""
+def param_shapes(model: nn.Module, sample_batch: Any) -> Any:
+  """The model's parameters as ``model.init`` returns them (boxed, with
+  their logical axis names) for batches like ``sample_batch``, as shapes:
+  nothing is allocated (what ``optim.make_optimizer`` reads)."""
+  return jax.eval_shape(_params_init_fn(model, sample_batch),
+                        jax.random.key(0))
+
+
+def _params_init_fn(model: nn.Module, sample_batch: Any
+                    ) -> Callable[[jax.Array], Any]:
+  """``rng -> boxed params`` of ``model`` for batches like ``sample_batch``
+  (arrays or shapes: only the inputs' shapes and dtypes are used)."""
   spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                       sample_batch)
 
   def init_fn(rng):
     params_rng, dropout_rng = jax.random.split(rng)
     batch = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), spec)
-    inputs = batch["inputs"]
     kwargs = {k: batch[k] for k in heads.MODEL_KWARGS if k in batch}
-    boxed = model.init({"params": params_rng, "dropout": dropout_rng},
-                       inputs, deterministic=True, **kwargs)["params"]
+    return model.init({"params": params_rng, "dropout": dropout_rng},
+                      batch["inputs"], deterministic=True, **kwargs)["params"]
+
+  return init_fn
+
+
+def _state_init_fn(model: nn.Module, tx: optax.GradientTransformation,
+                   sample_batch: Any) -> Callable[[jax.Array], TrainState]:
+  """``rng -> TrainState`` with boxed (logically named) params and moments."""
+  params_init = _params_init_fn(model, sample_batch)
+
+  def init_fn(rng):
+    boxed = params_init(rng)
     opt_state = tx.init(nn.unbox(boxed))
     return TrainState(step=jnp.zeros((), jnp.int32), apply_fn=model.apply,
                       params=boxed, tx=tx,
