@@ -78,8 +78,9 @@ def _verify(config) -> None:
   bad = [r.step for r in rows if r.status == verify.DAMAGED]
   if bad:
     sys.exit(f"Damaged: step(s) {', '.join(bad)} of {FLAGS.workdir}; "
-             "training on this workdir moves them to checkpoints/damaged/ "
-             "and resumes from the newest step that is ok.")
+             "training on this workdir resumes from the newest step that "
+             "restores and moves the damaged steps newer than it to "
+             "checkpoints/damaged/.")
 
 
 def _compile(config) -> None:

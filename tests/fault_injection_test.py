@@ -108,7 +108,7 @@ def test_a_full_disk_stops_in_one_line_naming_the_last_good_step(tmp_path):
     assert _records(disk / "w", "eval") == [3, 6, 9, 12]
   assert line == (
       f"Stopped: No space left on the disk of --workdir={disk / 'w'}: "
-      f"stopped, the last good checkpoint is step {steps[-1]} in "
+      f"stopped, the newest checkpoint folder is step {steps[-1]} in "
       f"{disk / 'w' / 'checkpoints'}; free space (or lower "
       "--config.keep_checkpoints) and run the same command again: it "
       "resumes from there.")

@@ -113,6 +113,7 @@ def test_prepare_reports_its_progress(tmp_path, capsys):
     ({"val/bird/0000.jpg": b"x"}, "is in split folder 'val'"),
     ({"train/readme.txt": b"x"}, "is not <split>/<class>/<image>"),
     ({"../evil.jpg": b"x"}, "is not <split>/<class>/<image>"),
+    ({"train/bird/0009.png": b"x"}, "decodes JPEG only"),
 ])
 def test_prepare_refuses_unexpected_members(tmp_path, extra, message):
   _, files = _synthetic_archive(tmp_path)

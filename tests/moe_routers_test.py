@@ -215,6 +215,24 @@ def test_base_route_train_balanced_and_inference_greedy():
   np.testing.assert_array_equal(dispatch, want)
 
 
+@pytest.mark.parametrize("route", ["base", "switch", "hash"])
+def test_padding_takes_no_slot_at_inference(route):
+  """Every token picks expert 0, one slot per expert, token 0 is padding:
+  the slot goes to the first real token (1), whatever the router."""
+  mask = jnp.asarray([False, True, True, True])
+  logits = jnp.asarray([[2.0, 0.0]] * 4, jnp.float32)
+  if route == "base":
+    routes, _ = routers.base_route(logits, train=False, capacity=1, mask=mask)
+  elif route == "switch":
+    routes, _ = _switch_route(logits, capacity=1, mask=mask)
+  else:
+    routes, _ = routers.hash_route(jnp.zeros((4,), jnp.int32),
+                                   table=jnp.zeros((8,), jnp.int32),
+                                   num_experts=2, capacity=1, mask=mask)
+  np.testing.assert_array_equal(np.asarray(routes.keep).any(-1),
+                                [False, True, False, False])
+
+
 def base_route_jit(logits, train):
   cap = logits.shape[0] // logits.shape[1] if train else 6
   return _dense(jax.jit(lambda l: routers.base_route(

@@ -213,7 +213,7 @@ def test_empty_directory_restores_nothing(tmp_path):
 
 def test_missing_init_checkpoint_is_named(tmp_path):
   with pytest.raises(FileNotFoundError,
-                     match="init_checkpoint=.*nowhere.*does not exist"):
+                     match="checkpoint path .*nowhere.* \\(config.init_checkpoint or --step\\) does not exist"):
     ckpt_lib.load_pretrained(tmp_path / "nowhere", {})
 
 

@@ -113,6 +113,18 @@ def test_nan_loss_stops_and_is_never_saved(tmp_path):
   assert max(ckpt_lib.Checkpointer(tmp_path / "checkpoints").all_steps()) == 4
 
 
+def test_nan_loss_stops_before_an_evaluation_between_log_steps(tmp_path):
+  """NaN at step 2, evaluation due at step 3, next log at step 5: the run
+  stops at step 3 without evaluating the non-finite state, nothing saved."""
+  config = _config(*RUN, "--config.eval_every=3", "--config.log_every=5",
+                   "--config.debug.nan_at_step=2")
+  with pytest.raises(FloatingPointError,
+                     match="between steps 1 and 3.*no checkpoint in .* yet"):
+    loop.train_and_evaluate(config, str(tmp_path))
+  assert not metrics_lib.read_metrics(str(tmp_path), "eval")
+  assert not ckpt_lib.Checkpointer(tmp_path / "checkpoints").all_steps()
+
+
 def _main(workdir, cache_dir, *overrides, devices=8):
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
              XLA_FLAGS=(os.environ["HYPERMIXER_TEST_XLA_FLAGS"] +

@@ -147,5 +147,6 @@ def max_predictions(seq_len: int, select_rate: float = 0.15) -> int:
   unpacked row always fits; a packed row keeps its first ones
   (``converters.MLMFeatureConverter``).
   """
-  # The tolerance keeps 0.15 * 20 = 3.0000000000000004 at 3.
+  # The tolerance keeps a product just above an integer (0.07 * 100 =
+  # 7.000000000000001) at that integer.
   return max(1, math.ceil(select_rate * seq_len - 1e-9))

@@ -64,7 +64,8 @@ def f1(targets, predictions) -> dict[str, float]:
 
 
 def task_metrics(task_name: str, predictions, labels) -> dict[str, float]:
-  """The official metrics (``metric_names``) of ``task_name``.
+  """The official metrics (``metric_names``) of ``task_name``; accuracy
+  for tasks that name none (language modelling, the synthetic task).
 
   Args:
     task_name: a name from ``TASK_NAMES`` (fingerprint suffixes allowed).

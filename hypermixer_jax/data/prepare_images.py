@@ -4,7 +4,7 @@ The image task (``imagenet_patches``) reads local images through a
 ``filename<TAB>class_index`` TSV per split, file names relative to the TSV.
 This extracts an archive laid out as ``<split>/<class>/<file>`` (the layout
 of CIFAR-10 in ``shared/data/cifar10/cifar10_jpeg_train_test.tar.gz``, and of
-most image-folder datasets) and writes ``OUT/<split>.tsv`` for each split,
+most image-folder datasets; JPEG files only, what the pipeline decodes) and writes ``OUT/<split>.tsv`` for each split,
 with class indices in the order given (CIFAR-10's standard order by default):
 
     python -m hypermixer_jax.data.prepare_images \
@@ -39,7 +39,9 @@ import tqdm
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog",
                    "frog", "horse", "ship", "truck")
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+# The pipeline decodes JPEG only (``images.check_jpeg``): other formats stop
+# here, before any TSV is written, rather than at their first training row.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg")
 
 
 def _image_members(tar: tarfile.TarFile, archive: str, splits: Sequence[str],
@@ -55,8 +57,9 @@ def _image_members(tar: tarfile.TarFile, archive: str, splits: Sequence[str],
         or not parts[2].lower().endswith(IMAGE_EXTENSIONS)):
       raise ValueError(
           f"{archive}: member {member.name!r} is not <split>/<class>/<image> "
-          f"(image = {', '.join(IMAGE_EXTENSIONS)}); the archive must hold "
-          "only image-folder files.")
+          f"(image = {', '.join(IMAGE_EXTENSIONS)}: the pipeline decodes "
+          "JPEG only); the archive must hold only image-folder JPEG files "
+          "(convert others first).")
     split, cls, _ = parts
     if split not in found:
       raise ValueError(f"{archive}: member {member.name!r} is in split "

@@ -244,7 +244,7 @@ class TextEncoder(nn.Module):
   ``__call__`` returns the final hidden states ``[B, N, d]``; ``attend(h)``
   multiplies by the token embedding matrix (``E^T``) for tied output heads.
   Parameters: ``token_embed`` (``('vocab', 'embed')``), ``pos_embedding``
-  (learned only), ``type_embed`` (if ``type_vocab_size``), ``embed_norm``
+  (learned only), ``type_embed`` (if ``type_vocab_size``), ``embed_ln``
   (post-LN layouts, as in BERT), ``stack``.
   """
   layer: Callable[..., nn.Module]

@@ -15,12 +15,13 @@ Multi-head: d is split into H heads of width d/H, each with its own TM-MLP;
 the hypernetworks read the whole token and emit H * d' per token
 (``head_slices``: head h's own hypernetwork reads only its slice).
 
-Differences from the paper and its official (PyTorch) implementation, each a
-flag so the official behaviour is one setting away:
+Differences from the paper and its official (PyTorch) implementation, each
+but the LayerNorm epsilon a flag so the official behaviour is one setting
+away:
 * hypernetwork biases: ours have them (``hyper_bias``); the official code has
   none and the paper does not say. With ``hyper_bias=False``,
-  ``input_scale=True``, ``position_offset=1`` and LayerNorm eps 1e-5 a
-  single-head layer computes the official function.
+  ``input_scale=True`` and ``position_offset=1`` a single-head layer
+  computes the official function up to the LayerNorm epsilon.
 * input scale: the official code multiplies the hypernetworks' input by
   sqrt(d) before adding sinusoids (``input_scale``). Ours is off: in our
   pre-LN blocks that input is LayerNorm-ed (unit variance per feature, like
@@ -29,7 +30,8 @@ flag so the official behaviour is one setting away:
 * positions: counted from 0 here, from 1 in the official code
   (``position_offset``); only the hypernetworks see them, as in Algorithm 1,
   so the zoo's HyperMixer models add no positions to the residual stream.
-* LayerNorm eps: 1e-6 (the codebase's), 1e-5 in the official code.
+* LayerNorm eps: 1e-6 (the codebase's, not configurable), 1e-5 in the
+  official code.
 * causal mixing and packed segments go beyond the paper (below).
 
 Padding: rows of W1 (keys) and W2 (queries) of padded tokens are zero, so a
@@ -243,7 +245,7 @@ def causal_token_mixing(w_in: Array, w_out: Array, values: Array,
     chunk_size: tokens per scan step C; memory per step is
       ``B C H f d'`` states, and training stores ``N / C`` boundary states.
   Returns:
-    ``[B, N, H, f]`` in the dtype of ``values``.
+    ``[B, N, H, f]`` in the dtype of ``w_out``.
   """
   b, n = values.shape[:2]
   c = max(1, min(chunk_size, n))
@@ -437,9 +439,11 @@ class HyperMixing(nn.Module):
     tied: one hypernetwork for W1 and W2.
     position: 'sinusoidal' | 'learned' | 'none' position embeddings added to
       the hypernetwork inputs.
-    max_len: rows of the learned position table (and sinusoidal table size).
+    max_len: the learned position table holds ``max_len + position_offset``
+      rows; the sinusoidal one ``max(max_len, N, M) + position_offset``.
     layer_norm: LayerNorm on the output.
-    hidden_dim: hypernetwork hidden width (default d).
+    hidden_dim: hypernetwork hidden width (default d; d / H with
+      ``head_slices``).
     causal: query m only reads keys n <= m (self-mixing only).
     causal_chunk_size: tokens per step of the causal scan (memory per layer
       grows with it, the number of sequential steps shrinks).
@@ -456,8 +460,8 @@ class HyperMixing(nn.Module):
       slice of each token (per-head weights, the official implementation's
       layout) instead of the whole token.
     chunk_tokens: non-causal, unpacked mixing in two passes over token
-      chunks of about this many tokens (B x chunk length, chunks of at least
-      128 tokens of each row): pass 1 runs the key-side hypernetwork and
+      chunks of about this many tokens (B x chunk length; the automatic
+      choice, None, keeps chunks of at least 128 tokens of each row): pass 1 runs the key-side hypernetwork and
       accumulates W1^T x chunk by chunk, pass 2 the query side and
       W2 GELU(.) (``two_pass_token_mixing``). Same function (summation
       order aside). On a CPU the chunks' working sets stay in cache, which
@@ -501,7 +505,9 @@ class HyperMixing(nn.Module):
 
   # Positions enter the hypernetworks' inputs only (Algorithm 1; the
   # position-invariance argument rests on the values never seeing them), so
-  # a model on HyperMixing adds none to its residual stream.
+  # the zoo's GLUE configs and the smlp family add none to the residual
+  # stream of a model on HyperMixing (``build_model`` itself follows
+  # ``position_embeddings``).
   adds_positions = True
   # What a causal config exposes to the command line (``models.registry``).
   causal_options = ("causal_chunk_size",)

@@ -16,8 +16,8 @@ inference (``deterministic=True``) with every router and in training with
 Switch, GShard (slots filled token by token here), Hash and both sMoE
 routings. Base Layers' balanced assignment in training reads the whole
 sequence, as in its paper. With partial-prediction routing each row's first
-floor(0.2 n) positions (n its unpadded length) only decide the routing and
-the loss must skip them (``SmlpLM.loss_position_weights``, given to training
+max(1, floor(partial_fraction n)) positions (n its unpadded length) only
+decide the routing and the loss must skip them (``SmlpLM.loss_position_weights``, given to training
 by ``facts``; ``moe.smoe`` explains why the split point depends on the row's
 length, not on later token values).
 
@@ -253,7 +253,8 @@ class SmlpLM(nn.Module):
   def loss_start(self) -> int:
     """First counted position of an unpadded ``max_len`` row (0 unless partial
     routing). Nonzero means: weight the loss with ``loss_position_weights``,
-    which starts each row at floor(0.2 n) of its own length n."""
+    which starts each row at max(1, floor(partial_fraction n)) of its own
+    length n."""
     if (self.moe.smoe_routing == "partial" and self.num_sparse_layers
         and token_mixer(self.token_mixer).smoe):
       return partial_prefix_len(self.max_len, self.moe.partial_fraction)
@@ -407,6 +408,7 @@ def facts(cfg: Mapping[str, Any]) -> common.ModelFacts:
       loss_weights=model.loss_position_weights,
       packing_error=(
           "model.moe.smoe_routing='partial' routes each row by its first "
-          "20% of tokens, which packed rows (several examples) do not have; "
+          f"{model.moe.partial_fraction:.0%} of tokens, which packed rows "
+          "(several examples) do not have; "
           "set --config.data.packing=False or use "
           "--config.model.moe.smoe_routing=deterministic."))

@@ -30,7 +30,7 @@ Named configurations; in parentheses the paper's parameter count, then ours
   gives only the totals (11M; FNet 9.5M, i.e. 1.5M of token-mixing
   parameters); we reconstruct the shared part as 6 pre-LN layers, d=256,
   d_ffn=512, the BERT uncased WordPiece vocabulary (30,522) and sinusoidal
-  positions, which gives 9.40M for FNet and 10.98M for the Transformer
+  positions (none for HyperMixer, whose hypernetworks add them), which gives 9.40M for FNet and 10.98M for the Transformer
   (3-class head), and size every other token mixer to the Transformer's
   ~263k parameters per layer (hyper_dim, token_mlp_dim, gMLP d_ffn): 10.98M
   each.

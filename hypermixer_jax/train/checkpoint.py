@@ -29,9 +29,10 @@ finiteness check alone.
 ``Checkpointer.restore_latest`` (training, which holds the workdir) falls
 back to the newest step that restores when the newest ones are damaged
 (truncated files, garbage metadata, an emptied folder, a fingerprint
-mismatch, NaN/Inf), and moves each damaged step to
+mismatch, NaN/Inf), and moves each damaged step newer than it to
 ``damaged/<step>-<time>/`` beside the steps (never deleted), so that the
-resumed run saves that step again. When step folders exist but none
+resumed run saves that step again (older damaged steps stay where they
+are). When step folders exist but none
 restores it stops with an error naming them, rather than starting from
 scratch over them. Readers of another run's steps (``load_pretrained``:
 evaluate, predict, export, ``init_checkpoint``) fall back the same way but
@@ -281,9 +282,9 @@ class Checkpointer:
         f"{self.directory} holds checkpoint steps but none restores:\n"
         + "\n".join(f"  {f}: {why}" for f, why in failures)
         + "\nNot starting from scratch over them. Move the damaged step "
-        f"folders away (e.g. into {self.directory}/{DAMAGED}/) to resume from "
-        "an older one, or use a new --workdir; --mode=verify --workdir=... "
-        "lists what failed in each.")
+        f"folders away (e.g. into {self.directory}/{DAMAGED}/) to start again "
+        "from init_checkpoint or from scratch, or use a new --workdir; "
+        "--mode=verify --workdir=... lists what failed in each.")
 
   def set_aside(self, folders: Sequence[str]) -> None:
     """Moves each damaged step folder to ``damaged/<step>-<UTC time>/``
@@ -465,8 +466,9 @@ def _steps_to_try(path: str | os.PathLike) -> tuple[str, list[int], bool]:
   path = os.fspath(path).rstrip("/")
   if not epath.Path(path).exists():
     raise FileNotFoundError(
-        f"config.init_checkpoint={path!r} does not exist; give a run's "
-        "workdir, its checkpoints folder or one step folder.")
+        f"checkpoint path {path!r} (config.init_checkpoint or --step) does "
+        "not exist; give a run's workdir, its checkpoints folder or one "
+        "step folder.")
   if (epath.Path(path) / "checkpoints").is_dir():
     path = os.fspath(epath.Path(path) / "checkpoints")
   base = epath.Path(path).name
@@ -476,7 +478,8 @@ def _steps_to_try(path: str | os.PathLike) -> tuple[str, list[int], bool]:
   steps = _finished_steps(manager)
   manager.close()
   if not steps:
-    raise FileNotFoundError(f"init checkpoint {path!r} holds no checkpoint")
+    raise FileNotFoundError(f"checkpoint path {path!r} holds no finished "
+                            "checkpoint step")
   return path, steps, False
 
 

@@ -87,8 +87,8 @@ def base_config() -> ml_collections.ConfigDict:
   # dict(type=..., every=..., **options); see hypermixer_jax.train.evaluation.
   c.evals = ml_collections.ConfigDict()
 
-  # Test hooks: SIGKILL this process right after the given step has been
-  # logged (kill_at_step), or right after its checkpoint, before its
+  # Test hooks: SIGKILL this process after the given step has been logged,
+  # saved (when due) and evaluated (kill_at_step), or right after its checkpoint, before its
   # evaluation (kill_after_save_at_step); SIGTERM it after the given step
   # (sigterm_at_step: a preemption notice); replace the loss of the given
   # step by NaN (by poisoning the batch's float arrays). -1 disables.

@@ -18,11 +18,12 @@ One run, in named phases:
    per step, a multi-host sync point) and ``_evaluate`` (the evaluators of
    ``evaluation.declared``: the task's metrics every ``eval_every`` steps and
    the extras of ``config.evals``), with a stop and a clear error on a NaN or
-   Inf loss (checked before every save, so a non-finite state never becomes
-   a checkpoint). A run resumed from a step whose evaluation the
+   Inf loss or gradient (checked at every log step and before every save and
+   every evaluation, so a non-finite state never becomes a checkpoint or an
+   evaluation; the steps between two checks run on). A run resumed from a step whose evaluation the
    interrupted run did not log (killed or preempted between the save and
    the evaluation) evaluates it first; a full disk stops with one line
-   naming the last good checkpoint.
+   naming the newest checkpoint folder.
 
 The loop knows no model, head or task: heads are ``hypermixer_jax.heads``,
 model facts ``models.model_facts``, extras declared evaluators.
@@ -246,11 +247,14 @@ def _check_finite(progress: _Progress, ck: ckpt_lib.Checkpointer,
                   step: int) -> None:
   if not bool(jax.device_get(progress.all_finite)):
     ck.wait_until_finished()
+    latest = ck.latest_step()
+    saved = (f"the latest checkpoint is step {latest} in {ck.directory}"
+             if latest is not None else f"no checkpoint in {ck.directory} yet")
     raise _NonFinite(
         f"loss or gradient became NaN/Inf between steps "
-        f"{progress.checked_until + 1} and {step}; stopping. Not saved; the "
-        f"latest checkpoint is step {ck.latest_step()} in {ck.directory}. "
-        "Lower the learning rate, enable clipping or check the data.")
+        f"{progress.checked_until + 1} and {step}; stopping. Not saved; "
+        f"{saved}. Lower the learning rate, enable clipping or check the "
+        "data.")
   progress.checked_until = step
 
 
@@ -331,6 +335,8 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
       logging.warning("preemption at step %d: checkpoint saved, stopping.",
                       step)
       return
+    if any(ev.due(step, step == total) for ev in evaluators):
+      _check_finite(progress, ck, step)   # never evaluate a non-finite state
     _evaluate(run, progress, evaluators, step, step == total, writer, bar)
     if step == config.debug.kill_at_step:
       _die(ck, writer)

@@ -71,7 +71,8 @@ def device_peak_flops(devices: Sequence[Any], override: float | None = None
   peaks = {peak_flops(k, override) for k in kinds}
   if len(peaks) != 1:
     logging.warning("devices of several kinds %s: MFU uses the smallest "
-                    "known peak.", sorted(kinds))
+                    "peak (none where a kind's peak is unknown).",
+                    sorted(kinds))
   known = [p for p in peaks if p]
   return min(known) if known and None not in peaks else None
 
@@ -139,7 +140,8 @@ class Throughput:
 
 
 class MetricWriter:
-  """Writes scalars to TensorBoard and ``metrics.jsonl``, images as PNG files.
+  """Writes scalars to TensorBoard and ``metrics.jsonl``, images to
+  TensorBoard.
 
   ``metrics.jsonl`` holds one record per (split, step) with full-precision
   floats; a resumed run appends, and ``read_metrics`` keeps the last record of

@@ -46,9 +46,9 @@ def _process() -> tuple[int, int]:
 class DataStateHandler(ocp.AsyncCheckpointHandler):
   """Saves this process's input position; restores this process's own.
 
-  ``restore`` returns None, with a warning, when the checkpoint holds no
-  position for this process (written by a different number of processes, or
-  without one).
+  ``restore`` returns None, with a warning, when the checkpoint was written
+  by a different number of processes, None when the position was saved as
+  None, and raises FileNotFoundError when this process's file is missing.
   """
 
   async def async_save(self, directory: epath.Path,

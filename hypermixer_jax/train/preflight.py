@@ -16,7 +16,7 @@ possible (``workdir.guard`` calls the checks):
 A disk that fills during a run fails in many places at once (Orbax's writer
 threads, TensorBoard, ``metrics.jsonl``): ``quiet_disk_full`` counts their
 errors instead of printing them, and ``disk_full_error`` is the one line,
-with the last good checkpoint.
+with the newest checkpoint folder.
 """
 from __future__ import annotations
 
@@ -117,9 +117,9 @@ def disk_full(e: BaseException) -> OSError | None:
 
 
 class _DiskFullFilter:
-  """Drops the log records of a full disk (Orbax's writer threads log one
-  traceback per file they fail to write; the run's summary line says it
-  once) and counts them."""
+  """After the first record of a full disk, drops every warning and error
+  and counts them (Orbax's writer threads log one traceback per file they
+  fail to write; the run's summary line says it once)."""
 
   def __init__(self):
     self.dropped = 0
@@ -175,7 +175,7 @@ def disk_full_error(workdir: str) -> WorkdirError:
   """The one line a run stops with when its disk is full."""
   from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
   steps = run_config.checkpoint_steps(workdir)
-  kept = (f"the last good checkpoint is step {steps[-1]} in "
+  kept = (f"the newest checkpoint folder is step {steps[-1]} in "
           f"{os.path.join(os.fspath(workdir), 'checkpoints')}; free space "
           "(or lower --config.keep_checkpoints) and run the same command "
           "again: it resumes from there." if steps else

@@ -26,7 +26,7 @@ real GCS only, running the same calls as the gcsfs backend.
 
 ``register_tensorboard`` lets tensorboardX write its event files through
 epath too (its own ``gs://`` writer needs google-cloud-storage and does not
-go through the path layer); ``read_records`` / ``write_records`` read and
+go through the path layer); ``read_records`` / ``encode_records`` read and
 write TFRecord framing (event files) without TensorFlow's file system.
 """
 from __future__ import annotations

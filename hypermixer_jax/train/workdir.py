@@ -12,7 +12,9 @@
   ``config.json`` (the latest) and ``configs/<UTC time>-step<N>.json``.
 * ``truncate_logs``: on resume from step S, drops what the interrupted run
   logged after S from ``metrics.jsonl`` and from the TensorBoard event files
-  (the resumed run logs those steps again), so no step appears twice.
+  (the resumed run logs those steps again), so no step appears twice; a
+  finished run started again re-evaluates its last step, whose records of
+  the ``config.evals`` extras then appear twice.
 
 Only process 0 calls these (the workdir is shared by the hosts of a job).
 All file access goes through ``storage`` (``etils.epath``), so a workdir may

@@ -374,7 +374,8 @@ def base_route(logits: Array, *, train: bool, capacity: int | None = None,
 
   Training: ``balanced_assignment`` of all S tokens (padding included, so the
   loads stay exactly S / E; padding slots are then left empty). Inference:
-  greedy top-1 with ``capacity`` slots in token order.
+  greedy top-1 with ``capacity`` slots in token order, filled by the real
+  tokens only.
   """
   s, e = logits.shape
   logits = logits.astype(jnp.float32)
@@ -388,8 +389,9 @@ def base_route(logits: Array, *, train: bool, capacity: int | None = None,
     expert = jnp.argmax(logits, axis=-1)
   gate = jax.nn.sigmoid(jnp.take_along_axis(logits, expert[:, None], -1))[:, 0]
   # Padding takes its slot in training (the loads stay exactly S / E), then
-  # is left out.
-  routes = _single_choice(expert, gate, jnp.ones((s,), jnp.float32), e,
+  # is left out; at inference it takes none.
+  routes = _single_choice(expert, gate,
+                          jnp.ones((s,), jnp.float32) if train else real, e,
                           capacity)
   routes = routes._replace(keep=routes.keep & (real[:, None] > 0))
   return routes, _stats(jax.nn.softmax(logits, -1), routes, e, real)

@@ -85,7 +85,7 @@ def partial_prefix_len(length, fraction: float = 0.2):
 
   ``length`` is an int (static) or an integer array of per-row lengths; the
   floor is taken in integer arithmetic (``fraction`` as a ratio p/q), so
-  both give the same s (0.2 * 15 is 3, not 2 by float rounding).
+  both give the same s (0.7 * 90 is 63, not 62 by float rounding).
   """
   p, q = _fraction(fraction)
   if isinstance(length, (int, np.integer)):
@@ -136,8 +136,9 @@ class SparseSpatialMixing(nn.Module):
 
   Attributes:
     num_experts: E (H must divide by E for deterministic routing).
-    max_len: largest T; W_e is [T, T] (deterministic) or [T - floor(0.2 T)]^2
-      (partial: it mixes X2 only), W_r [floor(0.2 T), E].
+    max_len: largest T; W_e is [T, T] (deterministic) or [T - s]^2 with
+      s = ``partial_prefix_len(T)`` = max(1, floor(partial_fraction T))
+      (partial: it mixes X2 only), W_r [s, E].
     routing: 'deterministic' or 'partial'.
     causal: W_e lower triangular.
     partial_fraction: share of the tokens read by the partial router.

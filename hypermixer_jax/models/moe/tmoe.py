@@ -138,8 +138,8 @@ def route_groups(fn: Callable[..., Any], *args: Any,
 
   Under a mesh with an expert axis the map runs inside ``jax.shard_map``,
   each device routing its own groups: XLA's partitioner would otherwise
-  gather the groups around ops such as ``top_k`` inside Base Layers' auction
-  loop. ``None`` args are passed through.
+  gather the groups around the reductions and the sort of Base Layers'
+  auction loop. ``None`` args are passed through.
   """
   mapped = jax.vmap(fn)
   if expert_mesh_size(axis) == 1:
