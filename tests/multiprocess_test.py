@@ -134,3 +134,19 @@ def test_two_processes_train_like_one(tmp_path, cache_dir):
                                rtol=1e-5)
   # The run learnt something, so equal losses are not equal constants.
   assert got[12]["loss"] < got[1]["loss"]
+
+  # Process 1's part of step 12 damaged: both processes resume from step 6
+  # (neither from 12 while the other falls back), step 12 is set aside, and
+  # steps 7-12 train again to the same losses.
+  (two / "checkpoints" / "12" / "data" / "process_1-of-2.json").write_text(
+      "{not json")
+  logs = _launch(two, 12, processes=2, devices=2, cache_dir=cache_dir)
+  for log in logs:
+    assert "resuming from own checkpoint" in log and " step 6 " in log, (
+        log[-3000:])
+  assert ckpt_lib.Checkpointer(two / "checkpoints").all_steps() == [6, 12]
+  assert len(list((two / "checkpoints" / "damaged").iterdir())) == 1
+  again = metrics_lib.read_metrics(str(two))
+  np.testing.assert_allclose([again[s]["loss"] for s in range(1, 13)],
+                             [ref[s]["loss"] for s in range(1, 13)],
+                             rtol=1e-5)

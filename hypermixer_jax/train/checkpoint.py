@@ -219,9 +219,15 @@ class Checkpointer:
     being this process's input position (None when the checkpoint was
     written by a different number of processes).
 
+    In a multi-process job every process reads its own part; the step
+    restores only where every process read it (a part damaged on one host
+    fails the step on all of them, so that they never resume from
+    different steps or wait for each other in the checks).
+
     Raises:
       IntegrityError: the restored arrays differ from the step's
         fingerprints, or hold NaN/Inf.
+      CheckpointError: another process could not read its part.
     """
     step = self.latest_step() if step is None else step
     if step is None:
@@ -230,7 +236,25 @@ class Checkpointer:
              DATA: multihost.DataStateRestore()}
     if has_fingerprints(self.directory, step):
       items[FINGERPRINTS] = ocp.args.JsonRestore()
-    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    try:
+      restored, error = self.manager.restore(
+          step, args=ocp.args.Composite(**items)), None
+    except Exception as e:  # pylint: disable=broad-except
+      restored, error = None, e
+      if jax.process_count() > 1:
+        # Orbax's restore ends in a barrier of every process, which a
+        # failed read skips: meet the other processes there (under the
+        # name its checkpointer gives it), so that all of them reach the
+        # agreement below. tests/multiprocess_test.py checks the name.
+        ocp.multihost.sync_global_processes(ocp.multihost.unique_barrier_key(
+            "Checkpointer:restore", prefix=getattr(
+                self.manager._checkpointer,  # pylint: disable=protected-access
+                "_barrier_sync_key_prefix", None)))
+    if not _on_every_process(error is None):
+      if error is not None:
+        raise error
+      raise CheckpointError(f"{self.directory}/{step}: another process "
+                            "could not read its part of this step")
     check_restored(restored[STATE], restored[FINGERPRINTS]
                    if FINGERPRINTS in items else None,
                    f"{self.directory}/{step}")
@@ -258,9 +282,14 @@ class Checkpointer:
         with its error), so that a run never starts from scratch over them.
     """
     quiet_failed_reads()
-    complete = set(self.all_steps())
+    # Process 0's listing, so that every process tries the same steps.
+    finished = set(self.all_steps())
+    listed = _from_process_0(
+        [2 * s + (s in finished)
+         for s in sorted(finished | set(self.step_folders()), reverse=True)])
+    complete = {v // 2 for v in listed if v % 2}
     failures = []
-    for step in sorted(complete | set(self.step_folders()), reverse=True):
+    for step in (v // 2 for v in listed):
       folder = os.path.join(self.directory, str(step))
       if step not in complete:
         failures.append((folder, UNFINISHED))
@@ -458,6 +487,28 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[str, int]:
   """
   directory, steps, _ = _steps_to_try(path)
   return directory, steps[0]
+
+
+def _on_every_process(ok: bool) -> bool:
+  """True where ``ok`` holds on every process of the job (a collective:
+  every process must call it)."""
+  if jax.process_count() == 1:
+    return ok
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  # int32, not bool: gloo's CPU collectives mis-size one-byte predicates.
+  return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+
+
+def _from_process_0(values: list[int]) -> list[int]:
+  """Process 0's ``values`` on every process (a collective)."""
+  if jax.process_count() == 1:
+    return values
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  n = int(multihost_utils.broadcast_one_to_all(np.int64(len(values))))
+  padded = np.zeros(max(n, 1), np.int64)
+  padded[:min(n, len(values))] = values[:n]
+  return [int(v) for v in
+          multihost_utils.broadcast_one_to_all(padded)[:n]]
 
 
 def _steps_to_try(path: str | os.PathLike) -> tuple[str, list[int], bool]:
