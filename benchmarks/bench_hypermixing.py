@@ -1,7 +1,6 @@
 """HyperMixing forward speed against the matmul ceiling, and causal memory.
 
-Four tables, one a run (chosen by the flags), measured on this device (PyTorch,
-where compared, in a child process on the same core):
+Four tables, one a run (chosen by the flags), measured on this device:
 
 1. Forward of the (non-causal) HyperMixing token mixer at B x N x d with
    hyper_dim d' for several N: time, XLA-counted FLOPs, FLOP/s as a share
