@@ -261,8 +261,9 @@ def test_verify_from_the_command_line(run, tmp_path):
   assert lines[1].split()[:2] == ["8", "damaged"]
   assert lines[2].split()[:2] == ["4", "ok"]
   assert out.stderr.splitlines()[-1] == (
-      f"Damaged: step(s) 8 of {workdir}; training on this workdir moves them "
-      "to checkpoints/damaged/ and resumes from the newest step that is ok.")
+      f"Damaged: step(s) 8 of {workdir}; training on this workdir resumes "
+      "from the newest step that restores and moves the damaged steps newer "
+      "than it to checkpoints/damaged/.")
   assert "Traceback" not in out.stderr
 
 

@@ -100,7 +100,8 @@ def test_missing_init_checkpoint_one_clean_error(tmp_path):
   out = _main(tmp_path / "w", f"{CONFIGS}/default.py", *TINY_SYNTH,
               f"--config.init_checkpoint={tmp_path}/nowhere")
   assert out.returncode == 1
-  assert f"init_checkpoint='{tmp_path}/nowhere' does not exist" in out.stderr
+  assert (f"checkpoint path '{tmp_path}/nowhere' (config.init_checkpoint or "
+          "--step) does not exist" in out.stderr)
   assert "cannot schedule new futures" not in out.stderr
   assert "Traceback" not in out.stderr
 
