@@ -77,27 +77,33 @@ def test_resume_drops_logs_after_the_checkpoint(tmp_path, redo_eval):
     w.write_scalars(step, {"loss": 1.0 / step})
     if step % 5 == 0:
       w.write_scalars(step, {"loss": 2.0}, split="eval")
+      w.write_scalars(step, {"spread": 0.3}, split="pseudo_attention")
   w.close()
   with open(tmp_path / "metrics.jsonl", "a") as f:
     f.write('{"split": "train", "st')   # cut short by a kill
   resume = 5
   dropped = workdir_lib.truncate_logs(str(tmp_path), resume,
                                       redo_eval_at_resume_step=redo_eval)
-  # The resumed run logs steps 6..10 again (and eval 5 when redone).
+  # The resumed run logs steps 6..10 again (and every evaluator's step 5
+  # when redone, the extras' included).
   w = metrics_lib.MetricWriter(str(tmp_path))
   if redo_eval:
     w.write_scalars(5, {"loss": 2.5}, split="eval")
+    w.write_scalars(5, {"spread": 0.4}, split="pseudo_attention")
   for step in range(6, 11):
     w.write_scalars(step, {"loss": 0.5 / step})
   w.write_scalars(10, {"loss": 2.0}, split="eval")
+  w.write_scalars(10, {"spread": 0.3}, split="pseudo_attention")
   w.close()
   with open(tmp_path / "metrics.jsonl") as f:
     recs = [json.loads(line) for line in f]
   keys = [(r["split"], r["step"]) for r in recs]
-  assert len(keys) == len(set(keys)) == 12
-  assert dropped == 2 * (5 + 1) + 1 + 2 * redo_eval  # jsonl + TB, cut line
+  assert len(keys) == len(set(keys)) == 14
+  # jsonl and TensorBoard each: train 6..10, both evaluators' step 10 (and
+  # step 5 when redone); the cut line.
+  assert dropped == 2 * (5 + 2 + 2 * redo_eval) + 1
   events = _events(tmp_path)
-  assert len(events) == len(set(events)) == 12
+  assert len(events) == len(set(events)) == 14
   assert sorted(s for t, s in events if t == "train/loss") == list(
       range(1, 11))
   new = {r["step"]: r["loss"] for r in recs if r["split"] == "train"}

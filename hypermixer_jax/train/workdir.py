@@ -12,9 +12,9 @@
   ``config.json`` (the latest) and ``configs/<UTC time>-step<N>.json``.
 * ``truncate_logs``: on resume from step S, drops what the interrupted run
   logged after S from ``metrics.jsonl`` and from the TensorBoard event files
-  (the resumed run logs those steps again), so no step appears twice; a
-  finished run started again re-evaluates its last step, whose records of
-  the ``config.evals`` extras then appear twice.
+  (the resumed run logs those steps again), so no step appears twice (a
+  finished run started again evaluates its last step again: every
+  evaluator's records of it go, the ``config.evals`` extras' included).
 
 Only process 0 calls these (the workdir is shared by the hosts of a job).
 All file access goes through ``storage`` (``etils.epath``), so a workdir may
@@ -187,7 +187,9 @@ def save_config(config: ml_collections.ConfigDict, workdir: str,
 
 
 def _keep(split: str, step: int, resume_step: int, redo_eval: bool) -> bool:
-  if split == "eval" and redo_eval:
+  """Whether a record stays: an evaluator's (any split but 'train') at the
+  resume step goes when that step is evaluated again."""
+  if split != "train" and redo_eval:
     return step < resume_step
   return step <= resume_step
 
@@ -247,8 +249,8 @@ def _truncate_tensorboard(workdir, resume_step, redo_eval) -> int:
     for record in records:
       event = event_pb2.Event.FromString(record)
       tags = [v.tag for v in event.summary.value]
-      split = "eval" if tags and all(t.startswith("eval/") for t in tags) \
-          else "train"
+      split = "train" if tags and all(t.startswith("train/") for t in tags) \
+          else "evaluation"
       if not event.HasField("summary") or _keep(split, event.step,
                                                 resume_step, redo_eval):
         kept.append(record)
