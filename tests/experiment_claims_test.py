@@ -140,9 +140,10 @@ class ClaimsTest(absltest.TestCase):
         "epochs), 0.12M params; each model's lr and warm-up chosen from 2 "
         "settings on the validation images carved from train (a at the "
         "grid's largest lr, 0.01; b at the grid's smallest lr, 0.001)")
-    # A run without its own arguments reads the record's.
+    # A run without its own arguments ran at the default batch (a key with
+    # no 'b<batch>'), not at the last invocation's (the record's args).
     data["runs"] = {"small/s300/a/seed=0": {"step": 40, "params": 2e6}}
-    self.assertIn("40 steps x 999",
+    self.assertIn("40 steps x 128",
                   claims._image_regime(("a",), "carved", False)(data))
     self.assertEqual(claims._image_regime(("c",), "carved", False)(data),
                      "not run")

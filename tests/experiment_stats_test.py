@@ -132,6 +132,12 @@ class VerdictTest(absltest.TestCase):
     self.assertEqual(
         stats.verdict([0.9] * 3, [0.5] * 3, "higher", n_eval=100).word,
         "agrees")
+    # Accuracies all at 1 (or 0) have no binomial noise either.
+    for other in ([1.0] * 3, 1.0):
+      v = stats.verdict([1.0] * 3, other, "higher", n_eval=100)
+      self.assertEqual(v.text(), "not decided (no spread between the seeds)")
+    self.assertEqual(stats.against_baseline([0.0] * 3, 0.0, n_eval=50).word,
+                     "not decided")
 
   def test_text_reports_the_difference_interval_and_p(self):
     v = stats.verdict(A, B, "higher")

@@ -612,10 +612,10 @@ def tune(exp, args, study, vocab: dict, configs: dict, sizes: dict,
   FLOP-matched size, searches ``selection.settings`` (``--lrs``) with seed
   ``selection.SEED`` on the C4 sample less every 10th document, scored by
   perplexity on those documents; then ``--seeds`` at each model's choice on
-  the same carved documents, scored on the held-out WikiText rows at every
+  the carved train part (the sample less every 10th document), scored on the held-out WikiText rows at every
   length as the main grid (``study``: its sizes, steps and key prefix;
   ``base_cfg``: the Transformer's training config). Writes
-  ``table_tuned.md``, baselines counted on the carved documents."""
+  ``table_tuned.md``, baselines counted on the carved train part."""
   s, steps, prefix = study
   shared = pathlib.Path(args.shared)
   split = mlm.carve_validation(shared / mlm.C4_TRAIN,

@@ -22,6 +22,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from hypermixer_jax.experiment import glue
+from hypermixer_jax.experiment import images as images_lib
 from hypermixer_jax.experiment import nli
 from hypermixer_jax.experiment import records as records_lib
 from hypermixer_jax.experiment import sparse_lm
@@ -216,9 +217,9 @@ def _image_regime(models: Sequence[str], base: str, tuned: bool
     if not runs:
       return "not run"
     # Older runs keep no arguments of their own; a key without 'b<batch>'
-    # after the steps was run at the default batch, as every invocation's.
+    # after the steps was run at the default batch (``images_lib.run_prefix``).
     steps = runs[0]["step"]
-    batch = runs[0].get("args", data["args"])["batch_size"]
+    batch = runs[0].get("args", {}).get("batch_size", images_lib.SMALL_BATCH)
     images = data["baselines"][base]["train_images"]
     sizes = "-".join(sorted({f"{r['params'] / 1e6:.2f}" for r in runs}))
     text = (f"CIFAR-10 32x32, {images:,} training images, {steps} steps x "

@@ -184,8 +184,9 @@ def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
   the CIFAR-10 archive (its digest goes with the baselines); ``reverse``:
   the grids from their last cell (a second process on the same ``--out``
   meets the first in the middle); ``lrs``: the search's learning rates
-  (None: ``selection.LRS``; a longer list keeps the earlier settings' cells,
-  so a widened grid adds runs). Returns
+  (None: ``selection.LRS``; rates appended after the default's keep the
+  earlier settings' cells, so a widened grid adds runs; rates put before
+  them renumber the settings, and every recorded cell is run again). Returns
   ``(split, selection runs, chosen, runs, baselines)``."""
   split = carve_validation(tsvs)
   exp.save(cifar_split=selection.split_record(split))

@@ -39,7 +39,7 @@ LENGTHS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 TOKENS_PER_CALL = 16384
 # In the order a run measures them (the first is what a pod user reads).
 SECTIONS = ("mlm_mfu", "token_mixing", "smlp_vs_switch", "profile")
-# The train steps ``profile`` splits by model part: the two MLM steps
+# The train steps ``profile`` splits by model part: the three MLM steps
 # furthest below the others' MFU and the sMLP / Switch pair.
 PROFILED = ("mlp_mixer", "fnet", "hypermixer", "smlp", "switch")
 

@@ -329,7 +329,8 @@ def report_names(scale: str, steps: int) -> tuple[str, str]:
 # share of the steps), chosen on C4 documents carved from the training
 # sample (every ``VALIDATION_EVERY``-th), never on the reported held-out
 # set; the selection runs use a seed none of the reported runs uses, and
-# every model (tuned or not) then trains on the rest of the sample.
+# every tuned model then trains on the rest of the sample (untuned runs on
+# the whole sample).
 TUNE_LRS = selection.LRS
 TUNE_WARMUP_SHARES = selection.WARMUP_SHARES
 TUNE_SEED = selection.SEED

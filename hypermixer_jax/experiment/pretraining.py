@@ -139,8 +139,8 @@ def selection_config(config: ml_collections.ConfigDict, split: dict
 def pretrain_config(mixer: str, shared: pathlib.Path, vocab: dict, *,
                     seed: int, steps: int) -> ml_collections.ConfigDict:
   """MLM pretraining of the classifier's own encoder (the same model config
-  with the MLM head), ``mlm_perplexity``'s training and held-out set at the
-  classifier's sequence length."""
+  with the MLM head), ``mlm_perplexity``'s held-out set, trained on both C4
+  samples (``C4_TRAIN_ALL``), at the classifier's sequence length."""
   model = finetune_config(mixer, shared, vocab, lr=1.0, seed=seed,
                           fraction=1.0, out=pathlib.Path("."),
                           steps=1).model

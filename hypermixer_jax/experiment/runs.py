@@ -78,8 +78,6 @@ def train(config, workdir: str, *, with_params: bool = False
   from hypermixer_jax.train import metrics  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
   result = loop.train_and_evaluate(config, workdir)
-  if isinstance(result, dict):  # {name: RunResult}, main model first
-    result = next(iter(result.values()))
   if getattr(result, "preempted", False):
     # A run stopped by a preemption notice (SIGTERM) is not a result: the
     # experiment stops before recording it, and its command resumes it.

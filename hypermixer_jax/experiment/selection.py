@@ -6,8 +6,8 @@ and scored on a validation split carved from the training data
 (``carve_lines``: every ``VALIDATION_EVERY``-th example, its digest
 recorded), never on the set a number is reported on. Each model's best
 setting (``choose``) then trains the reported seeds on the rest of the
-training data (``tune`` runs both grids). The MLM, image and GLUE studies
-use it.
+training data (``tune`` runs both grids). Every study with ``--tune`` uses
+it.
 """
 from __future__ import annotations
 

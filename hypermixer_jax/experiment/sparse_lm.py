@@ -14,7 +14,7 @@ from hypermixer_jax import baselines
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import selection
 
-# name -> (label, family fields, moe fields). ``sparse``: has N2 > 0.
+# name -> (label, family fields, moe fields).
 MODELS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "smlp_deterministic": ("sMLP (deterministic)", dict(token_mixer="gmlp"),
                            dict(tmoe_router="base",
@@ -247,7 +247,7 @@ def choose_depth(fit: Mapping[str, float], target: float,
                  candidates: Sequence[tuple[int, int]]
                  ) -> tuple[tuple[int, int], float]:
   """(depth, layer FLOPs / target) of the candidate closest to ``target``
-  in log ratio (a model 10% over and one 10% under are equally far)."""
+  in log ratio (a model 1.1x over and one 1.1x under are equally far)."""
   if target <= 0 or not candidates:
     raise ValueError(f"choose_depth: target {target} FLOPs and "
                      f"{len(candidates)} candidate depths.")
@@ -339,7 +339,8 @@ def run_summary(result: Mapping[str, Any], tokens_per_step: int
   tps = sorted(r["tokens_per_sec"] for r in logs)[len(logs) // 2]
   evals = result["eval_curve"]
   last = evals[max(evals, key=int)]
-  # The median skips the intervals that hold an evaluation or a checkpoint.
+  # The median is robust to the few intervals that hold an evaluation or a
+  # checkpoint.
   return {"perplexity": last["perplexity"], "tokens_per_sec": tps,
           "flops_per_token": (experiment.flops_per_step(result)
                               / tokens_per_step),
@@ -603,9 +604,9 @@ def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
          budget: str, config, tokens_per_step: int, lrs=None,
          reverse: bool = False) -> tuple[dict, dict, dict, dict, dict]:
   """Every model's search at its planned depth (``selection.tune``): each
-  run trains on the carved C4 documents and is scored by its final
-  perplexity on the carved ones; then the seeds at each model's choice,
-  trained on the same documents and scored on WikiText-2 valid as the
+  run trains on the carved train part (the C4 documents less every 10th)
+  and is scored by its final perplexity on the held-out tenth; then the
+  seeds at each model's choice, trained on the same part and scored on WikiText-2 valid as the
   untuned runs. Every run records the dispatch and the weight-decay rule
   (runs of another are retired and run again).
   Returns ``(split, searched, chosen, runs, baselines)``."""

@@ -64,7 +64,8 @@ def fmt_mean_sd(values: Sequence[float], scale: float = 1.0,
 
 def seed_summary(values: Sequence[float]) -> dict[str, float | int]:
   """A cell's seeds as ``mean``, ``std`` (ddof=1; 0 for one value), ``min``,
-  ``max`` and ``seeds`` (the count; 0 and NaN statistics for none)."""
+  ``max`` and ``seeds`` (the count; for none, 0 seeds, NaN mean, min and
+  max, std 0)."""
   v = np.array(values if len(values) else [np.nan], dtype=float)
   return dict(mean=float(v.mean()),
               std=float(v.std(ddof=1)) if len(v) > 1 else 0.0,
@@ -203,7 +204,7 @@ class Verdict:
     out = (f"{word}: {scale * t.diff:{f}} "
            f"[{scale * t.low:{f}}, {scale * t.high:{f}}], {_p(t.p)}")
     if self.margin is not None:
-      out += (f"; equal within ±{scale * self.margin:{f[1:]}}: "
+      out += (f"; equal within ±{scale * self.margin:{f.lstrip('+')}}: "
               f"TOST {_p(self.p_equal)}")
     return out
 
@@ -213,6 +214,13 @@ class Verdict:
 
 def _p(p: float) -> str:
   return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
+def _no_spread(values: Sequence[float], n_eval: int | None) -> bool:
+  """Seeds that all score alike, with no evaluation-set noise either (none
+  given, or accuracies all at 0 or 1, whose binomial variance is 0)."""
+  same = max(values) == min(values)
+  return same and (not n_eval or float(values[0]) in (0.0, 1.0))
 
 
 def verdict(ours: Sequence[float], other: Sequence[float] | float,
@@ -242,7 +250,7 @@ def verdict(ours: Sequence[float], other: Sequence[float] | float,
     return Verdict("not decided", claim,
                    why=f"{min(seeds)} < {MIN_SEEDS} seeds")
   spread = [ours] + ([] if isinstance(other, (int, float)) else [other])
-  if not n_eval and all(max(v) == min(v) for v in spread):
+  if all(_no_spread(v, n_eval) for v in spread):
     return Verdict("not decided", claim, why="no spread between the seeds")
   test = welch(ours, other, n_eval=n_eval)
   p_equal = None if margin is None else tost(ours, other, margin,
@@ -262,7 +270,7 @@ def against_baseline(ours: Sequence[float], baseline: float, *,
                      n_eval: int | None = None) -> Verdict:
   """``ours`` against a trivial baseline (a number) by the same test as
   ``verdict``: 'above' / 'below' where it decides, else 'level' (or 'not
-  decided' with too few seeds)."""
+  decided' with too few seeds or no spread)."""
   v = verdict(ours, baseline, "higher", n_eval=n_eval)
   words = {"agrees": "above", "disagrees": "below"}
   if v.test is not None:
