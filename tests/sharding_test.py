@@ -9,6 +9,7 @@ import functools
 import math
 import pickle
 import re
+from typing import Any
 
 import chex
 import flax.linen as nn
@@ -149,10 +150,14 @@ def _assert_split(x, spec, mesh):
     assert s.data.shape == tuple(shard), (s.data.shape, shard)
 
 
-def _check_all_shards(tree, mesh):
-  """Every array's shard shape agrees with its spec (no silent replication)."""
-  for x in jax.tree.leaves(tree):
-    _assert_split(x, x.sharding.spec, mesh)
+def _check_all_shards(tree, expected, mesh):
+  """Every array is placed as ``expected`` (a tree of the same structure
+  of NamedShardings: what the logical axis names and the rules give), and
+  its shards have that spec's shapes (no silent replication)."""
+  leaves, want = jax.tree.leaves(tree), jax.tree.leaves(expected)
+  assert len(leaves) == len(want), (len(leaves), len(want))
+  for x, s in zip(leaves, want):
+    _assert_split(x, s.spec, mesh)
 
 
 # Hand-written placements of representative parameters, per preset.
@@ -208,7 +213,7 @@ def test_sharded_loss_and_grads_equal_single_device(mixer, preset):
       _assert_split(x, spec, mesh)
       checked += 1
   assert checked >= 3
-  _check_all_shards((params, grads), mesh)
+  _check_all_shards((params, grads), (shardings, shardings), mesh)
 
 
 # (8, 1) would be data parallelism alone: the data_parallel cases of
@@ -240,7 +245,8 @@ def test_meshes(shape, second):
   _assert_split(wi, P("fsdp", None if second == "fsdp" else "tensor"), mesh)
   assert wi.addressable_shards[0].data.size == wi.size // shape[1]
   _assert_split(batch["inputs"], P(("data", "fsdp", "expert"), None), mesh)
-  _check_all_shards((state.params, state.opt_state), mesh)
+  _check_all_shards((state.params, state.opt_state),
+                    (shardings.params, shardings.opt_state), mesh)
   # Adam's moments follow their parameters; its count is replicated.
   [(_, mu)] = _find(state.opt_state, "0/mu/encoder/stack/layer_0/sgu/proj_in/"
                     "dense/kernel")
@@ -278,7 +284,7 @@ def test_train_step_equals_single_device_and_constraints_bind():
   for k in ("loss", "accuracy", "grad_norm"):
     np.testing.assert_allclose(metrics[k], ref_metrics[k], rtol=2e-5)
   assert bool(metrics["is_finite"])
-  _check_all_shards(new.params, mesh)
+  _check_all_shards(new.params, shardings.params, mesh)
   for x, s in zip(jax.tree.leaves(new), jax.tree.leaves(shardings)):
     assert x.sharding.spec == s.spec
 
@@ -461,7 +467,8 @@ def test_indivisible_dims_are_replicated_and_train(case, caplog):
     _assert_split(x, spec, mesh)
     key = "".join(f"['{k}']" for k in suffix.split("/")) + ","
     assert (key in logged[0] + ",") == fell_back, (suffix, logged[0])
-  _check_all_shards((state.params, state.opt_state), mesh)
+  _check_all_shards((state.params, state.opt_state),
+                    (shardings.params, shardings.opt_state), mesh)
   inputs, kwargs = heads.model_inputs(batch, "mlm")
   lines = sharding.replicated_fallbacks(jax.eval_shape(
       lambda k: model.init(k, inputs, **kwargs), KEY), mesh, rules)
@@ -532,11 +539,12 @@ def test_bad_indivisible_option(cfg):
 
 class _Named(nn.Module):
   names: tuple
+  init_fn: Any = nn.initializers.ones_init()
 
   @nn.compact
   def __call__(self, x):
-    w = self.param("w", common.partitioned(nn.initializers.ones_init(),
-                                           self.names), (x.shape[-1], 8))
+    w = self.param("w", common.partitioned(self.init_fn, self.names),
+                   (x.shape[-1], 8))
     return x @ w
 
 
@@ -554,15 +562,21 @@ def test_bad_parameter_names(names, match):
 
 
 def test_sharded_init_never_builds_full_params():
-  """Each device only ever holds its shard: the compiled init's outputs."""
+  """Each device only ever holds its shard: the compiled init's outputs,
+  whose shards put together are the unsharded init's values (a random
+  init: a swapped or repeated shard would show)."""
   mesh, rules = _mesh((1, 8, 1, 1)), sharding.get_rules("fsdp")
-  init = lambda k: _Named(("embed", "mlp")).init(k, jnp.ones((2, 64)))  # noqa
+  module = _Named(("embed", "mlp"), nn.initializers.normal(1.0))
+  init = lambda k: module.init(k, jnp.ones((2, 64)))  # noqa
   state, shardings = sharding.sharded_init(init, KEY, mesh, rules)
   w = state["params"]["w"]
   assert shardings["params"]["w"].spec == P("fsdp", None)
   _assert_split(w, P("fsdp", None), mesh)
   assert len({s.device for s in w.addressable_shards}) == 8
-  np.testing.assert_array_equal(w, np.ones((64, 8)))
+  want = np.asarray(nn.unbox(init(KEY))["params"]["w"])
+  assert np.unique(want).size == want.size
+  for s in w.addressable_shards:
+    np.testing.assert_array_equal(s.data, want[s.index])
 
 
 def test_global_batch():
@@ -618,4 +632,4 @@ def test_expert_preset_splits_moe_experts():
     np.testing.assert_allclose(m[k], ref_m[k], rtol=1e-5)
   chex.assert_trees_all_close(jax.device_get(new.params), ref_new.params,
                               rtol=2e-5, atol=1e-6)
-  _check_all_shards(new.params, mesh)
+  _check_all_shards(new.params, shardings.params, mesh)
