@@ -54,6 +54,43 @@ class WelchTest(parameterized.TestCase):
     huge = stats.welch(A, B, n_eval=10**12)
     np.testing.assert_allclose(huge.p, seeds_only.p, rtol=1e-6)
 
+  def test_evaluation_noise_by_hand(self):
+    """The four variance terms (each side's seeds and binomial noise) and
+    Welch-Satterthwaite's degrees of freedom over them, written out; a
+    one-sample test against a number keeps the number's binomial term."""
+    n = 872
+    def terms(v):
+      v = np.asarray(v, float)
+      m = v.mean()
+      return m, [(v.var(ddof=1) / len(v), len(v) - 1),
+                 (m * (1 - m) / n, n - 1)]
+    for other in (B, 0.78):
+      m1, t1 = terms(A)
+      if isinstance(other, float):
+        m2, t2 = other, [(other * (1 - other) / n, n - 1)]
+      else:
+        m2, t2 = terms(other)
+      var = sum(v for v, _ in t1 + t2)
+      df = var ** 2 / sum(v ** 2 / d for v, d in t1 + t2)
+      se = np.sqrt(var)
+      p = 2 * sps.t.sf(abs(m1 - m2) / se, df)
+      half = sps.t.ppf(0.975, df) * se
+      got = stats.welch(A, other, n_eval=n)
+      np.testing.assert_allclose([got.diff, got.se, got.df, got.p, got.low,
+                                  got.high],
+                                 [m1 - m2, se, df, p, m1 - m2 - half,
+                                  m1 - m2 + half], rtol=1e-10)
+      # TOST at a margin: the larger of the two one-sided p's.
+      margin = 0.02
+      want = max(sps.t.sf((m1 - m2 + margin) / se, df),
+                 sps.t.cdf((m1 - m2 - margin) / se, df))
+      np.testing.assert_allclose(stats.tost(A, other, margin, n_eval=n),
+                                 want, rtol=1e-10)
+    # The same test against a trivial baseline, in its own words.
+    self.assertEqual(stats.against_baseline(A, 0.9, n_eval=n).word, "below")
+    self.assertEqual(stats.against_baseline(A, 0.7, n_eval=n).word, "above")
+    self.assertEqual(stats.against_baseline(A, 0.81, n_eval=n).word, "level")
+
   def test_bad_input(self):
     with self.assertRaisesRegex(ValueError, "fractions, not percent"):
       stats.welch([81.0, 82.0, 80.0], [70.0, 71.0, 72.0], n_eval=872)
