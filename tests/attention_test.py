@@ -161,13 +161,24 @@ def test_packed_equals_separate(name):
 
 
 def test_fully_masked_row_is_finite():
+  """A row whose tokens may read no key attends to nothing: its outputs
+  are the output projection's bias, its inputs get no gradient, and the
+  other row is what it is alone; no NaN anywhere."""
   module, x = attention.SelfAttention(H), _x()
   v = _init(module, x)
   mask = jnp.array([[True] * N, [False] * N])
-  loss = lambda p: jnp.sum(module.apply(p, x, mask=mask) ** 2)
-  val, grads = jax.jit(jax.value_and_grad(loss))(v)
+  out = module.apply(v, x, mask=mask)
+  np.testing.assert_allclose(
+      out[1], np.broadcast_to(nn.unbox(v)["params"]["out"]["bias"], (N, D)),
+      rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(out[0], module.apply(v, x[:1])[0], rtol=1e-5,
+                             atol=1e-6)
+  loss = lambda p, x: jnp.sum(module.apply(p, x, mask=mask) ** 2)  # noqa
+  val, (grads, dx) = jax.jit(jax.value_and_grad(loss, (0, 1)))(v, x)
   assert jnp.isfinite(val)
   assert all(jnp.isfinite(g).all() for g in jax.tree.leaves(grads))
+  np.testing.assert_array_equal(dx[1], 0.0)
+  assert float(jnp.abs(dx[0]).max()) > 0
 
 
 def test_dropout_only_when_not_deterministic():
