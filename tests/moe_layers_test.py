@@ -46,6 +46,27 @@ def _tmoe_reference(params, x, combine):
   return y
 
 
+def _switch_gates_numpy(params, x, seg, cf):
+  """Switch routing written out: per row, each real token in order takes
+  its argmax expert's next slot (``ceil(N cf / E)`` of them), gate = that
+  expert's softmax probability; padding and overflow get nothing."""
+  x, w = np.asarray(x, np.float64), np.asarray(
+      params["router"]["dense"]["kernel"], np.float64)
+  cap = max(1, int(np.ceil(N * cf / E)))
+  gates = np.zeros((B, N, E))
+  for b in range(B):
+    logits = x[b] @ w
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    used = np.zeros(E, int)
+    for t in range(N):
+      e = int(np.argmax(probs[t]))
+      if seg[b, t] > 0 and used[e] < cap:
+        gates[b, t, e] = probs[t, e]
+        used[e] += 1
+  return gates
+
+
 def _route_combine(layer, params, x, ids, seg, deterministic):
   """The combine tensor the layer uses, recomputed from the router."""
   mask = seg > 0
@@ -76,6 +97,10 @@ def test_tmoe_expert_parallel_equals_dense_reference(router, cf):
   combine = _route_combine(layer, params, x, ids, seg, False)
   want = _tmoe_reference(params, x, combine)
   np.testing.assert_allclose(y_dense, want, rtol=1e-5, atol=1e-5)
+  if router == "switch":   # the routing itself, written out in NumPy
+    gates = _switch_gates_numpy(params, x, np.asarray(seg), cf)
+    np.testing.assert_allclose(np.asarray(combine).sum(-1), gates,
+                               rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(y_ep, y_dense, rtol=1e-6, atol=1e-6)
   jax.tree.map(
       lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
