@@ -376,3 +376,27 @@ def test_model_num_classes_below_data_num_classes_stops_at_start():
           and "--config.model.num_classes=1000" in str(e.value))
   cfg.num_classes = 10
   data.check_fits_model(cfg, model)  # equal: fine
+
+
+def test_evaluation_image_is_the_centre_crop_normalised_in_patch_order():
+  """A 40x48 JPEG, evaluated at 16x16 with crop_fraction 16/40 (the shorter
+  side already 16 / crop_fraction: no resampling): rows 12-27 and columns
+  16-31 of the decoded image, (x / 255 - mean) / std, cut into 8x8 patches
+  row by row, each patch's pixels row by row with their 3 channels."""
+  from hypermixer_jax.data import images
+  blob = _jpeg(5)
+  ds = tf.data.Dataset.from_tensor_slices({
+      "image": [blob], "label": tf.constant([3], tf.int64),
+      "source": ["x.jpg"]})
+  out = next(iter(images.preprocess(
+      ds, train=False, image_size=16, patch_size=8, min_crop_area=1.0,
+      crop_fraction=16 / 40, num_classes=10)))
+  pixels = tf.io.decode_jpeg(blob, channels=3).numpy().astype(np.float64)
+  crop = (pixels[12:28, 16:32] / 255 - np.array(images.MEAN_RGB)) / np.array(
+      images.STDDEV_RGB)
+  want = np.stack([crop[r * 8:(r + 1) * 8, c * 8:(c + 1) * 8].reshape(-1)
+                   for r in range(2) for c in range(2)])
+  assert out["inputs"].shape == (4, 8 * 8 * 3)
+  np.testing.assert_allclose(out["inputs"].numpy(), want, rtol=1e-5,
+                             atol=1e-4)
+  assert int(out["label"]) == 3
