@@ -40,7 +40,7 @@ def test_configs():
     models.build_model(dict(base.to_dict(), moe=dict(experts=2)))
   assert smlp.sparse_layer_indices(2, 2) == (1, 3)
   assert smlp.sparse_layer_indices(12, 4) == (3, 7, 11, 15)
-  with pytest.raises(ValueError):
+  with pytest.raises(ValueError, match="size=.huge., expected .tiny. or .base."):
     smlp.smlp_config("huge")
 
 

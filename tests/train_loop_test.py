@@ -94,7 +94,9 @@ def test_default_job_loss_falls(reference):
 
 
 def test_unknown_config_field_fails():
-  with pytest.raises(Exception, match="lerning_rate"):
+  with pytest.raises(AttributeError,
+                     match='Did you mean "learning_rate" instead of '
+                     '"lerning_rate"'):
     _config("--config.lerning_rate=0.1")
 
 
