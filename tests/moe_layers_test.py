@@ -165,6 +165,41 @@ def test_tmoe_metrics_and_losses_are_sown():
                              1e-2 * m["load_balancing_loss"][0], rtol=1e-6)
 
 
+def test_tmoe_router_statistics_written_out():
+  """Each row (a routing group) over its real tokens, then the mean over
+  rows: softmax probabilities p = softmax(x W_r); confidence = mean max p,
+  entropy = mean -sum p log p, z-loss = mean logsumexp^2, Switch's load
+  balancing E sum_e f_e P_e (f: share of first choices, P: mean p); the
+  sown losses are the statistics times their weights."""
+  x, ids, seg = _inputs()
+  layer = MoeFeedForward(E, F, router="switch", capacity_factor=1.0,
+                         load_balancing_weight=1e-2, z_loss_weight=1e-3)
+  params = nn.unbox(layer.init(jax.random.key(2), x)["params"])
+  _, aux = layer.apply({"params": params}, x, segment_ids=seg,
+                       deterministic=False, mutable=COLLECTIONS)
+  m = {k: np.asarray(v[0]) for k, v in aux["moe_metrics"].items()}
+  w = np.asarray(params["router"]["dense"]["kernel"], np.float64)
+  rows = {k: [] for k in ("router_confidence", "router_entropy", "z_loss",
+                          "load_balancing_loss")}
+  for b in range(B):
+    real = np.asarray(seg[b]) > 0
+    logits = np.asarray(x[b], np.float64)[real] @ w
+    z = np.log(np.exp(logits).sum(-1))
+    p = np.exp(logits - z[:, None])
+    rows["router_confidence"].append(p.max(-1).mean())
+    rows["router_entropy"].append((-(p * np.log(p)).sum(-1)).mean())
+    rows["z_loss"].append((z ** 2).mean())
+    f = np.bincount(p.argmax(-1), minlength=E) / len(p)
+    rows["load_balancing_loss"].append(E * np.sum(f * p.mean(0)))
+  for k, v in rows.items():
+    np.testing.assert_allclose(m[k], np.mean(v), rtol=1e-4, err_msg=k)
+  np.testing.assert_allclose(aux["aux_loss"]["load_balancing_loss"][0],
+                             1e-2 * np.mean(rows["load_balancing_loss"]),
+                             rtol=1e-4)
+  np.testing.assert_allclose(aux["aux_loss"]["z_loss"][0],
+                             1e-3 * np.mean(rows["z_loss"]), rtol=1e-4)
+
+
 def _smoe_reference(params, v, routing, seg=None, pos=None, cap=None,
                     fraction=0.2):
   """f(V) by loops over rows, columns and output positions.
