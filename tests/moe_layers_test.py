@@ -374,3 +374,17 @@ def test_sparse_gating_unit_expert_parallel_equals_dense():
     y1, m1 = fwd(params, x)
   np.testing.assert_allclose(y0, y1, rtol=1e-5, atol=1e-6)
   assert "router_confidence" in m0["moe_metrics"]["spatial"]
+  # Written out: (GELU(x U) -> Z1 * f(LN(Z2))) V, f the loop reference of
+  # partial-prediction routing (inference: capacity ceil(8 x 2.0 / E)).
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  z = _gelu(np.asarray(x, np.float64) @ p["proj_in"]["dense"]["kernel"]
+            + p["proj_in"]["dense"]["bias"])
+  z1, z2 = z[..., :8], z[..., 8:]
+  mu, var = z2.mean(-1, keepdims=True), z2.var(-1, keepdims=True)
+  z2 = ((z2 - mu) / np.sqrt(var + 1e-6) * p["norm"]["ln"]["scale"]
+        + p["norm"]["ln"]["bias"])
+  f = _smoe_reference(p["spatial"], z2, "partial",
+                      cap=int(np.ceil(8 * 2.0 / E)))
+  want = (z1 * f) @ p["proj_out"]["dense"]["kernel"] + p["proj_out"][
+      "dense"]["bias"]
+  np.testing.assert_allclose(y0, want, rtol=1e-4, atol=1e-5)
