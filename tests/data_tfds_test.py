@@ -38,6 +38,31 @@ def test_c4(vocab, task, packing):
   assert (batch["segment_ids"] > 0).any()
 
 
+def test_c4_lm_rows_are_the_tfds_documents_tokenised(vocab):
+  """The unshuffled validation rows are the mocked C4 documents in order,
+  each tokenised by the SentencePiece model with EOS appended (cut at
+  seq_len), and the inputs are the targets shifted right after a 0."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  cfg = data.default_data_config()
+  cfg.update(task="c4_lm", vocab_path=vocab, seq_len=16, packing=False)
+  with tfds.testing.mock_data(num_examples=6,
+                              policy=tfds.testing.MockPolicy.USE_CODE):
+    batch = next(iter(data.build_pipeline(cfg, "validation", batch_size=3,
+                                          seed=0, repeat=False,
+                                          shuffle=False)))
+    texts = [ex["text"].numpy().decode()
+             for ex in tfds.load("c4/en", split="validation").take(3)]
+  pieces = seqio.SentencePieceVocabulary(vocab)
+  for row, text in enumerate(texts):
+    want = (pieces.encode(text) + [1])[:16]               # EOS id 1
+    n = len(want)
+    np.testing.assert_array_equal(batch["targets"][row, :n], want)
+    np.testing.assert_array_equal(batch["weights"][row, :n], 1.0)
+    np.testing.assert_array_equal(batch["weights"][row, n:], 0.0)
+    np.testing.assert_array_equal(batch["inputs"][row, :n],
+                                  [0] + want[:n - 1])
+
+
 @pytest.mark.parametrize("task,split,classes", [
     ("glue_sst2", "validation", 2), ("glue_mnli", "validation_mismatched", 3),
     ("glue_qnli", "train", 2), ("glue_qqp", "train", 2),
