@@ -214,17 +214,25 @@ def ceiling_timer(dtype=jnp.float32, n: int = 2048, min_seconds: float = 0.5
                min_seconds=min_seconds), 2.0 * n ** 3
 
 
-def train_step(model_cfg, batch: Mapping[str, np.ndarray], mesh, rules, tx):
+def train_step(model_cfg, batch: Mapping[str, np.ndarray], mesh, rules,
+               tx=None, *, config=None):
   """The library's train step of ``model_cfg`` on ``mesh``, compiled for the
   host ``batch``: ``(step, state, global batch, rng)``, where
   ``step(state, batch, rng)`` returns ``(state, metrics)`` and donates its
   state (``steps.make_train_step`` with the model's head and loss weights,
   ``steps.jit_train_step``, ``steps.create_train_state`` with optimizer
-  ``tx`` from ``jax.random.key(0)``)."""
+  ``tx`` from ``jax.random.key(0)``). ``config`` instead of ``tx``: the
+  training config's optimiser (``optim.make_optimizer`` on the model's
+  parameters), as the training loop builds it."""
   from hypermixer_jax import models  # pylint: disable=g-import-not-at-top
   from hypermixer_jax import sharding  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import steps  # pylint: disable=g-import-not-at-top
   model, facts = models.build_model(model_cfg), models.model_facts(model_cfg)
+  if (tx is None) == (config is None):
+    raise ValueError("bench.train_step: pass tx or config, one of them.")
+  if tx is None:
+    tx, _ = optim.make_optimizer(config, steps.param_shapes(model, batch))
   state, state_sh = steps.create_train_state(model, tx, jax.random.key(0),
                                              batch, mesh, rules)
   step = steps.jit_train_step(

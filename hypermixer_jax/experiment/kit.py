@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hypermixer_jax import models
 from hypermixer_jax import sharding
 from hypermixer_jax.experiment import bench as bc
 from hypermixer_jax.experiment.flags import load_config
@@ -27,9 +26,7 @@ from hypermixer_jax.train import compile as tc
 from hypermixer_jax.train import flop_count
 from hypermixer_jax.train import hlo_costs
 from hypermixer_jax.train import metrics as metrics_lib
-from hypermixer_jax.train import optim
 from hypermixer_jax.train import profiling
-from hypermixer_jax.train import steps as steps_lib
 
 MIXERS = ("hypermixer", "mlp_mixer", "gmlp", "attention", "fnet",
           "linear_attention")
@@ -79,9 +76,8 @@ def _compiled_step(config, batch_size: int):
   step compiled for one device."""
   _, mesh, rules = _one_device(config)
   batch = _random_batch(config, batch_size, np.random.default_rng(0))
-  tx, _ = optim.make_optimizer(config, steps_lib.param_shapes(
-      models.build_model(config.model), batch))
-  return (*bc.train_step(config.model, batch, mesh, rules, tx), batch)
+  return (*bc.train_step(config.model, batch, mesh, rules, config=config),
+          batch)
 
 
 def time_train_step(config, batch_size: int, steps: int) -> dict:

@@ -12,8 +12,6 @@ from hypermixer_jax import models
 from hypermixer_jax import sharding
 from hypermixer_jax.data import config as data_config
 from hypermixer_jax.experiment import bench as bc
-from hypermixer_jax.train import optim
-from hypermixer_jax.train import steps as steps_lib
 from hypermixer_jax.train.config import base_config
 from hypermixer_jax.train.config import text_model
 
@@ -89,10 +87,9 @@ def build_step(model_cfg, batch_size: int, length: int | None):
   mesh = sharding.build_mesh(config.mesh, devices=jax.devices()[:1])
   batch = make_batch(model_cfg, batch_size, length or model_cfg.max_len,
                      np.random.RandomState(0))
-  tx, _ = optim.make_optimizer(config, steps_lib.param_shapes(
-      models.build_model(model_cfg), batch))
   compiled, state, batch, rng = bc.train_step(
-      model_cfg, batch, mesh, sharding.get_rules(config.sharding), tx)
+      model_cfg, batch, mesh, sharding.get_rules(config.sharding),
+      config=config)
   return compiled, state, batch, rng, bc.xla_flops(compiled)
 
 

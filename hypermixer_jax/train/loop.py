@@ -16,14 +16,15 @@ One run, in named phases:
    ``metrics.jsonl``, console), ``_save`` (asynchronous checkpoints every
    ``checkpoint_every`` steps and when preempted; preemption is asked once
    per step, a multi-host sync point) and ``_evaluate`` (the evaluators of
-   ``evaluation.declared``: the task's metrics every ``eval_every`` steps and
-   the extras of ``config.evals``), with a stop and a clear error on a NaN or
-   Inf loss or gradient (checked at every log step and before every save and
-   every evaluation, so a non-finite state never becomes a checkpoint or an
-   evaluation; the steps between two checks run on). A run resumed from a step whose evaluation the
-   interrupted run did not log (killed or preempted between the save and
-   the evaluation) evaluates it first; a full disk stops with one line
-   naming the newest checkpoint folder.
+   ``evaluation.declared``: the task's metrics every ``eval_every`` steps
+   and the extras of ``config.evals``), with a stop and a clear error on a
+   NaN or Inf loss or gradient (checked at every log step and before every
+   save and every evaluation, so a non-finite state never becomes a
+   checkpoint or an evaluation; the steps between two checks run on). A run
+   resumed from a step whose evaluation the interrupted run did not log
+   (killed or preempted between the save and the evaluation) evaluates it
+   first; a full disk stops with one line naming the newest checkpoint
+   folder.
 
 The loop knows no model, head or task: heads are ``hypermixer_jax.heads``,
 model facts ``models.model_facts``, extras declared evaluators.

@@ -1,12 +1,12 @@
 """Optimiser and learning-rate schedule built from the run's config.
 
 AdamW (decoupled weight decay on matrices only, never on biases, LayerNorm
-scales or other vectors: leaves named ``bias`` or ``scale`` (a multi-head
-[H, K] bias included) are left alone, and a leaf's rank leaves out the axes
-that stack copies of it, a scanned stack's layers and an MoE layer's
-experts, read from its logical axis names), linear warm-up followed by linear, cosine or no
-decay, global-norm gradient clipping, and gradient accumulation with
-``optax.MultiSteps``.
+scales or other vectors: leaves named ``bias`` or ``scale``, multi-head
+[H, K] biases included, are left alone, and a leaf's rank leaves out the
+axes that stack copies of it, a scanned stack's layers and an MoE layer's
+experts, read from its logical axis names), linear warm-up followed by
+linear, cosine or no decay, global-norm gradient clipping, and gradient
+accumulation with ``optax.MultiSteps``.
 
 Steps: one training step of the loop is one call of the train step on a
 global batch of ``batch_size`` examples. With ``grad_accum_steps = k`` the
