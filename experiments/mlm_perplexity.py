@@ -75,15 +75,9 @@ def main() -> None:
   p = experiment.parser("mlm_perplexity", __doc__, report_only=True,
                         data_dir="", models=mlm.MODELS, seeds="0,1,2", steps=0,
                         vocab="small")
-  p.add_argument("--tune", action="store_true",
-                 help="equal tuning (small scale): each model's learning "
-                 "rate and warm-up chosen on C4 documents carved from the "
-                 "training sample, then the seeds at the chosen setting "
-                 "(table_tuned.md)")
+  experiment.tune_flags(p, "C4 documents")
   args = experiment.parse(p)
-  if args.tune and args.scale != "small":
-    raise SystemExit("--tune: the small scale carves its validation split "
-                     "from the local C4 sample; use --scale=small.")
+  experiment.check_tune(args, "the local C4 sample")
   models = experiment.split(args.models)
   unknown = sorted(set(models) - set(mlm.CHOICES))
   if unknown:
@@ -145,26 +139,28 @@ def _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
     out = mlm.lean(experiment.train(c, exp.workdir(key)))
     return out if select else dict(out, params=sizes[model]["params"],
                                    held_out=mlm.held_out(c))
-  tuned = mlm.tune(exp, models, seeds, steps, f"{prefix}/", one)
+  lrs = experiment.split(args.lrs, float) or None
+  tuned = mlm.tune(exp, models, seeds, steps, f"{prefix}/", one, lrs,
+                   reverse=args.order == "reverse")
   _tuned_report(exp, args, steps, split, tuned, sizes,
-                bases, vocab, config("attention"))
+                bases, vocab, config("attention"), lrs)
 
 
 def _tuned_report(exp, args, steps, split, tuned, sizes, bases, vocab,
-                  c) -> None:
+                  c, lrs=None) -> None:
   """``table_tuned.md``: the tuned models' seeds against the baselines, and
   every model's search (``tuned``: selection runs, choices, final runs)."""
   selection, chosen, runs = tuned
   base = {k: float(np.mean([b[k] for b in bases]))
           for k in ("unigram", "bigram", "bigram_k")}
-  notes = (mlm.tuned_notes(split, steps, args.seeds)
+  notes = (mlm.tuned_notes(split, steps, args.seeds, lrs)
            + _notes(args, steps, bases, vocab, c, tuned=True))
   exp.write_table(
       f"MLM perplexity, every model tuned alike ({steps} steps)",
       experiment.markdown_table(mlm.HEADERS,
                                 mlm.table_rows(runs, sizes, base))
       + "\n\n" + selection_lib.search_section(
-          selection, chosen, mlm.LABELS, mlm.TUNE_LRS,
+          selection, chosen, mlm.LABELS, lrs or mlm.TUNE_LRS,
           shares=mlm.TUNE_WARMUP_SHARES, what="perplexity",
           cell=lambda r: f"{mlm.final_perplexity(r):.2f}"),
       notes, name=mlm.report_names(args.scale, steps)[0] + "_tuned")

@@ -126,9 +126,10 @@ def test_tune_selects_on_the_carved_split_and_reports_at_the_choice(
   assert "trained with seeds 1 on the other 108 documents" in table
   assert not (out / "table.md").exists()
 
-  # A search that changes its mind retires the reported runs of the old
-  # choice instead of mixing them in.
-  monkeypatch.setattr(mlm, "TUNE_LRS", (1e-3, 3e-3, 1e-2))
+  # A search widened by --lrs (a rate appended after the recorded ones)
+  # runs only the new settings, and one that changes its mind retires the
+  # reported runs of the old choice instead of mixing them in.
+  monkeypatch.setattr(sys, "argv", argv + ["--lrs=1e-3,3e-3,1e-2"])
   seen.clear()
   best_lr = {"value": 1e-2}
 
@@ -143,6 +144,9 @@ def test_tune_selects_on_the_carved_split_and_reports_at_the_choice(
   assert {v["setting"]["lr"] for k, v in saved["runs"].items()
           if "/tuned/" in k} == {1e-2}
   assert len(saved.get("superseded", {})) == 2
+  table = (out / "table_tuned.md").read_text()
+  assert "lr 0.01, warm-up 10%" in table and "4.00 *" in table
+  assert "at each of the 3 settings" in table
 
 
 @pytest.mark.parametrize("argv,message", [

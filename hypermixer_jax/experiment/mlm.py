@@ -337,9 +337,10 @@ TUNE_SEED = selection.SEED
 VALIDATION_EVERY = selection.VALIDATION_EVERY
 
 
-def tune_settings(steps: int) -> list[dict]:
-  """The search of every model (``selection.settings``)."""
-  return selection.settings(steps, TUNE_LRS, TUNE_WARMUP_SHARES)
+def tune_settings(steps: int, lrs=None) -> list[dict]:
+  """The search of every model (``selection.settings``; ``lrs``: the
+  search's rates, default ``TUNE_LRS``)."""
+  return selection.settings(steps, lrs or TUNE_LRS, TUNE_WARMUP_SHARES)
 
 
 def carve_validation(source: pathlib.Path, folder: pathlib.Path) -> dict:
@@ -352,13 +353,13 @@ def carve_validation(source: pathlib.Path, folder: pathlib.Path) -> dict:
 split_record = selection.split_record
 
 
-def tuned_notes(split: dict, steps: int, seeds: str) -> str:
+def tuned_notes(split: dict, steps: int, seeds: str, lrs=None) -> str:
   """How ``--tune`` chose and what it reports (the table's notes' start)."""
   return (
       f"Equal tuning: each model trained {steps} steps at each of the "
-      f"{len(tune_settings(steps))} settings (seed {TUNE_SEED}) and scored "
-      f"on the carved validation split, every {VALIDATION_EVERY}th document "
-      f"of the C4 sample ({split['validation']['documents']} documents, "
+      f"{len(tune_settings(steps, lrs))} settings (seed {TUNE_SEED}) and "
+      f"scored on the carved validation split, every {VALIDATION_EVERY}th "
+      f"document of the C4 sample ({split['validation']['documents']} documents, "
       f"sha256 {split['validation']['sha256'][:12]}...); the chosen setting "
       f"(*) then trained with seeds {seeds} on the other "
       f"{split['train']['documents']} documents (sha256 "
@@ -377,10 +378,11 @@ def choose(runs_by_model: dict) -> dict:
   return selection.choose(runs_by_model, final_perplexity, higher=False)
 
 
-def tune(exp, models, seeds, steps: int, prefix: str, run
-         ) -> tuple[dict, dict, dict]:
-  """Every model's search (``tune_settings``) and its seeds at its choice
-  (``choose``): ``selection.tune`` with ``run(model, seed, setting, key,
-  select)``."""
-  return selection.tune(exp, models, seeds, tune_settings(steps), prefix,
-                        run, final_perplexity, higher=False)
+def tune(exp, models, seeds, steps: int, prefix: str, run, lrs=None, *,
+         reverse: bool = False) -> tuple[dict, dict, dict]:
+  """Every model's search (``tune_settings`` over ``lrs``) and its seeds at
+  its choice (``choose``): ``selection.tune`` with ``run(model, seed,
+  setting, key, select)``; ``reverse``: a second process's order."""
+  return selection.tune(exp, models, seeds, tune_settings(steps, lrs),
+                        prefix, run, final_perplexity, higher=False,
+                        reverse=reverse)
