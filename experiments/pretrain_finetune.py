@@ -143,9 +143,9 @@ class _Grid:
     self.exp.cell(key, run)
 
   def finetune(self, mixer, task, fraction, arm, lr, seed, *,
-               train: bool = True, share: float = WARMUP) -> str:
-    """The cell's key, after running it (when ``train`` and ``arm`` is one
-    of ``--arms``; else only what is recorded counts)."""
+               share: float = WARMUP) -> str:
+    """The cell's key, after running it (when ``arm`` is one of
+    ``--arms``; else only what is recorded counts)."""
     exp = self.exp
     # SST-2 cells keep keys without the task (the first recorded ones).
     cell = dict(model=mixer, fraction=fraction, arm=arm, lr=lr,
@@ -163,7 +163,7 @@ class _Grid:
       return dict(experiment.train(cfg, exp.workdir(key)), **extra,
                   init=exp.runs.get(self.pretrain_key(mixer, seed),
                                     {}).get("eval"))
-    if train and arm in self.trained:
+    if arm in self.trained:
       exp.cell(key, run)
     return key
 
@@ -195,22 +195,22 @@ class _Grid:
 
   def setting(self, mixer, setting, grid, seeds, chosen, keys) -> None:
     """Each arm's (lr, warm-up share) of ``grid`` chosen on the carved
-    validation split, then every seed at it. Until an arm's search is whole,
-    the record's earlier choice (the best rate on seed 0's dev score)
-    stands, marked; with nothing recorded, none."""
+    validation split, then every seed at it. Until an arm's search is
+    whole it has no choice and reports nothing ('searching'): never a rate
+    picked on the reported score."""
     for arm in ARMS:
       search = {g: self.select(mixer, *setting, arm, *g) for g in grid}
-      runs, how = self.exp.runs, "validation"   # (as reloaded by the runs)
+      runs = self.exp.runs   # (as reloaded by the runs)
       if any(k is None or k not in runs for k in search.values()):
-        how, search = "dev", {(lr, WARMUP): self.finetune(
-            mixer, *setting, arm, lr, seeds[0], train=False)
-                              for lr in dict(grid)}
-      best = max((g for g in search if search[g] in runs), default=None,
-                 key=lambda g, s=search: runs[s[g]]["eval"]["accuracy"])
-      chosen[mixer, setting, arm] = (*(best or (None, WARMUP)), how)
+        chosen[mixer, setting, arm] = (None, WARMUP, "searching")
+        keys[mixer, setting, arm] = []
+        continue
+      best = max(search, key=lambda g, s=search: (
+          runs[s[g]]["eval"]["accuracy"], -grid.index(g)))
+      chosen[mixer, setting, arm] = (*best, "validation")
       keys[mixer, setting, arm] = [
-          self.finetune(mixer, *setting, arm, best[0], s, share=best[1],
-                        train=how != "dev") for s in seeds] if best else []
+          self.finetune(mixer, *setting, arm, best[0], s, share=best[1])
+          for s in seeds]
 
 
 def main() -> None:

@@ -11,8 +11,10 @@ The paper (20 trials) finds HyperMixer's curve above the Transformer's: it
 needs fewer trials for the same expected accuracy. One trial is one draw, so
 the spread of a curve is that of its draws: a bootstrap over the trials
 (resampled with replacement, the same resample for both models, since they
-share the draws) gives a 95% interval of the gap at each n, and "HyperMixer
-above?" is "agrees" / "disagrees" only where that interval excludes 0.
+share the draws) describes the gap at each n with a 95% interval, and
+"HyperMixer above?" is decided by a paired permutation test of the gap
+(each draw's two scores swapped at random; exact at every n, where the
+bootstrap of a maximum is not): "agrees" / "disagrees" where p < 0.05.
 
   --scale=paper  ``--trials`` (20) of the ~11M models on a GLUE task from
                  TFDS.
@@ -182,9 +184,11 @@ def _report(exp, args, task, budget, acc, best) -> None:
   rows = []
   for n in sorted({1, 2, 3, 5, 10, 15, done} & set(ns)):
     low, high = tuning.gap_interval(acc["hypermixer"], acc["attention"], n)
+    gap = curves["hypermixer"][n - 1] - curves["attention"][n - 1]
     rows.append([n] + [f"{100 * curves[m][n - 1]:.1f}" for m in MODELS]
                 + [f"{100 * low:+.1f} / {100 * high:+.1f}",
-                   tuning.interval_verdict(low, high, done)])
+                   tuning.gap_verdict(gap, tuning.permutation_p(
+                       acc["hypermixer"], acc["attention"], n), done)])
   base = exp.data.get("baselines", {}).get(budget)
   if base:
     rows.append([f"Naive Bayes (bag of tokens), dev: "
@@ -214,11 +218,14 @@ def _report(exp, args, task, budget, acc, best) -> None:
       + f". {split.capitalize()} accuracy at the last step"
       + ("; best draws' seeds: dev" * bool(tag)) + "; a diverged trial counts as 0. "
       "Gap: HyperMixer - Transformer, percentiles 2.5 and 97.5 of "
-      f"{tuning.BOOTSTRAP} paired bootstrap resamples of the trials; 'agrees' (the paper: "
-      "HyperMixer above) only where the interval excludes 0, with at least "
-      f"{tuning.MIN_TRIALS} trials. The interval covers the draws' "
-      "variation, not the dev set's own noise (each trial is scored once, on the same "
-      "sentences), so it is narrower than a test over new examples would "
+      f"{tuning.BOOTSTRAP} paired bootstrap resamples of the trials (a "
+      "description: the bootstrap of a maximum is no test). 'HyperMixer "
+      "above?': a paired permutation test of the gap at n (each draw's two "
+      f"scores swapped at random, {tuning.PERMUTATIONS:,} swaps), 'agrees' "
+      "(the paper: HyperMixer above) / 'disagrees' where p < 0.05, with at "
+      f"least {tuning.MIN_TRIALS} trials. Both cover the draws' variation, "
+      "not the dev set's own noise (each trial is scored once, on the same "
+      "sentences), so they are narrower than a test over new examples would "
       f"give. Each trial is one run (seed 0), so a curve's "
       "right end rests on its top trials and their seed noise: 'best draw, "
       "over seeds' trains each model's best draw again with --best_seeds "

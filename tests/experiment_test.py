@@ -457,16 +457,52 @@ class TuningCostTest(absltest.TestCase):
     low, high = tuning.gap_interval(lucky, [0.5] * 6, 1, seed=1)
     self.assertEqual(low, 0.0)
     self.assertGreater(high, 0.0)
-    self.assertEqual(tuning.interval_verdict(low, high, 20),
-                     "not decided")
-    self.assertEqual(tuning.interval_verdict(0.01, 0.03, 20), "agrees")
-    self.assertEqual(tuning.interval_verdict(-0.03, -0.01, 20),
-                     "disagrees")
-    # Three trials, each above: the bootstrap is too coarse to say so.
-    self.assertEqual(tuning.interval_verdict(0.01, 0.03, 3),
-                     "not decided (3 < 10 trials)")
     with self.assertRaisesRegex(ValueError, "must share the draws"):
       tuning.gap_interval([0.1, 0.2], [0.1], 1)
+
+  def test_permutation_p_enumerates_the_swaps(self):
+    ours, other = [0.9, 0.7, 0.6, 0.8], [0.5, 0.7, 0.4, 0.6]
+    for n in (1, 2, 4):
+      # Every one of the 2^4 ways of swapping each draw's two scores.
+      gaps = []
+      for swap in itertools.product((False, True), repeat=4):
+        a = [o if s else x for x, o, s in zip(ours, other, swap)]
+        b = [x if s else o for x, o, s in zip(ours, other, swap)]
+        gaps.append(tuning.expected_max(a, n) - tuning.expected_max(b, n))
+      observed = tuning.expected_max(ours, n) - tuning.expected_max(other, n)
+      want = np.mean(np.abs(gaps) >= abs(observed) - 1e-12)
+      self.assertAlmostEqual(tuning.permutation_p(ours, other, n), want)
+    # Identical scores: every swap gives the observed gap 0.
+    self.assertEqual(tuning.permutation_p(ours, ours, 2), 1.0)
+    with self.assertRaisesRegex(ValueError, "must share the draws"):
+      tuning.permutation_p([0.1, 0.2], [0.1], 1)
+
+  def test_permutation_test_holds_its_level_where_the_bootstrap_does_not(
+      self):
+    # Equal models (each draw's two scores exchangeable), n = T: the
+    # expected best is nearly the top draw. The permutation test rejects
+    # about 5% of the time; the percentile bootstrap of a maximum more.
+    rng = np.random.default_rng(0)
+    perm = boot = 0
+    reps = 200
+    for r in range(reps):
+      base = rng.uniform(0.5, 0.8, 20)
+      a, b = (base + rng.normal(0, 0.01, 20) for _ in range(2))
+      perm += tuning.permutation_p(a, b, 20, samples=500, seed=r) < 0.05
+      low, high = tuning.gap_interval(a, b, 20, samples=200, seed=r)
+      boot += low > 0 or high < 0
+    self.assertLess(perm / reps, 0.09)
+    self.assertGreater(boot / reps, perm / reps)
+
+  def test_gap_verdict(self):
+    self.assertEqual(tuning.gap_verdict(0.02, 0.01, 20), "agrees, p = 0.010")
+    self.assertEqual(tuning.gap_verdict(-0.02, 0.0004, 20),
+                     "disagrees, p < 0.001")
+    self.assertEqual(tuning.gap_verdict(0.02, 0.2, 20),
+                     "not decided, p = 0.200")
+    # Three trials, each above: too few swaps to say so.
+    self.assertEqual(tuning.gap_verdict(0.02, 0.01, 3),
+                     "not decided (3 < 10 trials)")
 
   def test_paired_trials_keeps_the_draws_both_models_ran(self):
     # Draw 1 ran for HyperMixer only (a run cut short); draw 3 for neither:

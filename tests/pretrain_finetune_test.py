@@ -147,8 +147,8 @@ def test_report_rows_of_run_and_unrun_settings(tmp_path):
                        "eval_curve": {"1000": {"accuracy": a}}}
       keys["gmlp", (task, fraction), arm] = ks if fraction == 1 else []
       chosen["gmlp", (task, fraction), arm] = (
-          (1e-3, 0.1, "validation" if task == "sst2" else "dev")
-          if fraction == 1 else (None, 0.1, "dev"))
+          (1e-3, 0.1, "validation") if fraction == 1
+          else (None, 0.1, "searching"))
   for s, (fresh, pre) in enumerate(((0.60, 0.62), (0.62, 0.64))):
     exp.runs[f"probe/s30/model=gmlp/fraction=1/seed={s}"] = {
         "random": fresh, "pretrained": pre}
@@ -167,11 +167,10 @@ def test_report_rows_of_run_and_unrun_settings(tmp_path):
   assert full[9] == "61.0 ± 1.4 (n=2) / 63.0 ± 1.4 (n=2)"
   # The probes read SST-2: a pair task's row shows none.
   assert snli[2:5] == ["56.0 ± 1.4 (n=2)", "60.0 ± 0.0 (n=2)", "+4.0"]
-  # A rate still chosen on the reported score says so.
-  assert snli[6] == "0.001 (dev, seed 0) / 0.001 (dev, seed 0)"
+  assert snli[6] == "0.001 / 0.001"
   assert snli[9] == ""
-  # A setting not run yet has no gain, verdict or learning rate.
-  assert tenth[2:7] == ["not run", "not run", "", "", "- / -"]
+  # A setting whose searches are not whole has no gain, verdict or rate.
+  assert tenth[2:7] == ["not run", "not run", "", "", "searching / searching"]
 
 
 # Final accuracy of the fake runs: 3e-4 is the better rate on validation.
@@ -252,7 +251,7 @@ def test_learning_rate_is_chosen_on_a_split_carved_from_train(
   assert seed["data"]["train"].endswith("SST-2/train.tsv")
   assert seed["data"]["validation"].endswith("SST-2/dev.tsv")
   table = (out / "table.md").read_text()
-  assert "| 0.0003 / - |" in table
+  assert "| 0.0003 / searching |" in table
 
 
 def test_warm_up_shares_widen_the_search_and_keep_the_recorded_keys(
@@ -278,7 +277,7 @@ def test_warm_up_shares_widen_the_search_and_keep_the_recorded_keys(
   runs = json.loads((out / "results.json").read_text())["runs"]
   assert runs[share.format("scratch", "0.001")[5:]]["warmup_steps"] == 1
   assert runs[SEL.format("scratch", "0.001")[5:]]["warmup_steps"] == 1
-  assert "| 0.0003, warm-up 50% / - |" in (out / "table.md").read_text()
+  assert "| 0.0003, warm-up 50% / searching |" in (out / "table.md").read_text()
 
 
 def test_a_recorded_encoder_without_checkpoint_is_pretrained_again(
@@ -339,12 +338,13 @@ def test_arms_split_between_processes(shared_data, tmp_path, monkeypatch):
     main("--arms=pretrain")
 
 
-def test_an_arm_without_its_search_keeps_its_recorded_choice(
+def test_an_arm_without_its_whole_search_reports_nothing(
     shared_data, tmp_path, monkeypatch):
   # A record from before the carved search: seed 0 at both rates on dev,
   # and a search of the pretrained arm scored on another carved split
   # (favouring the other rate). A process training only the scratch arm
-  # keeps the dev choice, marked, trains nothing at it, and leaves the
+  # reports nothing of the pretrained arm (never a rate picked on the dev
+  # score its seeds are reported on), trains nothing of it, and leaves the
   # stale search to the process that trains that arm.
   out = tmp_path / "out"
   exp = experiment.Experiment(out)
@@ -358,7 +358,9 @@ def test_an_arm_without_its_search_keeps_its_recorded_choice(
   calls, main = _fake_grid(shared_data, out, monkeypatch)
   main("--seeds=0", "--lrs=0.001,0.0003", "--arms=scratch")
   assert all("pretrained" not in c for c, _ in calls)
-  assert "| 0.0003 / 0.001 (dev, seed 0) |" in (out / "table.md").read_text()
+  row = next([c.strip() for c in line.split("|")[1:-1]] for line in (
+      out / "table.md").read_text().splitlines() if line.startswith("| gMLP"))
+  assert row[3] == "not run" and row[6] == "0.0003 / searching"
   runs = json.loads((out / "results.json").read_text())["runs"]
   assert SEL.format("pretrained", "0.0003")[len("runs/"):] in runs
 

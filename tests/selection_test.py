@@ -60,6 +60,12 @@ def test_choose_takes_the_best_score_first_on_ties():
   score = lambda r: r["s"]
   assert selection.choose(runs, score, higher=True) == {"m": {"lr": 2}}
   assert selection.choose(runs, score, higher=False) == {"m": {"lr": 1}}
+  # A score that is not finite is never chosen, whichever way is best (min
+  # and max over NaN would keep whatever comes first).
+  nan = {"m": [{"setting": {"lr": 0}, "s": float("nan")}] + runs["m"]}
+  assert selection.choose(nan, score, higher=True) == {"m": {"lr": 2}}
+  assert selection.choose(nan, score, higher=False) == {"m": {"lr": 1}}
+  assert selection.choose({"m": nan["m"][:1]}, score, higher=True) == {}
   rows = selection.selection_rows(
       {"m": [dict(r, setting=dict(lr=lr, warmup_share=0.1))
              for r, lr in zip(runs["m"], (1e-3, 3e-3, 1e-2))]},

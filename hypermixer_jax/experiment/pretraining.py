@@ -278,12 +278,10 @@ def _row(runs, bases, args, mixer, setting, seeds, chosen, keys) -> list:
 
 def _lr_cell(lr: float | None, warmup: float, how: str) -> str:
   """A chosen learning rate (and warm-up share, where not the configs'
-  own), marked when its arm's validation search is not recorded yet and it
-  is still the choice on seed 0's reported score."""
+  own); 'searching' while its arm's validation search is incomplete."""
   if lr is None:
-    return "-"
-  return (f"{lr:g}" + (f", warm-up {warmup:.0%}" if warmup != WARMUP else "")
-          + (" (dev, seed 0)" if how == "dev" else ""))
+    return "searching" if how == "searching" else "-"
+  return f"{lr:g}" + (f", warm-up {warmup:.0%}" if warmup != WARMUP else "")
 
 
 def _notes(args, seeds, bases) -> str:
@@ -303,9 +301,8 @@ def _notes(args, seeds, bases) -> str:
       f"pairs; digests in the record), run with seed {selection.SEED} (a "
       f"pretrained arm from its own pretraining of seed {selection.SEED}) on "
       "the rest; every seed then trains at that rate on the whole train "
-      "file. A rate marked '(dev, seed 0)' is the earlier choice, the best "
-      "on seed 0's reported score, kept until that arm's validation search "
-      "is recorded (optimistic). Pretrained: the encoder of an MLM run of "
+      "file; an arm whose search is not whole ('searching') reports "
+      "nothing. Pretrained: the encoder of an MLM run of "
       f"{args.pretrain_steps} steps of batch 64 x 64 tokens on {C4_TRAIN_ALL} "
       "(same seed), classifier new. 'pretraining helps': Welch's test of "
       "pretrained against scratch (see Verdicts below). TFLOPs of "

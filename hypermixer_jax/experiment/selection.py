@@ -11,6 +11,7 @@ it.
 """
 from __future__ import annotations
 
+import math
 import pathlib
 from typing import Callable, Sequence
 
@@ -143,10 +144,11 @@ def choose(selection: dict, score: Callable[[dict], float], *,
   """Each model's setting of best ``score`` (``higher``: the largest) at
   the end of its selection runs (``selection``: {model: [run of each
   setting]}, each run recording its ``setting``); ties go to the earlier
-  setting. A run that diverged (``DIVERGED``) is never chosen; a model
-  whose every run diverged gets no setting."""
+  setting. A run that diverged (``DIVERGED``) or whose score is not finite
+  is never chosen; a model with no other run gets no setting."""
   sign = -1.0 if higher else 1.0
-  kept = {m: [r for r in runs if DIVERGED not in r]
+  kept = {m: [r for r in runs
+              if DIVERGED not in r and math.isfinite(score(r))]
           for m, runs in selection.items()}
   return {m: dict(min(runs, key=lambda r: sign * score(r))["setting"])
           for m, runs in kept.items() if runs}

@@ -117,10 +117,16 @@ class Difference:
   seeds: tuple[int, int]    # seeds a side (0: a deterministic baseline)
 
 
+def _scalar(values) -> bool:
+  """A deterministic baseline (one number, Python's or NumPy's) rather than
+  a sequence of seeds."""
+  return np.ndim(values) == 0
+
+
 def _side(values: Sequence[float] | float, n_eval: int | None
           ) -> tuple[float, list[tuple[float, float]], int]:
   """``(mean, [(variance of the mean, its df)], seeds)`` of one side."""
-  if isinstance(values, (int, float)):
+  if _scalar(values):
     mean, terms, k = float(values), [], 0
   else:
     values = [float(v) for v in values]
@@ -202,18 +208,25 @@ class Verdict:
       return f"{word} ({self.why})"
     t, f = self.test, spec or f"+.{digits}f"
     out = (f"{word}: {scale * t.diff:{f}} "
-           f"[{scale * t.low:{f}}, {scale * t.high:{f}}], {_p(t.p)}")
+           f"[{scale * t.low:{f}}, {scale * t.high:{f}}], {p_text(t.p)}")
     if self.margin is not None:
       out += (f"; equal within ±{scale * self.margin:{f.lstrip('+')}}: "
-              f"TOST {_p(self.p_equal)}")
+              f"TOST {p_text(self.p_equal)}")
     return out
 
   def __str__(self) -> str:
     return self.text()
 
 
-def _p(p: float) -> str:
-  return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+def p_text(p: float) -> str:
+  """``p`` to three decimals, or more where three would put it on the other
+  side of ``ALPHA`` (0.04996: 'p = 0.04996', never 'p = 0.050')."""
+  if p < 0.001:
+    return "p < 0.001"
+  for digits in range(3, 9):
+    if (float(f"{p:.{digits}f}") < ALPHA) == (p < ALPHA):
+      return f"p = {p:.{digits}f}"
+  return f"p = {p!r}"
 
 
 def _no_spread(values: Sequence[float], n_eval: int | None) -> bool:
@@ -230,37 +243,46 @@ def verdict(ours: Sequence[float], other: Sequence[float] | float,
   ('higher', 'lower' or 'equal') than ``other`` (seeds, or a number: a
   deterministic baseline).
 
-  'agrees' / 'disagrees' where Welch's test rejects equal means at ``ALPHA``
-  (a difference in the claimed / the other direction; for 'equal': any
-  difference disagrees); with ``margin`` (required for 'equal') and no
-  significant difference, TOST decides equality: within the margin agrees
-  with 'equal' and disagrees with 'higher' / 'lower'. Anything else, or
-  fewer than ``MIN_SEEDS`` seeds a side, is 'not decided'. Pass values
-  where higher is better or not, as the claim reads (perplexities as they
-  are, with 'lower').
+  'higher' / 'lower': 'agrees' / 'disagrees' where Welch's test rejects
+  equal means at ``ALPHA`` (a difference in the claimed / the other
+  direction); with ``margin`` and no significant difference, equality
+  within the margin shown by TOST disagrees. 'equal' (``margin``
+  required): TOST decides, 'agrees' where it shows the difference within
+  the margin (a significant difference inside the margin included), and
+  'disagrees' where the 95% interval lies wholly beyond the margin. Anything
+  else, fewer than ``MIN_SEEDS`` seeds a side, or a value that is not
+  finite, is 'not decided'. Pass values where higher is better or not, as
+  the claim reads (perplexities as they are, with 'lower').
   """
   if claim not in CLAIMS:
     raise ValueError(f"verdict: claim={claim!r}; use one of {CLAIMS}.")
   if claim == "equal" and margin is None:
     raise ValueError("verdict: a claim of equality needs margin= (the "
                      "largest difference that still counts as equal).")
-  seeds = [len(ours)] + ([] if isinstance(other, (int, float))
-                         else [len(other)])
+  sides = [ours] + ([] if _scalar(other) else [other])
+  seeds = [len(v) for v in sides]
   if min(seeds) < MIN_SEEDS:
     return Verdict("not decided", claim,
                    why=f"{min(seeds)} < {MIN_SEEDS} seeds")
-  spread = [ours] + ([] if isinstance(other, (int, float)) else [other])
-  if all(_no_spread(v, n_eval) for v in spread):
+  if not np.all(np.isfinite(np.concatenate(
+      [np.asarray(v, float).ravel() for v in [ours, other]]))):
+    return Verdict("not decided", claim, why="a value is not finite")
+  if all(_no_spread(v, n_eval) for v in sides):
     return Verdict("not decided", claim, why="no spread between the seeds")
   test = welch(ours, other, n_eval=n_eval)
   p_equal = None if margin is None else tost(ours, other, margin,
                                              n_eval=n_eval)
-  if test.p < ALPHA:
-    higher = test.diff > 0
-    word = ("agrees" if claim != "equal" and higher == (claim == "higher")
-            else "disagrees")
+  if claim == "equal":
+    if p_equal < ALPHA:
+      word = "agrees"
+    elif test.low > margin or test.high < -margin:
+      word = "disagrees"
+    else:
+      word = "not decided"
+  elif test.p < ALPHA:
+    word = "agrees" if (test.diff > 0) == (claim == "higher") else "disagrees"
   elif p_equal is not None and p_equal < ALPHA:
-    word = "agrees" if claim == "equal" else "disagrees"
+    word = "disagrees"
   else:
     word = "not decided"
   return Verdict(word, claim, test, margin, p_equal)
@@ -269,10 +291,8 @@ def verdict(ours: Sequence[float], other: Sequence[float] | float,
 def against_baseline(ours: Sequence[float], baseline: float, *,
                      n_eval: int | None = None) -> Verdict:
   """``ours`` against a trivial baseline (a number) by the same test as
-  ``verdict``: 'above' / 'below' where it decides, else 'level' (or 'not
-  decided' with too few seeds or no spread)."""
+  ``verdict``: 'above' / 'below' where it decides, else 'not decided'
+  (never 'level': no margin was tested)."""
   v = verdict(ours, baseline, "higher", n_eval=n_eval)
   words = {"agrees": "above", "disagrees": "below"}
-  if v.test is not None:
-    words["not decided"] = "level"
   return dataclasses.replace(v, word=words.get(v.word, v.word))

@@ -1,10 +1,17 @@
 """The expected best score of a random search after n trials (Dodge et al.
-2019, "Show your work"), and a paired bootstrap interval of the gap between
-two models that share the trials' hyperparameter draws.
+2019, "Show your work"), and the gap between two models that share the
+trials' hyperparameter draws: a paired bootstrap interval (a description)
+and a paired permutation test (the verdict).
 
 With a model's scores v_(1) <= ... <= v_(T) over T trials,
 
     E[max of n] = sum_i v_(i) [ (i/T)^n - ((i-1)/T)^n ].
+
+The percentile bootstrap of a statistic that tends to a maximum is not a
+valid test: at n near T it rejects equal models more often than its level.
+The permutation test is exact whatever n: under "the two models score
+alike", each draw's two scores are exchangeable, so swapping them at random
+gives the gap's null distribution.
 """
 from __future__ import annotations
 
@@ -13,7 +20,8 @@ import numpy as np
 from hypermixer_jax.experiment import stats
 
 BOOTSTRAP = 2000
-# Fewer trials than this leave the bootstrap too coarse for a verdict.
+PERMUTATIONS = 10_000
+# Fewer trials than this leave too few distinct swaps for a verdict.
 MIN_TRIALS = 10
 
 
@@ -43,12 +51,40 @@ def gap_interval(ours, other, n: int, samples: int = BOOTSTRAP,
   return float(ci.low), float(ci.high)
 
 
-def interval_verdict(low: float, high: float, trials: int) -> str:
-  """'agrees' (ours above, as the paper has it) where the interval is above
-  0, 'disagrees' below it, 'not decided' where it holds 0 or where there are
-  fewer than ``MIN_TRIALS`` trials."""
+def permutation_p(ours, other, n: int, samples: int = PERMUTATIONS,
+                  seed: int = 0) -> float:
+  """Two-sided p of ``expected_max(ours, n) - expected_max(other, n)`` by a
+  paired permutation test: each trial's two scores swapped or not, every
+  way where there are at most ``samples`` ways (exact), else ``samples``
+  random ways (the observed one counted among them)."""
+  ours, other = np.asarray(ours, np.float64), np.asarray(other, np.float64)
+  if ours.shape != other.shape:
+    raise ValueError(f"permutation_p: {len(ours)} and {len(other)} trials; "
+                     "the models must share the draws.")
+  t = len(ours)
+  i = np.arange(1, t + 1)
+  weights = (i / t) ** n - ((i - 1) / t) ** n
+
+  def gaps(swap):   # swap: [ways, t] booleans
+    a, b = np.where(swap, other, ours), np.where(swap, ours, other)
+    return np.sort(a, axis=1) @ weights - np.sort(b, axis=1) @ weights
+  observed = abs(expected_max(ours, n) - expected_max(other, n))
+  tol = 1e-12 * max(1.0, observed)
+  if 2 ** t <= samples:
+    swap = (np.arange(2 ** t)[:, None] >> np.arange(t)) & 1
+    return float(np.mean(np.abs(gaps(swap.astype(bool))) >= observed - tol))
+  swap = np.random.default_rng(seed).random((samples, t)) < 0.5
+  hits = np.sum(np.abs(gaps(swap)) >= observed - tol)
+  return float((1 + hits) / (1 + samples))
+
+
+def gap_verdict(gap: float, p: float, trials: int) -> str:
+  """'agrees' (ours above, as the paper has it) where the permutation test
+  rejects equal models at ``stats.ALPHA`` and the gap is positive,
+  'disagrees' where it rejects with a negative gap, else 'not decided'
+  (also with fewer than ``MIN_TRIALS`` trials); with its p."""
   if trials < MIN_TRIALS:
     return f"not decided ({trials} < {MIN_TRIALS} trials)"
-  if low > 0:
-    return "agrees"
-  return "disagrees" if high < 0 else "not decided"
+  word = ("not decided" if p >= stats.ALPHA
+          else "agrees" if gap > 0 else "disagrees")
+  return f"{word}, {stats.p_text(p)}"
