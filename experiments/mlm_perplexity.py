@@ -116,8 +116,9 @@ def main() -> None:
                 params=sizes[cell["model"]]["params"],
                 held_out=mlm.held_out(c) if args.scale == "small" else None)
   runs = exp.cells(prefix, experiment.grid(model=models, seed=seeds), run)
+  # The seeds' baselines on the whole sample (not --tune's carved ones).
   seed_bases = [b for k, b in exp.data.get("baselines", {}).items()
-                if k.startswith(prefix + "/")]
+                if k.startswith(prefix + "/seed=")]
   _report(exp, args, runs, sizes, steps, seed_bases, vocab,
           config("attention"))
 

@@ -185,8 +185,10 @@ def test_tune_chooses_nothing_before_a_search_is_complete(tmp_path):
   assert calls == [] and set(chosen) == {"a"} and set(runs) == {"a"}
   assert len(searched["b"]) == 1
   # Run backwards (a second process), the missing cell is trained first.
-  _, calls = _fake_tune(tmp_path, scores, reverse=True)
-  assert calls == [("b", selection.SEED, 1e-3, True)]
+  (searched, _, runs), calls = _fake_tune(tmp_path, scores, reverse=True)
+  assert calls[0] == ("b", selection.SEED, 1e-3, True)
+  # Whichever process reports, the models come in their given order.
+  assert list(searched) == list(runs) == ["a", "b"]
 
 
 def test_a_choice_at_the_edge_of_the_rates_is_named():

@@ -193,8 +193,9 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
   searched = exp.cells(f"{prefix}tune", order(experiment.grid(
       model=models, setting=range(len(settings_)))), select,
       expect=lambda cell: {"setting": settings_[cell["setting"]], **tag})
-  searched = {m: sorted(r, key=lambda x: settings_.index(x["setting"]))
-              for m, r in searched.items()}
+  # In the models' order, whichever process (--order) recorded them.
+  searched = {m: sorted(searched[m], key=lambda x: settings_.index(
+      x["setting"])) for m in models if m in searched}
   chosen = choose({m: r for m, r in searched.items()
                    if len(r) == len(settings_)}, score, higher=higher)
 
@@ -206,6 +207,7 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
   runs = exp.cells(f"{prefix}tuned", order(experiment.grid(
       model=ready, seed=seeds)), final, expect=lambda cell: {
           "setting": chosen[cell["model"]], **tag}) if ready else {}
+  runs = {m: runs[m] for m in models if m in runs}
   return searched, chosen, runs
 
 
