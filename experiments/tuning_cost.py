@@ -183,12 +183,8 @@ def _report(exp, args, task, budget, acc, best) -> None:
   exp.save(**{f"expected_max{tag}": curves, f"best_draws{tag}": best})
   rows = []
   for n in sorted({1, 2, 3, 5, 10, 15, done} & set(ns)):
-    low, high = tuning.gap_interval(acc["hypermixer"], acc["attention"], n)
-    gap = curves["hypermixer"][n - 1] - curves["attention"][n - 1]
     rows.append([n] + [f"{100 * curves[m][n - 1]:.1f}" for m in MODELS]
-                + [f"{100 * low:+.1f} / {100 * high:+.1f}",
-                   tuning.gap_verdict(gap, tuning.permutation_p(
-                       acc["hypermixer"], acc["attention"], n), done)])
+                + tuning.gap_cells(acc["hypermixer"], acc["attention"], n))
   base = exp.data.get("baselines", {}).get(budget)
   if base:
     rows.append([f"Naive Bayes (bag of tokens), dev: "

@@ -504,6 +504,16 @@ class TuningCostTest(absltest.TestCase):
     self.assertEqual(tuning.gap_verdict(0.02, 0.01, 3),
                      "not decided (3 < 10 trials)")
 
+  def test_gap_cells(self):
+    # Every one of 12 draws 2 points ahead: the interval is the shift, and
+    # the exact permutation test gives 2 of 4,096 swaps as extreme.
+    other = list(np.linspace(0.5, 0.8, 12))
+    ours = [v + 0.02 for v in other]
+    self.assertEqual(tuning.gap_cells(ours, other, 3),
+                     ["+2.0 / +2.0", "agrees, p < 0.001"])
+    self.assertEqual(tuning.gap_cells(other, other, 3)[1],
+                     "not decided, p = 1.000")
+
   def test_paired_trials_keeps_the_draws_both_models_ran(self):
     # Draw 1 ran for HyperMixer only (a run cut short); draw 3 for neither:
     # the curves use draws 0 and 2, in draw order, for both models.

@@ -88,3 +88,12 @@ def gap_verdict(gap: float, p: float, trials: int) -> str:
   word = ("not decided" if p >= stats.ALPHA
           else "agrees" if gap > 0 else "disagrees")
   return f"{word}, {stats.p_text(p)}"
+
+
+def gap_cells(ours, other, n: int) -> list[str]:
+  """A table's two cells for the gap at ``n`` trials, in points: the
+  bootstrap interval and the permutation test's verdict."""
+  low, high = gap_interval(ours, other, n)
+  gap = expected_max(ours, n) - expected_max(other, n)
+  return [f"{100 * low:+.1f} / {100 * high:+.1f}",
+          gap_verdict(gap, permutation_p(ours, other, n), len(ours))]
