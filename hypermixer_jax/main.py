@@ -23,7 +23,9 @@ field. A run restarted with the same ``--workdir`` resumes from its latest
 checkpoint and its saved config. On a workdir (or an exported folder) with a
 saved config, ``--config=FILE`` is optional: ``--config.field=value``
 overrides go on top of the saved config (the differences are logged), and
-one that changes the parameters' shapes or the vocabulary is refused.
+one that changes the parameters' shapes, dtypes or vocabulary, or the
+optimizer state's layout (clipping on or off, gradient accumulation), is
+refused.
 
 Several processes (hosts): on Cloud TPU pod slices and under SLURM ``srun``
 ``jax.distributed.initialize()`` finds the other processes by itself; anywhere

@@ -246,6 +246,30 @@ def test_steps_saved_without_fingerprints_still_restore(tmp_path):
   assert (row.step, row.status) == ("3", "ok, no fingerprint")
 
 
+def test_a_state_that_is_not_finite_is_never_saved(tmp_path):
+  """Parameters (or moments) turned NaN/Inf while the loss stayed finite:
+  the save is refused, naming the arrays and the step kept, and the good
+  step stays the newest (retention never drops it for a bad one)."""
+  good = {"params": {"w": jnp.arange(4.0), "b": jnp.ones(2)},
+          "opt": {"mu": jnp.zeros(4)}}
+  bad = {"params": {"w": jnp.array([0.0, jnp.nan, 1.0, 2.0]),
+                    "b": jnp.ones(2)},
+         "opt": {"mu": jnp.array([jnp.inf, 0.0, 0.0, 0.0])}}
+  with ckpt_lib.Checkpointer(tmp_path, save_every=1, keep=1) as ck:
+    assert ck.save(1, good)
+    ck.wait_until_finished()
+    with pytest.raises(FloatingPointError) as e:
+      ck.save(2, bad)
+    ck.wait_until_finished()
+    assert ck.all_steps() == [1]
+  message = str(e.value)
+  assert message.startswith("step 2: 2 array(s) of the state hold NaN/Inf (")
+  assert "params/w" in message and "opt/mu" in message
+  assert "params/b" not in message
+  assert message.endswith(f"The latest checkpoint is step 1 in {tmp_path}.")
+  assert sorted(os.listdir(tmp_path)) == ["1"]
+
+
 def test_verify_from_the_command_line(run, tmp_path):
   workdir = _copy(run, tmp_path)
   _damage(workdir / "checkpoints" / "8", "bitflip")

@@ -870,3 +870,29 @@ def test_glue_tune_selects_on_carved_phrases_and_reports_dev(tmp_path,
   # Half the selection runs right, 4 validation rows: sqrt(.25 / 4).
   assert "binomial standard error at the searches' mean accuracy is 25.00 " \
          "points" in table
+
+
+def test_trained_params_read_the_final_step_or_refuse(tmp_path):
+  # The final step's parameters, never an older step in their place (the
+  # held-out scores of a run must be of the parameters it ended with).
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.models import zoo  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+  config = experiment.load_config("default.py", "hypermixer")
+  config.num_train_steps = 4
+  x = zoo.dummy_inputs(config.model)
+  params = nn.unbox(zoo.build_model(config.model).init(
+      jax.random.key(1), np.zeros(x.shape, x.dtype))["params"])
+  at = {s: jax.tree.map(lambda p, s=s: p + s, params) for s in (2, 4)}
+  with checkpoint.Checkpointer(tmp_path / "checkpoints", save_every=1) as ck:
+    for step in (2, 4):
+      ck.save(step, {"params": at[step]})
+  got = experiment.trained_params(config, str(tmp_path))
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(at[4])):
+    np.testing.assert_array_equal(a, b)
+  # The final step gone (a run stopped early): an error, not step 2.
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.rmtree(tmp_path / "checkpoints" / "4")
+  with pytest.raises(FileNotFoundError, match=(
+      r"has no checkpoint of its final step 4: the run has not finished")):
+    experiment.trained_params(config, str(tmp_path))

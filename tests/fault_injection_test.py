@@ -268,8 +268,9 @@ def test_config_json_damaged_missing_or_edited_says_what_is_true(tmp_path):
   with pytest.raises(run_config.ConfigFlagError) as e:
     run_config.resolve(saved, {})
   message = str(e.value)
-  assert (f"changes the shapes or the vocabulary of the parameters that "
-          f"{work / 'checkpoints'} holds (model.d_model: "
+  assert (f"changes the shapes, dtypes or vocabulary of the parameters, or "
+          f"the optimizer state's layout, that {work / 'checkpoints'} holds "
+          f"(model.d_model: "
           f"{config.model.d_model} -> 24; the checkpoints were saved with "
           f"{copy}, and they are intact)") in message
   assert "damaged" not in message.replace(str(tmp_path), "")

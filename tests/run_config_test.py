@@ -76,14 +76,61 @@ def test_shape_and_vocabulary_changes_are_refused_by_name(saved):
     run_config.resolve(path, {"model.d_model": 32, "eval_steps": 3,
                               "model.dropout_rate": 0.5})
   assert str(e.value) == (
-      f"--config.model.d_model would change the shapes or the vocabulary of "
-      f"the parameters saved with {workdir} (see its config.json); drop the "
-      "override(s), or train a new run in another --workdir.")
+      f"--config.model.d_model would change the shapes, dtypes or vocabulary "
+      f"of the parameters, or the optimizer state's layout, saved with "
+      f"{workdir} (see its config.json); drop the override(s), or train a "
+      "new run in another --workdir.")
   with pytest.raises(config_checks.ConfigError,
                      match=r"^--config.data.vocab_path, "
                      r"--config.model.num_layers would change"):
     run_config.resolve(path, {"data.vocab_path": "other.model",
                               "model.num_layers": 2})
+
+
+def test_dtype_and_optimizer_layout_changes_are_refused_by_name(saved):
+  # A restore would cast the parameters to another param_dtype silently,
+  # and another optimizer layout (a clipping stage, an accumulator) makes
+  # every intact step fail to restore, as if damaged.
+  config, workdir = saved
+  path = workdir / "config.json"
+  assert config.model.param_dtype == "float32" and config.clip_norm > 0
+  for override, field in (({"model.param_dtype": "bfloat16"},
+                           "model.param_dtype"),
+                          ({"clip_norm": 0.0}, "clip_norm"),
+                          ({"grad_accum_steps": 4}, "grad_accum_steps")):
+    with pytest.raises(config_checks.ConfigError,
+                       match=rf"^--config.{field} would change the shapes, "
+                       "dtypes"):
+      run_config.resolve(path, dict(override, eval_steps=3))
+  # What keeps the layout passes: another clip norm, other Adam betas, the
+  # compute dtype.
+  out = run_config.resolve(path, {"clip_norm": 2 * config.clip_norm,
+                                  "b2": 0.98, "model.dtype": "bfloat16"})
+  assert out.clip_norm == 2 * config.clip_norm
+
+
+def test_the_layout_fields_are_the_ones_that_change_the_optimizer_state(
+    saved):
+  # OPTIMIZER_LAYOUT against optax itself: the optimizer state's tree
+  # changes exactly where the layout does.
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
+  config, _ = saved
+  params = {"dense": {"kernel": jnp.zeros((2, 3)), "bias": jnp.zeros(3)}}
+
+  def tree(**fields):
+    c = config.copy_and_resolve_references()
+    c.update(fields)
+    tx, _ = optim.make_optimizer(c, params)
+    return jax.tree_util.tree_structure(jax.eval_shape(tx.init, params))
+  base = tree()
+  for fields in ({"clip_norm": 0.0}, {"grad_accum_steps": 2}):
+    assert tree(**fields) != base, fields
+  for fields in ({"clip_norm": 3.0}, {"grad_accum_steps": 1},
+                 {"b1": 0.8, "weight_decay": 0.0, "learning_rate": 1.0}):
+    assert tree(**fields) == base, fields
+  assert set(run_config.OPTIMIZER_LAYOUT) == {"clip_norm", "grad_accum_steps"}
 
 
 def test_layer_layout_and_remat_may_change_but_not_the_layer_count(saved):

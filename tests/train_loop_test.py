@@ -1,6 +1,7 @@
 """End-to-end tests of the training job (hypermixer_jax.train.loop / main)."""
 import logging as std_logging
 import os
+import shutil
 import re
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from ml_collections import config_flags
 
 from hypermixer_jax.train import checkpoint as ckpt_lib
 from hypermixer_jax.train import loop
+from hypermixer_jax.train import run_config
 from hypermixer_jax.train import metrics as metrics_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,6 +127,22 @@ def test_nan_loss_stops_before_an_evaluation_between_log_steps(tmp_path):
     loop.train_and_evaluate(config, str(tmp_path))
   assert not metrics_lib.read_metrics(str(tmp_path), "eval")
   assert not ckpt_lib.Checkpointer(tmp_path / "checkpoints").all_steps()
+
+
+def test_a_checkpoint_beyond_num_train_steps_is_refused(tmp_path, reference):
+  """A finished run of 60 steps resumed with num_train_steps=30: refused
+  before anything is logged, since step 60's state would be evaluated and
+  recorded as step 30's beside the run's own step-30 records."""
+  source, _, _ = reference
+  workdir = tmp_path / "run"
+  shutil.copytree(source, workdir)
+  before = metrics_lib.read_metrics(str(workdir), "eval")
+  with pytest.raises(run_config.ConfigFlagError, match=(
+      r"^config.num_train_steps=30 is below step 60, which .*checkpoints "
+      r"resumes from: set it to at least 60 \(--mode=evaluate")):
+    loop.train_and_evaluate(_config(*RUN, "--config.num_train_steps=30"),
+                            str(workdir))
+  assert metrics_lib.read_metrics(str(workdir), "eval") == before
 
 
 def _main(workdir, cache_dir, *overrides, devices=8):

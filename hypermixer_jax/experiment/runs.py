@@ -102,8 +102,10 @@ def trained_params(config, workdir: str, result: Any = None):
   """The parameters a run in ``workdir`` ended with.
 
   ``result.state.params`` when the training loop's result carries its final
-  state; otherwise they are read from the newest checkpoint in ``workdir``
-  into the freshly initialised model of ``config.model``.
+  state; otherwise they are read from the checkpoint of the final step
+  (``config.num_train_steps``) in ``workdir`` into the freshly initialised
+  model of ``config.model``: that step or an error, never an older step in
+  its place.
   """
   state = getattr(result, "state", None)
   if state is not None:
@@ -111,12 +113,19 @@ def trained_params(config, workdir: str, result: Any = None):
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from etils import epath  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.models import zoo  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
   x = zoo.dummy_inputs(config.model)
   params = zoo.build_model(config.model).init(
       jax.random.key(0), jnp.zeros(x.shape, x.dtype))["params"]
-  return checkpoint.load_pretrained(workdir, nn.unbox(params), reinit=())
+  final = epath.Path(workdir) / "checkpoints" / str(config.num_train_steps)
+  if not final.exists():
+    raise FileNotFoundError(
+        f"{workdir} has no checkpoint of its final step "
+        f"{config.num_train_steps}: the run has not finished (run it again "
+        "to resume it).")
+  return checkpoint.load_pretrained(final, nn.unbox(params), reinit=())
 
 
 def flops_per_step(run: dict[str, Any]) -> float:

@@ -197,15 +197,27 @@ class Checkpointer:
     never written twice (a damaged one is moved away by ``restore_latest``
     first, so the resumed run writes it again). The fingerprints are
     computed here, on the devices, before the state can change.
+
+    Raises:
+      FloatingPointError: an array of ``state`` holds NaN/Inf (named, with
+        the latest checkpoint kept); nothing is written, so a state that is
+        not finite never becomes the newest step nor pushes a good one out
+        of the retention.
     """
     if step in self.manager.all_steps():
       return False
     if not (force or self.should_save(step)):
       return False
+    try:
+      fingerprints = integrity.finite_record(state, f"step {step}")
+    except FloatingPointError as e:
+      raise FloatingPointError(
+          f"{e} The latest checkpoint is step {self.latest_step()} in "
+          f"{self.directory}.") from None
     args = ocp.args.Composite(**{
         STATE: ocp.args.StandardSave(state),
         DATA: multihost.DataStateSave(_jsonable(data_state)),
-        FINGERPRINTS: ocp.args.JsonSave(integrity.record(state)),
+        FINGERPRINTS: ocp.args.JsonSave(fingerprints),
     })
     return self.manager.save(step, args=args, force=True)
 

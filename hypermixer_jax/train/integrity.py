@@ -186,6 +186,20 @@ def record(tree: PyTree) -> dict[str, Any]:
   return {"version": VERSION, "arrays": prints}
 
 
+def finite_record(tree: PyTree, where: str) -> dict[str, Any]:
+  """``record(tree)``, refused with FloatingPointError (naming the arrays
+  and ``where``) when an array of ``tree`` holds NaN/Inf: a state that is
+  not finite is never saved, whatever the loss said."""
+  prints, finite = summarise(tree)
+  bad = [path for path, ok in finite.items() if not ok]
+  if bad:
+    raise FloatingPointError(
+        f"{where}: {len(bad)} array(s) of the state hold NaN/Inf ("
+        + ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+        + "); not saved, stopping.")
+  return {"version": VERSION, "arrays": prints}
+
+
 def problems(tree: PyTree, saved: Mapping[str, Any] | None, *,
              prefix: str = "") -> list[str]:
   """What is wrong with ``tree`` as read back from a checkpoint.

@@ -396,6 +396,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
   try:
     source = _restore(run, ck, train_pipe)
     start = int(jax.device_get(run.state.step))
+    if start > int(config.num_train_steps):
+      # Its evaluation would be logged as the last step's, beside the
+      # records the run made there with other parameters.
+      raise run_config.ConfigFlagError(
+          f"config.num_train_steps={config.num_train_steps} is below step "
+          f"{start}, which {ck.directory} resumes from: set it to at least "
+          f"{start} (--mode=evaluate scores the checkpoints as they are), or "
+          "train in another --workdir.")
     # The resolved config, and nothing the interrupted run logged after
     # ``start`` (it is logged again), before the writer opens the logs.
     workdir_lib.start_logs(config, workdir, start, is_main=run.is_main)

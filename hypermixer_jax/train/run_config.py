@@ -125,10 +125,10 @@ def check_present(workdir: str | os.PathLike) -> None:
 
 def check_fits_checkpoints(config: ml_collections.ConfigDict | Mapping,
                            workdir: str | os.PathLike) -> None:
-  """Refuses ``config`` when it gives the parameters other shapes (or
-  another vocabulary) than the run that saved ``workdir``'s checkpoints
-  had, naming the fields; an edited ``config.json`` must not make intact
-  checkpoints look damaged.
+  """Refuses ``config`` when it gives the parameters other shapes or dtypes
+  (or another vocabulary, or another optimizer state layout) than the run
+  that saved ``workdir``'s checkpoints had, naming the fields; an edited
+  ``config.json`` must not make intact checkpoints look damaged.
 
   The reference is the newest per-run copy (``run_copies``): the config of
   the run that wrote the newest steps. Nothing is checked without one.
@@ -145,8 +145,9 @@ def check_fits_checkpoints(config: ml_collections.ConfigDict | Mapping,
   changes = ", ".join(f"{k}: {_show(theirs.get(k, '-'))} -> "
                       f"{_show(ours.get(k, '-'))}" for k in fields)
   raise ConfigFlagError(
-      f"this config changes the shapes or the vocabulary of the parameters "
-      f"that {workdir / 'checkpoints'} holds ({changes}; the checkpoints "
+      f"this config changes the shapes, dtypes or vocabulary of the "
+      f"parameters, or the optimizer state's layout, that "
+      f"{workdir / 'checkpoints'} holds ({changes}; the checkpoints "
       f"were saved with {copies[0]}, and they are intact). Put those fields "
       f"back (cp {copies[0]} {workdir / CONFIG_FILE} if config.json was "
       "edited), or train the new shapes in another --workdir.")
@@ -267,14 +268,16 @@ def _merge(base: dict, saved: Mapping, top: bool = True) -> dict:
   return out
 
 
-def _param_shapes(model: Mapping) -> dict[str, tuple[int, ...]]:
+def _param_shapes(model: Mapping) -> dict[str, tuple[Any, ...]]:
+  """Each parameter's shape and dtype (a restore would cast another dtype
+  silently), the scanned stacks unrolled."""
   import jax  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.models import common  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.models import zoo  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   variables = nn.unbox(zoo.abstract_variables(ml_collections.ConfigDict(
       _plain(model))))
-  shapes = {common.path_str(p): tuple(x.shape) for p, x in
+  shapes = {common.path_str(p): (*x.shape, str(x.dtype)) for p, x in
             jax.tree_util.tree_flatten_with_path(
                 variables.get("params", {}))[0]}
   # The scanned and unrolled stacks (model.scan_layers) hold the same
@@ -293,13 +296,27 @@ def _param_shapes(model: Mapping) -> dict[str, tuple[int, ...]]:
 _SCANNED_LEAF = re.compile(r"(.*)/layers/layer/(.*)$")
 
 
+# The training state's layout beyond the parameters: the optimizer's
+# state holds a clipping stage only where ``clip_norm > 0`` and an
+# accumulator only where ``grad_accum_steps > 1`` (``optim.make_optimizer``),
+# so a checkpoint restores only into the same choices.
+OPTIMIZER_LAYOUT = {
+    "clip_norm": lambda v: bool(v) and float(v) > 0,
+    "grad_accum_steps": lambda v: int(v or 1) > 1,
+}
+
+
 def shape_fields(saved: Mapping, config: Mapping) -> list[str]:
-  """The fields of ``config`` that give the parameters other shapes than
-  ``saved``'s (or another vocabulary); empty when the checkpoint fits."""
+  """The fields of ``config`` that give the parameters other shapes or
+  dtypes than ``saved``'s (or another vocabulary, or another optimizer
+  state layout); empty when the checkpoint fits."""
   diff = differences(saved, config)
   family = _plain(config).get("model", {}).get("family")
   fields = ([k for k in VOCAB_FIELDS if k in diff]
             if family in TOKEN_FAMILIES else [])
+  fields += [k for k, layout in OPTIMIZER_LAYOUT.items()
+             if k in diff and "-" not in diff[k]   # (absent: unknown)
+             and layout(diff[k][0]) != layout(diff[k][1])]
   changed = [k for k in diff if k.startswith("model.")]
   if not changed:
     return fields
@@ -385,8 +402,9 @@ def resolve(saved_path: str | os.PathLike, overrides: Mapping[str, Any], *,
     raise ConfigFlagError(
         f"--config.{refused[0]}"
         + "".join(f", --config.{k}" for k in refused[1:])
-        + f" would change the shapes or the vocabulary of the parameters "
-        f"saved with {os.fspath(epath.Path(saved_path).parent)} (see its "
+        + f" would change the shapes, dtypes or vocabulary of the "
+        f"parameters, or the optimizer state's layout, saved with "
+        f"{os.fspath(epath.Path(saved_path).parent)} (see its "
         f"{CONFIG_FILE}); drop the override(s), or train a new run in "
         "another --workdir.")
   check_fits_checkpoints(config, epath.Path(saved_path).parent)
