@@ -12,6 +12,7 @@ ordered differently (host 0's examples, then host 1's) than one process's,
 while the loss, a mean over the same examples, does not depend on the order.
 """
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -150,3 +151,72 @@ def test_two_processes_train_like_one(tmp_path, cache_dir):
   np.testing.assert_allclose([again[s]["loss"] for s in range(1, 13)],
                              [ref[s]["loss"] for s in range(1, 13)],
                              rtol=1e-5)
+
+
+# One process of a job that reads another run's checkpoint (fine-tuning,
+# evaluation, export): steps 1 and 2 saved together, then process 1 fails to
+# read step 2 (a transient read error, or retention removing it under one
+# host only), and both load.
+_READER = r"""
+import json, sys
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from hypermixer_jax import runtime
+from hypermixer_jax.train import checkpoint as ck
+pid = int(sys.argv[1])
+runtime.initialize_distributed("on", coordinator_address=sys.argv[2],
+                               num_processes=2, process_id=pid)
+mesh = jax.make_mesh((2,), ("d",))
+def arrays(v):
+  host = {"w": np.full((4,), v, np.float32),
+          "k": np.arange(8, dtype=np.float32).reshape(4, 2) + v}
+  specs = {"w": P(), "k": P("d")}
+  return {n: jax.make_array_from_callback(
+      x.shape, NamedSharding(mesh, specs[n]), lambda i, x=x: x[i])
+          for n, x in host.items()}
+with ck.Checkpointer(sys.argv[3], save_every=1, async_save=False) as c:
+  for step in (1, 2):
+    c.save(step, {"params": arrays(10.0 * step)})
+from orbax.checkpoint._src.handlers import json_checkpoint_handler as jh
+read = jh.JsonCheckpointHandler.restore
+def flaky(self, directory, *args, **kwargs):
+  # Inside Orbax's restore: the fingerprints of step 2, on process 1 only.
+  if pid == 1 and str(directory).rstrip("/").endswith("/2/" + ck.FINGERPRINTS):
+    raise OSError("transient read error on this host")
+  return read(self, directory, *args, **kwargs)
+jh.JsonCheckpointHandler.restore = flaky
+params, step = ck.load_pretrained_step(sys.argv[3], arrays(0.0), reinit=())
+w = np.asarray(params["w"].addressable_data(0))   # (replicated)
+print("RESULT " + json.dumps({"step": step, "w": float(w[0])}), flush=True)
+"""
+
+
+def test_processes_load_the_same_step_of_another_run(tmp_path, cache_dir):
+  script = tmp_path / "reader.py"
+  script.write_text(_READER)
+  port = _free_port()
+  procs, logs = [], []
+  try:
+    for i in range(2):
+      logs.append(open(tmp_path / f"log{i}", "w+", encoding="utf-8"))
+      procs.append(subprocess.Popen(
+          [sys.executable, str(script), str(i), f"127.0.0.1:{port}",
+           str(tmp_path / "checkpoints")], cwd=ROOT,
+          env=_env(1, cache_dir), stdout=logs[i], stderr=subprocess.STDOUT,
+          start_new_session=True))
+    for p in procs:
+      p.wait(timeout=TIMEOUT / 2)   # (processes that disagree would hang)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+  texts = [(tmp_path / f"log{i}").read_text() for i in range(2)]
+  results = []
+  for p, text in zip(procs, texts):
+    assert p.returncode == 0, text[-3000:]
+    [line] = [x for x in text.splitlines() if x.startswith("RESULT ")]
+    results.append(json.loads(line[len("RESULT "):]))
+  # Neither process loads step 2 while the other falls back to step 1.
+  assert results == [{"step": 1, "w": 10.0}] * 2
+  assert "another process could not read its part" in texts[0]

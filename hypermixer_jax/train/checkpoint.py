@@ -253,15 +253,7 @@ class Checkpointer:
           step, args=ocp.args.Composite(**items)), None
     except Exception as e:  # pylint: disable=broad-except
       restored, error = None, e
-      if jax.process_count() > 1:
-        # Orbax's restore ends in a barrier of every process, which a
-        # failed read skips: meet the other processes there (under the
-        # name its checkpointer gives it), so that all of them reach the
-        # agreement below. tests/multiprocess_test.py checks the name.
-        ocp.multihost.sync_global_processes(ocp.multihost.unique_barrier_key(
-            "Checkpointer:restore", prefix=getattr(
-                self.manager._checkpointer,  # pylint: disable=protected-access
-                "_barrier_sync_key_prefix", None)))
+      _meet_restore_barrier(self.manager)
     if not _on_every_process(error is None):
       if error is not None:
         raise error
@@ -501,6 +493,19 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[str, int]:
   return directory, steps[0]
 
 
+def _meet_restore_barrier(manager: ocp.CheckpointManager) -> None:
+  """After a failed read in a multi-process job: Orbax's restore ends in a
+  barrier of every process, which the failed read skipped; meet the other
+  processes there (under the name its checkpointer gives it), so that all
+  of them reach the agreement that follows (``_on_every_process``).
+  tests/multiprocess_test.py checks the name."""
+  if jax.process_count() > 1:
+    ocp.multihost.sync_global_processes(ocp.multihost.unique_barrier_key(
+        "Checkpointer:restore", prefix=getattr(
+            manager._checkpointer,  # pylint: disable=protected-access
+            "_barrier_sync_key_prefix", None)))
+
+
 def _on_every_process(ok: bool) -> bool:
   """True where ``ok`` holds on every process of the job (a collective:
   every process must call it)."""
@@ -616,6 +621,9 @@ def load_pretrained_step(path: str | os.PathLike, params: PyTree,
   if reinit is None:
     reinit = (heads.param_modules_regex(),)
   directory, steps, explicit = _steps_to_try(path)
+  # Process 0's listing, and a step read only where every process read it:
+  # the processes of a job never load different steps.
+  steps = _from_process_0(steps)
   quiet_failed_reads()
   failures: list[tuple[int, str]] = []
   manager = _listing(lambda: reader(directory))
@@ -623,12 +631,17 @@ def load_pretrained_step(path: str | os.PathLike, params: PyTree,
     while True:
       step = steps[0]
       try:
-        return _load_step(manager, directory, step, params, reinit,
-                          collection), step
+        loaded, error = _load_step(manager, directory, step, params, reinit,
+                                   collection), None
       except _Unreadable as e:
-        failures.append((step, str(e)))
+        loaded, error = None, e
+      if _on_every_process(error is None):
+        return loaded, step
+      failures.append((step, str(error) if error else
+                       "another process could not read its part"))
       tried = {s for s, _ in failures}
-      steps = [s for s in _finished_steps(manager) if s not in tried]
+      steps = _from_process_0(
+          [s for s in _finished_steps(manager) if s not in tried])
       if explicit or not steps or len(failures) >= MAX_READ_TRIES:
         raise CheckpointError(_unreadable_message(directory, failures,
                                                   explicit))
@@ -659,14 +672,20 @@ def _load_step(manager: ocp.CheckpointManager, directory: str, step: int,
                params: PyTree, reinit: Sequence[str],
                collection: str) -> PyTree:
   """``load_pretrained_step`` of one step; ``_Unreadable`` if it does not
-  read, ValueError if it does not fit ``params``."""
+  read, ValueError if it does not fit ``params``. In a job of several
+  processes they agree that every one read the step's metadata before any
+  starts the (collective) restore, one whose read fails inside it meets the
+  others at its closing barrier, and they agree that every one read its
+  part before the (collective) checks of what was read."""
   try:
     meta = manager.item_metadata(step)[STATE]
+    meta = getattr(meta, "tree", meta)
+    why = ("" if isinstance(meta, dict) else
+           f"no readable metadata in {directory}/{step}/{STATE}")
   except Exception as e:  # pylint: disable=broad-except
-    raise _Unreadable(one_line(e)) from e
-  meta = getattr(meta, "tree", meta)
-  if not isinstance(meta, dict):
-    raise _Unreadable(f"no readable metadata in {directory}/{step}/{STATE}")
+    why = one_line(e)
+  if not _on_every_process(not why):
+    raise _Unreadable(why or "another process could not read its metadata")
   if collection not in meta:
     raise ValueError(f"checkpoint {directory}/{step} has no "
                      f"{collection!r} subtree (has {sorted(meta)})")
@@ -696,7 +715,15 @@ def _load_step(manager: ocp.CheckpointManager, directory: str, step: int,
   target = _nest({key: _saved_target(src, new[k], saved[key])
                   for k, src in sources.items() for key in src[1]})
   try:
-    restored = read_tree(manager, directory, step, {collection: target})
+    restored, why = read_tree(manager, directory, step,
+                              {collection: target}), ""
+  except Exception as e:  # pylint: disable=broad-except
+    _meet_restore_barrier(manager)
+    restored, why = None, one_line(e)
+  # (The checks below are collective on sharded arrays: all or none.)
+  if not _on_every_process(not why):
+    raise _Unreadable(why or "another process could not read its part")
+  try:
     check_restored(restored[STATE][collection],
                    restored.get(FINGERPRINTS), f"{directory}/{step}",
                    prefix=f"{collection}/")
