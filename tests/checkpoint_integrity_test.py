@@ -195,6 +195,21 @@ def test_verify_names_the_damaged_step(run, tmp_path, how):
           "data/commit_success.txt and " in rows[0].what) == (how == "emptied")
 
 
+def test_verify_names_a_missing_process_position(run, tmp_path):
+  # A partial copy (one host's input position missing) restores on no
+  # resume, so verify must not call it ok.
+  workdir = _copy(run, tmp_path)
+  data = workdir / "checkpoints" / "8" / "data"
+  [position] = [f for f in os.listdir(data) if f.startswith("process_")]
+  count = int(position.split("-of-")[1].split(".")[0])
+  os.rename(data / position, data / "process_0-of-2.json")
+  rows = verify.verify(workdir)
+  assert [(r.step, r.status) for r in rows] == [("8", "damaged"), ("4", "ok")]
+  assert count == 1 and (
+      f"{data / 'process_1-of-2.json'} is missing (the input position of "
+      "process 1 of 2)") in rows[0].what
+
+
 def test_readers_fall_back_and_name_their_step(run, tmp_path, caplog):
   workdir = _copy(run, tmp_path)
   _damage(workdir / "checkpoints" / "8", "zeroed")

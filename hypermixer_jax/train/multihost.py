@@ -31,7 +31,7 @@ import orbax.checkpoint as ocp
 
 _LEGACY_FILE = "metadata"        # JsonCheckpointHandler's file name
 _LEGACY_KEY = "per_process"      # all processes' positions in that file
-_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json$")
+FILE_PATTERN = re.compile(r"process_(\d+)-of-(\d+)\.json$")
 
 
 def process_file(index: int, count: int) -> str:
@@ -85,7 +85,7 @@ class DataStateHandler(ocp.AsyncCheckpointHandler):
     if legacy.exists():
       return _own_from_legacy(json.loads(legacy.read_text()), index, count)
     saved = sorted({int(m.group(2)) for p in directory.iterdir()
-                    if (m := _FILE.match(p.name))})
+                    if (m := FILE_PATTERN.match(p.name))})
     if saved and count not in saved:
       _warn_process_count(saved[0], count)
       return None

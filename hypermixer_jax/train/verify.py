@@ -20,6 +20,7 @@ import numpy as np
 
 from hypermixer_jax.train import checkpoint as ckpt_lib
 from hypermixer_jax.train import integrity
+from hypermixer_jax.train import multihost
 
 OK = "ok"
 NO_FINGERPRINT = "ok, no fingerprint"
@@ -127,9 +128,19 @@ def _spread(shape, mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
 
 
 def _check_positions(folder: epath.Path) -> None:
-  """Each process's input position file parses as JSON."""
+  """Every process's input position file is there (``process_I-of-N.json``
+  for each I of its N, as a resume reads them) and parses as JSON."""
   if not folder.is_dir():
     raise FileNotFoundError(f"{folder} is missing")
+  names = {f.name for f in folder.iterdir()}
+  counts = {int(m.group(2)) for n in names
+            if (m := multihost.FILE_PATTERN.match(n))}
+  for count in sorted(counts):
+    for index in range(count):
+      if multihost.process_file(index, count) not in names:
+        raise FileNotFoundError(
+            f"{folder / multihost.process_file(index, count)} is missing "
+            f"(the input position of process {index} of {count})")
   for f in folder.glob("*.json"):
     try:
       json.loads(f.read_text())
