@@ -513,6 +513,9 @@ class TuningCostTest(absltest.TestCase):
                      ["+2.0 / +2.0", "agrees, p < 0.001"])
     self.assertEqual(tuning.gap_cells(other, other, 3)[1],
                      "not decided, p = 1.000")
+    # The first draw recorded for both: no interval, no verdict yet.
+    self.assertEqual(tuning.gap_cells([0.7], [0.6], 1),
+                     ["-", "not decided (1 < 10 trials)"])
 
   def test_paired_trials_keeps_the_draws_both_models_ran(self):
     # Draw 1 ran for HyperMixer only (a run cut short); draw 3 for neither:

@@ -92,7 +92,10 @@ def gap_verdict(gap: float, p: float, trials: int) -> str:
 
 def gap_cells(ours, other, n: int) -> list[str]:
   """A table's two cells for the gap at ``n`` trials, in points: the
-  bootstrap interval and the permutation test's verdict."""
+  bootstrap interval (none for a single trial) and the permutation test's
+  verdict."""
+  if len(ours) < 2:
+    return ["-", gap_verdict(0.0, 1.0, len(ours))]
   low, high = gap_interval(ours, other, n)
   gap = expected_max(ours, n) - expected_max(other, n)
   return [f"{100 * low:+.1f} / {100 * high:+.1f}",
