@@ -209,7 +209,7 @@ class Checkpointer:
     if not (force or self.should_save(step)):
       return False
     try:
-      fingerprints = integrity.finite_record(state, f"step {step}")
+      fingerprints = integrity.record(state, f"step {step}")
     except FloatingPointError as e:
       raise FloatingPointError(
           f"{e} The latest checkpoint is step {self.latest_step()} in "

@@ -180,16 +180,11 @@ def summarise(tree: PyTree, *, on_host: bool | None = None
   return prints, flags
 
 
-def record(tree: PyTree) -> dict[str, Any]:
-  """The JSON record saved beside a checkpoint of ``tree``."""
-  prints, _ = summarise(tree)
-  return {"version": VERSION, "arrays": prints}
-
-
-def finite_record(tree: PyTree, where: str) -> dict[str, Any]:
-  """``record(tree)``, refused with FloatingPointError (naming the arrays
-  and ``where``) when an array of ``tree`` holds NaN/Inf: a state that is
-  not finite is never saved, whatever the loss said."""
+def record(tree: PyTree, where: str) -> dict[str, Any]:
+  """The JSON record saved beside a checkpoint of ``tree``; refused with
+  FloatingPointError (naming the arrays and ``where``) when an array of
+  ``tree`` holds NaN/Inf: a state that is not finite is never saved,
+  whatever the loss said."""
   prints, finite = summarise(tree)
   bad = [path for path, ok in finite.items() if not ok]
   if bad:
