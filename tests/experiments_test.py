@@ -7,6 +7,7 @@ attention's XLA FLOP count against its closed form, the growth exponents
 against each other, the pseudo-attention map of the no-mixing model against
 the receptive field of its convolution stem.
 """
+import hashlib
 import json
 import pathlib
 import tempfile
@@ -21,6 +22,7 @@ import pytest
 
 from hypermixer_jax import experiment
 from hypermixer_jax import models
+from hypermixer_jax.data import synthetic as data_syn
 
 import script_modules
 
@@ -236,3 +238,16 @@ def test_synthetic_tune_holds_out_training_sequences_and_tests_on_test(
   assert "| HyperMixer | 1.00e-04 ± 1.0e-04 (lr 0.001, 2%) |" in table
   assert "| HyperMixer | 1.00e-02 * | 1.00e-02 | 1.20e-02 | 1.20e-02 |" \
       in table
+  # The carved split's digests, recomputed from the whole draw by slicing
+  # every 10th sequence out: they name what the search ran on.
+  opts = sde.run_config("hypermixer", 500, selection.SEED, 100).data.synthetic
+  whole = data_syn.generate(opts, "train", np.arange(500))
+  held = np.arange(500) % 10 == 0
+  split = exp.data["synthetic_splits"]["n500"]
+  for part, rows in (("validation", held), ("train", ~held)):
+    digest = hashlib.sha256(whole["inputs"][rows, :, 0].tobytes()
+                            + whole["targets"][rows, :, 0].tobytes())
+    assert split[part] == {"sequences": int(rows.sum()),
+                           "sha256": digest.hexdigest()}
+  assert (f"Held-out sequences: n=500: 50 (sha256 "
+          f"{split['validation']['sha256'][:12]}...)") in table

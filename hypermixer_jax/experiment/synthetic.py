@@ -3,6 +3,8 @@ synthetic_pairs``): the test sequence a pseudo-attention map is drawn on, the
 map of a trained model, and the test MSE of two trivial predictors."""
 from __future__ import annotations
 
+import hashlib
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -46,6 +48,25 @@ def trivial_baselines(config: ml_collections.ConfigDict,
 # ---------------------------------------------------------------------------
 # Equal tuning (``--tune``).
 # ---------------------------------------------------------------------------
+def carved_split(config: ml_collections.ConfigDict) -> dict:
+  """The split a selection run of ``config`` (a search run's config before
+  carving) trains and is scored on: for its train and validation parts the
+  sequences and the sha256 of their inputs and targets (float32, in order).
+  The draw is a function of the config alone, so the digests name the
+  split wherever it is generated again."""
+  opts = ml_collections.ConfigDict(config.data.synthetic.to_dict())
+  opts.validation_every = selection.VALIDATION_EVERY
+  out = {}
+  for split in ("train", "validation"):
+    arrays = synthetic.split_arrays(opts, split)
+    digest = hashlib.sha256()
+    for key in ("inputs", "targets"):
+      digest.update(np.ascontiguousarray(arrays[key], np.float32).tobytes())
+    out[split] = {"sequences": len(arrays["inputs"]),
+                  "sha256": digest.hexdigest()}
+  return out
+
+
 def tune(exp, config, mixers, setting: dict, lrs=None,
          reverse: bool = False) -> dict:
   """Every model's search at each training-set size of ``setting``
@@ -59,6 +80,9 @@ def tune(exp, config, mixers, setting: dict, lrs=None,
   full draws of the size and are scored on the test draw, as the untuned
   runs. ``config(mixer, size, seed)``: the untuned run config."""
   out, steps = {}, setting["steps"]
+  exp.save(synthetic_splits={f"n{size}": carved_split(
+      config(mixers[0], size, selection.SEED))
+      for size in setting["sizes"]})
   for size in setting["sizes"]:
     def one(mixer, seed, setting, key, select, size=size):
       c = selection.at(config(mixer, size, seed), setting)
@@ -86,6 +110,14 @@ def mse_verdict(hyper, attention, size: int, equal: tuple[int, float]
   return experiment.verdict(
       hyper, attention, "equal" if size >= equal[0] else "lower",
       margin=equal[1] * float(np.mean(attention))).text(spec="+.1e")
+
+
+def split_note(splits: dict, sizes) -> str:
+  """The notes' line naming each size's held-out sequences by digest."""
+  parts = [f"n={n:,}: {s['validation']['sequences']:,} (sha256 "
+           f"{s['validation']['sha256'][:12]}...)" for n in sizes
+           if (s := splits.get(f"n{n}"))]
+  return ("Held-out sequences: " + "; ".join(parts) + ". ") if parts else ""
 
 
 def report_tuned(exp, tuned: dict, mixers, labels: dict, setting: dict,
@@ -138,7 +170,9 @@ def report_tuned(exp, tuned: dict, mixers, labels: dict, setting: dict,
       f"{selection.VALIDATION_EVERY}th sequence of it held out and scored "
       "(MSE at the last step); the chosen setting then trained with seeds "
       f"{seeds} on their own full training sets of the size, scored on the "
-      "test draw (never read in the choice). Cells: test MSE, mean ± sd. "
+      "test draw (never read in the choice). "
+      + split_note(exp.data.get("synthetic_splits", {}), sizes)
+      + "Cells: test MSE, mean ± sd. "
       f"{where}{claim} {experiment.VERDICT_NOTE}")
   exp.write_table("Synthetic task, every model tuned alike: test MSE "
                   "against training-set size", text, notes,
