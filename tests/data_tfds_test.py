@@ -104,6 +104,22 @@ def test_tfds_train_split_slices_the_train_split(vocab):
   sliced = tasks.get_task(cfg)
   assert sliced.source.tfds_dataset._map_split("train") == "train[:10%]"  # pylint: disable=protected-access
   assert sliced.source.tfds_dataset._map_split("validation") == "validation"  # pylint: disable=protected-access
+  # A validation split carved from train (a hyperparameter search's): both
+  # expressions are read, and the task's name differs from the plain one's.
+  cfg.tfds_validation_split = "train[:1%]"
+  carved = tasks.get_task(cfg)
+  assert carved.source.tfds_dataset._map_split("validation") == "train[:1%]"  # pylint: disable=protected-access
+  assert carved.source.tfds_dataset._map_split("train") == "train[:10%]"  # pylint: disable=protected-access
+  assert len({sliced.name, carved.name, tasks.get_task(
+      cfg.copy_and_resolve_references()).name}) == 2
+  # Unset, an image task's name is the one it had before the fields.
+  img = data.default_data_config()
+  img.task = "imagenet_patches"
+  assert tasks.get_task(img).name == "imagenet_patches"
+  img.tfds_validation_split = "train[:1%]"
+  assert tasks.get_task(img).source.tfds_dataset._map_split(  # pylint: disable=protected-access
+      "validation") == "train[:1%]"
+  assert tasks.get_task(img).name != "imagenet_patches"
 
 
 def test_image_normalization_inception_is_the_releases_scaling():

@@ -17,6 +17,7 @@ import pytest
 
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import glue
+from hypermixer_jax.experiment import selection
 from hypermixer_jax.experiment import tuning
 
 import script_modules
@@ -899,3 +900,111 @@ def test_trained_params_read_the_final_step_or_refuse(tmp_path):
   with pytest.raises(FileNotFoundError, match=(
       r"has no checkpoint of its final step 4: the run has not finished")):
     experiment.trained_params(config, str(tmp_path))
+
+
+def test_tfds_carve_holds_out_the_first_tenth_of_the_share_trained_on():
+  assert selection.tfds_carve() == {"train": "train[10%:100%]",
+                                    "validation": "train[:10%]"}
+  assert selection.tfds_carve(0.2) == {"train": "train[2%:20%]",
+                                       "validation": "train[:2%]"}
+  for bad in (0, 1.5):
+    with pytest.raises(ValueError, match=f"fraction={bad}: the share"):
+      selection.tfds_carve(bad)
+
+
+def test_glue_tune_tfds_chooses_on_carved_train_and_reports_dev(
+    tmp_path, monkeypatch):
+  # The paper scale's search, the trainer replaced: the search trains on
+  # the fraction less its first tenth and is scored on that tenth; the
+  # seeds train on the same part and are scored on dev. The carved tenth
+  # favours lr 1e-4, dev 1e-3: the choice must be 1e-4.
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.data import testing as data_testing  # pylint: disable=g-import-not-at-top
+  vocab = data_testing.tiny_vocab(str(tmp_path / "vocab"))
+
+  def config(mixer, seed):
+    c = glue.glue_config("sst2", mixer, "paper", 1e-5, None, str(tmp_path),
+                         seed=seed)
+    c.data.vocab_path = vocab
+    return c
+  seen = []
+
+  def fake_run(exp, c, key):
+    carved = c.data.tfds_validation_split and c.eval_split == "validation"
+    seen.append((key, c.data.tfds_train_split, c.data.tfds_validation_split,
+                 c.eval_split, c.eval_every, c.learning_rate, c.seed))
+    best = 1e-4 if carved else 1e-3
+    return {"eval": {"accuracy": 0.9 - abs(np.log10(c.learning_rate / best))
+                     / 10 + c.seed / 1000}}
+  monkeypatch.setattr(glue, "run_cell", fake_run)
+  exp = experiment.Experiment(tmp_path / "out",
+                              argparse.Namespace(report_only=False))
+  with tfds.testing.mock_data(num_examples=7,
+                              policy=tfds.testing.MockPolicy.USE_CODE):
+    split, searched, chosen, runs = glue.tune_tfds(
+        exp, ["hypermixer", "attention"], [0, 1, 2], config, "paper/sst2/",
+        (1e-5, 1e-4, 1e-3), fraction=0.5)
+  assert split["tfds"] == "glue/sst2/2.0.0"
+  assert (split["train"]["split"], split["validation"]["split"]) == (
+      "train[5%:50%]", "train[:5%]")
+  assert split["validation"]["documents"] == 7   # mock_data ignores slices
+  assert len(split["validation"]["sha256"]) == 64
+  select = [s for s in seen if "/tune/" in s[0]]
+  assert len(select) == 12 and all(
+      s[1:5] == ("train[5%:50%]", "train[:5%]", "validation", 50_000)
+      and s[6] == selection.SEED for s in select)
+  assert chosen["hypermixer"] == chosen["attention"] == {
+      "lr": 1e-4, "warmup": 1000, "warmup_share": 0.02}
+  final = [s for s in seen if "/tuned/" in s[0]]
+  assert [(s[1], s[2], s[3], s[5], s[6]) for s in final] == [
+      ("train[5%:50%]", "", "validation", 1e-4, seed)
+      for seed in (0, 1, 2)] * 2
+  assert [r["seed"] for r in runs["attention"]] == [0, 1, 2]
+  assert all(r["carved_validation_sha256"] == split["validation"]["sha256"]
+             for rs in (*searched.values(), *runs.values()) for r in rs)
+
+
+def test_paper_scales_report_the_seeds_at_the_carved_choice(tmp_path,
+                                                            monkeypatch):
+  # glue_from_scratch and low_resource at --scale=paper (no TFDS here):
+  # every table cell is the seeds' dev accuracy at the setting glue.tune_tfds
+  # chose, never a maximum over settings or evaluations on dev.
+  gfs = script_modules.load("experiments/glue_from_scratch.py")
+  calls = []
+
+  def fake_tune(exp, mixers, seeds, config, prefix, lrs, *, fraction=1.0,
+                reverse=False):
+    calls.append((prefix, tuple(mixers), tuple(seeds), tuple(lrs), fraction,
+                  config(mixers[0], seeds[0]).data.tfds_train_split))
+    chosen = {m: {"lr": 3e-4, "warmup": 1, "warmup_share": 0.02}
+              for m in mixers}
+    # The last evaluation is below an earlier one: the report takes the last.
+    runs = {m: [{"seed": s, "eval": {"accuracy": 0.5 + 0.1 * (m == "attention")
+                                     + s / 100},
+                 "eval_curve": {"1": {"accuracy": 0.99},
+                                "2": {"accuracy": 0.5 + s / 100}}}
+                for s in seeds] for m in mixers}
+    return {}, {}, chosen, runs
+  for script in (gfs, low_resource):
+    monkeypatch.setattr(script.glue, "tune_tfds", fake_tune)
+  monkeypatch.setattr(sys, "argv", [
+      "x", f"--out={tmp_path / 'gfs'}", "--scale=paper", "--seeds=0,1,2",
+      "--mixers=hypermixer,attention", f"--shared={tmp_path}"])
+  gfs.main()
+  assert [c[0] for c in calls] == [f"paper/{t}/" for t in glue.TASKS]
+  assert all(c[1:5] == (("hypermixer", "attention"), (0, 1, 2),
+                        glue.PAPER_LRS, 1.0) for c in calls)
+  table = (tmp_path / "gfs" / "table.md").read_text()
+  assert "| HyperMixer | 51.0 ± 1.0 (n=3) | 99.0 ± 0.0 (n=3) |" in table
+  assert "chosen among 10 settings (seed 100) on the first tenth" in table
+  calls.clear()
+  monkeypatch.setattr(sys, "argv", [
+      "x", f"--out={tmp_path / 'lr'}", "--scale=paper", "--seeds=0,1,2",
+      f"--shared={tmp_path}"])
+  low_resource.main()
+  assert [(c[0], c[4]) for c in calls] == [
+      (f"{t}/{p}pct/", p / 100) for t in ("mnli", "snli", "qqp")
+      for p in (10, 20, 50, 100)]
+  table = (tmp_path / "lr" / "table.md").read_text()
+  assert "| mnli | 10% | 51.0 ± 1.0 (n=3) | 61.0 ± 1.0 (n=3) | -16.4% |" \
+      in table

@@ -56,6 +56,10 @@ def default_data_config() -> ml_collections.ConfigDict:
     data_dir: TFDS data directory (None: TFDS's default).
     tfds_train_split: the TFDS split expression read as ``train`` (e.g.
       ``train[:10%]`` for the low-resource experiments); '' = ``train``.
+    tfds_validation_split: the TFDS split expression read as
+      ``validation`` (e.g. ``train[:10%]``: a validation split carved from
+      train for choosing hyperparameters, as ``selection.tfds_carve``);
+      '' = the task's own validation split.
     local_files: one field per split (``train``, ``validation``, ``test``,
       and MNLI's ``validation_matched`` ...), each a file pattern
       (comma-separated patterns allowed) of local JSONL (.jsonl, flat
@@ -102,6 +106,7 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.extra_ids = 100
   c.data_dir = config_dict.placeholder(str)
   c.tfds_train_split = ""
+  c.tfds_validation_split = ""
   c.local_files = ml_collections.ConfigDict(
       {split: config_dict.placeholder(str) for split in SPLITS})
   c.text_layout = "lines"

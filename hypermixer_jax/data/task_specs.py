@@ -76,6 +76,12 @@ MIN_SEQ_LEN = {"c4_mlm": 8, "c4_lm": 2, "glue_sst2": 3, **{
     k: 5 for k in CLASSIFICATION if k != "glue_sst2"}}
 
 
+def _set_splits(cfg: ml_collections.ConfigDict, fields) -> dict:
+  """The TFDS split expressions of ``fields`` that are set (one left unset
+  leaves the task's registry name as it was before the field existed)."""
+  return {k: cfg[k] for k in fields if cfg.get(k)}
+
+
 def relevant_fields(cfg: ml_collections.ConfigDict, name: str) -> dict:
   """The config fields that change what task ``name`` produces."""
   if name in TEXT_TASKS or name in CLASSIFICATION:
@@ -83,6 +89,7 @@ def relevant_fields(cfg: ml_collections.ConfigDict, name: str) -> dict:
            "data_dir": cfg.data_dir, "local_files": local_files(cfg),
            "tfds_train_split": cfg.get("tfds_train_split", ""),
            "allow_empty_inputs": cfg.get("allow_empty_inputs", False)}
+    rel.update(_set_splits(cfg, ("tfds_validation_split",)))
     if name in TEXT_TASKS:
       rel["text_layout"] = cfg.get("text_layout", "lines")
     if name == "c4_mlm":
@@ -93,7 +100,8 @@ def relevant_fields(cfg: ml_collections.ConfigDict, name: str) -> dict:
             **{k: cfg[k] for k in ("image_size", "patch_size",
                                    "min_crop_area", "crop_fraction",
                                    "num_classes")},
-            "image_normalization": cfg.get("image_normalization", "imagenet")}
+            "image_normalization": cfg.get("image_normalization", "imagenet"),
+            **_set_splits(cfg, ("tfds_train_split", "tfds_validation_split"))}
   if name == "synthetic_pairs":
     return {k: list(v) if isinstance(v, tuple) else v
             for k, v in cfg.synthetic.to_dict().items()}

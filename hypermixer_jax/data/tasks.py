@@ -48,8 +48,9 @@ def _source(cfg, tfds_name, splits, make_reader, decoders=None):
   if local_files(cfg):
     return sources.local_source(local_files(cfg), make_reader,
                                 by_format=True)
-  if cfg.get("tfds_train_split"):
-    splits = {**splits, "train": cfg.tfds_train_split}
+  for split in ("train", "validation"):
+    if cfg.get(f"tfds_{split}_split"):
+      splits = {**splits, split: cfg[f"tfds_{split}_split"]}
   return sources.tfds_source(tfds_name, cfg.data_dir, splits, decoders)
 
 

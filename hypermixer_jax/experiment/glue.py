@@ -343,6 +343,35 @@ def tune(exp: experiment.Experiment, mixers, seeds, config, steps: int,
   return split, searched, chosen, runs, base
 
 
+def tune_tfds(exp: experiment.Experiment, mixers, seeds, config,
+              prefix: str, lrs, *, fraction: float = 1.0,
+              reverse: bool = False) -> tuple[dict, dict, dict, dict]:
+  """``tune`` on a TFDS source (the paper scale): every model's search
+  (``selection.settings`` of ``lrs`` and the config's steps, seed
+  ``selection.SEED``) trained on the first ``fraction`` of the task's train
+  split less its first tenth and scored on that tenth
+  (``selection.tfds_carve``; its digests recorded under ``baselines``
+  ``<prefix>split``), then ``seeds`` at each model's choice, trained on the
+  same part and scored on the config's evaluation split, which the search
+  never reads. ``config(mixer, seed)``: the run config. Returns ``(split,
+  searched, chosen, runs)``."""
+  carve = selection.tfds_carve(fraction)
+  first = config(mixers[0], 0)
+  split = exp.baseline(f"{prefix}split", lambda: selection.tfds_split_record(
+      first, carve), tag={"expressions": carve})
+  tag = {"carved_validation_sha256": split["validation"]["sha256"]}
+
+  def one(mixer, seed, setting, key, select):
+    c = selection.carved_tfds(config(mixer, seed), carve, setting,
+                              select=select)
+    return dict(selection.lean(run_cell(exp, c, key)), seed=seed)
+  searched, chosen, runs = selection.tune(
+      exp, mixers, seeds, selection.settings(first.num_train_steps, lrs),
+      prefix, one, lambda r: r["eval"]["accuracy"], higher=True,
+      reverse=reverse, tag=tag)
+  return split, searched, chosen, runs
+
+
 def report_tuned(exp: experiment.Experiment, mixers, seeds: str,
                  steps: int, tuned: tuple, lrs=None, *, task: str = "sst2",
                  text: dict | None = None, name: str = "table_tuned"

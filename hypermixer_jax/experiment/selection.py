@@ -11,11 +11,13 @@ it.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import pathlib
 from typing import Callable, Sequence
 
 import ml_collections
+import numpy as np
 
 from hypermixer_jax import experiment
 
@@ -92,6 +94,61 @@ def carve_lines(source: str | pathlib.Path, folder: str | pathlib.Path, *,
     out[split] = {"path": str(path), "documents": len(parts[split]),
                   "sha256": experiment.file_digest(path)}
   return out
+
+
+def tfds_carve(fraction: float = 1.0) -> dict:
+  """TFDS split expressions carving a validation split from the first
+  ``fraction`` of ``train`` (the share a run trains on): its first
+  ``1 / VALIDATION_EVERY`` as ``validation``, the rest as ``train``. A
+  contiguous slice, since TFDS slices by position: examples that share a
+  group (a premise) can straddle the boundary."""
+  if not 0 < fraction <= 1:
+    raise ValueError(f"fraction={fraction}: the share of train must be in "
+                     "(0, 1].")
+  end, held = 100 * fraction, 100 * fraction / VALIDATION_EVERY
+  return {"train": f"train[{held:g}%:{end:g}%]",
+          "validation": f"train[:{held:g}%]"}
+
+
+def tfds_split_record(c: ml_collections.ConfigDict, carve: dict) -> dict:
+  """``carve``'s parts as ``c``'s task reads them from TFDS: for each, its
+  expression, examples and the sha256 of every feature of every example in
+  order (sorted feature names), so that the record names the split
+  wherever the dataset is read again."""
+  from hypermixer_jax.data import tasks  # pylint: disable=g-import-not-at-top
+  d = ml_collections.ConfigDict(c.data.to_dict())
+  d.tfds_train_split, d.tfds_validation_split = (carve["train"],
+                                                 carve["validation"])
+  source = tasks.get_task(d).source
+  out = {"tfds": source.tfds_dataset.builder.info.full_name}
+  for part in ("train", "validation"):
+    digest, n = hashlib.sha256(), 0
+    for ex in source.get_dataset(part, shuffle=False).as_numpy_iterator():
+      for key in sorted(ex):
+        value = ex[key]
+        digest.update(key.encode())
+        digest.update(value if isinstance(value, bytes)
+                      else np.asarray(value).tobytes())
+      n += 1
+    out[part] = {"split": carve[part], "documents": n,
+                 "sha256": digest.hexdigest()}
+  return out
+
+
+def carved_tfds(c: ml_collections.ConfigDict, carve: dict,
+                setting: dict | None = None, *, select: bool = False
+                ) -> ml_collections.ConfigDict:
+  """``carved`` for a TFDS source: a copy of ``c`` trained on ``carve``'s
+  train part (``tfds_carve``); ``select``: evaluated once, at its last
+  step, on the whole carved validation part."""
+  c = at(ml_collections.ConfigDict(c.to_dict()), setting)
+  c.data.tfds_train_split = carve["train"]
+  if select:
+    c.data.tfds_validation_split = carve["validation"]
+    c.eval_split = "validation"
+    c.eval_every = c.num_train_steps
+    c.eval_steps = -1
+  return c
 
 
 def split_record(split: dict) -> dict:
