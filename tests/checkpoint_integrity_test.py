@@ -63,6 +63,9 @@ def _largest_data_files(step_dir):
 
 def _damage(step_dir, how):
   """The newest step's files damaged the ways a crash or a disk can."""
+  if how == "lost fingerprints":   # a partial copy without the record
+    shutil.rmtree(step_dir / ckpt_lib.FINGERPRINTS)
+    return
   if how == "emptied":   # every file of the step 0 bytes long
     for f in glob.glob(f"{step_dir}/**/*", recursive=True):
       if os.path.isfile(f):
@@ -183,7 +186,8 @@ def test_silently_altered_newest_step_is_set_aside_and_trained_again(
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("how", ["truncated", "zeroed", "emptied", "bitflip"])
+@pytest.mark.parametrize("how", ["truncated", "zeroed", "emptied", "bitflip",
+                                 "lost fingerprints"])
 def test_verify_names_the_damaged_step(run, tmp_path, how):
   workdir = _copy(run, tmp_path)
   _damage(workdir / "checkpoints" / "8", how)
@@ -193,6 +197,11 @@ def test_verify_names_the_damaged_step(run, tmp_path, how):
   assert rows[0].what and "\n" not in rows[0].what
   assert ("(empty files: _CHECKPOINT_METADATA, commit_success.txt, "
           "data/commit_success.txt and " in rows[0].what) == (how == "emptied")
+  if how == "lost fingerprints":
+    assert rows[0].what == (
+        f"IntegrityError: {workdir}/checkpoints/8: no fingerprints "
+        f"({ckpt_lib.FINGERPRINTS}/), though the older step 4 has them: the "
+        "file was lost (a partial copy?), so the step is treated as damaged")
 
 
 def test_verify_names_a_missing_process_position(run, tmp_path):
@@ -224,7 +233,7 @@ def test_readers_fall_back_and_name_their_step(run, tmp_path, caplog):
   assert os.path.isdir(workdir / "checkpoints" / "8")   # a reader moves nothing
   # Every kind of damage, the same fallback (the errors Orbax gave each
   # were OUT_OF_RANGE, a TypeError on None metadata, a KeyError).
-  for how in ("truncated", "emptied", "bitflip"):
+  for how in ("truncated", "emptied", "bitflip", "lost fingerprints"):
     other = tmp_path / how
     shutil.copytree(run[0], other)
     _damage(other / "checkpoints" / "8", how)
@@ -241,7 +250,7 @@ def test_readers_fall_back_and_name_their_step(run, tmp_path, caplog):
   assert "\n" not in str(e.value)
 
 
-def test_steps_saved_without_fingerprints_still_restore(tmp_path):
+def test_steps_saved_without_fingerprints_still_restore(tmp_path, caplog):
   """A step written the way checkpoints were before fingerprints."""
   state = {"params": {"w": np.arange(6, dtype=np.float32)}}
   manager = ocp.CheckpointManager(tmp_path, item_names=("state", "data"))
@@ -250,13 +259,15 @@ def test_steps_saved_without_fingerprints_still_restore(tmp_path):
       data=multihost.DataStateSave({"batch": 3})))
   manager.wait_until_finished()
   manager.close()
-  with ckpt_lib.Checkpointer(tmp_path) as ck:
+  with caplog.at_level("WARNING"), ckpt_lib.Checkpointer(tmp_path) as ck:
     step, restored, data = ck.restore_latest(
         jax.tree.map(lambda x: jax.ShapeDtypeStruct(
             x.shape, x.dtype, sharding=NamedSharding(
                 jax.make_mesh((1,), ("d",)), P())), state))
   assert step == 3 and data == {"batch": 3}
   np.testing.assert_array_equal(restored["params"]["w"], np.arange(6))
+  assert "no fingerprints (saved before they existed): restored with the " \
+      "NaN/Inf check alone" in caplog.text
   [row] = verify.verify(tmp_path)
   assert (row.step, row.status) == ("3", "ok, no fingerprint")
 
@@ -343,3 +354,32 @@ def test_evaluate_beside_training_with_keep_checkpoints_1(tmp_path, caplog):
                  for f in os.listdir(workdir / "evaluations"))
   assert evaluated >= 2 and steps and all(1 <= s <= 40 for s in steps)
   assert "does not read" not in caplog.text   # nothing was damaged
+
+
+@pytest.mark.parametrize("error", [
+    TimeoutError("read timed out"),
+    ValueError("Error reading ...: UNAVAILABLE: gcs backend 503")])
+def test_a_read_failed_by_the_storage_stops_and_sets_nothing_aside(
+    run, tmp_path, monkeypatch, error):
+  # A timeout or an unavailable store says nothing about the newest step:
+  # resuming from an older one would set a good step aside and redo work.
+  workdir = _copy(run, tmp_path)
+  ck = workdir / "checkpoints"
+  restore = ckpt_lib.Checkpointer.restore
+
+  def flaky(self, step, abstract_state):
+    if step == 8:
+      raise error
+    return restore(self, step, abstract_state)
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "restore", flaky)
+  assert ckpt_lib.of_environment(error)
+  assert not ckpt_lib.of_environment(ValueError("DATA_LOSS: truncated"))
+  with pytest.raises(ckpt_lib.CheckpointError) as e:
+    loop.train_and_evaluate(_config(), str(workdir))
+  assert str(e.value).startswith(
+      f"{ck}/8 could not be read now ({type(error).__name__}: ")
+  assert "nothing is set aside and no older step is used" in str(e.value)
+  assert sorted(os.listdir(ck)) == ["4", "8"]
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "restore", restore)
+  assert [(r.step, r.status) for r in verify.verify(workdir)] == [
+      ("8", "ok"), ("4", "ok")]

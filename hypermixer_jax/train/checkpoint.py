@@ -24,12 +24,16 @@ next step saves and stops, a second SIGTERM terminates at once. ``restore``
 recomputes the fingerprints and checks that every restored float is finite:
 a mismatch (a flipped bit, a zeroed block) makes the step damaged exactly as
 an unreadable one. Steps saved before fingerprints existed restore with the
-finiteness check alone.
+finiteness check alone (with a warning); a step without fingerprints where
+an older step of the folder has them lost them and is damaged
+(``expect_fingerprints``).
 
 ``Checkpointer.restore_latest`` (training, which holds the workdir) falls
 back to the newest step that restores when the newest ones are damaged
 (truncated files, garbage metadata, an emptied folder, a fingerprint
-mismatch, NaN/Inf), and moves each damaged step newer than it to
+mismatch, NaN/Inf); a read that fails for the storage or the host (a
+timeout, no permission, no memory: ``of_environment``) stops the run
+instead, setting nothing aside. It moves each damaged step newer than it to
 ``damaged/<step>-<time>/`` beside the steps (never deleted), so that the
 resumed run saves that step again (older damaged steps stay where they
 are). When step folders exist but none
@@ -246,7 +250,7 @@ class Checkpointer:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     items = {STATE: ocp.args.StandardRestore(abstract_state),
              DATA: multihost.DataStateRestore()}
-    if has_fingerprints(self.directory, step):
+    if expect_fingerprints(self.directory, step):
       items[FINGERPRINTS] = ocp.args.JsonRestore()
     try:
       restored, error = self.manager.restore(
@@ -301,6 +305,15 @@ class Checkpointer:
         try:
           state, data_state = self.restore(step, abstract_state)
         except Exception as e:  # pylint: disable=broad-except
+          # Every process agrees, so that none falls back alone.
+          if not _on_every_process(not of_environment(e)):
+            raise CheckpointError(
+                f"{folder} could not be read now ("
+                + (one_line(e) if of_environment(e) else
+                   "an error of the storage or host on another process")
+                + "): not a sign of damage, so nothing is set aside and no "
+                "older step is used. Run again once it passes (--mode=verify "
+                f"--workdir=... reads each step).") from e
           failures.append((folder, one_line(e)))
         else:
           if failures:
@@ -425,6 +438,43 @@ def has_fingerprints(directory: str | os.PathLike, step: int) -> bool:
   """True when ``step`` records fingerprints (steps saved before they
   existed do not)."""
   return (epath.Path(directory) / str(step) / FINGERPRINTS).is_dir()
+
+
+# Errors of the storage or the host, not of a step's files: TensorStore's
+# status codes in its messages, and Python's own types.
+_ENVIRONMENT_STATUS = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED",
+                       "PERMISSION_DENIED", "UNAUTHENTICATED")
+
+
+def of_environment(e: BaseException) -> bool:
+  """True when ``e`` says the storage or the host failed (a timeout, a
+  refused connection, no permission, no memory) rather than that the
+  step's files are damaged: retrying may read the step."""
+  if isinstance(e, (ConnectionError, TimeoutError, PermissionError,
+                    MemoryError)):
+    return True
+  return any(code in str(e) for code in _ENVIRONMENT_STATUS)
+
+
+def expect_fingerprints(directory: str | os.PathLike, step: int) -> bool:
+  """True when ``step`` records fingerprints, to be checked on restore.
+  Without them a step restores with the NaN/Inf check alone (a warning
+  says so) when it was saved before they existed; when an older step of
+  the folder has them, this one lost them (a partial copy, a deleted
+  file) and is damaged: ``IntegrityError``."""
+  if has_fingerprints(directory, step):
+    return True
+  older = [int(p.name) for p in epath.Path(directory).iterdir()
+           if p.name.isdigit() and int(p.name) < step
+           and has_fingerprints(directory, int(p.name))]
+  if older:
+    raise IntegrityError(
+        f"{directory}/{step}: no fingerprints ({FINGERPRINTS}/), though "
+        f"the older step {max(older)} has them: the file was lost (a partial "
+        "copy?), so the step is treated as damaged")
+  logging.warning("%s/%d has no fingerprints (saved before they existed): "
+                  "restored with the NaN/Inf check alone.", directory, step)
+  return False
 
 
 def check_restored(tree: PyTree, record: Any, where: str, *,
@@ -753,7 +803,7 @@ def read_tree(manager: ocp.CheckpointManager, directory: str, step: int,
           lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, dtype=s.dtype,
                                          global_shape=s.shape), target),
       partial_restore=True)}
-  if has_fingerprints(directory, step):
+  if expect_fingerprints(directory, step):
     items[FINGERPRINTS] = ocp.args.JsonRestore()
   restored = manager.restore(step, args=ocp.args.Composite(**items))
   return {STATE: restored[STATE],
