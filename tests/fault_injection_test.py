@@ -346,11 +346,29 @@ def test_export_refuses_a_step_it_holds_or_a_foreign_folder(tmp_path):
       f"^--output={out} already holds step 4; pass --overwrite to replace "
       "it, or another --output.$")):
     artifacts.write_params(out, {"w": np.ones(3, np.float32)}, step=4)
+  # A replacing save that fails (a full disk, a kill) leaves the old step.
+  save = ckpt_lib.Checkpointer.save
+
+  def full_disk(self, *args, **kwargs):
+    raise OSError(28, "No space left on device")
+  ckpt_lib.Checkpointer.save = full_disk
+  try:
+    with pytest.raises(OSError, match="No space left"):
+      artifacts.write_params(out, {"w": np.ones(3, np.float32)}, step=4,
+                             overwrite=True)
+  finally:
+    ckpt_lib.Checkpointer.save = save
+
+  def read():
+    with ckpt_lib.Checkpointer(out, save_every=0) as ck:
+      assert ck.all_steps() == [4]
+      return ck.restore(4, {"params": {"w": np.zeros(3, np.float32)}}
+                        )[0]["params"]["w"]
+  np.testing.assert_array_equal(read(), np.zeros(3))
   artifacts.write_params(out, {"w": np.ones(3, np.float32)}, step=4,
                          overwrite=True)
-  with ckpt_lib.Checkpointer(out, save_every=0) as ck:
-    restored, _ = ck.restore(4, {"params": {"w": np.zeros(3, np.float32)}})
-  np.testing.assert_array_equal(restored["params"]["w"], np.ones(3))
+  np.testing.assert_array_equal(read(), np.ones(3))
+  assert sorted(os.listdir(out)) == ["4"]
 
   (tmp_path / "home").mkdir()
   for name in ("notes.txt", "data", "a.py", "b.py"):

@@ -185,6 +185,12 @@ def test_train_kill_resume_evaluate_predict_export_on_gcs(emulator, tmp_path):
   artifacts.predict_file(fv.config, run, inputs,
                          f"gs://{BUCKET}/out/predictions.jsonl")
   artifacts.export_params(fv.config, run, f"gs://{BUCKET}/out/params")
+  # Replaced in place on the bucket (written beside, then copied in: an
+  # object store renames no folder).
+  artifacts.export_params(fv.config, run, f"gs://{BUCKET}/out/params",
+                          overwrite=True)
+  assert not [o for o in _objects("out/params/")
+              if "/.staging-" in o or "/.replaced-" in o]
   saved = json.loads(storage.path(
       f"{run}/evaluations/validation_step6.json").read_text())
   logged = [r for r in records if r["split"] == "eval" and r["step"] == 6]

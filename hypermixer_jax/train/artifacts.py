@@ -46,24 +46,45 @@ PyTree = Any
 def write_params(directory: str | os.PathLike, params: PyTree,
                  step: int = 0, *, overwrite: bool = False) -> str:
   """Saves ``params`` alone as checkpoint ``step`` under ``directory``
-  (a step already there is replaced only with ``overwrite``).
+  (a step already there is replaced only with ``overwrite``: the new step
+  is written beside it first, in ``.staging-<step>/``, and swapped in once
+  complete, so that a save that fails leaves the old one in place).
 
   Every process must call it (Orbax writes each host's shards).
   """
   directory = os.fspath(directory)
-  ck = ckpt_lib.Checkpointer(directory, save_every=0, keep=None,
-                             async_save=False)
-  try:
-    if step in ck.all_steps():
-      if not overwrite:
-        raise config_checks.ConfigError(
-            f"--output={directory} already holds step {step}; pass "
-            "--overwrite to replace it, or another --output.")
-      ck.manager.delete(step)
+  with ckpt_lib.Checkpointer(directory, save_every=0, keep=None) as ck:
+    held = step in ck.all_steps()
+  if held and not overwrite:
+    raise config_checks.ConfigError(
+        f"--output={directory} already holds step {step}; pass "
+        "--overwrite to replace it, or another --output.")
+  staging = os.path.join(directory, f".staging-{step}")
+  with ckpt_lib.Checkpointer(staging if held else directory, save_every=0,
+                             keep=None, async_save=False) as ck:
     ck.save(step, {"params": params}, {}, force=True)
-  finally:
-    ck.close()
+  if held:
+    _swap_in(directory, staging, step)
   return directory
+
+
+def _swap_in(directory: str, staging: str, step: int) -> None:
+  """Replaces ``directory/step`` by the complete ``staging/step``: the old
+  step moves to ``.replaced-<step>/`` first and is removed last (a crash
+  in between leaves both copies, never neither)."""
+  if jax.process_index() == 0:
+    root = epath.Path(directory)
+    old = root / f".replaced-{step}"
+    if old.exists():
+      old.rmtree()
+    ckpt_lib.move_folder(root / str(step), old)
+    ckpt_lib.move_folder(epath.Path(staging) / str(step), root / str(step))
+    old.rmtree()
+    if epath.Path(staging).exists():   # an object store keeps no empty folder
+      epath.Path(staging).rmtree()
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices("export step replaced")
 
 
 def abstract_params(config: ml_collections.ConfigDict,

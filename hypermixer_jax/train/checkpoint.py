@@ -346,7 +346,7 @@ class Checkpointer:
           n += 1
           target = target.parent / f"{name}.{n}"
         target.parent.mkdir(parents=True, exist_ok=True)
-        _move_folder(epath.Path(folder), target)
+        move_folder(epath.Path(folder), target)
         logging.warning("Checkpoint %s moved to %s (kept, not deleted); this "
                         "run saves that step again.", folder, target)
     if jax.process_count() > 1:
@@ -382,15 +382,13 @@ class Checkpointer:
     self.close()
 
 
-def _move_folder(source: epath.Path, target: epath.Path) -> None:
+def move_folder(source: epath.Path, target: epath.Path) -> None:
   """A rename on a disk; on an object store, where folders cannot be
-  renamed, a copy of every file and then the removal of the source."""
-  try:
+  renamed (a store's own "move" copies each object too), a copy of every
+  file and then the removal of the source."""
+  if "://" not in os.fspath(source):
     source.rename(target)
     return
-  except (OSError, NotImplementedError):
-    if "://" not in os.fspath(source):
-      raise
   for f in files_under(source):
     dest = target / f.relative_to(source)
     dest.parent.mkdir(parents=True, exist_ok=True)
