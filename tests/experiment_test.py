@@ -787,8 +787,6 @@ class GlueConfigTest(absltest.TestCase):
     self.assertEqual(sorted(result["eval_curve"]), [1, 2])
     self.assertEqual(result["eval"]["accuracy"],
                      result["eval_curve"][2]["accuracy"])
-    acc, _ = glue.best_eval(result)
-    self.assertBetween(acc, 0.0, 1.0)
 
 
 if __name__ == "__main__":
@@ -995,7 +993,8 @@ def test_paper_scales_report_the_seeds_at_the_carved_choice(tmp_path,
   assert all(c[1:5] == (("hypermixer", "attention"), (0, 1, 2),
                         glue.PAPER_LRS, 1.0) for c in calls)
   table = (tmp_path / "gfs" / "table.md").read_text()
-  assert "| HyperMixer | 51.0 ± 1.0 (n=3) | 99.0 ± 0.0 (n=3) |" in table
+  assert "| HyperMixer | 51.0 ± 1.0 (n=3) | 81.4 |" in table
+  assert "99.0" not in table
   assert "chosen among 10 settings (seed 100) on the first tenth" in table
   calls.clear()
   monkeypatch.setattr(sys, "argv", [

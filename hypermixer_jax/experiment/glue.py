@@ -112,13 +112,6 @@ def budget_tag(width: int, steps: int, seq_len: int,
       f"_d{dropout:g}" if dropout is not None else "")
 
 
-def best_eval(result: dict) -> tuple[float, int]:
-  """(best dev accuracy, its step) over the run's evaluations."""
-  curve = result["eval_curve"]
-  step = max(curve, key=lambda s: curve[s]["accuracy"])
-  return curve[step]["accuracy"], int(step)
-
-
 def sst2_train(shared: pathlib.Path) -> str:
   """The SST-2 train TSV of the local samples (an error names it if
   absent)."""
