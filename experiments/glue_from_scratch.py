@@ -182,6 +182,7 @@ def _notes(exp, args, mixers) -> str:
               "trained on the other nine tenths; dev is never read in the "
               "choice.")
   if args.scale == "small":
+    notes = experiment.UNTUNED_NOTE + notes
     vocab = exp.data.get("vocab", {})
     dropout = (args.dropout if args.dropout is not None else
                experiment.load_config("glue.py", "sst2,attention")

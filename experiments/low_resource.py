@@ -209,7 +209,8 @@ def _report(exp, args, tasks, fractions, seeds, acc) -> None:
           ["task", "train fraction", "HyperMixer", "Transformer",
            "relative improvement", "HyperMixer above (paper: yes)",
            "Naive Bayes", "HyperMixer vs Naive Bayes"], rows),
-      f"{setting}. Paper: {PAPER_10PCT}. {experiment.VERDICT_NOTE}")
+      (experiment.UNTUNED_NOTE if args.scale == "small" else "")
+      + f"{setting}. Paper: {PAPER_10PCT}. {experiment.VERDICT_NOTE}")
   fig, axes = experiment.figure()
   ax = axes[0, 0]
   for task in tasks:

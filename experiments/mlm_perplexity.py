@@ -174,7 +174,7 @@ def _notes(args, steps: int, seed_bases: list, vocab: dict | None, c,
   model's own learning rate and warm-up."""
   schedule = ("each model's chosen warm-up and peak lr" if tuned else
               f"{c.warmup_steps} warm-up steps to lr {c.learning_rate:g}")
-  notes = (
+  notes = ("" if tuned else experiment.UNTUNED_NOTE) + (
       f"Same for all models: AdamW (b1 0.9, b2 0.999, weight decay "
       f"{c.weight_decay}), {schedule} then linear decay to 0, clip norm "
       f"{c.clip_norm}, "

@@ -135,7 +135,8 @@ def _report(exp, args, tasks, models, budget, acc) -> None:
   exp.write_table(
       "Pair tasks on fixed 80/20 splits of the dev files (small scale)",
       experiment.markdown_table(headers, rows),
-      f"Accuracy on the 20% test part at the last step, mean ± sd over seeds "
+      experiment.UNTUNED_NOTE
+      + f"Accuracy on the 20% test part at the last step, mean ± sd over seeds "
       f"{args.seeds}; width-{args.width} 2-layer models, pair length "
       f"{args.seq_len}, {args.steps} steps of batch 64, "
       f"lr {nli.SMALL['lr']:g}, a {nli.VOCAB_PIECES // 1000}k SentencePiece "

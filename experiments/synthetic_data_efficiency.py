@@ -121,9 +121,8 @@ def run(exp: experiment.Experiment, *, sizes: Sequence[int],
 
 
 def _train_runs(exp, sizes, seeds, mixers, report_only, **opts) -> dict:
-  """Trains what ``exp`` lacks (processes on one ``--out`` share the runs
-  out); returns the test sequence the maps are of (the largest set's first
-  seed keeps its parameters for them)."""
+  """Trains what ``exp`` lacks (processes on one ``--out`` share them);
+  returns the test sequence of the maps (of the largest set's first seed)."""
   example = map_example(run_config(mixers[0], sizes[-1], seeds[0], **opts))
   jobs = []
   # Seeds outermost: a run cut short still has every model at every size.
@@ -168,11 +167,13 @@ def _write_table(exp, summary, sizes, seeds, mixers, *, steps, batch_size,
   rows += [["copy the input"] + [f"{base['copy_input']:.2e}"] * len(sizes),
            ["train-set mean target"]
            + [f"{base['train_mean']:.2e}"] * len(sizes)]
+  c = run_config(mixers[0], sizes[0], seeds[0], steps)
   notes = (
-      f"Final test MSE ({eval_examples:,} held-out sequences) after {steps} "
-      f"steps of batch {batch_size}, mean ± standard deviation over "
-      f"{len(seeds)} seeds (initialisation, data order and training set); — "
-      "not run. "
+      f"{experiment.UNTUNED_NOTE}Final test MSE ({eval_examples:,} held-out "
+      f"sequences) after {steps} steps of batch {batch_size} at lr "
+      f"{c.learning_rate:g} (warm-up {c.warmup_steps} steps) for every model, "
+      f"mean ± sd over {len(seeds)} seeds (initialisation, data order and "
+      "training set); — not run. "
       + experiment.where_ran({f"n={s:,}": [r for k, r in exp.runs.items() if (
           k.split("/")[:2] in ([m, f"n{s}"] for m in mixers))] for s in sizes},
                              end=" ")

@@ -100,6 +100,7 @@ from hypermixer_jax.experiment.stats import MIN_SEEDS
 from hypermixer_jax.experiment.stats import seed_summary
 from hypermixer_jax.experiment.stats import tost
 from hypermixer_jax.experiment.stats import verdict
+from hypermixer_jax.experiment.stats import UNTUNED_NOTE
 from hypermixer_jax.experiment.stats import VERDICT_NOTE
 from hypermixer_jax.experiment.stats import welch
 from hypermixer_jax.experiment.tables import markdown_table

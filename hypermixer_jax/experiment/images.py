@@ -317,7 +317,8 @@ def notes(scale: str, seeds, steps: int | None, batch_size: int, *,
   """The table's notes: the paper's setting and, at small scale, ours
   (``tuned``: each family at its chosen lr and warm-up, trained on the
   carved train part)."""
-  text = ("Paper: ImageNet-1k top-1 of the gMLP paper (PAPERS.md §2), "
+  text = ("" if tuned else experiment.UNTUNED_NOTE) + (
+          "Paper: ImageNet-1k top-1 of the gMLP paper (PAPERS.md §2), "
           "at 224x224 and 300 epochs; its claim: gMLP above MLP-Mixer, "
           "level with a DeiT Transformer of similar size. "
           f"Ours: mean ± sd over seeds {seeds}. 'level' tested as equal "

@@ -506,7 +506,7 @@ def notes(scale: str, s: Mapping[str, Any], vocab: dict | None, steps: int,
   vocab_text = (f"the {vocab['model_vocab_size']:,}-id SentencePiece "
                 "vocabulary of the C4 sample" if vocab else
                 "T5's 32,128-id vocabulary")
-  return (
+  return ("" if tuned else experiment.UNTUNED_NOTE) + (
       f"{scale} scale: d={s['d_model']}, d_ffn={s['d_ffn']}, "
       f"{s['num_experts']} experts, {s['num_heads']} head(s), sequence "
       f"{s['seq_len']}, batch {s['batch_size']}, {steps} steps, AdamW "

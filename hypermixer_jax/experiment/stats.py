@@ -38,6 +38,13 @@ VERDICT_NOTE = (
     "from an equivalence test (TOST) with its margin stated.")
 
 
+UNTUNED_NOTE = (
+    "Untuned: every model at the one setting stated here (no search of "
+    "learning rate or warm-up), so an equal search might reorder close "
+    "models; where the study has a table_tuned.md, it holds the comparison "
+    "with every model tuned alike. ")
+
+
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
   """Mean and sample standard deviation (ddof=1; 0 for a single value)."""
   values = [float(v) for v in values]
