@@ -178,9 +178,9 @@ def _notes(exp, args, mixers) -> str:
     notes += (f" Each model's lr and warm-up chosen among "
               f"{len(selection.settings(1, glue.PAPER_LRS))} settings (seed "
               f"{selection.SEED}) on the first tenth of its task's train "
-              "split (digests under baselines in results.json), the seeds "
-              "trained on the other nine tenths; dev is never read in the "
-              "choice.")
+              "split (digests under baselines in results.json; held-out pairs "
+              "can share premises with training ones), the seeds trained on "
+              "the other nine tenths; dev is never read in the choice.")
   if args.scale == "small":
     notes = experiment.UNTUNED_NOTE + notes
     vocab = exp.data.get("vocab", {})

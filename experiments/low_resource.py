@@ -202,7 +202,9 @@ def _report(exp, args, tasks, fractions, seeds, acc) -> None:
              f"mean ± sd over seeds {list(seeds)}; each model's lr (grid "
              f"{list(PAPER_LRS)}) and warm-up chosen on the first tenth of "
              "each fraction, carved from train (dev never read in the "
-             "choice)")
+             "choice; held-out pairs can share premises with training "
+             "ones), the seeds trained on the other nine tenths (9% ... 90% "
+             "of train)")
   exp.write_table(
       f"Low resource: dev accuracy ({args.scale} scale)",
       experiment.markdown_table(

@@ -369,6 +369,20 @@ def test_export_refuses_a_step_it_holds_or_a_foreign_folder(tmp_path):
                          overwrite=True)
   np.testing.assert_array_equal(read(), np.ones(3))
   assert sorted(os.listdir(out)) == ["4"]
+  # A complete step left in .staging-4 by an export cut short is never the
+  # one swapped in: this call's parameters are.
+  artifacts.write_params(out / ".staging-4", {"w": np.full(3, 7, np.float32)},
+                         step=4)
+  artifacts.write_params(out, {"w": np.full(3, 2, np.float32)}, step=4,
+                         overwrite=True)
+  np.testing.assert_array_equal(read(), np.full(3, 2))
+  # A swap cut short after moving the old step aside: the next call puts it
+  # back (and refuses to replace it without --overwrite).
+  os.rename(out / "4", out / ".replaced-4")
+  with pytest.raises(config_checks.ConfigError, match="already holds step 4"):
+    artifacts.write_params(out, {"w": np.ones(3, np.float32)}, step=4)
+  np.testing.assert_array_equal(read(), np.full(3, 2))
+  assert sorted(os.listdir(out)) == ["4"]
 
   (tmp_path / "home").mkdir()
   for name in ("notes.txt", "data", "a.py", "b.py"):

@@ -350,8 +350,11 @@ def tune_tfds(exp: experiment.Experiment, mixers, seeds, config,
   searched, chosen, runs)``."""
   carve = selection.tfds_carve(fraction)
   first = config(mixers[0], 0)
+  # Read again (and runs of the old digest retired) when the expressions or
+  # the TFDS folder change.
   split = exp.baseline(f"{prefix}split", lambda: selection.tfds_split_record(
-      first, carve), tag={"expressions": carve})
+      first, carve), tag={"expressions": carve,
+                          "data_dir": first.data.data_dir})
   tag = {"carved_validation_sha256": split["validation"]["sha256"]}
 
   def one(mixer, seed, setting, key, select):

@@ -99,9 +99,11 @@ def carve_lines(source: str | pathlib.Path, folder: str | pathlib.Path, *,
 def tfds_carve(fraction: float = 1.0) -> dict:
   """TFDS split expressions carving a validation split from the first
   ``fraction`` of ``train`` (the share a run trains on): its first
-  ``1 / VALIDATION_EVERY`` as ``validation``, the rest as ``train``. A
-  contiguous slice, since TFDS slices by position: examples that share a
-  group (a premise) can straddle the boundary."""
+  ``1 / VALIDATION_EVERY`` as ``validation``, the rest as ``train`` (so a
+  run on a share trains on nine tenths of it). A contiguous slice, since
+  TFDS slices by position; TFDS stores examples shuffled, so most held-out
+  pairs share their premise (or question) with a training pair: the
+  choice is optimistic about every setting alike, and never reads dev."""
   if not 0 < fraction <= 1:
     raise ValueError(f"fraction={fraction}: the share of train must be in "
                      "(0, 1].")

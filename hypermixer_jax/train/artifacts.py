@@ -53,38 +53,45 @@ def write_params(directory: str | os.PathLike, params: PyTree,
   Every process must call it (Orbax writes each host's shards).
   """
   directory = os.fspath(directory)
+  root = epath.Path(directory)
+  staging = root / f".staging-{step}"
+  old = root / f".replaced-{step}"
+
+  def recover():
+    # A swap cut short between its two moves left the old step aside.
+    if old.exists() and not (root / str(step)).exists():
+      ckpt_lib.move_folder(old, root / str(step))
+      logging.warning("Put back %s as %s/%d (a replacement was cut short).",
+                      old, directory, step)
+    if staging.exists():   # a save or swap cut short: never swapped in
+      staging.rmtree()
+  ckpt_lib.on_primary(recover, "recovering an export cut short")
   with ckpt_lib.Checkpointer(directory, save_every=0, keep=None) as ck:
     held = step in ck.all_steps()
   if held and not overwrite:
     raise config_checks.ConfigError(
         f"--output={directory} already holds step {step}; pass "
         "--overwrite to replace it, or another --output.")
-  staging = os.path.join(directory, f".staging-{step}")
-  with ckpt_lib.Checkpointer(staging if held else directory, save_every=0,
-                             keep=None, async_save=False) as ck:
-    ck.save(step, {"params": params}, {}, force=True)
+  with ckpt_lib.Checkpointer(os.fspath(staging) if held else directory,
+                             save_every=0, keep=None,
+                             async_save=False) as ck:
+    if not ck.save(step, {"params": params}, {}, force=True):
+      raise ckpt_lib.CheckpointError(
+          f"{ck.directory}: step {step} was not written (already there).")
   if held:
-    _swap_in(directory, staging, step)
-  return directory
-
-
-def _swap_in(directory: str, staging: str, step: int) -> None:
-  """Replaces ``directory/step`` by the complete ``staging/step``: the old
-  step moves to ``.replaced-<step>/`` first and is removed last (a crash
-  in between leaves both copies, never neither)."""
-  if jax.process_index() == 0:
-    root = epath.Path(directory)
-    old = root / f".replaced-{step}"
-    if old.exists():
+    def swap():
+      # The old step moves aside first and is removed last: a crash in
+      # between leaves both copies (put back by the next call), never
+      # neither.
+      if old.exists():
+        old.rmtree()
+      ckpt_lib.move_folder(root / str(step), old)
+      ckpt_lib.move_folder(staging / str(step), root / str(step))
       old.rmtree()
-    ckpt_lib.move_folder(root / str(step), old)
-    ckpt_lib.move_folder(epath.Path(staging) / str(step), root / str(step))
-    old.rmtree()
-    if epath.Path(staging).exists():   # an object store keeps no empty folder
-      epath.Path(staging).rmtree()
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    multihost_utils.sync_global_devices("export step replaced")
+      if staging.exists():   # an object store keeps no empty folder
+        staging.rmtree()
+    ckpt_lib.on_primary(swap, "replacing the exported step")
+  return directory
 
 
 def abstract_params(config: ml_collections.ConfigDict,

@@ -250,9 +250,10 @@ class Checkpointer:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     items = {STATE: ocp.args.StandardRestore(abstract_state),
              DATA: multihost.DataStateRestore()}
-    if expect_fingerprints(self.directory, step):
-      items[FINGERPRINTS] = ocp.args.JsonRestore()
     try:
+      # Inside: a host whose listing fails meets the others' barrier below.
+      if expect_fingerprints(self.directory, step):
+        items[FINGERPRINTS] = ocp.args.JsonRestore()
       restored, error = self.manager.restore(
           step, args=ocp.args.Composite(**items)), None
     except Exception as e:  # pylint: disable=broad-except
@@ -337,7 +338,8 @@ class Checkpointer:
     (the primary process moves; all processes then see the new step
     list)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    if jax.process_index() == 0:
+
+    def move():
       for folder in folders:
         name = f"{epath.Path(folder).name}-{stamp}"
         target = epath.Path(self.directory) / DAMAGED / name
@@ -349,9 +351,7 @@ class Checkpointer:
         move_folder(epath.Path(folder), target)
         logging.warning("Checkpoint %s moved to %s (kept, not deleted); this "
                         "run saves that step again.", folder, target)
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      multihost_utils.sync_global_devices("checkpoints set aside")
+    on_primary(move, "setting damaged checkpoints aside")
     self.manager.reload()
 
   def wait_until_finished(self) -> None:
@@ -444,14 +444,30 @@ _ENVIRONMENT_STATUS = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED",
                        "PERMISSION_DENIED", "UNAUTHENTICATED")
 
 
-def of_environment(e: BaseException) -> bool:
-  """True when ``e`` says the storage or the host failed (a timeout, a
-  refused connection, no permission, no memory) rather than that the
-  step's files are damaged: retrying may read the step."""
-  if isinstance(e, (ConnectionError, TimeoutError, PermissionError,
-                    MemoryError)):
-    return True
-  return any(code in str(e) for code in _ENVIRONMENT_STATUS)
+# TensorFlow's file system (``gs://`` through etils.epath) raises these; their
+# messages carry no status code.
+_ENVIRONMENT_TF_ERRORS = ("UnavailableError", "DeadlineExceededError",
+                          "ResourceExhaustedError", "PermissionDeniedError",
+                          "UnauthenticatedError")
+
+
+def of_environment(e: BaseException | None) -> bool:
+  """True when ``e`` (or an error it was raised from) says the storage or
+  the host failed (a timeout, a refused connection, no permission, no
+  memory) rather than that the step's files are damaged: retrying may
+  read the step."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, (ConnectionError, TimeoutError, PermissionError,
+                      MemoryError)):
+      return True
+    if any(t.__name__ in _ENVIRONMENT_TF_ERRORS for t in type(e).__mro__):
+      return True
+    if any(code in str(e) for code in _ENVIRONMENT_STATUS):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
 
 
 def expect_fingerprints(directory: str | os.PathLike, step: int) -> bool:
@@ -552,6 +568,23 @@ def _meet_restore_barrier(manager: ocp.CheckpointManager) -> None:
         "Checkpointer:restore", prefix=getattr(
             manager._checkpointer,  # pylint: disable=protected-access
             "_barrier_sync_key_prefix", None)))
+
+
+def on_primary(fn, what: str) -> None:
+  """``fn()`` on process 0 alone (moving or deleting folders), then every
+  process agrees on how it went: a failure raises on every process rather
+  than leaving the others waiting for process 0 (a collective: every
+  process must call it)."""
+  error = None
+  if jax.process_index() == 0:
+    try:
+      fn()
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+  if not _on_every_process(error is None):
+    if error is not None:
+      raise error
+    raise CheckpointError(f"process 0 failed while {what}; see its log.")
 
 
 def _on_every_process(ok: bool) -> bool:
