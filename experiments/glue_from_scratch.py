@@ -182,7 +182,10 @@ def _notes(exp, args, mixers) -> str:
               "can share premises with training ones), the seeds trained on "
               "the other nine tenths; dev is never read in the choice.")
   if args.scale == "small":
-    notes = experiment.UNTUNED_NOTE + notes
+    same = (args.width, args.steps, args.seq_len) == tuple(
+        glue.SMALL[k] for k in ("width", "steps", "seq_len"))
+    notes = (experiment.UNTUNED_NOTE
+             + (glue.SMALL_BUDGET_NOTE if same else "") + notes)
     vocab = exp.data.get("vocab", {})
     dropout = (args.dropout if args.dropout is not None else
                experiment.load_config("glue.py", "sst2,attention")

@@ -203,6 +203,8 @@ def _notes(args, steps: int, seed_bases: list, vocab: dict | None, c,
         "and held-out set, ~10^4 x less training), only between the models "
         "and against the baselines.")
   notes += f" Paper, other sizes: {mlm.PAPER_OTHER_SIZES}."
+  if args.scale == "small" and steps == mlm.SMALL["steps"]:
+    notes += " " + mlm.SMALL_BUDGET_NOTE
   return notes
 
 
