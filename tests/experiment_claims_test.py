@@ -220,8 +220,8 @@ def test_a_tuned_row_appears_once_its_runs_are_recorded(tmp_path):
       OURS[:3], OTHER, "higher", n_eval=872).text(100)
   assert row["regime"] == (
       "SST-2, 60,614 train phrases (a tenth of the sentences carved out), "
-      "1,000 steps x 64, ~1.3M params; each model's lr and warm-up chosen "
-      "from 2 settings on the validation sentences carved from train (gmlp "
+      "1,000 steps x 64 (budget set on dev), ~1.3M params; each model's lr "
+      "and warm-up chosen from 2 settings on the validation sentences carved from train (gmlp "
       "at the grid's largest lr, 0.003; hypermixer at the grid's smallest "
       "lr, 0.001)")
   assert "gMLP, all tuned alike" in claims.table(tmp_path, (untuned, claim))

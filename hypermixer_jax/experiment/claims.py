@@ -153,7 +153,8 @@ def _untuned(lr: float, warmup: str) -> str:
 
 GLUE_UNTUNED = _untuned(glue.SMALL["lr"], "10% of the steps")
 SST2_REGIME = ("SST-2, 100% of train (67k phrases), 1,000 steps x 64 "
-               "(0.95 epoch, <= 4.1M tokens), ~1.3M params; " + GLUE_UNTUNED)
+               "(0.95 epoch, <= 4.1M tokens; budget set on dev), ~1.3M "
+               "params; " + GLUE_UNTUNED)
 SST2_SCALE = ("the paper's 11M models train 50k steps; here no model is "
               "distinguishable from a bag of words, so none yet shows what "
               "its token mixing adds")
@@ -233,7 +234,8 @@ def _image_regime(models: Sequence[str], base: str, tuned: bool
 
 MLM = "small/s2000/vocab=small/model={}/seed=*"
 MLM_REGIME = ("C4 sample (0.5M train tokens, 8k vocabulary), 2,000 steps "
-              "x 32 x 128 (8.2M tokens), ~1.5M params; BERT at one lr, 20 "
+              "x 32 x 128 (8.2M tokens; length set on the held-out set), "
+              "~1.5M params; BERT at one lr, 20 "
               "warm-up steps")
 # The MLM baselines are scored on each seed's masks: their mean.
 MLM_BIGRAM = ("bigram", ("baselines", "small/s2000/vocab=small/seed=*",
@@ -264,13 +266,15 @@ def _mlm_tuned_regime(models: Sequence[str]
                              for r in runs}))
     train = data["c4_split"]["train"]["documents"]
     return (f"{train} C4 documents (8k vocabulary), {runs[0]['step']:,} "
-            f"steps x 32 x 128, {sizes}M params; "
+            f"steps x 32 x 128 (length set on the held-out set), {sizes}M "
+            "params; "
             + _search_text(data, models, MLM_TUNED, "documents"))
   return regime
 MOE = "small8k/s1000/runs/{}/seed=*"
 MOE_BIGRAM = ("bigram", ("baselines", "small8k", "all", "bigram"))
 MOE_REGIME = ("C4 sample train (8k vocabulary), WikiText-2 valid, 1,000 "
-              "steps x 16 x 128 (2.0M tokens), ~3M params, 4 experts, "
+              "steps x 16 x 128 (2.0M tokens; length set on the held-out "
+              "set), ~3M params, 4 experts, "
               "depths matched on FLOPs that count the MoE dispatch's one-hot "
               "einsums (on the arithmetic alone four depths move by one "
               "block); " + _untuned(sparse_lm.SCALES["small"]["lr"],
@@ -309,7 +313,8 @@ def _sst2(other: str, label: str, number: str, tuned: bool = False
                    "sst2_split", "sentences", ("hypermixer", other), runs,
                    "SST-2, {train} train phrases (a tenth of the sentences "
                    "carved out), "
-                   "1,000 steps x 64, ~1.3M params") if tuned else
+                   "1,000 steps x 64 (budget set on dev), ~1.3M params")
+               if tuned else
                SST2_REGIME, at_scale=SST2_SCALE, when_recorded=tuned)
 
 
@@ -477,7 +482,8 @@ def _moe_regime(tuned: bool, models: Sequence[str]):
   return _tuned_regime(
       "c4_split", "documents", models, MOE_TUNED, "C4 sample train less a "
       "carved tenth ({train} documents, 8k vocabulary), WikiText-2 valid, "
-      "1,000 steps x 16 x 128, ~3M params, 4 experts") if tuned else MOE_REGIME
+      "1,000 steps x 16 x 128 (length set on the held-out set), ~3M "
+      "params, 4 experts") if tuned else MOE_REGIME
 
 
 def _moe_pair(other: str, label: str, tuned: bool = False) -> Claim:
