@@ -76,6 +76,9 @@ def main() -> None:
                         data_dir="", models=mlm.MODELS, seeds="0,1,2", steps=0,
                         vocab="small")
   experiment.tune_flags(p, "C4 documents")
+  p.add_argument("--budget_check", default="", help="with --tune: training "
+                 "lengths (e.g. 1000) at which each model's choice is also "
+                 "trained and scored on the carved validation split")
   args = experiment.parse(p)
   experiment.check_tune(args, "the local C4 sample")
   models = experiment.split(args.models)
@@ -97,9 +100,9 @@ def main() -> None:
                          else mlm.PAPER_SIZES)["steps"]
   prefix = f"{args.scale}/s{steps}/vocab={'small' if vocab else 't5'}"
 
-  def config(model, seed=0):
+  def config(model, seed=0, length=steps):
     return mlm.train_config(configs[model], args.scale, shared,
-                            args.data_dir, steps, seed=seed, vocab=vocab)
+                            args.data_dir, length, seed=seed, vocab=vocab)
   if args.tune:
     _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
            vocab)
@@ -143,19 +146,23 @@ def _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
   lrs = experiment.split(args.lrs, float) or None
   tuned = mlm.tune(exp, models, seeds, steps, f"{prefix}/", one, lrs,
                    reverse=args.order == "reverse")
+  lengths = experiment.split(args.budget_check, int)
+  budget = mlm.budget_check(exp, f"{prefix}/", tuned[0], tuned[1], lengths,
+                            steps, config, split) if lengths else None
   _tuned_report(exp, args, steps, split, tuned, sizes,
-                bases, vocab, config("attention"), lrs)
+                bases, vocab, config("attention"), lrs, budget)
 
 
 def _tuned_report(exp, args, steps, split, tuned, sizes, bases, vocab,
-                  c, lrs=None) -> None:
+                  c, lrs=None, budget=None) -> None:
   """``table_tuned.md``: the tuned models' seeds against the baselines, and
   every model's search (``tuned``: selection runs, choices, final runs)."""
   selection, chosen, runs = tuned
   base = {k: float(np.mean([b[k] for b in bases]))
           for k in ("unigram", "bigram", "bigram_k")}
   notes = (mlm.tuned_notes(split, steps, args.seeds, lrs)
-           + _notes(args, steps, bases, vocab, c, tuned=True))
+           + _notes(args, steps, bases, vocab, c, tuned=True,
+                    checked=budget is not None))
   exp.write_table(
       f"MLM perplexity, every model tuned alike ({steps} steps)",
       experiment.markdown_table(mlm.HEADERS,
@@ -163,12 +170,13 @@ def _tuned_report(exp, args, steps, split, tuned, sizes, bases, vocab,
       + "\n\n" + selection_lib.search_section(
           selection, chosen, mlm.LABELS, lrs or mlm.TUNE_LRS,
           shares=mlm.TUNE_WARMUP_SHARES, what="perplexity",
-          cell=lambda r: f"{mlm.final_perplexity(r):.2f}"),
+          cell=lambda r: f"{mlm.final_perplexity(r):.2f}")
+      + (mlm.budget_section(*budget, list(chosen), steps) if budget else ""),
       notes, name=mlm.report_names(args.scale, steps)[0] + "_tuned")
 
 
 def _notes(args, steps: int, seed_bases: list, vocab: dict | None, c,
-           tuned: bool = False) -> str:
+           tuned: bool = False, checked: bool = False) -> str:
   """The table's notes (``c``: BERT's training config): the setting all
   models share, the held-out set and the vocabulary; ``tuned``: each
   model's own learning rate and warm-up."""
@@ -204,7 +212,8 @@ def _notes(args, steps: int, seed_bases: list, vocab: dict | None, c,
         "and against the baselines.")
   notes += f" Paper, other sizes: {mlm.PAPER_OTHER_SIZES}."
   if args.scale == "small" and steps == mlm.SMALL["steps"]:
-    notes += " " + mlm.SMALL_BUDGET_NOTE
+    notes += " " + mlm.SMALL_BUDGET_NOTE.format(
+        mlm.CHECKED if checked else mlm.UNCHECKED)
   return notes
 
 

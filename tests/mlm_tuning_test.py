@@ -30,6 +30,16 @@ def _shared(tmp_path, shared_data, docs=120, lines=60):
   return root
 
 
+def _tiny(monkeypatch):
+  """A 50-step small scale searching two rates at 10% warm-up."""
+  monkeypatch.setattr(mlm, "SMALL", dict(
+      mlm.SMALL, d_model=32, bert_d_ffn=64, mlp_layers=2, bert_layers=1,
+      bert_heads=1, seq_len=32, batch_size=8, steps=50, evals=1,
+      eval_batch_size=8, eval_batches=2))
+  monkeypatch.setattr(mlm, "TUNE_LRS", (1e-3, 3e-3))
+  monkeypatch.setattr(mlm, "TUNE_WARMUP_SHARES", (0.1,))
+
+
 def test_carved_split_is_deterministic_disjoint_and_complete(tmp_path):
   source = tmp_path / "docs.jsonl"
   lines = [json.dumps({"text": f"document {i}"}) + "\n" for i in range(23)]
@@ -78,12 +88,7 @@ def test_tune_selects_on_the_carved_split_and_reports_at_the_choice(
     shared_data, tmp_path, monkeypatch):
   """The orchestration with training replaced by a function of what each run
   was given: which data it trained and was scored on, at which setting."""
-  monkeypatch.setattr(mlm, "SMALL", dict(
-      mlm.SMALL, d_model=32, bert_d_ffn=64, mlp_layers=2, bert_layers=1,
-      bert_heads=1, seq_len=32, batch_size=8, steps=50, evals=1,
-      eval_batch_size=8, eval_batches=2))
-  monkeypatch.setattr(mlm, "TUNE_LRS", (1e-3, 3e-3))
-  monkeypatch.setattr(mlm, "TUNE_WARMUP_SHARES", (0.1,))
+  _tiny(monkeypatch)
   seen = []
 
   def fake_train(c, workdir):
@@ -147,6 +152,52 @@ def test_tune_selects_on_the_carved_split_and_reports_at_the_choice(
   table = (out / "table_tuned.md").read_text()
   assert "lr 0.01, warm-up 10%" in table and "4.00 *" in table
   assert "at each of the 3 settings" in table
+
+
+def test_budget_check_trains_each_choice_shorter_on_the_carved_split(
+    shared_data, tmp_path, monkeypatch):
+  """--budget_check: each model at its chosen lr and warm-up share trained
+  for the shorter length on the carved train part, scored on the carved
+  documents at the search's seed; the rule (every model below 0.6 x
+  unigram and the bigram of those positions) picks the shortest length."""
+  _tiny(monkeypatch)
+  seen = []
+
+  def fake_train(c, workdir):
+    seen.append((workdir, c.num_train_steps, c.data.local_files.train,
+                 c.data.local_files.validation, c.eval_steps,
+                 c.learning_rate, c.warmup_steps, c.seed))
+    best = 3e-3 if c.model.block == "gmlp" else 1e-3
+    # At 25 steps BERT is far above any bar; every model is below at 50.
+    short_bert = c.num_train_steps == 25 and c.model.block != "gmlp"
+    ppl = 1e6 if short_bert else 5.0 + abs(c.learning_rate - best) * 1e3
+    return {"eval": {"perplexity": ppl}, "eval_curve": {},
+            "step": c.num_train_steps}
+  monkeypatch.setattr(experiment, "train", fake_train)
+  out = tmp_path / "out"
+  monkeypatch.setattr(sys, "argv", [
+      "mlm_perplexity.py", "--scale=small", f"--out={out}", "--vocab=t5",
+      "--seeds=1", "--models=attention,gmlp", "--tune", "--budget_check=25",
+      f"--shared={_shared(tmp_path, shared_data)}"])
+  mlm_perplexity.main()
+  short = [s for s in seen if "/budget/steps=25/" in s[0]]
+  assert sorted((s[5], s[6]) for s in short) == [(1e-3, 2), (3e-3, 2)]
+  for _, steps, train, valid, eval_steps, _, _, seed in short:
+    assert (steps, seed, eval_steps) == (25, mlm.TUNE_SEED, -1)
+    assert train.endswith("c4_split/train.jsonl")
+    assert valid.endswith("c4_split/validation.jsonl")
+  saved = json.loads((out / "results.json").read_text())
+  base = saved["baselines"][f"small/s50/vocab=t5/carved_validation/seed="
+                            f"{mlm.TUNE_SEED}"]
+  assert base["held_out"]["rows"] > 0 and base["unigram"] > 10
+  table = (out / "table_tuned.md").read_text()
+  assert ("the rule picks 50 steps, the length used: confirmed on "
+          "validation") in table
+  assert "| BERT (Transformer) | 1000000.0 | 5.0 |" in table
+  assert "checked on the carved validation split below" in table
+  # Were BERT above the bar at 50 steps too, no length would clear.
+  assert mlm.budget_rule({25: {"a": 1e6}, 50: {"a": 1e6}}, base, ["a"]) is None
+  assert mlm.budget_rule({25: {"a": 1.0}, 50: {"a": 1.0}}, base, ["a"]) == 25
 
 
 @pytest.mark.parametrize("argv,message", [

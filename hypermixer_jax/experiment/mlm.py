@@ -63,7 +63,9 @@ SMALL_BUDGET_NOTE = (
     "Training length: 2,000 steps, set as the budget at which every model "
     "clears 0.6 x unigram and the bigram on this held-out set (at 1,000 "
     "steps BERT does not): a choice made on the reported data, the same "
-    "for every model, not confirmed on a carved split. ")
+    "for every model, {}. ")
+UNCHECKED = "not confirmed on a carved split"
+CHECKED = "checked on the carved validation split below"
 PAPER_SIZES = dict(d_model=768, bert_layers=12, bert_d_ffn=3072, bert_heads=12,
                    mlp_d_model=512, mlp_layers=36, mlp_d_ffn=3072,
                    seq_len=128, batch_size=2048, steps=125_000, lr=7e-4,
@@ -392,3 +394,72 @@ def tune(exp, models, seeds, steps: int, prefix: str, run, lrs=None, *,
   return selection.tune(exp, models, seeds, tune_settings(steps, lrs),
                         prefix, run, final_perplexity, higher=False,
                         reverse=reverse)
+
+
+# The small scale's length rule: the shortest training length at which every
+# model's perplexity is below this share of the unigram's and below the
+# bigram's, judged on the carved validation split (``budget_check``).
+BUDGET_SHARE = 0.6
+
+
+def budget_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
+                 steps: int, config, split: dict) -> tuple[dict, dict]:
+  """``({length: {model: validation perplexity}}, baselines)``: each model
+  at its chosen lr and warm-up share, trained with seed ``TUNE_SEED`` for
+  each of ``lengths`` on ``split``'s carved train part and scored on its
+  carved validation part (at ``steps``: its own selection run), and the
+  unigram and bigram perplexity of those validation positions.
+  ``config(model, seed, length)``: the run config. Cells under
+  ``{prefix}budget/steps=<length>``."""
+  base = exp.baseline(f"{prefix}carved_validation/seed={TUNE_SEED}",
+                      lambda: lm_baselines(carved_config(config(
+                          "attention", TUNE_SEED, steps), split, select=True)))
+  out = {steps: {m: final_perplexity(r) for m, runs in searched.items()
+                 for r in runs if m in chosen and r["setting"] == chosen[m]}}
+  for n in sorted(set(lengths) - {steps}):
+    at_n = {m: dict(lr=s["lr"], warmup=max(1, round(s["warmup_share"] * n)),
+                    warmup_share=s["warmup_share"]) for m, s in chosen.items()}
+
+    def run(cell, key, n=n, at_n=at_n):
+      c = carved_config(config(cell["model"], TUNE_SEED, n), split,
+                        at_n[cell["model"]], select=True)
+      return dict(lean(experiment.train(c, exp.workdir(key))),
+                  setting=at_n[cell["model"]])
+    done = exp.cells(
+        f"{prefix}budget/steps={n}", experiment.grid(model=list(chosen)), run,
+        expect=lambda cell, at_n=at_n: {"setting": at_n[cell["model"]]})
+    out[n] = {m: final_perplexity(r[0]) for m, r in done.items()}
+  return out, base
+
+
+def budget_rule(ppl: dict, base: dict, models) -> int | None:
+  """The shortest length of ``ppl`` (``budget_check``'s) at which every one
+  of ``models`` is below ``BUDGET_SHARE`` x the unigram perplexity and
+  below the bigram's (``base``: the validation positions' baselines); None
+  where no length has every model or none clears."""
+  bar = min(BUDGET_SHARE * base["unigram"], base["bigram"])
+  ok = [n for n in sorted(ppl) if set(models) <= set(ppl[n])
+        and all(ppl[n][m] < bar for m in models)]
+  return ok[0] if ok else None
+
+
+def budget_section(ppl: dict, base: dict, models, steps: int) -> str:
+  """The tuned table's section on the training length: each model's
+  validation perplexity at each length, the bar, and the rule's length."""
+  lengths = sorted(ppl)
+  rows = [[LABELS[m]] + [f"{ppl[n][m]:.1f}" if m in ppl[n] else "not run"
+                         for n in lengths] for m in models]
+  rows.append([f"bar: min({BUDGET_SHARE:g} x unigram {base['unigram']:.1f}, "
+               f"bigram {base['bigram']:.1f})"]
+              + [f"{min(BUDGET_SHARE * base['unigram'], base['bigram']):.1f}"]
+              * len(lengths))
+  rule = budget_rule(ppl, base, models)
+  said = ("no length has every model recorded and below the bar" if rule is None
+          else f"the rule picks {rule:,} steps"
+          + (f", the length used: confirmed on validation" if rule == steps
+             else f", not the {steps:,} used"))
+  return ("\n\nTraining length on the carved validation split (seed "
+          f"{TUNE_SEED}, each model at its chosen lr and warm-up share; the "
+          f"shortest length at which every model is below the bar): {said}."
+          "\n\n" + experiment.markdown_table(
+              ["model"] + [f"{n:,} steps" for n in lengths], rows))
