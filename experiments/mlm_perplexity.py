@@ -213,14 +213,16 @@ def _notes(args, steps: int, seed_bases: list, vocab: dict | None, c,
   notes += f" Paper, other sizes: {mlm.PAPER_OTHER_SIZES}."
   if args.scale == "small" and steps == mlm.SMALL["steps"]:
     notes += " " + mlm.SMALL_BUDGET_NOTE.format(
-        mlm.CHECKED if checked else mlm.UNCHECKED)
+        mlm.CHECKED if checked and tuned else mlm.CHECKED_TUNED if checked
+        else mlm.UNCHECKED)
   return notes
 
 
 def _report(exp, args, runs, sizes, steps, seed_bases, vocab, c) -> None:
   base = ({k: float(np.mean([b[k] for b in seed_bases]))
            for k in ("unigram", "bigram", "bigram_k")} if seed_bases else None)
-  notes = _notes(args, steps, seed_bases, vocab, c)
+  notes = _notes(args, steps, seed_bases, vocab, c, checked=any(
+      "/budget/steps=" in k for k in exp.runs))
   table_name, figure_name = mlm.report_names(args.scale, steps)
   exp.write_table(
       f"MLM perplexity at equal capacity ({args.scale} scale, {steps} "

@@ -194,7 +194,7 @@ def test_budget_check_trains_each_choice_shorter_on_the_carved_split(
   assert ("the rule picks 50 steps, the length used: confirmed on "
           "validation") in table
   assert "| BERT (Transformer) | 1000000.0 | 5.0 |" in table
-  assert "checked on the carved validation split below" in table
+  assert "checked on the carved validation split in the last section" in table
   # Were BERT above the bar at 50 steps too, no length would clear.
   assert mlm.budget_rule({25: {"a": 1e6}, 50: {"a": 1e6}}, base, ["a"]) is None
   assert mlm.budget_rule({25: {"a": 1.0}, 50: {"a": 1.0}}, base, ["a"]) == 25

@@ -265,8 +265,12 @@ def _mlm_tuned_regime(models: Sequence[str]
     sizes = "-".join(sorted({f"{r['params']['total'] / 1e6:.2f}"
                              for r in runs}))
     train = data["c4_split"]["train"]["documents"]
+    checked = any("/budget/steps=" in k for k in data["runs"])
+    length = ("length set on the held-out set"
+              + ("; the same rule picks it on the carved split" if checked
+                 else ""))
     return (f"{train} C4 documents (8k vocabulary), {runs[0]['step']:,} "
-            f"steps x 32 x 128 (length set on the held-out set), {sizes}M "
+            f"steps x 32 x 128 ({length}), {sizes}M "
             "params; "
             + _search_text(data, models, MLM_TUNED, "documents"))
   return regime
