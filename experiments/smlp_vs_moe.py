@@ -88,6 +88,9 @@ def _flags():
   p.add_argument("--plan_only", action="store_true",
                  help="measure FLOPs and choose depths, train nothing")
   experiment.tune_flags(p, "C4 documents")
+  p.add_argument("--budget_check", default="", help="with --tune: training "
+                 "lengths at which each model's choice is also trained and "
+                 "scored on the carved documents (the length rule's check)")
   args = experiment.parse(p)
   experiment.check_tune(args, "the local C4 documents")
   names = experiment.split(args.models)
@@ -150,10 +153,10 @@ def main() -> None:
   steps = args.steps or s["steps"]
   seeds = experiment.split(args.seeds, int)
 
-  def config(name, depth, seed=0):
+  def config(name, depth, seed=0, length=steps):
     return sparse_lm.run_config(name, args.scale, depth, shared,
                                 args.data_dir, vocab=vocab, seed=seed,
-                                steps=steps)
+                                steps=length)
 
   fit_of = fitter(exp, f"{regime}/flops", config)
   plan = sparse_lm.record_plan(exp, s, names, config, fit_of)
@@ -167,7 +170,11 @@ def main() -> None:
     tuned = sparse_lm.tune(exp, plan, seeds, f"{regime}/s{steps}", config,
                            s["batch_size"] * s["seq_len"], lrs,
                            reverse=args.order == "reverse")
-    sparse_lm.report_tuned(exp, s, plan, tuned, vocab, steps, seeds, lrs)
+    lengths = experiment.split(args.budget_check, int)
+    check = sparse_lm.length_check(exp, plan, tuned, lengths, config,
+                                   f"{regime}/s{steps}") if lengths else None
+    sparse_lm.report_tuned(exp, s, plan, tuned, vocab, steps, seeds, lrs,
+                           check)
     return
   base = (exp.data.get("baselines", {}).get(regime) if exp.report_only else
           exp.baseline(regime, lambda: sparse_lm.lm_baselines(

@@ -326,22 +326,26 @@ def test_tune_carves_c4_documents_and_scores_seeds_on_wikitext(
   def fake_train(c, workdir):
     seen.append((c.seed, c.data.local_files.train,
                  c.data.local_files.validation, c.eval_every,
-                 c.learning_rate, c.model.get("token_mixer")))
-    # The Transformer is best at the larger rate, sMLP at the smaller.
+                 c.learning_rate, c.model.get("token_mixer"),
+                 c.num_train_steps, c.warmup_steps))
+    # The Transformer is best at the larger rate, sMLP at the smaller; at
+    # 25 steps the Transformer is far above any bar.
     best = 3e-3 if c.model.token_mixer == "attention" else 1e-3
-    return {"eval": {"perplexity": 100 + 1e4 * abs(c.learning_rate - best)
-                     + c.seed}}
+    short = c.num_train_steps == 25 and c.model.token_mixer == "attention"
+    return {"eval": {"perplexity": 1e4 if short else 100 + 1e4 * abs(
+        c.learning_rate - best) + c.seed}}
   monkeypatch.setattr(sparse_lm.experiment, "train", fake_train)
   monkeypatch.setattr(sparse_lm, "run_summary", lambda r, t: {})
   monkeypatch.setattr(sparse_lm, "heldout_last80", lambda c, w: {})
-  monkeypatch.setattr(sparse_lm, "lm_baselines",
-                      lambda c: {"train": c.data.local_files.train})
+  monkeypatch.setattr(sparse_lm, "lm_baselines", lambda c: {
+      "train": c.data.local_files.train, "scored": c.data.local_files.validation
+      if c.eval_split == "validation" else None, "all": {"unigram": 1000.0}})
   exp = experiment.Experiment(tmp_path / "out",
                               argparse.Namespace(report_only=False))
 
-  def config(name, depth, seed=0):
+  def config(name, depth, seed=0, length=50):
     return sparse_lm.run_config(name, "small", depth, shared, seed=seed,
-                                steps=50)
+                                steps=length)
   plan = {"smlp_deterministic": {"depth": [1, 1]},
           "switch": {"depth": [1, 1]}}
   split, searched, chosen, runs, base = sparse_lm.tune(
@@ -366,3 +370,23 @@ def test_tune_carves_c4_documents_and_scores_seeds_on_wikitext(
       (0, split["train"]["path"], wiki, 3e-3),
       (1, split["train"]["path"], wiki, 3e-3)]
   assert [r["setting"]["lr"] for r in runs["switch"]] == [3e-3, 3e-3]
+
+  # --budget_check=25: each choice trained 25 steps on the carved train part
+  # (seed 100, its warm-up share), scored on the carved documents, whose
+  # baselines set the bar (0.6 x unigram); the rule picks the 50 used.
+  seen.clear()
+  scores, vbase = sparse_lm.length_check(
+      exp, plan, (split, searched, chosen, runs, base), [25], config, "b")
+  assert sorted((s[4], s[6], s[7]) for s in seen) == [
+      (1e-3, 25, 1), (3e-3, 25, 1)]
+  assert all(s[0] == selection.SEED and s[2] == split["validation"]["path"]
+             for s in seen)
+  assert vbase["scored"] == split["validation"]["path"]
+  assert scores == {25: {"smlp_deterministic": 200.0, "switch": 1e4},
+                    50: {"smlp_deterministic": 200.0, "switch": 200.0}}
+  section = selection.length_section(scores, 600.0, "0.6 x unigram", list(
+      plan), 50, {"smlp_deterministic": "sMLP", "switch": "Switch"})
+  assert "the rule picks 50 steps, the length used: confirmed" in section
+  assert "| Switch | 10000.0 | 200.0 |" in section
+  assert selection.shortest_length(scores, 1e5, list(plan)) == 25
+  assert selection.shortest_length(scores, 150.0, list(plan)) is None

@@ -406,62 +406,40 @@ BUDGET_SHARE = 0.6
 
 def budget_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
                  steps: int, config, split: dict) -> tuple[dict, dict]:
-  """``({length: {model: validation perplexity}}, baselines)``: each model
-  at its chosen lr and warm-up share, trained with seed ``TUNE_SEED`` for
-  each of ``lengths`` on ``split``'s carved train part and scored on its
-  carved validation part (at ``steps``: its own selection run), and the
-  unigram and bigram perplexity of those validation positions.
-  ``config(model, seed, length)``: the run config. Cells under
-  ``{prefix}budget/steps=<length>``."""
+  """``({length: {model: validation perplexity}}, baselines)``
+  (``selection.length_check``): each model at its chosen lr and warm-up
+  share trained for each of ``lengths`` on ``split``'s carved train part
+  and scored on its carved validation part, and the unigram and bigram
+  perplexity of those validation positions. ``config(model, seed,
+  length)``: the run config."""
   base = exp.baseline(f"{prefix}carved_validation/seed={TUNE_SEED}",
                       lambda: lm_baselines(carved_config(config(
                           "attention", TUNE_SEED, steps), split, select=True)))
-  out = {steps: {m: final_perplexity(r) for m, runs in searched.items()
-                 for r in runs if m in chosen and r["setting"] == chosen[m]}}
-  for n in sorted(set(lengths) - {steps}):
-    at_n = {m: dict(lr=s["lr"], warmup=max(1, round(s["warmup_share"] * n)),
-                    warmup_share=s["warmup_share"]) for m, s in chosen.items()}
 
-    def run(cell, key, n=n, at_n=at_n):
-      c = carved_config(config(cell["model"], TUNE_SEED, n), split,
-                        at_n[cell["model"]], select=True)
-      return dict(lean(experiment.train(c, exp.workdir(key))),
-                  setting=at_n[cell["model"]])
-    done = exp.cells(
-        f"{prefix}budget/steps={n}", experiment.grid(model=list(chosen)), run,
-        expect=lambda cell, at_n=at_n: {"setting": at_n[cell["model"]]})
-    out[n] = {m: final_perplexity(r[0]) for m, r in done.items()}
-  return out, base
+  def run(model, setting, n, key):
+    c = carved_config(config(model, TUNE_SEED, n), split, setting,
+                      select=True)
+    return lean(experiment.train(c, exp.workdir(key)))
+  return selection.length_check(exp, prefix, searched, chosen, lengths,
+                                steps, run, final_perplexity), base
+
+
+def budget_bar(base: dict) -> float:
+  """The length rule's bar: below ``BUDGET_SHARE`` x the unigram
+  perplexity and below the bigram's."""
+  return min(BUDGET_SHARE * base["unigram"], base["bigram"])
 
 
 def budget_rule(ppl: dict, base: dict, models) -> int | None:
   """The shortest length of ``ppl`` (``budget_check``'s) at which every one
-  of ``models`` is below ``BUDGET_SHARE`` x the unigram perplexity and
-  below the bigram's (``base``: the validation positions' baselines); None
-  where no length has every model or none clears."""
-  bar = min(BUDGET_SHARE * base["unigram"], base["bigram"])
-  ok = [n for n in sorted(ppl) if set(models) <= set(ppl[n])
-        and all(ppl[n][m] < bar for m in models)]
-  return ok[0] if ok else None
+  of ``models`` is below ``budget_bar``; None where none is."""
+  return selection.shortest_length(ppl, budget_bar(base), models)
 
 
 def budget_section(ppl: dict, base: dict, models, steps: int) -> str:
-  """The tuned table's section on the training length: each model's
-  validation perplexity at each length, the bar, and the rule's length."""
-  lengths = sorted(ppl)
-  rows = [[LABELS[m]] + [f"{ppl[n][m]:.1f}" if m in ppl[n] else "not run"
-                         for n in lengths] for m in models]
-  rows.append([f"bar: min({BUDGET_SHARE:g} x unigram {base['unigram']:.1f}, "
-               f"bigram {base['bigram']:.1f})"]
-              + [f"{min(BUDGET_SHARE * base['unigram'], base['bigram']):.1f}"]
-              * len(lengths))
-  rule = budget_rule(ppl, base, models)
-  said = ("no length has every model recorded and below the bar" if rule is None
-          else f"the rule picks {rule:,} steps"
-          + (f", the length used: confirmed on validation" if rule == steps
-             else f", not the {steps:,} used"))
-  return ("\n\nTraining length on the carved validation split (seed "
-          f"{TUNE_SEED}, each model at its chosen lr and warm-up share; the "
-          f"shortest length at which every model is below the bar): {said}."
-          "\n\n" + experiment.markdown_table(
-              ["model"] + [f"{n:,} steps" for n in lengths], rows))
+  """The tuned table's section on the training length
+  (``selection.length_section``)."""
+  return selection.length_section(
+      ppl, budget_bar(base), f"min({BUDGET_SHARE:g} x unigram "
+      f"{base['unigram']:.1f}, bigram {base['bigram']:.1f})", models, steps,
+      LABELS)

@@ -334,3 +334,57 @@ def notes(what: str, split: dict, steps: int, seeds: str, n_settings: int,
       f"{split['train']['documents']:,} (sha256 "
       f"{split['train']['sha256'][:12]}...) and scored on {reported_on}. ")
 
+
+
+def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
+                 steps: int, run: Callable[[str, dict, int, str], dict],
+                 score: Callable[[dict], float]) -> dict:
+  """A training length judged on the carved validation split: ``{length:
+  {model: score}}`` of each model at its chosen lr and warm-up share,
+  trained with seed ``SEED`` for each of ``lengths`` (``run(model,
+  setting, length, key)``: the record of a selection run of that length;
+  ``score(record)``), at ``steps`` its own selection run. Cells under
+  ``{prefix}budget/steps=<length>``."""
+  out = {steps: {m: score(r) for m, runs in searched.items() for r in runs
+                 if m in chosen and r["setting"] == chosen[m]}}
+  for n in sorted(set(lengths) - {steps}):
+    at_n = {m: dict(lr=s["lr"], warmup=max(1, round(s["warmup_share"] * n)),
+                    warmup_share=s["warmup_share"]) for m, s in chosen.items()}
+    done = exp.cells(
+        f"{prefix}budget/steps={n}", experiment.grid(model=list(chosen)),
+        lambda cell, key, n=n, at_n=at_n: dict(
+            run(cell["model"], at_n[cell["model"]], n, key),
+            setting=at_n[cell["model"]]),
+        expect=lambda cell, at_n=at_n: {"setting": at_n[cell["model"]]})
+    out[n] = {m: score(r[0]) for m, r in done.items()}
+  return out
+
+
+def shortest_length(scores: dict, bar: float, models) -> int | None:
+  """The shortest length of ``scores`` (``length_check``'s) at which every
+  one of ``models`` scores below ``bar``; None where no length has every
+  model recorded and below it."""
+  ok = [n for n in sorted(scores) if set(models) <= set(scores[n])
+        and all(scores[n][m] < bar for m in models)]
+  return ok[0] if ok else None
+
+
+def length_section(scores: dict, bar: float, bar_label: str, models,
+                   steps: int, labels: dict) -> str:
+  """A tuned table's section on the training length: each model's
+  validation score at each length, the bar, and the length the rule (the
+  shortest at which every model is below the bar) picks."""
+  lengths = sorted(scores)
+  rows = [[labels[m]] + [f"{scores[n][m]:.1f}" if m in scores[n] else
+                         "not run" for n in lengths] for m in models]
+  rows.append([f"bar: {bar_label}"] + [f"{bar:.1f}"] * len(lengths))
+  rule = shortest_length(scores, bar, models)
+  said = ("no length has every model recorded and below the bar"
+          if rule is None else f"the rule picks {rule:,} steps" + (
+              ", the length used: confirmed on validation" if rule == steps
+              else f", not the {steps:,} used"))
+  return ("\n\nTraining length on the carved validation split (seed "
+          f"{SEED}, each model at its chosen lr and warm-up share; the "
+          f"shortest length at which every model is below the bar): {said}."
+          "\n\n" + experiment.markdown_table(
+              ["model"] + [f"{n:,} steps" for n in lengths], rows))

@@ -640,11 +640,43 @@ def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
   return split, searched, chosen, runs, base
 
 
+# The small scale's length rule, judged on the carved validation split
+# (``length_check``): the shortest length at which every model is below this
+# share of the unigram perplexity of those positions.
+LENGTH_SHARE = 0.6
+
+
+def length_check(exp: experiment.Experiment, plan: Mapping[str, Any],
+                 tuned: tuple, lengths, config, prefix: str
+                 ) -> tuple[dict, dict]:
+  """``selection.length_check`` of ``tune``'s search ``tuned``: each model
+  at its choice trained for each of ``lengths`` on the carved train part
+  and scored on the carved documents; with the baselines of those
+  positions. ``config(name, depth, seed, length)``: the run config."""
+  split, searched, chosen = tuned[:3]
+  depth = {n: tuple(plan[n]["depth"]) for n in plan}
+  steps = config(REFERENCE, depth[REFERENCE]).num_train_steps
+  base = exp.baseline(
+      f"{prefix}/carved_validation/seed={selection.SEED}",
+      lambda: lm_baselines(selection.carved(config(
+          REFERENCE, depth[REFERENCE], selection.SEED), split, select=True)))
+
+  def run(name, setting, n, key):
+    c = selection.carved(config(name, depth[name], selection.SEED, n), split,
+                         setting, select=True)
+    r = experiment.train(c, exp.workdir(key))
+    return dict(selection.lean(r), perplexity=r["eval"]["perplexity"])
+  return selection.length_check(exp, f"{prefix}/", searched, chosen, lengths,
+                                steps, run, lambda r: r["perplexity"]), base
+
+
 def report_tuned(exp: experiment.Experiment, s: Mapping[str, Any],
                  plan: Mapping[str, Any], tuned: tuple, vocab: dict | None,
-                 steps: int, seeds: Sequence[int], lrs=None) -> None:
+                 steps: int, seeds: Sequence[int], lrs=None,
+                 check: tuple | None = None) -> None:
   """``table_tuned.md``: the main table's columns for the tuned runs, each
-  model's choice, and every model's search (validation perplexity)."""
+  model's choice, and every model's search (validation perplexity);
+  ``check``: ``length_check``'s, as a last section."""
   split, searched, chosen, runs, base = tuned
   labels = {n: m[0] for n, m in MODELS.items()}
   names = [n for n in MODELS if n in plan]
@@ -654,6 +686,11 @@ def report_tuned(exp: experiment.Experiment, s: Mapping[str, Any],
   table += "\n\n" + selection.search_section(
       searched, chosen, labels, lrs, what="perplexity",
       cell=lambda r: f"{r['perplexity']:.1f}")
+  if check:
+    unigram = check[1]["all"]["unigram"]
+    table += selection.length_section(
+        check[0], LENGTH_SHARE * unigram,
+        f"{LENGTH_SHARE:g} x unigram {unigram:.1f}", names, steps, labels)
   text = selection.notes(
       "document of the two C4 samples", split, steps,
       ",".join(map(str, seeds)), len(selection.settings(steps, lrs)),
