@@ -180,16 +180,31 @@ class LanguageModelBaselinesTest(absltest.TestCase):
     self.assertAlmostEqual(causal["unigram"], uni)
     self.assertEqual((causal["scored_tokens"], causal["row_starts"]), (5, 2))
     # Masked: every scored target reads the row's previous token (0 at a
-    # row's start).
+    # row's start); one train row holds nothing out, so k is the first.
     masked = baselines.lm_baselines(train, arrays, vocab_size=4,
                                     causal=False, ks=(0.1, 1.0))
-    want = {k: baselines.bigram_perplexity(train, [0, 1, 2, 0, 2],
-                                           [1, 2, 3, 2, 1], vocab_size=4, k=k)
-            for k in (0.1, 1.0)}
-    best = min(want, key=want.get)
-    self.assertEqual((masked["bigram_k"], masked["bigram"]),
-                     (best, want[best]))
+    want = baselines.bigram_perplexity(train, [0, 1, 2, 0, 2],
+                                       [1, 2, 3, 2, 1], vocab_size=4, k=0.1)
+    self.assertEqual((masked["bigram_k"], masked["bigram"]), (0.1, want))
     self.assertNotIn("row_starts", masked)
+
+  def test_bigram_k_is_chosen_on_held_out_train_rows(self):
+    # Train alternates 1 and 2, so its held-out rows favour little
+    # smoothing; the reported targets are pairs train never holds, which
+    # favour much. The baseline takes the train rows' k, not its own best.
+    train = np.tile([1, 2], (30, 4))
+    arrays = {"targets": np.array([[1, 3, 3, 3]]),
+              "weights": np.array([[0, 1, 1, 1]], np.float32)}
+    ks = (1e-3, 1.0)
+    on_reported = {k: baselines.bigram_perplexity(
+        train, [1, 3, 3], [3, 3, 3], vocab_size=5, k=k) for k in ks}
+    self.assertLess(on_reported[1.0], on_reported[1e-3])
+    self.assertEqual(baselines.choose_bigram_k(train, vocab_size=5, ks=ks),
+                     1e-3)
+    got = baselines.lm_baselines(train, arrays, vocab_size=5, causal=False,
+                                 ks=ks)
+    self.assertEqual((got["bigram_k"], got["bigram"]),
+                     (1e-3, on_reported[1e-3]))
 
 
 class HarnessTest(absltest.TestCase):
