@@ -225,7 +225,10 @@ def _report(exp, args, task, budget, acc, best) -> None:
       f"give. Each trial is one run (seed 0), so a curve's "
       "right end rests on its top trials and their seed noise: 'best draw, "
       "over seeds' trains each model's best draw again with --best_seeds "
-      "(its verdict: Welch's test below). " + experiment.VERDICT_NOTE,
+      "(its verdict: Welch's test below)"
+      + ("" if tag else "; its seed 0 is the draw's own dev score, the "
+         "maximum it was picked by: optimistic for both") + ". "
+      + experiment.VERDICT_NOTE,
       name=f"table{tag}")
   _plot(exp, ns, curves, None if tag else base, split, tag)
 
