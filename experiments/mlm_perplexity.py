@@ -148,7 +148,7 @@ def _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
                    reverse=args.order == "reverse")
   lengths = experiment.split(args.budget_check, int)
   budget = mlm.budget_check(exp, f"{prefix}/", tuned[0], tuned[1], lengths,
-                            steps, config, split) if lengths else None
+                            steps, config, split, models) if lengths else None
   _tuned_report(exp, args, steps, split, tuned, sizes,
                 bases, vocab, config("attention"), lrs, budget)
 
@@ -171,7 +171,8 @@ def _tuned_report(exp, args, steps, split, tuned, sizes, bases, vocab,
           selection, chosen, mlm.LABELS, lrs or mlm.TUNE_LRS,
           shares=mlm.TUNE_WARMUP_SHARES, what="perplexity",
           cell=lambda r: f"{mlm.final_perplexity(r):.2f}")
-      + (mlm.budget_section(*budget, list(chosen), steps) if budget else ""),
+      + (mlm.budget_section(*budget, experiment.split(args.models), steps)
+         if budget else ""),
       notes, name=mlm.report_names(args.scale, steps)[0] + "_tuned")
 
 
@@ -221,8 +222,9 @@ def _notes(args, steps: int, seed_bases: list, vocab: dict | None, c,
 def _report(exp, args, runs, sizes, steps, seed_bases, vocab, c) -> None:
   base = ({k: float(np.mean([b[k] for b in seed_bases]))
            for k in ("unigram", "bigram", "bigram_k")} if seed_bases else None)
-  notes = _notes(args, steps, seed_bases, vocab, c, checked=any(
-      "/budget/steps=" in k for k in exp.runs))
+  prefix = f"{args.scale}/s{steps}/vocab={'small' if vocab else 't5'}/"
+  notes = _notes(args, steps, seed_bases, vocab, c,
+                 checked=mlm.length_confirmed(exp.data, prefix, steps))
   table_name, figure_name = mlm.report_names(args.scale, steps)
   exp.write_table(
       f"MLM perplexity at equal capacity ({args.scale} scale, {steps} "

@@ -191,6 +191,20 @@ def test_train_kill_resume_evaluate_predict_export_on_gcs(emulator, tmp_path):
                           overwrite=True)
   assert not [o for o in _objects("out/params/")
               if "/.staging-" in o or "/.replaced-" in o]
+  # A swap cut short while copying the new step in: the old one aside, the
+  # new one in place without its commit marker (copied last). The next
+  # export puts the old one back before anything else.
+  from hypermixer_jax.train import config_checks  # pylint: disable=g-import-not-at-top
+  step6 = [o for o in _objects("out/params/6/")]
+  assert "out/params/6/commit_success.txt" in step6
+  for o in step6:
+    storage.path(f"gs://{BUCKET}/{o}").copy(storage.path(
+        f"gs://{BUCKET}/{o.replace('/6/', '/.replaced-6/', 1)}"))
+  storage.path(f"gs://{BUCKET}/out/params/6/commit_success.txt").unlink()
+  with pytest.raises(config_checks.ConfigError, match="already holds step 6"):
+    artifacts.export_params(fv.config, run, f"gs://{BUCKET}/out/params")
+  assert sorted(_objects("out/params/6/")) == step6
+  assert not [o for o in _objects("out/params/") if "/.replaced-" in o]
   saved = json.loads(storage.path(
       f"{run}/evaluations/validation_step6.json").read_text())
   logged = [r for r in records if r["split"] == "eval" and r["step"] == 6]

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from hypermixer_jax.experiment import glue
 from hypermixer_jax.experiment import images as images_lib
+from hypermixer_jax.experiment import mlm
 from hypermixer_jax.experiment import nli
 from hypermixer_jax.experiment import records as records_lib
 from hypermixer_jax.experiment import sparse_lm
@@ -265,7 +266,8 @@ def _mlm_tuned_regime(models: Sequence[str]
     sizes = "-".join(sorted({f"{r['params']['total'] / 1e6:.2f}"
                              for r in runs}))
     train = data["c4_split"]["train"]["documents"]
-    checked = any("/budget/steps=" in k for k in data["runs"])
+    checked = mlm.length_confirmed(data, "small/s2000/vocab=small/",
+                                   runs[0]["step"])
     length = ("length set on the held-out set"
               + ("; the same rule picks it on the carved split" if checked
                  else ""))

@@ -405,13 +405,14 @@ BUDGET_SHARE = 0.6
 
 
 def budget_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
-                 steps: int, config, split: dict) -> tuple[dict, dict]:
+                 steps: int, config, split: dict, models) -> tuple[dict, dict]:
   """``({length: {model: validation perplexity}}, baselines)``
   (``selection.length_check``): each model at its chosen lr and warm-up
   share trained for each of ``lengths`` on ``split``'s carved train part
   and scored on its carved validation part, and the unigram and bigram
   perplexity of those validation positions. ``config(model, seed,
-  length)``: the run config."""
+  length)``: the run config. The length the rule picks for ``models`` is
+  recorded under ``length_checks`` (``length_confirmed``)."""
   base = exp.baseline(f"{prefix}carved_validation/seed={TUNE_SEED}",
                       lambda: lm_baselines(carved_config(config(
                           "attention", TUNE_SEED, steps), split, select=True)))
@@ -420,8 +421,17 @@ def budget_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
     c = carved_config(config(model, TUNE_SEED, n), split, setting,
                       select=True)
     return lean(experiment.train(c, exp.workdir(key)))
-  return selection.length_check(exp, prefix, searched, chosen, lengths,
-                                steps, run, final_perplexity), base
+  ppl = selection.length_check(exp, prefix, searched, chosen, lengths,
+                               steps, run, final_perplexity)
+  exp.save(length_checks={**exp.data.get("length_checks", {}), prefix: {
+      "steps": steps, "picked": budget_rule(ppl, base, models)}})
+  return ppl, base
+
+
+def length_confirmed(data: dict, prefix: str, steps: int) -> bool:
+  """True where ``budget_check`` under ``prefix`` recorded that the length
+  rule picks ``steps`` on the carved validation split."""
+  return data.get("length_checks", {}).get(prefix, {}).get("picked") == steps
 
 
 def budget_bar(base: dict) -> float:

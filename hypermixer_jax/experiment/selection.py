@@ -343,9 +343,19 @@ def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
   {model: score}}`` of each model at its chosen lr and warm-up share,
   trained with seed ``SEED`` for each of ``lengths`` (``run(model,
   setting, length, key)``: the record of a selection run of that length;
-  ``score(record)``), at ``steps`` its own selection run. Cells under
+  ``score(record)``; a run that diverged scores inf), at ``steps`` its own
+  selection run. The shorter runs keep the setting tuned at ``steps`` (not
+  searched at their length), which favours ``steps``. Cells under
   ``{prefix}budget/steps=<length>``."""
-  out = {steps: {m: score(r) for m, runs in searched.items() for r in runs
+  def scored(r):
+    return math.inf if DIVERGED in r else score(r)
+
+  def trained(model, setting, n, key):
+    try:
+      return run(model, setting, n, key)
+    except FloatingPointError as e:   # recorded as the search records it
+      return {DIVERGED: str(e).split(";")[0]}
+  out = {steps: {m: scored(r) for m, runs in searched.items() for r in runs
                  if m in chosen and r["setting"] == chosen[m]}}
   for n in sorted(set(lengths) - {steps}):
     at_n = {m: dict(lr=s["lr"], warmup=max(1, round(s["warmup_share"] * n)),
@@ -353,19 +363,21 @@ def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
     done = exp.cells(
         f"{prefix}budget/steps={n}", experiment.grid(model=list(chosen)),
         lambda cell, key, n=n, at_n=at_n: dict(
-            run(cell["model"], at_n[cell["model"]], n, key),
+            trained(cell["model"], at_n[cell["model"]], n, key),
             setting=at_n[cell["model"]]),
         expect=lambda cell, at_n=at_n: {"setting": at_n[cell["model"]]})
-    out[n] = {m: score(r[0]) for m, r in done.items()}
+    out[n] = {m: scored(r[0]) for m, r in done.items()}
   return out
 
 
-def shortest_length(scores: dict, bar: float, models) -> int | None:
+def shortest_length(scores: dict, bar, models) -> int | None:
   """The shortest length of ``scores`` (``length_check``'s) at which every
-  one of ``models`` scores below ``bar``; None where no length has every
-  model recorded and below it."""
+  one of ``models`` scores below ``bar`` (one number, or one per model:
+  each scored on its own positions); None where no length has every model
+  recorded and below it."""
+  bars = bar if isinstance(bar, dict) else {m: bar for m in models}
   ok = [n for n in sorted(scores) if set(models) <= set(scores[n])
-        and all(scores[n][m] < bar for m in models)]
+        and all(scores[n][m] < bars[m] for m in models)]
   return ok[0] if ok else None
 
 
@@ -375,9 +387,15 @@ def length_section(scores: dict, bar: float, bar_label: str, models,
   validation score at each length, the bar, and the length the rule (the
   shortest at which every model is below the bar) picks."""
   lengths = sorted(scores)
-  rows = [[labels[m]] + [f"{scores[n][m]:.1f}" if m in scores[n] else
-                         "not run" for n in lengths] for m in models]
-  rows.append([f"bar: {bar_label}"] + [f"{bar:.1f}"] * len(lengths))
+
+  def cell(n, m):
+    if m not in scores[n]:
+      return "not run"
+    return "diverged" if scores[n][m] == math.inf else f"{scores[n][m]:.1f}"
+  rows = [[labels[m]] + [cell(n, m) for n in lengths] for m in models]
+  rows.append([f"bar: {bar_label}"] + [
+      "/".join(f"{b:.1f}" for b in sorted(set(bar.values())))
+      if isinstance(bar, dict) else f"{bar:.1f}"] * len(lengths))
   rule = shortest_length(scores, bar, models)
   said = ("no length has every model recorded and below the bar"
           if rule is None else f"the rule picks {rule:,} steps" + (
@@ -385,6 +403,8 @@ def length_section(scores: dict, bar: float, bar_label: str, models,
               else f", not the {steps:,} used"))
   return ("\n\nTraining length on the carved validation split (seed "
           f"{SEED}, each model at its chosen lr and warm-up share; the "
-          f"shortest length at which every model is below the bar): {said}."
+          f"shortest length at which every model is below the bar; a "
+          f"shorter length keeps the setting tuned at {steps:,} steps, "
+          f"which favours {steps:,}): {said}."
           "\n\n" + experiment.markdown_table(
               ["model"] + [f"{n:,} steps" for n in lengths], rows))

@@ -66,8 +66,7 @@ SCALES = {
 SMALL_BUDGET_NOTE = (
     "Training length: 1,000 steps, set as the budget that takes the models "
     "below 0.6 x the unigram perplexity on this held-out set: a choice made "
-    "on the reported data, the same for every model, not confirmed on a "
-    "carved split. ")
+    "on the reported data, the same for every model, {}. ")
 SMALL_VOCAB = dict(d_model=128, d_ffn=512, num_heads=2, smlp_depth=(3, 3),
                    batch_size=16, steps=1000, warmup=50, evals=5)
 # How the MoE layers move tokens (tMoE) and columns (partial sMoE) to their
@@ -504,14 +503,18 @@ def train_runs(exp: experiment.Experiment, plan: Mapping[str, Any],
 
 
 def notes(scale: str, s: Mapping[str, Any], vocab: dict | None, steps: int,
-          seeds: Sequence[int], tuned: bool = False) -> str:
+          seeds: Sequence[int], tuned: bool = False,
+          checked: bool = False) -> str:
   """The table's notes: the shared setting, how depths and verdicts are
   found, and what XLA's counts leave out (``tuned``: each model at its own
   chosen lr and warm-up)."""
   vocab_text = (f"the {vocab['model_vocab_size']:,}-id SentencePiece "
                 "vocabulary of the C4 sample" if vocab else
                 "T5's 32,128-id vocabulary")
-  budget = SMALL_BUDGET_NOTE if vocab and steps == SMALL_VOCAB["steps"] else ""
+  budget = SMALL_BUDGET_NOTE.format(
+      "checked on the carved validation split in the table's last section"
+      if checked else "not confirmed on a carved split") if (
+          vocab and steps == SMALL_VOCAB["steps"]) else ""
   return ("" if tuned else experiment.UNTUNED_NOTE) + budget + (
       f"{scale} scale: d={s['d_model']}, d_ffn={s['d_ffn']}, "
       f"{s['num_experts']} experts, {s['num_heads']} head(s), sequence "
@@ -670,6 +673,15 @@ def length_check(exp: experiment.Experiment, plan: Mapping[str, Any],
                                 steps, run, lambda r: r["perplexity"]), base
 
 
+def length_bars(base: Mapping[str, Any], names) -> dict[str, float]:
+  """Each model's bar of the length rule: ``LENGTH_SHARE`` x the unigram
+  perplexity of the positions it is scored on (partial routing's
+  evaluation counts each row's last 80% alone)."""
+  return {n: LENGTH_SHARE * base["last80" if MODELS.get(n, ("", {}, {}))[2]
+                                  .get("smoe_routing") == "partial"
+                                  else "all"]["unigram"] for n in names}
+
+
 def report_tuned(exp: experiment.Experiment, s: Mapping[str, Any],
                  plan: Mapping[str, Any], tuned: tuple, vocab: dict | None,
                  steps: int, seeds: Sequence[int], lrs=None,
@@ -687,15 +699,16 @@ def report_tuned(exp: experiment.Experiment, s: Mapping[str, Any],
       searched, chosen, labels, lrs, what="perplexity",
       cell=lambda r: f"{r['perplexity']:.1f}")
   if check:
-    unigram = check[1]["all"]["unigram"]
     table += selection.length_section(
-        check[0], LENGTH_SHARE * unigram,
-        f"{LENGTH_SHARE:g} x unigram {unigram:.1f}", names, steps, labels)
+        check[0], length_bars(check[1], names), f"{LENGTH_SHARE:g} x the "
+        "unigram of the positions scored (all; partial routing: each row's "
+        "last 80%)", names, steps, labels)
   text = selection.notes(
       "document of the two C4 samples", split, steps,
       ",".join(map(str, seeds)), len(selection.settings(steps, lrs)),
       "WikiText-2 valid", "perplexity at the last step")
-  text += notes("small", s, vocab, steps, seeds, tuned=True)
+  text += notes("small", s, vocab, steps, seeds, tuned=True,
+                checked=bool(check))
   exp.write_table(f"sMLP vs MoE Transformers at equal FLOPs, every model "
                   f"tuned alike (small scale, "
                   f"{'8k' if vocab else 'T5'} vocabulary)", table, text,

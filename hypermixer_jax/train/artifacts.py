@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 from typing import Any
 
 from absl import logging
@@ -58,8 +59,11 @@ def write_params(directory: str | os.PathLike, params: PyTree,
   old = root / f".replaced-{step}"
 
   def recover():
-    # A swap cut short between its two moves left the old step aside.
-    if old.exists() and not (root / str(step)).exists():
+    # A swap cut short left the old step aside (and maybe part of the new
+    # one, never marked finished, in its place).
+    if old.exists() and step not in ckpt_lib.finished_steps(directory):
+      if (root / str(step)).exists():
+        (root / str(step)).rmtree()
       ckpt_lib.move_folder(old, root / str(step))
       logging.warning("Put back %s as %s/%d (a replacement was cut short).",
                       old, directory, step)
@@ -182,8 +186,10 @@ def _check_export_folder(output: str, overwrite: bool) -> None:
         "folder's path.")
   export = {run_config.CONFIG_FILE, run_config.VOCAB_DIR,
             run_config.VOCAB_RECORD}
+  # Steps, and a replacement's own folders (``write_params``).
   others = sorted(p.name for p in out.iterdir()
                   if p.name not in export and not p.name.isdigit()
+                  and not re.fullmatch(r"\.(staging|replaced)-\d+", p.name)
                   ) if out.is_dir() else []
   if others and not overwrite:
     raise config_checks.ConfigError(

@@ -389,11 +389,17 @@ def move_folder(source: epath.Path, target: epath.Path) -> None:
   if "://" not in os.fspath(source):
     source.rename(target)
     return
-  for f in files_under(source):
+  # Orbax's commit markers last: a copy cut short never looks finished.
+  for f in sorted(files_under(source),
+                  key=lambda f: f.name in _COMMIT_MARKERS):
     dest = target / f.relative_to(source)
     dest.parent.mkdir(parents=True, exist_ok=True)
     f.copy(dest)
   source.rmtree()
+
+
+# The files whose presence makes Orbax call a step finished.
+_COMMIT_MARKERS = ("commit_success.txt", "_CHECKPOINT_METADATA")
 
 
 def files_under(folder: epath.Path):
@@ -642,6 +648,16 @@ def _listing(fn, tries: int = 5):
       if attempt == tries - 1:
         raise
       time.sleep(0.05)
+
+
+def finished_steps(directory: str | os.PathLike) -> list[int]:
+  """The finished steps of ``directory`` now, newest first (read on this
+  process alone: no collective)."""
+  manager = reader(os.fspath(directory))
+  try:
+    return _finished_steps(manager)
+  finally:
+    manager.close()
 
 
 def _finished_steps(manager: ocp.CheckpointManager) -> list[int]:
