@@ -81,6 +81,7 @@ def main() -> None:
                  "trained and scored on the carved validation split")
   args = experiment.parse(p)
   experiment.check_tune(args, "the local C4 sample")
+  experiment.check_budget(args)
   models = experiment.split(args.models)
   unknown = sorted(set(models) - set(mlm.CHOICES))
   if unknown:

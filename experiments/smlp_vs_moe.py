@@ -93,6 +93,7 @@ def _flags():
                  "scored on the carved documents (the length rule's check)")
   args = experiment.parse(p)
   experiment.check_tune(args, "the local C4 documents")
+  experiment.check_budget(args)
   names = experiment.split(args.models)
   if args.ablations:
     names += [n for n in sparse_lm.ABLATIONS if n not in names]

@@ -202,6 +202,7 @@ def test_budget_check_trains_each_choice_shorter_on_the_carved_split(
 
 @pytest.mark.parametrize("argv,message", [
     (["--scale=paper", "--tune"], "--tune: the small scale carves"),
+    (["--budget_check=1000"], "--budget_check: .* add --tune"),
 ])
 def test_tune_is_refused_where_there_is_no_sample_to_carve(
     argv, message, tmp_path, monkeypatch, capsys):

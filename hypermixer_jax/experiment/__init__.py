@@ -70,6 +70,7 @@ from hypermixer_jax.experiment.figures import figure
 from hypermixer_jax.experiment.figures import mean_curve
 from hypermixer_jax.experiment.figures import plot_curves
 from hypermixer_jax.experiment.figures import style_axes
+from hypermixer_jax.experiment.flags import check_budget
 from hypermixer_jax.experiment.flags import check_tune
 from hypermixer_jax.experiment.flags import default_shared_dir
 from hypermixer_jax.experiment.flags import load_config

@@ -112,6 +112,14 @@ def check_tune(args: argparse.Namespace, carved_from: str) -> None:
                      f"from {carved_from}; use --scale=small.")
 
 
+def check_budget(args: argparse.Namespace) -> None:
+  """``--budget_check`` trains each model's choice of ``--tune``'s search
+  at other lengths, so it needs ``--tune``."""
+  if getattr(args, "budget_check", "") and not args.tune:
+    raise SystemExit("--budget_check: it trains each model's setting chosen "
+                     "by --tune at other lengths; add --tune.")
+
+
 def split(text: str, kind: Callable[[str], Any] = str) -> list[Any]:
   """A comma-separated flag's values (``'0,1,2'`` -> ``[0, 1, 2]`` with
   ``kind=int``); empty items are dropped."""
