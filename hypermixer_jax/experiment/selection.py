@@ -147,10 +147,16 @@ def carved_tfds(c: ml_collections.ConfigDict, carve: dict,
   c.data.tfds_train_split = carve["train"]
   if select:
     c.data.tfds_validation_split = carve["validation"]
-    c.eval_split = "validation"
-    c.eval_every = c.num_train_steps
-    c.eval_steps = -1
+    _scored_once(c)
   return c
+
+
+def _scored_once(c: ml_collections.ConfigDict) -> None:
+  """A selection run's evaluation: the whole ``validation`` split, once,
+  at the last step."""
+  c.eval_split = "validation"
+  c.eval_every = c.num_train_steps
+  c.eval_steps = -1
 
 
 def split_record(split: dict) -> dict:
@@ -181,9 +187,7 @@ def carved(c: ml_collections.ConfigDict, split: dict,
   c.data.local_files.train = split["train"]["path"]
   if select:
     c.data.local_files.validation = split["validation"]["path"]
-    c.eval_split = "validation"
-    c.eval_every = c.num_train_steps
-    c.eval_steps = -1
+    _scored_once(c)
   return c
 
 
@@ -211,6 +215,16 @@ def choose(selection: dict, score: Callable[[dict], float], *,
           for m, runs in selection.items()}
   return {m: dict(min(runs, key=lambda r: sign * score(r))["setting"])
           for m, runs in kept.items() if runs}
+
+
+def _or_diverged(train: Callable[[], dict]) -> dict:
+  """``train()``'s record, or where its loop stopped on NaN/Inf, a record
+  of where (``DIVERGED``; without the message's workdir path), so that a
+  search goes on to its next setting."""
+  try:
+    return train()
+  except FloatingPointError as e:
+    return {DIVERGED: str(e).split(";")[0]}
 
 
 def tune(exp, models: Sequence[str], seeds: Sequence[int],
@@ -242,12 +256,7 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
 
   def select(cell, key):
     setting = settings_[cell["setting"]]
-    try:
-      record = run(cell["model"], SEED, setting, key, True)
-    except FloatingPointError as e:
-      # The loop stops on NaN/Inf; the search records where, without the
-      # message's workdir path, and goes on to the next setting.
-      record = {DIVERGED: str(e).split(";")[0]}
+    record = _or_diverged(lambda: run(cell["model"], SEED, setting, key, True))
     return dict(record, setting=setting, **tag)
   searched = exp.cells(f"{prefix}tune", order(experiment.grid(
       model=models, setting=range(len(settings_)))), select,
@@ -351,10 +360,7 @@ def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
     return math.inf if DIVERGED in r else score(r)
 
   def trained(model, setting, n, key):
-    try:
-      return run(model, setting, n, key)
-    except FloatingPointError as e:   # recorded as the search records it
-      return {DIVERGED: str(e).split(";")[0]}
+    return _or_diverged(lambda: run(model, setting, n, key))
   out = {steps: {m: scored(r) for m, runs in searched.items() for r in runs
                  if m in chosen and r["setting"] == chosen[m]}}
   for n in sorted(set(lengths) - {steps}):
