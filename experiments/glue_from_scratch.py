@@ -49,9 +49,11 @@ def main() -> None:
   p.add_argument("--dropout", type=float, default=None,
                  help="the models' dropout rate (default: configs/glue.py's "
                  "0.1); part of the recorded budget")
-  experiment.tune_flags(p, "SST-2 sentences (with their phrases)")
+  experiment.tune_flags(p, "SST-2 sentences (with their phrases)",
+                        budget_check=True)
   args = experiment.parse(p)
   experiment.check_tune(args, "the SST-2 train phrases")
+  experiment.check_budget(args)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   mixers = experiment.split(args.mixers)
@@ -64,10 +66,11 @@ def main() -> None:
   else:
     tasks, lrs, small, budget = glue.TASKS, glue.PAPER_LRS, {}, "paper"
 
-  def config(cell):
+  def config(cell, steps=None):
     return glue.glue_config(cell["task"], cell["model"], args.scale,
                             cell["lr"], shared, args.data_dir,
-                            seed=cell.get("seed", 0), **small)
+                            seed=cell.get("seed", 0),
+                            **dict(small, steps=steps or args.steps))
   base = {}
   if args.scale == "small":
     base = exp.baseline(budget, lambda: glue.bag_of_words_baselines(
@@ -76,13 +79,8 @@ def main() -> None:
     _report(exp, _paper(exp, args, mixers, shared), tasks, mixers, base, args)
     return
   if args.tune:
-    search = experiment.split(args.lrs, float) or None
-    tuned = glue.tune(
-        exp, mixers, experiment.split(args.seeds, int), lambda m, s: config(
-            dict(task="sst2", model=m, lr=lrs[0], seed=s)), args.steps,
-        f"{budget}/", glue.sst2_train(shared), search,
-        reverse=args.order == "reverse")
-    glue.report_tuned(exp, mixers, args.seeds, args.steps, tuned, search)
+    _tuned(exp, args, mixers, f"{budget}/", shared, lambda m, s, steps=None:
+           config(dict(task="sst2", model=m, lr=lrs[0], seed=s), steps))
     return
   # (cell, result) of each recorded cell, in grid order.
   done = []
@@ -94,6 +92,22 @@ def main() -> None:
     if result is not None:
       done.append((cell, result))
   _report(exp, done, tasks, mixers, base, args)
+
+
+def _tuned(exp, args, mixers, prefix, shared, config) -> None:
+  """``--tune``: every model's search on the carved SST-2 sentences, the
+  seeds at each one's choice, and ``--budget_check``'s lengths
+  (``config(mixer, seed, steps)``: the untuned run config)."""
+  search = experiment.split(args.lrs, float) or None
+  tuned = glue.tune(
+      exp, mixers, experiment.split(args.seeds, int), config, args.steps,
+      prefix, glue.sst2_train(shared), search,
+      reverse=args.order == "reverse")
+  lengths = experiment.split(args.budget_check, int)
+  check = glue.budget_check(exp, prefix, tuned, mixers, lengths,
+                            args.steps, config) if lengths else None
+  glue.report_tuned(exp, mixers, args.seeds, args.steps, tuned, search,
+                    check=check)
 
 
 def _paper(exp, args, mixers, shared) -> list:
@@ -185,7 +199,11 @@ def _notes(exp, args, mixers) -> str:
     same = (args.width, args.steps, args.seq_len) == tuple(
         glue.SMALL[k] for k in ("width", "steps", "seq_len"))
     notes = (experiment.UNTUNED_NOTE
-             + (glue.SMALL_BUDGET_NOTE if same else "") + notes)
+             + (glue.SMALL_BUDGET_NOTE.format(checked=selection.length_note(
+                 selection.length_confirmed(exp.data, glue.budget_tag(
+                     args.width, args.steps, args.seq_len, args.dropout)
+                                            + "/", args.steps), tuned=False))
+                if same else "") + notes)
     vocab = exp.data.get("vocab", {})
     dropout = (args.dropout if args.dropout is not None else
                experiment.load_config("glue.py", "sst2,attention")

@@ -75,10 +75,7 @@ def main() -> None:
   p = experiment.parser("mlm_perplexity", __doc__, report_only=True,
                         data_dir="", models=mlm.MODELS, seeds="0,1,2", steps=0,
                         vocab="small")
-  experiment.tune_flags(p, "C4 documents")
-  p.add_argument("--budget_check", default="", help="with --tune: training "
-                 "lengths (e.g. 1000) at which each model's choice is also "
-                 "trained and scored on the carved validation split")
+  experiment.tune_flags(p, "C4 documents", budget_check=True)
   args = experiment.parse(p)
   experiment.check_tune(args, "the local C4 sample")
   experiment.check_budget(args)
@@ -215,8 +212,7 @@ def _notes(args, steps: int, seed_bases: list, vocab: dict | None, c,
   notes += f" Paper, other sizes: {mlm.PAPER_OTHER_SIZES}."
   if args.scale == "small" and steps == mlm.SMALL["steps"]:
     notes += " " + mlm.SMALL_BUDGET_NOTE.format(
-        mlm.CHECKED if checked and tuned else mlm.CHECKED_TUNED if checked
-        else mlm.UNCHECKED)
+        selection_lib.length_note(checked, tuned))
   return notes
 
 
@@ -225,7 +221,7 @@ def _report(exp, args, runs, sizes, steps, seed_bases, vocab, c) -> None:
            for k in ("unigram", "bigram", "bigram_k")} if seed_bases else None)
   prefix = f"{args.scale}/s{steps}/vocab={'small' if vocab else 't5'}/"
   notes = _notes(args, steps, seed_bases, vocab, c,
-                 checked=mlm.length_confirmed(exp.data, prefix, steps))
+                 checked=selection_lib.length_confirmed(exp.data, prefix, steps))
   table_name, figure_name = mlm.report_names(args.scale, steps)
   exp.write_table(
       f"MLM perplexity at equal capacity ({args.scale} scale, {steps} "

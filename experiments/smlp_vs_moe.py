@@ -87,10 +87,7 @@ def _flags():
                  "(names in sparse_lm.ABLATIONS; the first seed)")
   p.add_argument("--plan_only", action="store_true",
                  help="measure FLOPs and choose depths, train nothing")
-  experiment.tune_flags(p, "C4 documents")
-  p.add_argument("--budget_check", default="", help="with --tune: training "
-                 "lengths at which each model's choice is also trained and "
-                 "scored on the carved documents (the length rule's check)")
+  experiment.tune_flags(p, "C4 documents", budget_check=True)
   args = experiment.parse(p)
   experiment.check_tune(args, "the local C4 documents")
   experiment.check_budget(args)

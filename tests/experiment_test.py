@@ -819,11 +819,11 @@ def test_glue_tune_selects_on_carved_phrases_and_reports_dev(tmp_path,
       f"phrase {i}\t{i % 2}\n" for i in range(40)))
   import ml_collections  # pylint: disable=g-import-not-at-top
 
-  def config(mixer, seed):
+  def config(mixer, seed, steps=None):
     c = ml_collections.ConfigDict(dict(
-        seed=seed, learning_rate=1e-3, warmup_steps=10, num_train_steps=100,
-        eval_every=20, data=dict(local_files=dict(
-            train=str(source), validation="dev.tsv"))))
+        seed=seed, learning_rate=1e-3, warmup_steps=10,
+        num_train_steps=steps or 100, eval_every=20, eval_split="validation",
+        data=dict(local_files=dict(train=str(source), validation="dev.tsv"))))
     c.mixer = mixer
     return c
   seen = []
@@ -831,17 +831,19 @@ def test_glue_tune_selects_on_carved_phrases_and_reports_dev(tmp_path,
   def fake_run(exp, c, key):
     seen.append((key, c.data.local_files.train, c.data.local_files.validation,
                  c.eval_every, c.learning_rate, c.warmup_steps, c.seed))
-    select = "/tune/" in key
+    select = "/tune/" in key or "/budget/" in key
     # HyperMixer is best at 3e-3; the Transformer at 1e-3. On dev,
-    # HyperMixer is clearly above.
+    # HyperMixer is clearly above. Shorter runs score below Naive Bayes.
     acc = ((c.learning_rate == (3e-3 if c.mixer == "hypermixer" else 1e-3))
+           * c.num_train_steps / 100
            if select else (0.9 if c.mixer == "hypermixer" else 0.6)
            + c.seed / 100)
     return {"eval": {"accuracy": float(acc)}}
   monkeypatch.setattr(glue, "run_cell", fake_run)
   monkeypatch.setattr(glue, "bag_of_words_baselines", lambda c: {
       "naive_bayes": 0.8, "majority": 0.5, "dev_rows": 872,
-      "train": c.data.local_files.train})
+      "train": c.data.local_files.train,
+      "scored": c.data.local_files[c.eval_split]})
   exp = experiment.Experiment(tmp_path / "out",
                               argparse.Namespace(report_only=False))
   split, searched, chosen, runs, base = glue.tune(
@@ -872,6 +874,39 @@ def test_glue_tune_selects_on_carved_phrases_and_reports_dev(tmp_path,
   # Half the selection runs right, 4 validation rows: sqrt(.25 / 4).
   assert "binomial standard error at the searches' mean accuracy is 25.00 " \
          "points" in table
+  assert "the same for every model, not confirmed on a carved split" in table
+
+  # --budget_check=50: each choice trained 50 steps (seed 100, its warm-up
+  # share) on the carved train part, scored on the carved validation part,
+  # where Naive Bayes sets the bar; the best model clears it at 100 steps
+  # only, so the rule picks the 100 used.
+  seen.clear()
+  check = glue.budget_check(exp, "b/", (split, searched, chosen, runs, base),
+                            ["hypermixer", "attention"], [50], 100, config)
+  assert sorted((s[4], s[5], s[6]) for s in seen) == [
+      (1e-3, 1, 100), (3e-3, 1, 100)]
+  assert all(s[1] == carved_train and s[2] == split["validation"]["path"]
+             and s[3] == 50 for s in seen)
+  assert check[1]["scored"] == split["validation"]["path"]
+  assert check[0] == {50: {"hypermixer": 0.5, "attention": 0.5},
+                      100: {"hypermixer": 1.0, "attention": 1.0}}
+  assert selection.length_confirmed(exp.data, "b/", 100)
+  glue.report_tuned(exp, ["hypermixer", "attention"], "0,1,2", 100,
+                    (split, searched, chosen, runs, base), (1e-3, 3e-3),
+                    check=check)
+  table = (tmp_path / "out" / "table_tuned.md").read_text()
+  assert "the rule picks 100 steps, the length used: confirmed" in table
+  assert "| HyperMixer | 50.00 | 100.00 |" in table
+  assert "| bar: Naive Bayes on these examples | 80.00 | 80.00 |" in table
+  assert ("the same for every model, checked on the carved validation split "
+          "in the last section") in table
+  # The rule reads the best model: one above the bar is enough.
+  scores = {50: {"a": 0.85, "b": 0.1}, 100: {"a": 0.9, "b": 0.9}}
+  assert selection.shortest_length(scores, 0.8, ["a", "b"],
+                                   best_above=True) == 50
+  assert selection.shortest_length(scores, 0.95, ["a", "b"],
+                                   best_above=True) is None
+  assert selection.shortest_length(scores, 0.95, ["a", "b"]) == 50
 
 
 def test_trained_params_read_the_final_step_or_refuse(tmp_path):

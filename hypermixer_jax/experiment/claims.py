@@ -26,6 +26,7 @@ from hypermixer_jax.experiment import images as images_lib
 from hypermixer_jax.experiment import mlm
 from hypermixer_jax.experiment import nli
 from hypermixer_jax.experiment import records as records_lib
+from hypermixer_jax.experiment import selection
 from hypermixer_jax.experiment import sparse_lm
 from hypermixer_jax.experiment import stats
 from hypermixer_jax.experiment import tables
@@ -266,8 +267,8 @@ def _mlm_tuned_regime(models: Sequence[str]
     sizes = "-".join(sorted({f"{r['params']['total'] / 1e6:.2f}"
                              for r in runs}))
     train = data["c4_split"]["train"]["documents"]
-    checked = mlm.length_confirmed(data, "small/s2000/vocab=small/",
-                                   runs[0]["step"])
+    checked = selection.length_confirmed(
+        data, "small/s2000/vocab=small/", runs[0]["step"])
     length = ("length set on the held-out set"
               + ("; the same rule picks it on the carved split" if checked
                  else ""))
@@ -290,14 +291,19 @@ MOE_SCALE = ("the paper's 64-expert models on 100B tokens; routing "
 
 
 def _tuned_regime(split: str, what: str, models: Sequence[str],
-                  pattern: str, head: str) -> Callable[[dict[str, Any]], str]:
+                  pattern: str, head: str,
+                  checked: tuple[str, int] | None = None
+                  ) -> Callable[[dict[str, Any]], str]:
   """The regime of a study's tuned runs: ``head`` (``{train}``: the carved
-  train part's size from the record's ``split``), then each model's search
-  (``_search_text``)."""
+  train part's size from the record's ``split``; ``{checked}``: whether the
+  length rule, under ``checked``'s (prefix, steps), picks the length on the
+  carved split), then each model's search (``_search_text``)."""
   def regime(data: dict[str, Any]) -> str:
     train = data.get(split, {}).get("train", {}).get("documents", 0)
-    return (head.format(train=f"{train:,}") + "; "
-            + _search_text(data, models, pattern, what))
+    same = checked and selection.length_confirmed(data, *checked)
+    return (head.format(train=f"{train:,}", checked=(
+        "; the same rule picks it on the carved split" if same else ""))
+            + "; " + _search_text(data, models, pattern, what))
   return regime
 
 
@@ -319,7 +325,8 @@ def _sst2(other: str, label: str, number: str, tuned: bool = False
                    "sst2_split", "sentences", ("hypermixer", other), runs,
                    "SST-2, {train} train phrases (a tenth of the sentences "
                    "carved out), "
-                   "1,000 steps x 64 (budget set on dev), ~1.3M params")
+                   "1,000 steps x 64 (budget set on dev{checked}), "
+                   "~1.3M params", checked=("w128_s1000_n64/", 1000))
                if tuned else
                SST2_REGIME, at_scale=SST2_SCALE, when_recorded=tuned)
 

@@ -83,11 +83,13 @@ def parser(name: str, description: str, *, report_only: bool = False,
 
 
 def tune_flags(p: argparse.ArgumentParser, carved_from: str,
-               table: str = "table_tuned.md") -> None:
+               table: str = "table_tuned.md", *,
+               budget_check: bool = False) -> None:
   """Adds ``--tune`` (every model's learning rate and warm-up chosen alike
   on ``carved_from``, carved from the training data: ``selection.tune``;
   its report in ``table``), ``--lrs`` (the search's rates) and
-  ``--order``."""
+  ``--order``; ``budget_check``: also ``--budget_check`` (``check_budget``),
+  the training length judged on the carved split."""
   p.add_argument("--tune", action="store_true",
                  help=f"small scale: every model's learning rate and warm-up "
                  f"chosen alike on {carved_from.replace('%', '%%')} carved "
@@ -102,6 +104,11 @@ def tune_flags(p: argparse.ArgumentParser, carved_from: str,
   p.add_argument("--order", choices=("forward", "reverse"), default="forward",
                  help="--tune: reverse runs the grids from their last cell "
                  "(a second process on the same --out)")
+  if budget_check:
+    p.add_argument("--budget_check", default="", help="with --tune: "
+                   "training lengths (e.g. 500) at which each model's choice "
+                   "is also trained and scored on the carved validation "
+                   "split (the length rule's check)")
 
 
 def check_tune(args: argparse.Namespace, carved_from: str) -> None:

@@ -64,10 +64,6 @@ SMALL_BUDGET_NOTE = (
     "clears 0.6 x unigram and the bigram on this held-out set (at 1,000 "
     "steps BERT does not): a choice made on the reported data, the same "
     "for every model, {}. ")
-UNCHECKED = "not confirmed on a carved split"
-CHECKED = "checked on the carved validation split in the last section"
-CHECKED_TUNED = ("checked on the carved validation split at each model's "
-                 "tuned setting (table_tuned.md)")
 PAPER_SIZES = dict(d_model=768, bert_layers=12, bert_d_ffn=3072, bert_heads=12,
                    mlp_d_model=512, mlp_layers=36, mlp_d_ffn=3072,
                    seq_len=128, batch_size=2048, steps=125_000, lr=7e-4,
@@ -412,7 +408,7 @@ def budget_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
   and scored on its carved validation part, and the unigram and bigram
   perplexity of those validation positions. ``config(model, seed,
   length)``: the run config. The length the rule picks for ``models`` is
-  recorded under ``length_checks`` (``length_confirmed``)."""
+  recorded (``selection.record_length``)."""
   base = exp.baseline(f"{prefix}carved_validation/seed={TUNE_SEED}",
                       lambda: lm_baselines(carved_config(config(
                           "attention", TUNE_SEED, steps), split, select=True)))
@@ -423,15 +419,8 @@ def budget_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
     return lean(experiment.train(c, exp.workdir(key)))
   ppl = selection.length_check(exp, prefix, searched, chosen, lengths,
                                steps, run, final_perplexity)
-  exp.save(length_checks={**exp.data.get("length_checks", {}), prefix: {
-      "steps": steps, "picked": budget_rule(ppl, base, models)}})
+  selection.record_length(exp, prefix, steps, budget_rule(ppl, base, models))
   return ppl, base
-
-
-def length_confirmed(data: dict, prefix: str, steps: int) -> bool:
-  """True where ``budget_check`` under ``prefix`` recorded that the length
-  rule picks ``steps`` on the carved validation split."""
-  return data.get("length_checks", {}).get(prefix, {}).get("picked") == steps
 
 
 def budget_bar(base: dict) -> float:

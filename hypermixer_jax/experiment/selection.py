@@ -347,17 +347,21 @@ def notes(what: str, split: dict, steps: int, seeds: str, n_settings: int,
 
 def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
                  steps: int, run: Callable[[str, dict, int, str], dict],
-                 score: Callable[[dict], float]) -> dict:
+                 score: Callable[[dict], float], *,
+                 higher: bool = False) -> dict:
   """A training length judged on the carved validation split: ``{length:
   {model: score}}`` of each model at its chosen lr and warm-up share,
   trained with seed ``SEED`` for each of ``lengths`` (``run(model,
   setting, length, key)``: the record of a selection run of that length;
-  ``score(record)``; a run that diverged scores inf), at ``steps`` its own
+  ``score(record)``; a run that diverged scores inf, or -inf where
+  ``higher`` scores are better), at ``steps`` its own
   selection run. The shorter runs keep the setting tuned at ``steps`` (not
   searched at their length), which favours ``steps``. Cells under
   ``{prefix}budget/steps=<length>``."""
   def scored(r):
-    return math.inf if DIVERGED in r else score(r)
+    if DIVERGED in r:
+      return -math.inf if higher else math.inf
+    return score(r)
 
   def trained(model, setting, n, key):
     return _or_diverged(lambda: run(model, setting, n, key))
@@ -376,40 +380,78 @@ def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
   return out
 
 
-def shortest_length(scores: dict, bar, models) -> int | None:
+def length_note(checked: bool, tuned: bool) -> str:
+  """How a budget note says whether its training length was checked on the
+  carved split (``length_confirmed``): in this (``tuned``) table's last
+  section, or in table_tuned.md's."""
+  if not checked:
+    return "not confirmed on a carved split"
+  return ("checked on the carved validation split in the last section"
+          if tuned else "checked on the carved validation split at each "
+          "model's tuned setting (table_tuned.md)")
+
+
+def record_length(exp, prefix: str, steps: int, picked: int | None) -> None:
+  """Records under ``length_checks`` that the length rule, judged on the
+  carved validation split under ``prefix``, picks ``picked`` for runs of
+  ``steps`` (``length_confirmed``)."""
+  exp.save(length_checks={**exp.data.get("length_checks", {}), prefix: {
+      "steps": steps, "picked": picked}})
+
+
+def length_confirmed(data: dict, prefix: str, steps: int) -> bool:
+  """True where ``record_length`` under ``prefix`` recorded that the length
+  rule picks ``steps`` on the carved validation split."""
+  return data.get("length_checks", {}).get(prefix, {}).get("picked") == steps
+
+
+def shortest_length(scores: dict, bar, models, *,
+                    best_above: bool = False) -> int | None:
   """The shortest length of ``scores`` (``length_check``'s) at which every
   one of ``models`` scores below ``bar`` (one number, or one per model:
-  each scored on its own positions); None where no length has every model
-  recorded and below it."""
+  each scored on its own positions); ``best_above``: at which the best of
+  them (the highest score) is above ``bar`` (one number). None where no
+  length has every model recorded and meeting the rule."""
   bars = bar if isinstance(bar, dict) else {m: bar for m in models}
-  ok = [n for n in sorted(scores) if set(models) <= set(scores[n])
-        and all(scores[n][m] < bars[m] for m in models)]
+
+  def meets(at):
+    if best_above:
+      return max(at[m] for m in models) > bar
+    return all(at[m] < bars[m] for m in models)
+  ok = [n for n in sorted(scores)
+        if set(models) <= set(scores[n]) and meets(scores[n])]
   return ok[0] if ok else None
 
 
 def length_section(scores: dict, bar: float, bar_label: str, models,
-                   steps: int, labels: dict) -> str:
+                   steps: int, labels: dict, *, best_above: bool = False,
+                   fmt: Callable[[float], str] = "{:.1f}".format) -> str:
   """A tuned table's section on the training length: each model's
-  validation score at each length, the bar, and the length the rule (the
-  shortest at which every model is below the bar) picks."""
+  validation score at each length (``fmt``), the bar, and the length the
+  rule (the shortest at which every model is below the bar;
+  ``best_above``: at which the best model is above it) picks."""
   lengths = sorted(scores)
+  diverged = -math.inf if best_above else math.inf
 
   def cell(n, m):
     if m not in scores[n]:
       return "not run"
-    return "diverged" if scores[n][m] == math.inf else f"{scores[n][m]:.1f}"
+    return "diverged" if scores[n][m] == diverged else fmt(scores[n][m])
   rows = [[labels[m]] + [cell(n, m) for n in lengths] for m in models]
   rows.append([f"bar: {bar_label}"] + [
-      "/".join(f"{b:.1f}" for b in sorted(set(bar.values())))
-      if isinstance(bar, dict) else f"{bar:.1f}"] * len(lengths))
-  rule = shortest_length(scores, bar, models)
-  said = ("no length has every model recorded and below the bar"
+      "/".join(fmt(b) for b in sorted(set(bar.values())))
+      if isinstance(bar, dict) else fmt(bar)] * len(lengths))
+  rule = shortest_length(scores, bar, models, best_above=best_above)
+  what = ("the best model is above the bar" if best_above
+          else "every model is below the bar")
+  said = ("no length has every model recorded and " + (
+      "the best one above the bar" if best_above else "below the bar")
           if rule is None else f"the rule picks {rule:,} steps" + (
               ", the length used: confirmed on validation" if rule == steps
               else f", not the {steps:,} used"))
   return ("\n\nTraining length on the carved validation split (seed "
           f"{SEED}, each model at its chosen lr and warm-up share; the "
-          f"shortest length at which every model is below the bar; a "
+          f"shortest length at which {what}; a "
           f"shorter length keeps the setting tuned at {steps:,} steps, "
           f"which favours {steps:,}): {said}."
           "\n\n" + experiment.markdown_table(
