@@ -891,6 +891,10 @@ def test_glue_tune_selects_on_carved_phrases_and_reports_dev(tmp_path,
   assert check[0] == {50: {"hypermixer": 0.5, "attention": 0.5},
                       100: {"hypermixer": 1.0, "attention": 1.0}}
   assert selection.length_confirmed(exp.data, "b/", 100)
+  # Each length run records the carve it was scored on (another carve's runs
+  # are retired, not reused).
+  assert exp.runs["b/budget/steps=50/model=hypermixer"][
+      "carved_validation_sha256"] == split["validation"]["sha256"]
   glue.report_tuned(exp, ["hypermixer", "attention"], "0,1,2", 100,
                     (split, searched, chosen, runs, base), (1e-3, 3e-3),
                     check=check)

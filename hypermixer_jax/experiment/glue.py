@@ -370,7 +370,8 @@ def budget_check(exp: experiment.Experiment, prefix: str, tuned: tuple,
     return selection.lean(run_cell(exp, c, key))
   acc = selection.length_check(
       exp, prefix, searched, {m: chosen[m] for m in mixers if m in chosen},
-      lengths, steps, run, lambda r: r["eval"]["accuracy"], higher=True)
+      lengths, steps, run, lambda r: r["eval"]["accuracy"], higher=True,
+      tag=tag)
   selection.record_length(exp, prefix, steps, selection.shortest_length(
       acc, base[LENGTH_BAR], mixers, best_above=True))
   return acc, base

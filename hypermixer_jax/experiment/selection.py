@@ -348,7 +348,7 @@ def notes(what: str, split: dict, steps: int, seeds: str, n_settings: int,
 def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
                  steps: int, run: Callable[[str, dict, int, str], dict],
                  score: Callable[[dict], float], *,
-                 higher: bool = False) -> dict:
+                 higher: bool = False, tag: dict | None = None) -> dict:
   """A training length judged on the carved validation split: ``{length:
   {model: score}}`` of each model at its chosen lr and warm-up share,
   trained with seed ``SEED`` for each of ``lengths`` (``run(model,
@@ -357,7 +357,9 @@ def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
   ``higher`` scores are better), at ``steps`` its own
   selection run. The shorter runs keep the setting tuned at ``steps`` (not
   searched at their length), which favours ``steps``. Cells under
-  ``{prefix}budget/steps=<length>``."""
+  ``{prefix}budget/steps=<length>``; ``tag``: fields every run records
+  (``tune``'s: a run of another is retired and run again)."""
+  tag = dict(tag or {})
   def scored(r):
     if DIVERGED in r:
       return -math.inf if higher else math.inf
@@ -374,8 +376,9 @@ def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
         f"{prefix}budget/steps={n}", experiment.grid(model=list(chosen)),
         lambda cell, key, n=n, at_n=at_n: dict(
             trained(cell["model"], at_n[cell["model"]], n, key),
-            setting=at_n[cell["model"]]),
-        expect=lambda cell, at_n=at_n: {"setting": at_n[cell["model"]]})
+            setting=at_n[cell["model"]], **tag),
+        expect=lambda cell, at_n=at_n: {"setting": at_n[cell["model"]],
+                                        **tag})
     out[n] = {m: scored(r[0]) for m, r in done.items()}
   return out
 

@@ -609,6 +609,13 @@ def carve_c4(exp: experiment.Experiment, config) -> dict:
   return selection.carve_lines(joined, folder)
 
 
+def run_tag() -> dict[str, str]:
+  """What every search and length-check run records: the MoE dispatch and
+  the weight-decay rule (runs of another are retired and run again)."""
+  from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
+  return {"dispatch": DISPATCH, "weight_decay_mask": optim.DECAY_MASK_RULE}
+
+
 def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
          budget: str, config, tokens_per_step: int, lrs=None,
          reverse: bool = False) -> tuple[dict, dict, dict, dict, dict]:
@@ -619,7 +626,6 @@ def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
   untuned runs. Every run records the dispatch and the weight-decay rule
   (runs of another are retired and run again).
   Returns ``(split, searched, chosen, runs, baselines)``."""
-  from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
   names = [n for n in MODELS if n in plan]
   split = carve_c4(exp, config(REFERENCE, tuple(plan[REFERENCE]["depth"])))
   exp.save(c4_split=selection.split_record(split))
@@ -636,7 +642,7 @@ def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
   searched, chosen, runs = selection.tune(
       exp, names, seeds, selection.settings(steps, lrs), f"{budget}/", one,
       lambda r: r["perplexity"], higher=False, reverse=reverse,
-      tag={"dispatch": DISPATCH, "weight_decay_mask": optim.DECAY_MASK_RULE})
+      tag=run_tag())
   base = exp.baseline(f"{budget}/carved", lambda: lm_baselines(
       selection.carved(config(REFERENCE, tuple(plan[REFERENCE]["depth"])),
                        split)))
@@ -670,7 +676,8 @@ def length_check(exp: experiment.Experiment, plan: Mapping[str, Any],
     r = experiment.train(c, exp.workdir(key))
     return dict(selection.lean(r), perplexity=r["eval"]["perplexity"])
   return selection.length_check(exp, f"{prefix}/", searched, chosen, lengths,
-                                steps, run, lambda r: r["perplexity"]), base
+                                steps, run, lambda r: r["perplexity"],
+                                tag=run_tag()), base
 
 
 def length_bars(base: Mapping[str, Any], names) -> dict[str, float]:
