@@ -52,7 +52,8 @@ whole sample, as every model does, and is judged against the Transformer.
 ``--tune``: every model of ``--models`` tuned alike, its learning rate and
 warm-up chosen among ``selection.settings`` on the same carved documents
 (seed 100), then ``--seeds`` at each model's choice trained on the other
-documents and scored on the held-out rows: ``table_tuned.md``.
+documents and scored on the held-out rows: ``table_tuned.md`` (with
+``--select_hyper_dims``: HyperMixer at the d' that selection chose).
 
 Length: every run, trained at N = 256, is evaluated at 256 / 512 / 1,024.
 All four models are built with ``max_len = 1024`` so all can run there:

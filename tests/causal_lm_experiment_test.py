@@ -384,3 +384,52 @@ def test_the_chosen_width_is_judged_against_the_transformer():
   assert f"lower: {lower}." in text
   # A candidate not run yet: nothing is chosen.
   assert causal.choose_hyper_dim({**selection, "hypermixer": []}) is None
+
+
+def test_tune_searches_hypermixer_at_the_width_chosen_on_validation(
+    shared, vocab, tmp_path, monkeypatch):
+  # --tune --select_hyper_dims: HyperMixer is searched at the d' the
+  # selection chose on the carved documents (here d' = 4, set better by the
+  # spy), not at the default one; before the selection has run every width
+  # the run stops and says so.
+  from hypermixer_jax.experiment import selection  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(cl, "SMALL", dict(TINY, num_layers=1))
+  monkeypatch.setattr(mlm, "c4_vocab", lambda out, shared: vocab)
+  monkeypatch.setattr(selection, "WARMUP_SHARES", (0.5,))
+  trained = []
+
+  def spy(config, workdir, **kwargs):
+    trained.append(workdir)
+    hyper = config.model.mixer_kwargs.get("hyper_dim", 0)
+    return {"eval": {"perplexity": 50.0 + hyper}, "step": 2,
+            "source": "scratch", "eval_curve": {}, "train_curve": {}}
+
+  def scored(config, workdir, held, sizes):
+    return dict(spy(config, workdir), **sizes, train_tokens_per_sec=1.0,
+                lengths={str(n): {"perplexity": 40.0 + n,
+                                  "digest": causal.digest(a)}
+                         for n, a in held.items()})
+  monkeypatch.setattr(experiment, "train", spy)
+  monkeypatch.setattr(causal, "run_cell", scored)
+  monkeypatch.setattr(cl, "run_cell", scored)
+  args = argparse.Namespace(
+      scale="small", out=str(tmp_path / "out"), shared=str(shared),
+      models="attention,hypermixer", seeds="0", steps=0,
+      ablate_hyper_dims="", ablate_chunks="", ablation_seeds=1,
+      select_hyper_dims="4,8", report_only=True, tune=True,
+      lrs="0.001", order="forward")
+  with pytest.raises(SystemExit, match=r"--tune --select_hyper_dims: the d' "
+                     r"selection has not run every width yet"):
+    cl.lm_part(args, experiment.Experiment(args.out, args))
+  args.report_only = args.tune = False
+  cl.lm_part(args, experiment.Experiment(args.out, args))
+  args.tune = True
+  trained.clear()
+  cl.lm_part(args, experiment.Experiment(args.out, args))
+  assert sorted(w.split("/s2/")[1] for w in trained) == [
+      "tune/model=attention/setting=0",
+      "tune/model=hypermixer_h4_c4/setting=0",
+      "tuned/model=attention/seed=0", "tuned/model=hypermixer_h4_c4/seed=0"]
+  table = (tmp_path / "out" / "table_tuned.md").read_text()
+  assert "| HyperMixer (causal), d' chosen on validation | 54.0 * |" in table
+  assert "HyperMixer enters at d' = 4, the width chosen" in table
