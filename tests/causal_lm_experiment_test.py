@@ -284,6 +284,14 @@ def test_toy_run_records_and_resumes(shared, vocab, tmp_path, monkeypatch):
   assert again["runs"] == saved["runs"]
 
 
+def _one_layer_one_share(monkeypatch, vocab) -> None:
+  """--tune at one layer, on the test vocabulary, with one warm-up share."""
+  from hypermixer_jax.experiment import selection  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(cl, "SMALL", dict(TINY, num_layers=1))
+  monkeypatch.setattr(mlm, "c4_vocab", lambda out, shared: vocab)
+  monkeypatch.setattr(selection, "WARMUP_SHARES", (0.5,))
+
+
 def test_tune_chooses_each_models_setting_on_carved_documents(
     shared, vocab, tmp_path, monkeypatch):
   # --tune: both models search the same settings on the carved C4 split
@@ -291,10 +299,7 @@ def test_tune_chooses_each_models_setting_on_carved_documents(
   # at the smaller); their seeds train on the carved train part at their
   # own choice and are scored on the held-out rows at every length (the
   # trainer and the scoring replaced: both are the toy run's, tested above).
-  from hypermixer_jax.experiment import selection  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(cl, "SMALL", dict(TINY, num_layers=1))
-  monkeypatch.setattr(mlm, "c4_vocab", lambda out, shared: vocab)
-  monkeypatch.setattr(selection, "WARMUP_SHARES", (0.5,))
+  _one_layer_one_share(monkeypatch, vocab)
   trained = []
 
   def spy(config, workdir, **kwargs):
@@ -392,10 +397,7 @@ def test_tune_searches_hypermixer_at_the_width_chosen_on_validation(
   # selection chose on the carved documents (here d' = 4, set better by the
   # spy), not at the default one; before the selection has run every width
   # the run stops and says so.
-  from hypermixer_jax.experiment import selection  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(cl, "SMALL", dict(TINY, num_layers=1))
-  monkeypatch.setattr(mlm, "c4_vocab", lambda out, shared: vocab)
-  monkeypatch.setattr(selection, "WARMUP_SHARES", (0.5,))
+  _one_layer_one_share(monkeypatch, vocab)
   trained = []
 
   def spy(config, workdir, **kwargs):
