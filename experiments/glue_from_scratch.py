@@ -198,12 +198,12 @@ def _notes(exp, args, mixers) -> str:
   if args.scale == "small":
     same = (args.width, args.steps, args.seq_len) == tuple(
         glue.SMALL[k] for k in ("width", "steps", "seq_len"))
-    notes = (experiment.UNTUNED_NOTE
-             + (glue.SMALL_BUDGET_NOTE.format(checked=selection.length_note(
-                 selection.length_confirmed(exp.data, glue.budget_tag(
-                     args.width, args.steps, args.seq_len, args.dropout)
-                                            + "/", args.steps), tuned=False))
-                if same else "") + notes)
+    checked = selection.length_confirmed(exp.data, glue.budget_tag(
+        args.width, args.steps, args.seq_len, args.dropout) + "/",
+                                         args.steps, glue.MIXERS)
+    notes = experiment.UNTUNED_NOTE + (glue.SMALL_BUDGET_NOTE.format(
+        checked=selection.length_note(checked, tuned=False))
+                                       if same else "") + notes
     vocab = exp.data.get("vocab", {})
     dropout = (args.dropout if args.dropout is not None else
                experiment.load_config("glue.py", "sst2,attention")

@@ -221,7 +221,8 @@ def _report(exp, args, runs, sizes, steps, seed_bases, vocab, c) -> None:
            for k in ("unigram", "bigram", "bigram_k")} if seed_bases else None)
   prefix = f"{args.scale}/s{steps}/vocab={'small' if vocab else 't5'}/"
   notes = _notes(args, steps, seed_bases, vocab, c,
-                 checked=selection_lib.length_confirmed(exp.data, prefix, steps))
+                 checked=selection_lib.length_confirmed(
+                     exp.data, prefix, steps, mlm.MODELS))
   table_name, figure_name = mlm.report_names(args.scale, steps)
   exp.write_table(
       f"MLM perplexity at equal capacity ({args.scale} scale, {steps} "

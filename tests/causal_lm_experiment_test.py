@@ -435,3 +435,5 @@ def test_tune_searches_hypermixer_at_the_width_chosen_on_validation(
   table = (tmp_path / "out" / "table_tuned.md").read_text()
   assert "| HyperMixer (causal), d' chosen on validation | 54.0 * |" in table
   assert "HyperMixer enters at d' = 4, the width chosen" in table
+  # The gap verdict reads the chosen width's seeds.
+  assert "Causal HyperMixer / Transformer perplexity - 1 = +0.0%" in table

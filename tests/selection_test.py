@@ -1,6 +1,7 @@
 """Equal tuning's shared parts: the search, the carved split, the choice."""
 import hashlib
 import json
+import math
 import pathlib
 
 import pytest
@@ -244,6 +245,75 @@ def test_runs_of_another_carve_are_retired_and_run_again(tmp_path):
   data = json.loads((tmp_path / "results.json").read_text())
   assert "split" not in data["superseded"]["p/tune/model=a/setting=0"]
   assert _fake_tune(tmp_path, scores, tag={"split": "new"})[1] == []
+
+
+def test_the_length_rule_waits_on_a_shorter_length_not_yet_run():
+  """The shortest length meeting the rule; a shorter length that a model
+  not yet run could still decide comes first, so nothing longer is
+  picked (no "confirmed" from a half-run check)."""
+  full = {50: {"a": 30.0, "b": 5.0}, 100: {"a": 5.0, "b": 5.0}}
+  assert selection.shortest_length(full, 20.0, ["a", "b"]) == 100
+  # 50 steps: b not run, a below the bar: b could make 50 the pick.
+  half = {50: {"a": 5.0}, 100: {"a": 5.0, "b": 5.0}}
+  assert selection.shortest_length(half, 20.0, ["a", "b"]) is None
+  # ... but a model above the bar already fails 50 steps.
+  assert selection.shortest_length({**half, 50: {"a": 30.0}}, 20.0,
+                                   ["a", "b"]) == 100
+  # The best above the bar: one recorded model above it is enough.
+  acc = {50: {"a": 0.9}, 100: {"a": 0.9, "b": 0.7}}
+  assert selection.shortest_length(acc, 0.8, ["a", "b"],
+                                   best_above=True) == 50
+  acc[50] = {"a": 0.5}
+  assert selection.shortest_length(acc, 0.8, ["a", "b"],
+                                   best_above=True) is None
+  acc[50]["b"] = -math.inf   # diverged: never the best
+  assert selection.shortest_length(acc, 0.8, ["a", "b"],
+                                   best_above=True) == 100
+  section = selection.length_section(acc, 0.8, "bar", ["a", "b"], 100,
+                                     {"a": "A", "b": "B"}, best_above=True)
+  assert "| B | diverged | 0.7 |" in section
+  assert "the rule picks 100 steps, the length used: confirmed" in section
+  # Only the length used: the rule holds there, but nothing is confirmed.
+  only = selection.length_section({100: acc[100]}, 0.8, "bar", ["a", "b"],
+                                  100, {"a": "A", "b": "B"}, best_above=True)
+  assert "no shorter length was tried, so it is not confirmed" in only
+
+
+def test_a_length_record_is_confirmed_for_its_choices_only(tmp_path):
+  """``record_length``: confirmed only where the rule picked the length
+  used, a shorter one was tried and the models asked for were judged; a
+  later search whose choice moved, or of another carve, retires it."""
+  scores = {("a", 1e-3): 0.7, ("a", 3e-3): 0.6,
+            ("b", 1e-3): 0.5, ("b", 3e-3): 0.8}
+  (_, chosen, _), _ = _fake_tune(tmp_path, scores)
+  import argparse  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import experiment  # pylint: disable=g-import-not-at-top
+  exp = experiment.Experiment(tmp_path, argparse.Namespace(
+      report_only=False))
+  selection.record_length(exp, "p/", 10, 10, {5: {}, 10: {}}, chosen)
+  assert selection.length_confirmed(exp.data, "p/", 10, ["a", "b"])
+  assert not selection.length_confirmed(exp.data, "p/", 10, ["a", "c"])
+  assert not selection.length_confirmed(exp.data, "p/", 5)
+  selection.record_length(exp, "p/", 10, 10, {10: {}}, chosen)
+  assert not selection.length_confirmed(exp.data, "p/", 10)
+  selection.record_length(exp, "p/", 10, 10, {5: {}, 10: {}}, chosen)
+  # The same search again: kept.
+  _fake_tune(tmp_path, scores)
+  data = json.loads((tmp_path / "results.json").read_text())
+  assert selection.length_confirmed(data, "p/", 10, ["a", "b"])
+  # a's choice moves: the record is retired.
+  data["runs"]["p/tune/model=a/setting=1"]["eval"]["accuracy"] = 0.9
+  (tmp_path / "results.json").write_text(json.dumps(data))
+  _fake_tune(tmp_path, scores)
+  data = json.loads((tmp_path / "results.json").read_text())
+  assert "p/" not in data.get("length_checks", {})
+  # Another carve (tag) retires it too.
+  exp = experiment.Experiment(tmp_path, argparse.Namespace(
+      report_only=False))
+  selection.record_length(exp, "p/", 10, 10, {5: {}, 10: {}}, chosen)
+  _fake_tune(tmp_path, scores, tag={"split": "new"})
+  data = json.loads((tmp_path / "results.json").read_text())
+  assert "p/" not in data.get("length_checks", {})
 
 
 def _sst2(path, phrases):

@@ -637,8 +637,8 @@ def tune(exp, args, study, vocab: dict, configs: dict, sizes: dict,
   ``table_tuned.md``, baselines counted on the carved train part."""
   s, steps, prefix = study
   hyper = None
-  if args.select_hyper_dims:
-    hyper = hyper_dim_choice(exp, args, study, vocab, configs)[1]
+  if args.select_hyper_dims and "hypermixer" in names:
+    _, hyper, sizes, _ = hyper_dim_choice(exp, args, study, vocab, configs)
     if hyper is None:
       raise SystemExit("--tune --select_hyper_dims: the d' selection has not "
                        "run every width yet; run it first (without --tune).")

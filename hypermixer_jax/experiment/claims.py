@@ -268,7 +268,7 @@ def _mlm_tuned_regime(models: Sequence[str]
                              for r in runs}))
     train = data["c4_split"]["train"]["documents"]
     checked = selection.length_confirmed(
-        data, "small/s2000/vocab=small/", runs[0]["step"])
+        data, "small/s2000/vocab=small/", runs[0]["step"], models)
     length = ("length set on the held-out set"
               + ("; the same rule picks it on the carved split" if checked
                  else ""))
@@ -292,12 +292,12 @@ MOE_SCALE = ("the paper's 64-expert models on 100B tokens; routing "
 
 def _tuned_regime(split: str, what: str, models: Sequence[str],
                   pattern: str, head: str,
-                  checked: tuple[str, int] | None = None
+                  checked: tuple[str, int, Sequence[str]] | None = None
                   ) -> Callable[[dict[str, Any]], str]:
   """The regime of a study's tuned runs: ``head`` (``{train}``: the carved
   train part's size from the record's ``split``; ``{checked}``: whether the
-  length rule, under ``checked``'s (prefix, steps), picks the length on the
-  carved split), then each model's search (``_search_text``)."""
+  length rule, under ``checked``'s (prefix, steps, models), picks the length
+  on the carved split), then each model's search (``_search_text``)."""
   def regime(data: dict[str, Any]) -> str:
     train = data.get(split, {}).get("train", {}).get("documents", 0)
     same = checked and selection.length_confirmed(data, *checked)
@@ -326,7 +326,8 @@ def _sst2(other: str, label: str, number: str, tuned: bool = False
                    "SST-2, {train} train phrases (a tenth of the sentences "
                    "carved out), "
                    "1,000 steps x 64 (budget set on dev{checked}), "
-                   "~1.3M params", checked=("w128_s1000_n64/", 1000))
+                   "~1.3M params",
+                   checked=("w128_s1000_n64/", 1000, glue.MIXERS))
                if tuned else
                SST2_REGIME, at_scale=SST2_SCALE, when_recorded=tuned)
 

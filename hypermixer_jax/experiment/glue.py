@@ -368,12 +368,12 @@ def budget_check(exp: experiment.Experiment, prefix: str, tuned: tuple,
     c = carved_config(config(mixer, selection.SEED, n), split, setting,
                       select=True)
     return selection.lean(run_cell(exp, c, key))
+  chosen = {m: chosen[m] for m in mixers if m in chosen}
   acc = selection.length_check(
-      exp, prefix, searched, {m: chosen[m] for m in mixers if m in chosen},
-      lengths, steps, run, lambda r: r["eval"]["accuracy"], higher=True,
-      tag=tag)
+      exp, prefix, searched, chosen, lengths, steps, run,
+      lambda r: r["eval"]["accuracy"], higher=True, tag=tag)
   selection.record_length(exp, prefix, steps, selection.shortest_length(
-      acc, base[LENGTH_BAR], mixers, best_above=True))
+      acc, base[LENGTH_BAR], mixers, best_above=True), acc, chosen, tag)
   return acc, base
 
 

@@ -419,7 +419,8 @@ def budget_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
     return lean(experiment.train(c, exp.workdir(key)))
   ppl = selection.length_check(exp, prefix, searched, chosen, lengths,
                                steps, run, final_perplexity)
-  selection.record_length(exp, prefix, steps, budget_rule(ppl, base, models))
+  selection.record_length(exp, prefix, steps, budget_rule(ppl, base, models),
+                          ppl, chosen)
   return ppl, base
 
 

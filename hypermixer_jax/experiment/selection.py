@@ -266,6 +266,7 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
       x["setting"])) for m in models if m in searched}
   chosen = choose({m: r for m, r in searched.items()
                    if len(r) == len(settings_)}, score, higher=higher)
+  _retire_length(exp, prefix, models, chosen, tag)
 
   def final(cell, key):
     setting = chosen[cell["model"]]
@@ -370,6 +371,9 @@ def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
   out = {steps: {m: scored(r) for m, runs in searched.items() for r in runs
                  if m in chosen and r["setting"] == chosen[m]}}
   for n in sorted(set(lengths) - {steps}):
+    if not chosen:   # no search whole yet (a report): nothing to train
+      out[n] = {}
+      continue
     at_n = {m: dict(lr=s["lr"], warmup=max(1, round(s["warmup_share"] * n)),
                     warmup_share=s["warmup_share"]) for m, s in chosen.items()}
     done = exp.cells(
@@ -394,18 +398,43 @@ def length_note(checked: bool, tuned: bool) -> str:
           "model's tuned setting (table_tuned.md)")
 
 
-def record_length(exp, prefix: str, steps: int, picked: int | None) -> None:
+def record_length(exp, prefix: str, steps: int, picked: int | None,
+                  scores: dict, chosen: dict, tag: dict | None = None
+                  ) -> None:
   """Records under ``length_checks`` that the length rule, judged on the
-  carved validation split under ``prefix``, picks ``picked`` for runs of
-  ``steps`` (``length_confirmed``)."""
+  carved validation split under ``prefix`` at the lengths of ``scores``
+  (``length_check``'s), picks ``picked`` for runs of ``steps``, for the
+  models of ``chosen`` at those settings (``tag``: the search's; ``tune``
+  retires the record when a choice or the tag moves)."""
   exp.save(length_checks={**exp.data.get("length_checks", {}), prefix: {
-      "steps": steps, "picked": picked}})
+      "steps": steps, "picked": picked, "lengths": sorted(scores),
+      "chosen": chosen, "tag": dict(tag or {})}})
 
 
-def length_confirmed(data: dict, prefix: str, steps: int) -> bool:
+def length_confirmed(data: dict, prefix: str, steps: int,
+                     models=()) -> bool:
   """True where ``record_length`` under ``prefix`` recorded that the length
-  rule picks ``steps`` on the carved validation split."""
-  return data.get("length_checks", {}).get(prefix, {}).get("picked") == steps
+  rule picks ``steps`` on the carved validation split, a shorter length
+  was tried, and ``models`` were all judged."""
+  r = data.get("length_checks", {}).get(prefix, {})
+  return (r.get("picked") == steps
+          and any(n < steps for n in r.get("lengths", ()))
+          and set(models) <= set(r.get("chosen", {})))
+
+
+def _retire_length(exp, prefix: str, models, chosen: dict,
+                   tag: dict) -> None:
+  """Drops the ``length_checks`` record under ``prefix`` when one of
+  ``models`` it judged is now chosen at another setting, or its search's
+  tag changed: its verdict was for other runs."""
+  r = exp.data.get("length_checks", {}).get(prefix)
+  if r is None:
+    return
+  moved = [m for m in models if m in r.get("chosen", {})
+           and chosen.get(m) != r["chosen"][m]]
+  if moved or r.get("tag", {}) != tag:
+    exp.save(length_checks={k: v for k, v in exp.data["length_checks"].items()
+                            if k != prefix})
 
 
 def shortest_length(scores: dict, bar, models, *,
@@ -414,16 +443,22 @@ def shortest_length(scores: dict, bar, models, *,
   one of ``models`` scores below ``bar`` (one number, or one per model:
   each scored on its own positions); ``best_above``: at which the best of
   them (the highest score) is above ``bar`` (one number). None where no
-  length has every model recorded and meeting the rule."""
+  length meets the rule, or where a shorter length that a model not yet run
+  could decide comes first."""
   bars = bar if isinstance(bar, dict) else {m: bar for m in models}
-
-  def meets(at):
+  for n in sorted(scores):
+    got = [m for m in models if m in scores[n]]
     if best_above:
-      return max(at[m] for m in models) > bar
-    return all(at[m] < bars[m] for m in models)
-  ok = [n for n in sorted(scores)
-        if set(models) <= set(scores[n]) and meets(scores[n])]
-  return ok[0] if ok else None
+      passed = [m for m in got if scores[n][m] > bar]
+      failed = len(got) == len(models) and not passed
+    else:
+      failed = any(scores[n][m] >= bars[m] for m in got)
+      passed = len(got) == len(models) and not failed
+    if passed:
+      return n
+    if not failed:   # a model not run could decide it: nothing longer counts
+      return None
+  return None
 
 
 def length_section(scores: dict, bar: float, bar_label: str, models,
@@ -447,11 +482,17 @@ def length_section(scores: dict, bar: float, bar_label: str, models,
   rule = shortest_length(scores, bar, models, best_above=best_above)
   what = ("the best model is above the bar" if best_above
           else "every model is below the bar")
-  said = ("no length has every model recorded and " + (
-      "the best one above the bar" if best_above else "below the bar")
-          if rule is None else f"the rule picks {rule:,} steps" + (
-              ", the length used: confirmed on validation" if rule == steps
-              else f", not the {steps:,} used"))
+  if rule is None:
+    said = ("no length meets it with the runs recorded (or a shorter one "
+            "waits on a model not run)")
+  elif rule != steps:
+    said = f"the rule picks {rule:,} steps, not the {steps:,} used"
+  elif min(lengths) < steps:
+    said = (f"the rule picks {rule:,} steps, the length used: confirmed on "
+            "validation")
+  else:
+    said = (f"the rule holds at the {steps:,} used; no shorter length was "
+            "tried, so it is not confirmed")
   return ("\n\nTraining length on the carved validation split (seed "
           f"{SEED}, each model at its chosen lr and warm-up share; the "
           f"shortest length at which {what}; a "

@@ -661,7 +661,8 @@ def length_check(exp: experiment.Experiment, plan: Mapping[str, Any],
   """``selection.length_check`` of ``tune``'s search ``tuned``: each model
   at its choice trained for each of ``lengths`` on the carved train part
   and scored on the carved documents; with the baselines of those
-  positions. ``config(name, depth, seed, length)``: the run config."""
+  positions. ``config(name, depth, seed, length)``: the run config. The
+  length the rule picks is recorded (``selection.record_length``)."""
   split, searched, chosen = tuned[:3]
   depth = {n: tuple(plan[n]["depth"]) for n in plan}
   steps = config(REFERENCE, depth[REFERENCE]).num_train_steps
@@ -675,9 +676,13 @@ def length_check(exp: experiment.Experiment, plan: Mapping[str, Any],
                          setting, select=True)
     r = experiment.train(c, exp.workdir(key))
     return dict(selection.lean(r), perplexity=r["eval"]["perplexity"])
-  return selection.length_check(exp, f"{prefix}/", searched, chosen, lengths,
-                                steps, run, lambda r: r["perplexity"],
-                                tag=run_tag()), base
+  scores = selection.length_check(
+      exp, f"{prefix}/", searched, chosen, lengths, steps, run,
+      lambda r: r["perplexity"], tag=run_tag())
+  names = [n for n in MODELS if n in plan]
+  selection.record_length(exp, f"{prefix}/", steps, selection.shortest_length(
+      scores, length_bars(base, names), names), scores, chosen, run_tag())
+  return scores, base
 
 
 def length_bars(base: Mapping[str, Any], names) -> dict[str, float]:
