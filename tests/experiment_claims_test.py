@@ -10,6 +10,7 @@ import numpy as np
 from scipy import stats as sps
 
 from hypermixer_jax.experiment import claims
+from hypermixer_jax.experiment import glue
 from hypermixer_jax.experiment import stats
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -225,6 +226,20 @@ def test_a_tuned_row_appears_once_its_runs_are_recorded(tmp_path):
       "at the grid's largest lr, 0.003; hypermixer at the grid's smallest "
       "lr, 0.001)")
   assert "gMLP, all tuned alike" in claims.table(tmp_path, (untuned, claim))
+  # The length rule's check, recorded for all six models with a shorter
+  # length tried, is named; one over fewer models, or without a shorter
+  # length, is not.
+  check = {"steps": 1000, "picked": 1000, "lengths": [500, 1000],
+           "chosen": {m: {} for m in glue.MIXERS}}
+  confirmed = "(budget set on dev; the same rule picks it on the carved split)"
+  record["length_checks"] = {"w128_s1000_n64/": check}
+  assert confirmed in dict(zip(claims.HEADERS, claims.judge(
+      claim, record)))["regime"]
+  for wrong in ({"lengths": [1000]}, {"chosen": {"gmlp": {}}},
+                {"picked": 500}):
+    record["length_checks"] = {"w128_s1000_n64/": {**check, **wrong}}
+    assert "budget set on dev)" in dict(zip(claims.HEADERS, claims.judge(
+        claim, record)))["regime"]
 
 
 def test_the_carved_tuning_cost_row_waits_for_its_record(tmp_path):

@@ -496,8 +496,9 @@ def _moe_regime(tuned: bool, models: Sequence[str]):
   return _tuned_regime(
       "c4_split", "documents", models, MOE_TUNED, "C4 sample train less a "
       "carved tenth ({train} documents, 8k vocabulary), WikiText-2 valid, "
-      "1,000 steps x 16 x 128 (length set on the held-out set), ~3M "
-      "params, 4 experts") if tuned else MOE_REGIME
+      "1,000 steps x 16 x 128 (length set on the held-out set{checked}), "
+      "~3M params, 4 experts", checked=("small8k/s1000/", 1000, models)
+  ) if tuned else MOE_REGIME
 
 
 def _moe_pair(other: str, label: str, tuned: bool = False) -> Claim:
