@@ -292,6 +292,19 @@ def _one_layer_one_share(monkeypatch, vocab) -> None:
   monkeypatch.setattr(selection, "WARMUP_SHARES", (0.5,))
 
 
+def _train_with(monkeypatch, spy) -> None:
+  """Training replaced by ``spy(config, workdir)``; a scored cell adds its
+  sizes and a perplexity of 40 + N at every held-out length."""
+  def scored(config, workdir, held, sizes):
+    return dict(spy(config, workdir), **sizes, train_tokens_per_sec=1.0,
+                lengths={str(n): {"perplexity": 40.0 + n,
+                                  "digest": causal.digest(a)}
+                         for n, a in held.items()})
+  monkeypatch.setattr(experiment, "train", spy)
+  monkeypatch.setattr(causal, "run_cell", scored)
+  monkeypatch.setattr(cl, "run_cell", scored)
+
+
 def test_tune_chooses_each_models_setting_on_carved_documents(
     shared, vocab, tmp_path, monkeypatch):
   # --tune: both models search the same settings on the carved C4 split
@@ -310,13 +323,7 @@ def test_tune_chooses_each_models_setting_on_carved_documents(
         config.learning_rate - best)}, "step": 2, "source": "scratch",
             "eval_curve": {}, "train_curve": {}}
 
-  def scored(config, workdir, held, sizes):
-    r = spy(config, workdir)
-    return dict(r, **sizes, train_tokens_per_sec=1.0, lengths={
-        str(n): {"perplexity": 40.0 + n, "digest": causal.digest(a)}
-        for n, a in held.items()})
-  monkeypatch.setattr(experiment, "train", spy)
-  monkeypatch.setattr(causal, "run_cell", scored)
+  _train_with(monkeypatch, spy)
   args = argparse.Namespace(
       scale="small", out=str(tmp_path / "out"), shared=str(shared),
       models="attention,hypermixer", seeds="0,1", steps=0,
@@ -406,14 +413,7 @@ def test_tune_searches_hypermixer_at_the_width_chosen_on_validation(
     return {"eval": {"perplexity": 50.0 + hyper}, "step": 2,
             "source": "scratch", "eval_curve": {}, "train_curve": {}}
 
-  def scored(config, workdir, held, sizes):
-    return dict(spy(config, workdir), **sizes, train_tokens_per_sec=1.0,
-                lengths={str(n): {"perplexity": 40.0 + n,
-                                  "digest": causal.digest(a)}
-                         for n, a in held.items()})
-  monkeypatch.setattr(experiment, "train", spy)
-  monkeypatch.setattr(causal, "run_cell", scored)
-  monkeypatch.setattr(cl, "run_cell", scored)
+  _train_with(monkeypatch, spy)
   args = argparse.Namespace(
       scale="small", out=str(tmp_path / "out"), shared=str(shared),
       models="attention,hypermixer", seeds="0", steps=0,
