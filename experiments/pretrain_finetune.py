@@ -56,6 +56,7 @@ from hypermixer_jax.experiment import selection
 # pylint: disable=g-importing-member
 from hypermixer_jax.experiment.pretraining import carve_setting
 from hypermixer_jax.experiment.pretraining import carved_search_run
+from hypermixer_jax.experiment.pretraining import choose_carved
 from hypermixer_jax.experiment.pretraining import finetune_config
 from hypermixer_jax.experiment.pretraining import nb_key
 from hypermixer_jax.experiment.pretraining import pretrain_config
@@ -187,10 +188,11 @@ class _Grid:
     split = carve_setting(cfg, exp.out, task, self.sentences)
     cfg = selection_config(cfg, split)
 
-    def run():
+    def run():   # a run stopped on NaN/Inf: recorded, never chosen
       extra = self.encoder(mixer, seed)[1] if init else {}
-      return dict(selection.lean(experiment.train(cfg, exp.workdir(key))),
-                  **extra, split=selection.split_record(split))
+      return dict(selection.or_diverged(lambda: dict(selection.lean(
+          experiment.train(cfg, exp.workdir(key))), **extra)),
+                  split=selection.split_record(split))
     return carved_search_run(exp, key, split, run, arm in self.trained)
 
   def setting(self, mixer, setting, grid, seeds, chosen, keys) -> None:
@@ -205,12 +207,12 @@ class _Grid:
         chosen[mixer, setting, arm] = (None, WARMUP, "searching")
         keys[mixer, setting, arm] = []
         continue
-      best = max(search, key=lambda g, s=search: (
-          runs[s[g]]["eval"]["accuracy"], -grid.index(g)))
-      chosen[mixer, setting, arm] = (*best, "validation")
+      best = choose_carved(runs, search, grid)   # None: all diverged
+      chosen[mixer, setting, arm] = (*(best or (None, WARMUP)),
+                                     "validation" if best else "diverged")
       keys[mixer, setting, arm] = [
           self.finetune(mixer, *setting, arm, best[0], s, share=best[1])
-          for s in seeds]
+          for s in seeds] if best else []
 
 
 def main() -> None:

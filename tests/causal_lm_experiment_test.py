@@ -396,6 +396,17 @@ def test_the_chosen_width_is_judged_against_the_transformer():
   assert f"lower: {lower}." in text
   # A candidate not run yet: nothing is chosen.
   assert causal.choose_hyper_dim({**selection, "hypermixer": []}) is None
+  # One that diverged, or scored NaN, is never chosen, listed first or not.
+  diverged = {"hypermixer_h4_c4": [{"diverged": "step 7"}],
+              "hypermixer": [{"eval": {"perplexity": 60.0}}]}
+  for bad in (diverged, {**diverged, "hypermixer_h4_c4": [
+      {"eval": {"perplexity": float("nan")}}]}):
+    assert causal.choose_hyper_dim(bad) == "hypermixer"
+    assert "| 4 | 112 | 0.05M | diverged |" in causal.selection_section(
+        bad, "hypermixer", runs, sizes, split, dict(TINY))
+  with pytest.raises(SystemExit, match="every width diverged"):
+    causal.choose_hyper_dim({m: diverged["hypermixer_h4_c4"]
+                             for m in diverged})
 
 
 def test_tune_searches_hypermixer_at_the_width_chosen_on_validation(

@@ -216,6 +216,12 @@ class VerdictTest(absltest.TestCase):
       self.assertEqual(v.text(), "not decided (no spread between the seeds)")
     self.assertEqual(stats.against_baseline([0.0] * 3, 0.0, n_eval=50).word,
                      "not decided")
+    # A deterministic accuracy against identical seeds: the baseline's own
+    # binomial noise is tested, as welch does (a one-sample test would not).
+    v = stats.verdict([1.0] * 3, 0.5, "higher", n_eval=500)
+    self.assertEqual(v.word, "agrees")
+    self.assertAlmostEqual(
+        v.test.p, stats.welch([1.0] * 3, 0.5, n_eval=500).p)
 
   def test_text_reports_the_difference_interval_and_p(self):
     v = stats.verdict(A, B, "higher")
@@ -266,6 +272,13 @@ class VerdictTest(absltest.TestCase):
                                [0.81, 0.81 - half, 0.81 + half])
     # Wider than the seeds' interval alone, which ignores the 872 examples.
     self.assertLess(low, stats.mean_ci(acc)[1])
+
+  def test_mean_ci_of_a_diverged_seed_has_no_interval(self):
+    for bad in (np.nan, np.inf):
+      for n_eval in (None, 872):
+        mean, low, high = stats.mean_ci([0.8, bad, 0.82], n_eval=n_eval)
+        self.assertFalse(np.isfinite(mean))
+        self.assertTrue(np.isnan(low) and np.isnan(high))
 
 
 if __name__ == "__main__":

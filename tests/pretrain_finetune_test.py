@@ -254,6 +254,37 @@ def test_learning_rate_is_chosen_on_a_split_carved_from_train(
   assert "| 0.0003 / searching |" in table
 
 
+def test_a_diverged_or_nan_search_run_is_never_chosen(
+    shared_data, tmp_path, monkeypatch):
+  # 3e-4 scores best (the fake's ACC) but its selection run stops on NaN:
+  # recorded as diverged, and the seeds train at 1e-3. An arm whose every
+  # setting diverged (or scored NaN) reports 'diverged' and trains nothing.
+  def grid(out, bad):
+    calls, main = _fake_grid(shared_data, out, monkeypatch)
+    fake = pf.experiment.train
+
+    def train(config, workdir):
+      if "select/" in str(workdir) and config.learning_rate in bad:
+        if bad[config.learning_rate] == "nan":
+          return dict(fake(config, workdir), eval={"accuracy": float("nan")})
+        raise FloatingPointError(bad[config.learning_rate] + "; in /x")
+      return fake(config, workdir)
+    monkeypatch.setattr(pf.experiment, "train", train)
+    main("--seeds=0", "--lrs=0.001,0.0003", "--arms=scratch")
+    return calls
+  out = tmp_path / "out"
+  grid(out, {3e-4: "nan loss at step 1"})
+  runs = json.loads((out / "results.json").read_text())["runs"]
+  assert runs[SEL.format("scratch", "0.0003")[5:]]["diverged"] == (
+      "nan loss at step 1")
+  assert FINE.format("scratch", "0.001", 0)[5:] in runs
+  assert FINE.format("scratch", "0.0003", 0)[5:] not in runs
+  out2 = tmp_path / "out2"
+  calls = grid(out2, {1e-3: "nan", 3e-4: "nan loss at step 1"})
+  assert len(calls) == 1 and "select/" in calls[0][0]   # no seed trained
+  assert "| diverged / searching |" in (out2 / "table.md").read_text()
+
+
 def test_warm_up_shares_widen_the_search_and_keep_the_recorded_keys(
     shared_data, tmp_path, monkeypatch):
   # --warmup_shares: each rate with each share (the configs' own 10% keeps

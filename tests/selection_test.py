@@ -247,6 +247,39 @@ def test_runs_of_another_carve_are_retired_and_run_again(tmp_path):
   assert _fake_tune(tmp_path, scores, tag={"split": "new"})[1] == []
 
 
+def test_a_reordered_grid_is_refused_before_it_retires_the_search(
+    tmp_path):
+  """Search cells are keyed by their index in the grid: a grid given in
+  another order would put other settings at recorded indices. It stops
+  with the recorded order instead of retiring and retraining them; new
+  values at the end run, and a search of another tag is retired."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import experiment  # pylint: disable=g-import-not-at-top
+  scores = {(m, lr): 0.5 for m in "ab" for lr in (1e-3, 3e-3, 1e-2)}
+  _fake_tune(tmp_path, scores)
+  exp = experiment.Experiment(tmp_path, argparse.Namespace(report_only=False))
+  calls = []
+
+  def tune(lrs, tag=None):
+    return selection.tune(
+        exp, ["a", "b"], (0,), selection.settings(10, lrs, (0.1,)), "p/",
+        lambda *a: calls.append(a) or {"eval": {"accuracy": 0.5}},
+        lambda r: r["eval"]["accuracy"], higher=True, tag=tag)
+  with pytest.raises(SystemExit, match=(
+      r"--tune: p/tune/model=a/setting=0 is recorded at lr 0.001, warm-up "
+      r"share 0.1, not at this grid's lr 0.003, share 0.1; pass the "
+      r"recorded order \(--lrs=0.001,0.003 --warmup_shares=0.1\)")):
+    tune((3e-3, 1e-3))
+  assert not calls and "superseded" not in json.loads(
+      (tmp_path / "results.json").read_text())
+  tune((1e-3, 3e-3, 1e-2))   # appended: only the new setting runs
+  assert [(c[0], c[2]["lr"]) for c in calls if c[4]] == [("a", 1e-2),
+                                                         ("b", 1e-2)]
+  calls.clear()
+  tune((3e-3, 1e-3), tag={"split": "new"})   # another carve: all again
+  assert len([c for c in calls if c[4]]) == 4
+
+
 def test_the_length_rule_waits_on_a_shorter_length_not_yet_run():
   """The shortest length meeting the rule; a shorter length that a model
   not yet run could still decide comes first, so nothing longer is
@@ -277,6 +310,35 @@ def test_the_length_rule_waits_on_a_shorter_length_not_yet_run():
   only = selection.length_section({100: acc[100]}, 0.8, "bar", ["a", "b"],
                                   100, {"a": "A", "b": "B"}, best_above=True)
   assert "no shorter length was tried, so it is not confirmed" in only
+
+
+def test_a_length_check_scores_a_score_that_is_not_finite_as_the_worst(
+    tmp_path):
+  """A run whose score is NaN (not marked diverged) is the worst, as a
+  diverged one: below any bar, never the best above it."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import experiment  # pylint: disable=g-import-not-at-top
+  exp = experiment.Experiment(tmp_path, argparse.Namespace(
+      report_only=False))
+  setting = {"lr": 1e-3, "warmup_share": 0.1}
+  searched = {m: [{"setting": setting, "score": v}]
+              for m, v in (("a", math.nan), ("b", math.inf), ("c", 2.0),
+                           ("d", None))}
+  searched["d"] = [{"setting": setting, selection.DIVERGED: "step 3"}]
+  chosen = {m: setting for m in searched}
+  for higher, worst in ((False, math.inf), (True, -math.inf)):
+    out = selection.length_check(
+        exp, "p/", searched, chosen, [10], 10, None, lambda r: r["score"],
+        higher=higher)
+    assert out == {10: {"a": worst, "b": worst if higher else math.inf,
+                        "c": 2.0, "d": worst}}
+  # A NaN at the shorter length does not pass the rule there either.
+  for bad in (math.nan, math.inf):
+    assert selection.shortest_length(
+        {5: {"a": bad, "b": 3.0}, 10: {"a": 2.0, "b": 2.0}}, 5.0,
+        ["a", "b"]) == 10
+  assert selection.shortest_length(
+      {5: {"a": math.nan}, 10: {"a": 0.9}}, 0.8, ["a"], best_above=True) == 10
 
 
 def test_a_length_record_is_confirmed_for_its_choices_only(tmp_path):

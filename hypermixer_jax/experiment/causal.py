@@ -4,6 +4,7 @@ several lengths, per-token scoring, and its tables and figure."""
 from __future__ import annotations
 
 import hashlib
+import math
 import pathlib
 import statistics
 
@@ -445,13 +446,25 @@ def target(hm: list[float], tf: list[float]) -> str:
           f"tested as equal within ±{TARGET_GAP * ref:.1f}: {met}; {v})")
 
 
-def choose_hyper_dim(selection: dict) -> str | None:
-  """The candidate (``selection``: {name: [its selection run]}) of lowest
+def _validation_ppl(run: dict) -> float:
+  """A selection run's perplexity on the carved split; inf where it
+  diverged or its perplexity is not finite (never chosen)."""
+  ppl = math.inf if selection.DIVERGED in run else mlm.final_perplexity(run)
+  return ppl if math.isfinite(ppl) else math.inf
+
+
+def choose_hyper_dim(found: dict) -> str | None:
+  """The candidate (``found``: {name: [its selection run]}) of lowest
   perplexity on the carved validation split at the end of its run; None
-  until every candidate has run."""
-  if not selection or not all(selection.values()):
+  until every candidate has run. A run that diverged is never chosen; all
+  of them diverged: a one-line error."""
+  if not found or not all(found.values()):
     return None
-  return min(selection, key=lambda m: mlm.final_perplexity(selection[m][0]))
+  ppl = {m: _validation_ppl(runs[0]) for m, runs in found.items()}
+  if all(math.isinf(v) for v in ppl.values()):
+    raise SystemExit("--select_hyper_dims: every width diverged on the carved "
+                     "split; lower the study's learning rate (train_config).")
+  return min(ppl, key=ppl.get)   # ties: the first listed
 
 
 def selection_section(selection: dict, chosen: str | None, runs: dict,
@@ -465,8 +478,9 @@ def selection_section(selection: dict, chosen: str | None, runs: dict,
   for name, sel in selection.items():
     ppl = "not run"
     if sel:
-      ppl = f"{mlm.final_perplexity(sel[0]):.1f}" + (
-          " *" if name == chosen else "")
+      ppl = (f"{_validation_ppl(sel[0]):.1f}" if math.isfinite(
+          _validation_ppl(sel[0])) else "diverged") + (
+              " *" if name == chosen else "")
     rows.append([width(name), sizes[name]["model"]["d_ffn"],
                  f"{sizes[name]['flops_per_token'] / 1e6:.2f}M", ppl])
   text = (
@@ -550,12 +564,13 @@ def hyper_dim_choice(exp, args, study, vocab: dict, configs: dict
     cfg = train_config(configs[cell["model"]], args.scale, shared, vocab,
                        steps=steps, seed=mlm.TUNE_SEED, sizes=s)
     c = mlm.carved_config(cfg, split, select=True)
-    return dict(mlm.lean(experiment.train(c, exp.workdir(key))),
+    return dict(selection.or_diverged(
+        lambda: mlm.lean(experiment.train(c, exp.workdir(key)))),
                 params=sizes[cell["model"]]["params"])
-  selection = exp.cells(
+  ran = exp.cells(
       f"{prefix}/select_hyper_dim", experiment.grid(model=names), select,
       expect=lambda cell: {"params": sizes[cell["model"]]["params"]})
-  found = {n: selection.get(n, []) for n in names}
+  found = {n: ran.get(n, []) for n in names}
   return found, choose_hyper_dim(found), sizes, split
 
 

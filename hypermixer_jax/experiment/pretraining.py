@@ -128,6 +128,17 @@ def carved_search_run(exp, key: str, split: dict, run, train: bool
   return key
 
 
+def choose_carved(runs: dict, search: dict, grid: list) -> tuple | None:
+  """The setting of ``grid`` ((lr, warm-up share)) whose selection run
+  (``search``: {setting: its key in ``runs``}) scored the best accuracy on
+  its carved validation split; ties go to the earlier setting; None where
+  every run diverged or scored NaN (never chosen: ``selection.choose``)."""
+  pick = selection.choose({"arm": [
+      dict(runs[search[g]], setting={"i": i}) for i, g in enumerate(grid)]},
+                          lambda r: r["eval"]["accuracy"], higher=True)
+  return grid[pick["arm"]["i"]] if pick else None
+
+
 def selection_config(config: ml_collections.ConfigDict, split: dict
                      ) -> ml_collections.ConfigDict:
   """``config`` as a learning-rate selection run: trained on ``split``'s
@@ -278,9 +289,10 @@ def _row(runs, bases, args, mixer, setting, seeds, chosen, keys) -> list:
 
 def _lr_cell(lr: float | None, warmup: float, how: str) -> str:
   """A chosen learning rate (and warm-up share, where not the configs'
-  own); 'searching' while its arm's validation search is incomplete."""
+  own); 'searching' while its arm's validation search is incomplete,
+  'diverged' where every setting of it diverged."""
   if lr is None:
-    return "searching" if how == "searching" else "-"
+    return how if how in ("searching", "diverged") else "-"
   return f"{lr:g}" + (f", warm-up {warmup:.0%}" if warmup != WARMUP else "")
 
 

@@ -217,7 +217,7 @@ def choose(selection: dict, score: Callable[[dict], float], *,
           for m, runs in kept.items() if runs}
 
 
-def _or_diverged(train: Callable[[], dict]) -> dict:
+def or_diverged(train: Callable[[], dict]) -> dict:
   """``train()``'s record, or where its loop stopped on NaN/Inf, a record
   of where (``DIVERGED``; without the message's workdir path), so that a
   search goes on to its next setting."""
@@ -225,6 +225,33 @@ def _or_diverged(train: Callable[[], dict]) -> dict:
     return train()
   except FloatingPointError as e:
     return {DIVERGED: str(e).split(";")[0]}
+
+
+def _check_grid(exp, prefix: str, models: Sequence[str],
+                settings_: list[dict], tag: dict) -> None:
+  """A one-line error where a search recorded under ``prefix`` (with the
+  same ``tag``) holds another setting at an index of ``settings_``: the
+  grid was reordered, which would retire every recorded cell and train
+  them again. New rates and shares belong at the end of the lists."""
+  for m in models:
+    recorded = [exp.runs.get(experiment.cell_key(
+        prefix, {"model": m, "setting": i})) for i in range(len(settings_))]
+    recorded = [(i, r["setting"]) for i, r in enumerate(recorded)
+                if r and "setting" in r and all(
+                    r.get(k) == v for k, v in tag.items())]
+    moved = [(i, got) for i, got in recorded if got != settings_[i]]
+    if moved:
+      i, got = moved[0]
+      lrs = ",".join(dict.fromkeys(f"{g['lr']:g}" for _, g in recorded))
+      shares = ",".join(dict.fromkeys(f"{g['warmup_share']:g}"
+                                      for _, g in recorded))
+      raise SystemExit(
+          f"--tune: {prefix}/model={m}/setting={i} is recorded at lr "
+          f"{got['lr']:g}, warm-up share {got['warmup_share']:g}, not at "
+          f"this grid's lr {settings_[i]['lr']:g}, share "
+          f"{settings_[i]['warmup_share']:g}; pass the recorded order "
+          f"(--lrs={lrs} --warmup_shares={shares}) with new values at the "
+          "end, or another --out.")
 
 
 def tune(exp, models: Sequence[str], seeds: Sequence[int],
@@ -252,11 +279,12 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
   Returns ``(searched, chosen, runs)``: {model: selection runs in the
   settings' order}, {model: its setting}, {model: its seeds' runs}."""
   settings_, tag = list(settings_), dict(tag or {})
+  _check_grid(exp, f"{prefix}tune", models, settings_, tag)
   order = (lambda cells: cells[::-1]) if reverse else (lambda cells: cells)
 
   def select(cell, key):
     setting = settings_[cell["setting"]]
-    record = _or_diverged(lambda: run(cell["model"], SEED, setting, key, True))
+    record = or_diverged(lambda: run(cell["model"], SEED, setting, key, True))
     return dict(record, setting=setting, **tag)
   searched = exp.cells(f"{prefix}tune", order(experiment.grid(
       model=models, setting=range(len(settings_)))), select,
@@ -354,20 +382,19 @@ def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
   {model: score}}`` of each model at its chosen lr and warm-up share,
   trained with seed ``SEED`` for each of ``lengths`` (``run(model,
   setting, length, key)``: the record of a selection run of that length;
-  ``score(record)``; a run that diverged scores inf, or -inf where
-  ``higher`` scores are better), at ``steps`` its own
+  ``score(record)``; a run that diverged, or whose score is not finite,
+  scores inf, or -inf where ``higher`` scores are better), at ``steps`` its own
   selection run. The shorter runs keep the setting tuned at ``steps`` (not
   searched at their length), which favours ``steps``. Cells under
   ``{prefix}budget/steps=<length>``; ``tag``: fields every run records
   (``tune``'s: a run of another is retired and run again)."""
   tag = dict(tag or {})
   def scored(r):
-    if DIVERGED in r:
-      return -math.inf if higher else math.inf
-    return score(r)
+    s = math.nan if DIVERGED in r else score(r)
+    return s if math.isfinite(s) else (-math.inf if higher else math.inf)
 
   def trained(model, setting, n, key):
-    return _or_diverged(lambda: run(model, setting, n, key))
+    return or_diverged(lambda: run(model, setting, n, key))
   out = {steps: {m: scored(r) for m, runs in searched.items() for r in runs
                  if m in chosen and r["setting"] == chosen[m]}}
   for n in sorted(set(lengths) - {steps}):
@@ -452,7 +479,7 @@ def shortest_length(scores: dict, bar, models, *,
       passed = [m for m in got if scores[n][m] > bar]
       failed = len(got) == len(models) and not passed
     else:
-      failed = any(scores[n][m] >= bars[m] for m in got)
+      failed = any(not scores[n][m] < bars[m] for m in got)   # NaN fails
       passed = len(got) == len(models) and not failed
     if passed:
       return n

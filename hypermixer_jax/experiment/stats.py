@@ -98,8 +98,11 @@ def mean_ci(values: Sequence[float], level: float = 0.95,
   bounds for fewer than two values). ``n_eval``: for accuracies, the
   evaluation set's binomial variance is added to the seeds' (as ``welch``
   does), degrees of freedom by Welch-Satterthwaite: the interval of the
-  accuracy on the population the evaluation set was drawn from."""
+  accuracy on the population the evaluation set was drawn from. A value
+  that is not finite (a diverged seed) gives NaN bounds."""
   from scipy import stats  # pylint: disable=g-import-not-at-top
+  if not np.all(np.isfinite(np.asarray(values, float))):
+    return float(np.mean(values)), math.nan, math.nan
   mean, terms, k = _side(values, n_eval)
   if k < 2:
     return mean, math.nan, math.nan
@@ -274,7 +277,8 @@ def verdict(ours: Sequence[float], other: Sequence[float] | float,
   if not np.all(np.isfinite(np.concatenate(
       [np.asarray(v, float).ravel() for v in [ours, other]]))):
     return Verdict("not decided", claim, why="a value is not finite")
-  if all(_no_spread(v, n_eval) for v in sides):
+  spread = [ours, [other] if _scalar(other) else other]
+  if all(_no_spread(v, n_eval) for v in spread):
     return Verdict("not decided", claim, why="no spread between the seeds")
   test = welch(ours, other, n_eval=n_eval)
   p_equal = None if margin is None else tost(ours, other, margin,
