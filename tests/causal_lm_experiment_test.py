@@ -15,6 +15,7 @@ from hypermixer_jax import heads
 from hypermixer_jax import models
 from hypermixer_jax.experiment import causal
 from hypermixer_jax.experiment import mlm
+from hypermixer_jax.experiment import stats
 from hypermixer_jax.train import artifacts
 from hypermixer_jax.train import evaluation
 
@@ -386,9 +387,10 @@ def test_the_chosen_width_is_judged_against_the_transformer():
                                   dict(TINY))
   assert "| 4 | 112 | 0.05M | 50.0 * |" in text
   assert "The chosen d' = 4" in text
+  equal = experiment.verdict(hm, tf, "equal", margin=5.0)
   assert (f"{100 * (np.mean(hm) / np.mean(tf) - 1):+.1f}% (target: within "
-          "5%, tested as equal within ±5.0: met; "
-          f"{experiment.verdict(hm, tf, 'equal', margin=5.0)})") in text
+          f"5%: met; TOST within ±5.0: {stats.p_text(equal.p_equal)}; "
+          "difference +2.0 [-0.3, +4.3], p = 0.070)") in text
   assert str(experiment.verdict(hm, tf, "lower")) in text
   lower = experiment.verdict([x - 10 for x in hm], [x - 10 for x in tf],
                              "lower")

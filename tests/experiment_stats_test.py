@@ -146,7 +146,7 @@ class VerdictTest(absltest.TestCase):
                     0.001)
     v = stats.verdict(ours, other, "equal", margin=0.05)
     self.assertEqual(v.word, "agrees")
-    self.assertIn("TOST p < 0.001", v.text(100))
+    self.assertIn("TOST within ±5.0: p < 0.001", v.text(100))
     # The directional claim still reads the significant difference.
     self.assertEqual(stats.verdict(ours, other, "lower", margin=0.05).word,
                      "agrees")
@@ -192,7 +192,14 @@ class VerdictTest(absltest.TestCase):
     # ... and with one, equality refutes it.
     v = stats.verdict(ours, other, "higher", margin=0.01)
     self.assertEqual(v.word, "disagrees")
-    self.assertIn("equal within ±1.0: TOST p", v.text(100))
+    self.assertIn("; TOST within ±1.0: p", v.text(100))
+    self.assertTrue(v.text(100).startswith("disagrees: +0.0 ["))
+    # A claim of equality leads with its test, TOST, then the difference.
+    v = stats.verdict(ours, other, "equal", margin=0.01)
+    self.assertEqual(v.text(100), (
+        "agrees: TOST within ±1.0: p < 0.001; difference +0.0 "
+        f"[-0.2, +0.3], {stats.p_text(v.test.p)}"))
+    self.assertEqual(v.text(100), "agrees: " + v.detail(100))
     # Too narrow a margin decides nothing.
     self.assertEqual(stats.verdict(ours, other, "equal", margin=1e-4).word,
                      "not decided")

@@ -156,10 +156,14 @@ def test_pixel_arrays_refuse_mixed_sizes(tmp_path):
 @pytest.mark.parametrize("gmlp,other,family,want", [
     ([0.47, 0.48, 0.46], [0.39, 0.40, 0.41], "mixer", "agrees: +7.0"),
     ([0.39, 0.40, 0.41], [0.47, 0.48, 0.46], "mixer", "disagrees: -7.0"),
-    ([0.47, 0.48, 0.46], [0.39, 0.40, 0.41], "vit", "disagrees: +7.0"),
+    # 'level': the equivalence test leads, then the difference.
+    ([0.47, 0.48, 0.46], [0.39, 0.40, 0.41], "vit",
+     "disagrees: TOST within ±1.0: p = 0.999; difference +7.0"),
     # Level only where the equivalence test puts the gap inside 1 point.
-    ([0.410, 0.412, 0.411], [0.411, 0.410, 0.412], "vit", "agrees: +0.0"),
-    ([0.40, 0.42, 0.41], [0.41, 0.40, 0.42], "vit", "not decided: +0.0"),
+    ([0.410, 0.412, 0.411], [0.411, 0.410, 0.412], "vit",
+     "agrees: TOST within ±1.0: p < 0.001; difference +0.0"),
+    ([0.40, 0.42, 0.41], [0.41, 0.40, 0.42], "vit",
+     "not decided: TOST within ±1.0: p = 0.144; difference +0.0"),
     ([0.40, 0.42], [0.41, 0.40, 0.42], "vit", "not decided (2 < 3 seeds)"),
     ([0.47, 0.48, 0.46], [0.47, 0.48, 0.46], "gmlp", ""),
 ])

@@ -164,7 +164,9 @@ def test_report_rows_of_run_and_unrun_settings(tmp_path):
   # (Beyond the spread, but two seeds are too few for a verdict.)
   assert full[2:7] == ["78.0 ± 1.4 (n=2)", "80.0 ± 0.0 (n=2)", "+2.0",
                        "not decided (2 < 3 seeds)", "0.001 / 0.001"]
-  assert full[9] == "61.0 ± 1.4 (n=2) / 63.0 ± 1.4 (n=2)"
+  # The probe: random / pretrained, and Welch's test of the two.
+  assert full[9] == ("61.0 ± 1.4 (n=2) / 63.0 ± 1.4 (n=2) (not decided "
+                     "(2 < 3 seeds))")
   # The probes read SST-2: a pair task's row shows none.
   assert snli[2:5] == ["56.0 ± 1.4 (n=2)", "60.0 ± 0.0 (n=2)", "+4.0"]
   assert snli[6] == "0.001 / 0.001"

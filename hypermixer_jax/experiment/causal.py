@@ -442,8 +442,8 @@ def target(hm: list[float], tf: list[float]) -> str:
   gap = experiment.mean_sd(hm)[0] / ref - 1
   v = experiment.verdict(hm, tf, "equal", margin=TARGET_GAP * ref)
   met = {"agrees": "met", "disagrees": "not met"}.get(v.word, "not decided")
-  return (f"{100 * gap:+.1f}% (target: within {100 * TARGET_GAP:.0f}%, "
-          f"tested as equal within ±{TARGET_GAP * ref:.1f}: {met}; {v})")
+  return (f"{100 * gap:+.1f}% (target: within {100 * TARGET_GAP:.0f}%: "
+          f"{met}; {v.detail()})")
 
 
 def _validation_ppl(run: dict) -> float:

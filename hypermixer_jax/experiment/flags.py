@@ -99,8 +99,8 @@ def tune_flags(p: argparse.ArgumentParser, carved_from: str,
   p.add_argument("--lrs", default="",
                  help="--tune: the search's learning rates, the same for "
                  "every model (default: selection.LRS, 3e-4,1e-3,3e-3); "
-                 "rates appended after the default's keep the runs "
-                 "recorded (rates put before them renumber the settings)")
+                 "rates appended after the recorded ones keep their runs "
+                 "(another order is refused: settings are keyed by place)")
   p.add_argument("--order", choices=("forward", "reverse"), default="forward",
                  help="--tune: reverse runs the grids from their last cell "
                  "(a second process on the same --out)")

@@ -185,8 +185,8 @@ def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
   the grids from their last cell (a second process on the same ``--out``
   meets the first in the middle); ``lrs``: the search's learning rates
   (None: ``selection.LRS``; rates appended after the default's keep the
-  earlier settings' cells, so a widened grid adds runs; rates put before
-  them renumber the settings, and every recorded cell is run again). Returns
+  earlier settings' cells, so a widened grid adds runs; another order is
+  refused, ``selection.tune``). Returns
   ``(split, selection runs, chosen, runs, baselines)``."""
   split = carve_validation(tsvs)
   exp.save(cifar_split=selection.split_record(split))

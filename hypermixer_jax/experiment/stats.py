@@ -216,13 +216,24 @@ class Verdict:
     word = (words or {}).get(self.word, self.word)
     if self.test is None:
       return f"{word} ({self.why})"
+    return f"{word}: {self.detail(scale, digits, spec)}"
+
+  def detail(self, scale: float = 1.0, digits: int = 1, spec: str = "") -> str:
+    """``text`` without the verdict's word: the difference, its interval
+    and p, and where a margin was tested, TOST's p (a claim of equality
+    leads with it: its verdict is TOST's)."""
+    if self.test is None:
+      return self.why
     t, f = self.test, spec or f"+.{digits}f"
-    out = (f"{word}: {scale * t.diff:{f}} "
-           f"[{scale * t.low:{f}}, {scale * t.high:{f}}], {p_text(t.p)}")
-    if self.margin is not None:
-      out += (f"; equal within ±{scale * self.margin:{f.lstrip('+')}}: "
-              f"TOST {p_text(self.p_equal)}")
-    return out
+    diff = (f"{scale * t.diff:{f}} [{scale * t.low:{f}}, "
+            f"{scale * t.high:{f}}], {p_text(t.p)}")
+    if self.margin is None:
+      return diff
+    tost_ = (f"TOST within ±{scale * self.margin:{f.lstrip('+')}}: "
+             f"{p_text(self.p_equal)}")
+    if self.claim == "equal":
+      return f"{tost_}; difference {diff}"
+    return f"{diff}; {tost_}"
 
   def __str__(self) -> str:
     return self.text()
