@@ -149,6 +149,30 @@ class ClaimsTest(absltest.TestCase):
     self.assertEqual(claims._image_regime(("c",), "carved", False)(data),
                      "not run")
 
+  def test_regimes_count_what_the_records_hold(self):
+    # Pair tasks: the train part's pairs, their share of the full train set
+    # and each model's size, from the record; MoE: the planned sizes of the
+    # compared models; where runs ran: CPU for records before ran_on.
+    run = lambda params: {"params": params, "eval": {"accuracy": 0.5}}  # noqa: E731
+    data = {"splits": {"snli": {"rows": {"train": 5_501}}},
+            "snli_split": {"train": {"documents": 2_750}},
+            "runs": {claims.NLI.format("snli", "hypermixer") + "0": run(8e5),
+                     claims.NLI.format("snli", "mlp_mixer") + "0": run(9.4e5)}}
+    text = claims._nli_regime("snli", ("hypermixer", "mlp_mixer"))(data)
+    self.assertTrue(text.startswith(
+        "SNLI: 80% of the dev file (5,501 pairs, 1.0% of the full train "
+        "set), 1,000 steps x 64 (<= 8.2M tokens), 0.80-0.94M params; no "
+        "search"), text)
+    self.assertIn("(100x these pairs)", claims._nli_scale("snli", False)(data))
+    self.assertIn("(200x these pairs)", claims._nli_scale("snli", True)(data))
+    plan = {"plan": {"a": {"params": 2_211_072}, "b": {"params": 3_477_632},
+                     "c": {"params": 2_211_072}}}
+    self.assertEqual(claims._moe_params(plan, ("a", "b")), "2.21-3.48M params")
+    self.assertEqual(claims._moe_params(plan, ("a", "c")), "2.21M params")
+    arm = claims.Arm("a", "a/seed=*")
+    ran = {"runs": {"a/seed=0": {}, "a/seed=1": {"ran_on": "gpu: X"}}}
+    self.assertEqual(claims._ran_on(ran, "r", arm), "r; ran on CPU and gpu: X")
+
   def test_insert_between_the_markers(self):
     doc = self.tmp / "doc.md"
     doc.write_text("# T\n<!-- claims -->\nold\n<!-- /claims -->\nend\n")

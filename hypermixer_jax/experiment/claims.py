@@ -78,7 +78,7 @@ class Claim:
   scale: float = 100.0         # accuracies in points
   spec: str = "+.1f"           # how a difference is written
   regime: str | Callable[[dict[str, Any]], str] = ""
-  at_scale: str = ""
+  at_scale: str | Callable[[dict[str, Any]], str] = ""
   # A row only once its runs are recorded (a study's --tune, run later).
   when_recorded: bool = False
 
@@ -94,6 +94,10 @@ class Claim:
 
   def regime_text(self, data: dict[str, Any]) -> str:
     return self.regime if isinstance(self.regime, str) else self.regime(data)
+
+  def at_scale_text(self, data: dict[str, Any]) -> str:
+    return (self.at_scale if isinstance(self.at_scale, str)
+            else self.at_scale(data))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,28 +161,63 @@ GLUE_UNTUNED = _untuned(glue.SMALL["lr"], "10% of the steps")
 SST2_REGIME = ("SST-2, 100% of train (67k phrases), 1,000 steps x 64 "
                "(0.95 epoch, <= 4.1M tokens; budget set on dev), ~1.3M "
                "params; " + GLUE_UNTUNED)
-SST2_SCALE = ("the paper's 11M models train 50k steps; here no model is "
+SST2_SCALE = ("the paper's models have 11M params (~8x these) and a "
+              "tuned lr; here no model is "
               "distinguishable from a bag of words, so none yet shows what "
               "its token mixing adds")
 NLI = "w128_s1000_n128_g/task={}/model={}/seed=*"
-NLI_REGIME = ("{}: 80% of the dev file (4-8k pairs, ~1% of train), "
-              "1,000 steps x 64 (<= 8.2M tokens), ~0.8M params; "
-              + _untuned(nli.SMALL["lr"], "10% of the steps"))
-NLI_SCALE = ("the paper trains on the full train sets (100x more pairs); "
-             "here the models overfit a few thousand pairs")
+# The train sets the paper trains on (pairs; GLUE's MNLI and QNLI, SNLI).
+FULL_TRAIN = {"mnli": 392_702, "snli": 550_152, "qnli": 104_743}
+
+
+def _nli_params(data: dict[str, Any], pattern: str,
+                models: Sequence[str]) -> str:
+  """The parameter counts of ``models``' runs (``pattern.format(model)``),
+  in millions: one number, or the range."""
+  sizes = sorted({f"{r['params'] / 1e6:.2f}" for m in models
+                  for k, r in data["runs"].items()
+                  if fnmatch.fnmatchcase(k, pattern.format(m))})
+  return "-".join(sizes[:1] + sizes[1:][-1:]) + "M params"
+
+
+def _nli_regime(task: str, models: Sequence[str]
+                ) -> Callable[[dict[str, Any]], str]:
+  """The untuned pair-task runs' regime: the train part's pairs (its share
+  of the full train set), steps and the models' sizes, from the record."""
+  def regime(data: dict[str, Any]) -> str:
+    rows = data["splits"][task]["rows"]["train"]
+    return (f"{task.upper()}: 80% of the dev file ({rows:,} pairs, "
+            f"{100 * rows / FULL_TRAIN[task]:.1f}% of the full train set), "
+            "1,000 steps x 64 (<= 8.2M tokens), "
+            f"{_nli_params(data, NLI.format(task, '{}'), models)}; "
+            + _untuned(nli.SMALL["lr"], "10% of the steps"))
+  return regime
+
+
+def _nli_scale(task: str, tuned: bool) -> Callable[[dict[str, Any]], str]:
+  """How much more data the paper's run of ``task`` has than these."""
+  def scale(data: dict[str, Any]) -> str:
+    rows = (data[f"{task}_split"]["train"]["documents"] if tuned
+            else data["splits"][task]["rows"]["train"])
+    return (f"the paper trains on the full train set "
+            f"({FULL_TRAIN[task] / rows:.0f}x these pairs); here the "
+            "models overfit a few thousand pairs")
+  return scale
 SYN = "{}/n{}/seed*"
 SYN_REGIME = ("{:,} training sequences, 1,500 steps x 64, 3 seeds; "
               + _untuned(3e-3, "100 steps").replace("{", "{{"))
-SYN_SCALE = ("the paper runs 1k-100k sequences, 5 seeds and 5,000 steps; "
-             "HyperMixer's seeds spread widely here")
+SYN_SCALE = ("the paper's figure spans training sets up to 100k "
+             "sequences (its steps and seeds are not given); single seeds "
+             "spread widely here (the sds)")
 IMG = "small/s300/{}/seed=*"
 IMG_TUNED = "small/s300/tuned/model={}/seed=*"
 PIXELS = ("linear on pixels", ("baselines", "small", "linear_pixels"))
 PIXELS_CARVED = ("linear on pixels",
                  ("baselines", "small/s300/carved", "linear_pixels"))
 IMG_N = ("baselines", "small", "test_images")
-IMG_SCALE = ("ImageNet at 224x224 and 300 epochs; attention's lack of "
-             "inductive bias costs most in short, small runs")
+IMG_SCALE = ("ImageNet at 224x224 with 20-86M params; short runs of "
+             "small models may favour the inductive biases of the spatial "
+             "and token-mixing MLPs")
 
 
 def _search_text(data: dict[str, Any], models: Sequence[str],
@@ -237,12 +276,13 @@ def _image_regime(models: Sequence[str], base: str, tuned: bool
 MLM = "small/s2000/vocab=small/model={}/seed=*"
 MLM_REGIME = ("C4 sample (0.5M train tokens, 8k vocabulary), 2,000 steps "
               "x 32 x 128 (8.2M tokens; length set on the held-out set), "
-              "~1.5M params; BERT at one lr, 20 "
-              "warm-up steps")
+              "~1.5M params, perplexity on WikiText-2 valid; no search: "
+              "every model at lr 1e-3, 20 warm-up steps (none tuned; the "
+              "'both tuned alike' rows search all)")
 # The MLM baselines are scored on each seed's masks: their mean.
 MLM_BIGRAM = ("bigram", ("baselines", "small/s2000/vocab=small/seed=*",
                          "bigram"))
-MLM_SCALE = ("the paper's 100M models on 1e9+ tokens; BERT not tuned "
+MLM_SCALE = ("the paper's 100M models on 1e9+ tokens; no model tuned "
              "here (with each pair tuned alike the verdict stays: the "
              "'both tuned alike' rows)")
 MLM_TUNED = "small/s2000/vocab=small/tuned/model={}/seed=*"
@@ -281,13 +321,14 @@ MOE = "small8k/s1000/runs/{}/seed=*"
 MOE_BIGRAM = ("bigram", ("baselines", "small8k", "all", "bigram"))
 MOE_REGIME = ("C4 sample train (8k vocabulary), WikiText-2 valid, 1,000 "
               "steps x 16 x 128 (2.0M tokens; length set on the held-out "
-              "set), ~3M params, 4 experts, "
+              "set), {params}, 4 experts, "
               "depths matched on FLOPs that count the MoE dispatch's one-hot "
               "einsums (on the arithmetic alone four depths move by one "
               "block); " + _untuned(sparse_lm.SCALES["small"]["lr"],
                          f"{sparse_lm.SMALL_VOCAB['warmup']} steps"))
-MOE_SCALE = ("the paper's 64-expert models on 100B tokens; routing "
-             "balance and capacity matter more with many experts")
+MOE_SCALE = ("the paper's models run ~0.8 TFLOPs a step (d = 1024) with "
+             "one expert per device; routing balance and capacity matter "
+             "more with many experts")
 
 
 def _tuned_regime(split: str, what: str, models: Sequence[str],
@@ -347,14 +388,16 @@ def _nli(task: str, number: str, tuned: bool = False,
                Arm("HyperMixer", runs.format("hypermixer")),
                (Arm(label, runs.format(name)),),
                "higher", ("Naive Bayes", (*base, "naive_bayes")),
-               (*base, "dev_rows"), regime=_tuned_regime(
+               (*base, "dev_rows"), regime=(lambda data: _tuned_regime(
                    f"{task}_split", f"{nli.GROUP_BY[task]}s",
                    ("hypermixer", name), runs,
                    f"{task.upper()}: {{train}} pairs of the dev file's "
                    f"train part (a tenth of the {nli.GROUP_BY[task]}s "
-                   "carved out), 1,000 steps x 64, ~0.8M params") if tuned
-               else NLI_REGIME.format(task.upper()),
-               at_scale=NLI_SCALE, when_recorded=tuned)
+                   "carved out), 1,000 steps x 64, "
+                   + _nli_params(data, runs, ("hypermixer", name)))(data))
+               if tuned
+               else _nli_regime(task, ("hypermixer", name)),
+               at_scale=_nli_scale(task, tuned), when_recorded=tuned)
 
 
 def _low_resource(tuned: bool = False) -> Claim:
@@ -400,26 +443,27 @@ def _tuning_cost() -> Claim:
 def _synthetic(size: int, tuned: bool = False) -> Claim:
   runs = (f"s1500/n{size}/tuned/model={{}}/seed=*" if tuned
           else SYN.format("{}", size))
+  arms = (Arm("HyperMixer", runs.format("hypermixer"), ("mse",)),
+          Arm("attention", runs.format("attention"), ("mse",)))
   return Claim(HM, "synthetic_data_efficiency",
                f"synthetic, {size:,} sequences: HyperMixer's test MSE below "
                "attention's (more data-efficient below 100k)"
                + (TUNED if tuned else ""),
-               "a figure, no numbers",
-               Arm("HyperMixer", runs.format("hypermixer"), ("mse",)),
-               (Arm("attention", runs.format("attention"), ("mse",)),),
+               "a figure, no numbers", arms[0], arms[1:],
                "lower", ("copy the input", ("baselines", "copy_input")),
-               scale=1.0, spec="+.1e", regime=_tuned_regime(
-                   "", "sequences",
-                   ("hypermixer", "attention"), runs,
-                   f"{size:,} training sequences, 1,500 steps x 64"
-                   ) if tuned else SYN_REGIME.format(size),
+               scale=1.0, spec="+.1e", regime=(lambda data: _ran_on(
+                   data, _tuned_regime(
+                       "", "sequences", ("hypermixer", "attention"), runs,
+                       f"{size:,} training sequences, 1,500 steps x 64"
+                   )(data), *arms)) if tuned else SYN_REGIME.format(size),
                at_scale=SYN_SCALE, when_recorded=tuned)
 
 
 SYN_PAPER = "synthetic_data_efficiency_paper"
-SYN_PAPER_REGIME = ("{:,} training sequences, the paper's 5,000 steps x 64; "
+SYN_PAPER_REGIME = ("{:,} training sequences (the paper's sizes), 5,000 "
+                    "steps x 64; "
                     + _untuned(3e-3, "100 steps").replace("{", "{{"))
-SYN_PAPER_SCALE = ("the paper's setting, but untuned: the tuned runs at 1,500 "
+SYN_PAPER_SCALE = ("the paper's sizes, but untuned: the tuned runs at 1,500 "
                    "steps chose other rates, which differ by size and model")
 
 
@@ -429,6 +473,7 @@ def _ran_on(data: dict[str, Any], regime: str, *arms: Arm) -> str:
   runs = [r for a in arms for k, r in data["runs"].items()
           if fnmatch.fnmatchcase(k, a.pattern)]
   where = sorted({r.get("ran_on", records_lib.CPU) for r in runs})
+  where = ["CPU" if w == records_lib.CPU else w for w in where]
   return f"{regime}; ran on {' and '.join(where)}" if where else regime
 
 
@@ -489,13 +534,28 @@ def _mlm_vs_bert(model: str, claim: str, paper: str, direction: str, *,
 MOE_TUNED = "small8k/s1000/tuned/model={}/seed=*"
 
 
-def _moe_regime(tuned: bool, models: Sequence[str]):
-  return _tuned_regime(
-      "c4_split", "documents", models, MOE_TUNED, "C4 sample train less a "
-      "carved tenth ({train} documents, 8k vocabulary), WikiText-2 valid, "
-      "1,000 steps x 16 x 128 (length set on the held-out set{checked}), "
-      "~3M params, 4 experts", checked=("small8k/s1000/", 1000, models)
-  ) if tuned else MOE_REGIME
+def _moe_params(data: dict[str, Any], models: Sequence[str]) -> str:
+  """The planned sizes of ``models`` (the record's ``plan``), in millions:
+  one number, or the smallest and the largest."""
+  sizes = sorted({f"{data['plan'][m]['params'] / 1e6:.2f}" for m in models},
+                 key=float)
+  return "-".join(dict.fromkeys([sizes[0], sizes[-1]])) + "M params"
+
+
+def _moe_regime(tuned: bool, models: Sequence[str]
+                ) -> Callable[[dict[str, Any]], str]:
+  """The MoE runs' regime: the shared setting, the compared models' sizes
+  and (``tuned``) the carved split and each model's search."""
+  def regime(data: dict[str, Any]) -> str:
+    params = _moe_params(data, models)
+    if not tuned:
+      return MOE_REGIME.replace("{params}", params)
+    return _tuned_regime(
+        "c4_split", "documents", models, MOE_TUNED, "C4 sample train less a "
+        "carved tenth ({train} documents, 8k vocabulary), WikiText-2 valid, "
+        "1,000 steps x 16 x 128 (length set on the held-out set{checked}), "
+        f"{params}, 4 experts", checked=("small8k/s1000/", 1000, models))(data)
+  return regime
 
 
 def _moe_pair(other: str, label: str, tuned: bool = False) -> Claim:
@@ -640,7 +700,7 @@ def judge(c: Claim, data: dict[str, Any]) -> list[str]:
     if not ours or not theirs:
       return [c.paper, c.text, c.paper_number,
               _mean_sd_ci(ours, c, n_eval=n_eval),
-              "not run", "", "not run", c.regime_text(data), c.at_scale]
+              "not run", "", "not run", c.regime_text(data), c.at_scale_text(data)]
     margin = (c.margin * sum(theirs) / len(theirs) if c.relative_margin
               else c.margin)
     verdicts.append(stats.verdict(ours, theirs, c.direction, n_eval=n_eval,
@@ -664,7 +724,7 @@ def judge(c: Claim, data: dict[str, Any]) -> list[str]:
                       for o in c.others)
   return [c.paper, c.text, c.paper_number,
           _mean_sd_ci(ours, c, n_eval=n_eval), against,
-          base, verdict, c.regime_text(data), c.at_scale]
+          base, verdict, c.regime_text(data), c.at_scale_text(data)]
 
 
 def table(results: pathlib.Path,
@@ -688,7 +748,8 @@ def table(results: pathlib.Path,
           "noise too. Accuracies in points; perplexities and "
           "MSE as recorded; a claim against several models agrees only "
           "where every pair does. The papers' numbers are from their own "
-          "settings (PAPERS.md) and are not comparable in absolute value.")
+          "settings (PAPERS.md, and the papers' text where it names a section "
+          "or table) and are not comparable in absolute value.")
 
 
 def insert(text: str, file: pathlib.Path) -> None:
