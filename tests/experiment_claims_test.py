@@ -81,6 +81,25 @@ class ClaimsTest(absltest.TestCase):
             for o in (OTHER, OURS)]
     self.assertEqual(verdict, f"not decided: vs b: {want[0]}; vs c: {want[1]}")
 
+  def test_several_opponents_disagree_only_at_alpha_over_k(self):
+    # Every pair must agree (each at alpha); one pair disagreeing by chance
+    # is likelier among k, so it decides only at alpha / k (Bonferroni).
+    def word(pairs):
+      v = [stats.Verdict(w, "higher", stats.Difference(
+          diff=-1.0 if w == "disagrees" else 1.0, se=1.0, df=4.0, low=0.0,
+          high=0.0, p=p, seeds=(3, 3))) for w, p in pairs]
+      return claims._joint_word(v)
+    self.assertEqual(word([("agrees", 0.01), ("agrees", 0.04)]), "agrees")
+    self.assertEqual(word([("agrees", 0.01), ("not decided", 0.3)]),
+                     "not decided")
+    self.assertEqual(word([("disagrees", 0.04)]), "disagrees")
+    self.assertEqual(word([("disagrees", 0.04), ("agrees", 0.01)]),
+                     "not decided")
+    self.assertEqual(word([("disagrees", 0.02), ("not decided", 0.5)]),
+                     "disagrees")
+    self.assertEqual(word([("disagrees", 0.02), ("agrees", 0.01),
+                           ("not decided", 0.5)]), "not decided")
+
   def test_a_relative_margin_is_a_share_of_the_others_mean(self):
     near = [0.802, 0.81, 0.806]                  # mean 0.806
     data = {"runs": {**_runs("a", OURS), **_runs("b", near)},

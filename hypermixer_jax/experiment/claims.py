@@ -690,6 +690,24 @@ def _mean_sd_ci(values: Sequence[float], c: Claim, ci: bool = True,
   return text
 
 
+def _joint_word(verdicts: Sequence[stats.Verdict]) -> str:
+  """A claim against k models: 'agrees' where every pair agrees (each test
+  at alpha keeps the claim's error at alpha), 'disagrees' where a pair
+  disagrees at alpha / k (Bonferroni: any of k pairs could disagree by
+  chance), else 'not decided'."""
+  if all(v.word == "agrees" for v in verdicts):
+    return "agrees"
+  k = len(verdicts)
+  for v in verdicts:
+    if v.word != "disagrees":
+      continue
+    p = (v.test.p if v.test.p < stats.ALPHA or v.p_equal is None
+         else v.p_equal)
+    if k == 1 or p < stats.ALPHA / k:
+      return "disagrees"
+  return "not decided"
+
+
 def judge(c: Claim, data: dict[str, Any]) -> list[str]:
   """The claim's row of the table from its experiment's record ``data``."""
   ours = c.ours.values(data)
@@ -705,9 +723,7 @@ def judge(c: Claim, data: dict[str, Any]) -> list[str]:
               else c.margin)
     verdicts.append(stats.verdict(ours, theirs, c.direction, n_eval=n_eval,
                                   margin=margin))
-  words = {v.word for v in verdicts}
-  word = ("disagrees" if "disagrees" in words else "agrees"
-          if words == {"agrees"} else "not decided")
+  word = _joint_word(verdicts)
   cells = [v.text(c.scale, spec=c.spec) for v in verdicts]
   verdict = cells[0] if len(cells) == 1 else f"{word}: " + "; ".join(
       f"vs {o.label}: {t}" for o, t in zip(c.others, cells))
@@ -746,8 +762,9 @@ def table(results: pathlib.Path,
           + stats.VERDICT_NOTE + " The 95% CI of 'ours' is the seeds' t "
           "interval; for accuracies it carries the evaluation set's binomial "
           "noise too. Accuracies in points; perplexities and "
-          "MSE as recorded; a claim against several models agrees only "
-          "where every pair does. The papers' numbers are from their own "
+          "MSE as recorded; a claim against k models agrees only "
+          "where every pair does, and disagrees where a pair does at alpha "
+          "/ k (Bonferroni). The papers' numbers are from their own "
           "settings (PAPERS.md, and the papers' text where it names a section "
           "or table) and are not comparable in absolute value.")
 
