@@ -183,6 +183,15 @@ class ClaimsTest(absltest.TestCase):
         "set), 1,000 steps x 64 (<= 8.2M tokens), 0.80-0.94M params; no "
         "search"), text)
     self.assertIn("(100x these pairs)", claims._nli_scale("snli", False)(data))
+    # A record without the task (another --tasks) reports it not run.
+    self.assertEqual(claims._nli_regime("qnli", ("hypermixer",))(data),
+                     "not run")
+    self.assertEqual(claims._nli_scale("qnli", True)(data),
+                     "the paper trains on the full train set")
+    big = {"runs": {"x/0": {"params": 1.02e7}, "x/1": {"params": 9.5e6}}}
+    self.assertEqual(claims._nli_params(big, "x/*", ("",)),
+                     "9.50-10.20M params")
+    self.assertEqual(claims._nli_params(big, "y/*", ("",)), "")
     self.assertIn("(200x these pairs)", claims._nli_scale("snli", True)(data))
     plan = {"plan": {"a": {"params": 2_211_072}, "b": {"params": 3_477_632},
                      "c": {"params": 2_211_072}}}

@@ -151,7 +151,7 @@ def test_report_rows_of_run_and_unrun_settings(tmp_path):
           else (None, 0.1, "searching"))
   for s, (fresh, pre) in enumerate(((0.60, 0.62), (0.62, 0.64))):
     exp.runs[f"probe/s30/model=gmlp/fraction=1/seed={s}"] = {
-        "random": fresh, "pretrained": pre}
+        "random": fresh, "pretrained": pre, "dev_rows": 872}
   args = argparse.Namespace(pretrain_steps=30, finetune_steps=10,
                             lrs="1e-3")
   pretraining.report(exp, args, ["gmlp"], settings, [0, 1], chosen, keys)
@@ -165,8 +165,8 @@ def test_report_rows_of_run_and_unrun_settings(tmp_path):
   assert full[2:7] == ["78.0 ± 1.4 (n=2)", "80.0 ± 0.0 (n=2)", "+2.0",
                        "not decided (2 < 3 seeds)", "0.001 / 0.001"]
   # The probe: random / pretrained, and Welch's test of the two.
-  assert full[9] == ("61.0 ± 1.4 (n=2) / 63.0 ± 1.4 (n=2) (not decided "
-                     "(2 < 3 seeds))")
+  assert full[9] == ("61.0 ± 1.4 (n=2) / 63.0 ± 1.4 (n=2): not decided "
+                     "(2 < 3 seeds)")
   # The probes read SST-2: a pair task's row shows none.
   assert snli[2:5] == ["56.0 ± 1.4 (n=2)", "60.0 ± 0.0 (n=2)", "+4.0"]
   assert snli[6] == "0.001 / 0.001"
@@ -205,7 +205,7 @@ def _fake_grid(shared_data, out, monkeypatch):
   monkeypatch.setattr(pf.glue, "bag_of_words_baselines",
                       lambda c: {"naive_bayes": 0.75})
   monkeypatch.setattr(pf, "probe_encoders", lambda c, workdir, seed: {
-      "random": 0.6, "pretrained": 0.62})
+      "random": 0.6, "pretrained": 0.62, "dev_rows": 872})
 
   def main(*flags):
     monkeypatch.setattr(sys, "argv", [

@@ -267,14 +267,23 @@ def test_a_reordered_grid_is_refused_before_it_retires_the_search(
         lambda r: r["eval"]["accuracy"], higher=True, tag=tag)
   with pytest.raises(SystemExit, match=(
       r"--tune: p/tune/model=a/setting=0 is recorded at lr 0.001, warm-up "
-      r"share 0.1, not at this grid's lr 0.003, share 0.1; pass the "
-      r"recorded order \(--lrs=0.001,0.003 --warmup_shares=0.1\)")):
+      r"share 0.1, but this grid has lr 0.003, share 0.1 there; the "
+      r"recorded search has lrs 0.001,0.003 \(in this order\) x warm-up "
+      r"shares 0.1: pass those learning rates, new ones at the end")):
     tune((3e-3, 1e-3))
   assert not calls and "superseded" not in json.loads(
       (tmp_path / "results.json").read_text())
   tune((1e-3, 3e-3, 1e-2))   # appended: only the new setting runs
   assert [(c[0], c[2]["lr"]) for c in calls if c[4]] == [("a", 1e-2),
                                                          ("b", 1e-2)]
+  # A grid short of the recorded one (a choice from part of the search):
+  # the message names the whole recorded grid, past the grid asked for.
+  with pytest.raises(SystemExit, match=(
+      r"setting=2 is recorded at lr 0.01, warm-up share 0.1, but this grid "
+      r"stops at 2 settings; the recorded search has lrs 0.001,0.003,0.01 ")):
+    tune((1e-3, 3e-3))
+  with pytest.raises(SystemExit, match=r"has lrs 0.001,0.003,0.01 \("):
+    tune((3e-3,))
   calls.clear()
   tune((3e-3, 1e-3), tag={"split": "new"})   # another carve: all again
   assert len([c for c in calls if c[4]]) == 4

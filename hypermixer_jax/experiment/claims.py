@@ -176,8 +176,8 @@ def _nli_params(data: dict[str, Any], pattern: str,
   in millions: one number, or the range."""
   sizes = sorted({f"{r['params'] / 1e6:.2f}" for m in models
                   for k, r in data["runs"].items()
-                  if fnmatch.fnmatchcase(k, pattern.format(m))})
-  return "-".join(sizes[:1] + sizes[1:][-1:]) + "M params"
+                  if fnmatch.fnmatchcase(k, pattern.format(m))}, key=float)
+  return "-".join(sizes[:1] + sizes[1:][-1:]) + "M params" if sizes else ""
 
 
 def _nli_regime(task: str, models: Sequence[str]
@@ -185,6 +185,8 @@ def _nli_regime(task: str, models: Sequence[str]
   """The untuned pair-task runs' regime: the train part's pairs (its share
   of the full train set), steps and the models' sizes, from the record."""
   def regime(data: dict[str, Any]) -> str:
+    if task not in data.get("splits", {}):
+      return "not run"
     rows = data["splits"][task]["rows"]["train"]
     return (f"{task.upper()}: 80% of the dev file ({rows:,} pairs, "
             f"{100 * rows / FULL_TRAIN[task]:.1f}% of the full train set), "
@@ -197,8 +199,11 @@ def _nli_regime(task: str, models: Sequence[str]
 def _nli_scale(task: str, tuned: bool) -> Callable[[dict[str, Any]], str]:
   """How much more data the paper's run of ``task`` has than these."""
   def scale(data: dict[str, Any]) -> str:
-    rows = (data[f"{task}_split"]["train"]["documents"] if tuned
-            else data["splits"][task]["rows"]["train"])
+    split = (data.get(f"{task}_split", {}).get("train", {}) if tuned
+             else data.get("splits", {}).get(task, {}).get("rows", {}))
+    rows = split.get("documents" if tuned else "train")
+    if not rows:
+      return "the paper trains on the full train set"
     return (f"the paper trains on the full train set "
             f"({FULL_TRAIN[task] / rows:.0f}x these pairs); here the "
             "models overfit a few thousand pairs")

@@ -270,10 +270,9 @@ def _row(runs, bases, args, mixer, setting, seeds, chosen, keys) -> list:
             if k in runs and setting[0] == "sst2"]
   probed = " / ".join(
       experiment.fmt_mean_sd([r[e] for r in probes], 100)
-      for e in ("random", "pretrained")) + " (" + experiment.verdict(
+      for e in ("random", "pretrained")) + ": " + experiment.verdict(
           [r["pretrained"] for r in probes], [r["random"] for r in probes],
-          "higher", n_eval=bases.get(nb_key(*setting), {}).get("dev_rows")
-      ).text(100) + ")" if probes else ""
+          "higher", n_eval=probes[0]["dev_rows"]).text(100) if probes else ""
   return [
       glue.LABELS[mixer], setting_label(*setting),
       experiment.fmt_mean_sd(scratch, 100) or "not run",
@@ -328,7 +327,7 @@ def _notes(args, seeds, bases) -> str:
       f"at least +{TARGET_GAIN:g}. Linear probe: dev accuracy of a logistic regression (L2 "
       f"{PROBE_L2:g} on standardised features, not tuned) on the pooled "
       "output of the encoder, frozen: freshly initialised, or pretrained; "
-      "trained on the same train rows as the classifier; in brackets, "
+      "trained on the same train rows as the classifier; after the colon, "
       "Welch's test of pretrained against random.")
   if base:
     notes += (f" MLM held out: the first {base[0]['held_out']['rows']} rows "

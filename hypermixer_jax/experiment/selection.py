@@ -230,28 +230,36 @@ def or_diverged(train: Callable[[], dict]) -> dict:
 def _check_grid(exp, prefix: str, models: Sequence[str],
                 settings_: list[dict], tag: dict) -> None:
   """A one-line error where a search recorded under ``prefix`` (with the
-  same ``tag``) holds another setting at an index of ``settings_``: the
-  grid was reordered, which would retire every recorded cell and train
-  them again. New rates and shares belong at the end of the lists."""
+  same ``tag``) does not extend to ``settings_``: a setting at a recorded
+  index differs (a reordered grid would retire every recorded cell and
+  train it again), or the grid stops short of the recorded settings (a
+  choice made from part of the search would retire the seeds). New
+  learning rates belong at the end of the list."""
+  head = f"{prefix}/model="
   for m in models:
-    recorded = [exp.runs.get(experiment.cell_key(
-        prefix, {"model": m, "setting": i})) for i in range(len(settings_))]
-    recorded = [(i, r["setting"]) for i, r in enumerate(recorded)
-                if r and "setting" in r and all(
-                    r.get(k) == v for k, v in tag.items())]
-    moved = [(i, got) for i, got in recorded if got != settings_[i]]
-    if moved:
-      i, got = moved[0]
-      lrs = ",".join(dict.fromkeys(f"{g['lr']:g}" for _, g in recorded))
-      shares = ",".join(dict.fromkeys(f"{g['warmup_share']:g}"
-                                      for _, g in recorded))
-      raise SystemExit(
-          f"--tune: {prefix}/model={m}/setting={i} is recorded at lr "
-          f"{got['lr']:g}, warm-up share {got['warmup_share']:g}, not at "
-          f"this grid's lr {settings_[i]['lr']:g}, share "
-          f"{settings_[i]['warmup_share']:g}; pass the recorded order "
-          f"(--lrs={lrs} --warmup_shares={shares}) with new values at the "
-          "end, or another --out.")
+    recorded = {}
+    for key, r in exp.runs.items():
+      at = key[len(head):].split("/setting=")
+      if (key.startswith(head) and len(at) == 2 and at[0] == m
+          and at[1].isdigit() and "setting" in r
+          and all(r.get(k) == v for k, v in tag.items())):
+        recorded[int(at[1])] = r["setting"]
+    moved = [i for i in sorted(recorded)
+             if i >= len(settings_) or recorded[i] != settings_[i]]
+    if not moved:
+      continue
+    i, grid = moved[0], [recorded[j] for j in sorted(recorded)]
+    lrs = ",".join(dict.fromkeys(f"{g['lr']:g}" for g in grid))
+    shares = ",".join(dict.fromkeys(f"{g['warmup_share']:g}" for g in grid))
+    asked = (f"this grid has lr {settings_[i]['lr']:g}, share "
+             f"{settings_[i]['warmup_share']:g} there" if i < len(settings_)
+             else f"this grid stops at {len(settings_)} settings")
+    raise SystemExit(
+        f"--tune: {head}{m}/setting={i} is recorded at lr "
+        f"{recorded[i]['lr']:g}, warm-up share "
+        f"{recorded[i]['warmup_share']:g}, but {asked}; the recorded search "
+        f"has lrs {lrs} (in this order) x warm-up shares {shares}: pass "
+        "those learning rates, new ones at the end, or another --out.")
 
 
 def tune(exp, models: Sequence[str], seeds: Sequence[int],
@@ -266,8 +274,9 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
 
   ``run(model, seed, setting, key, select)`` trains one cell and returns
   its record; ``select``: a selection run (scored on the carved validation
-  split, never on the reported set). A recorded cell made at another
-  setting (a reordered grid, a choice that moved) is retired and run again
+  split, never on the reported set). A grid that reorders or stops short
+  of the recorded search is refused (``_check_grid``); a seed recorded at
+  another setting (a choice that moved) is retired and run again
   (``Experiment.cells``' ``expect``). A model is chosen for only once its
   whole search is recorded, so a report of a partial search trains no
   seeds. A selection run whose loss or gradient became NaN/Inf is recorded
