@@ -131,10 +131,10 @@ def test_models_are_matched(tiny_models):
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory):
+def shared(tmp_path_factory, shared_data):
   """A small copy of the shared samples: 40 C4 documents, 6 WikiText-2
-  validation articles."""
-  from conftest import SHARED_DATA  # pylint: disable=g-import-not-at-top
+  validation articles (skips where ``../shared/data`` is absent)."""
+  SHARED_DATA = shared_data  # pylint: disable=invalid-name
   root = tmp_path_factory.mktemp("shared")
   (root / "c4").mkdir()
   (root / "wikitext-2-raw").mkdir()
