@@ -54,6 +54,6 @@ run experiments/smlp_vs_moe.py --scale=small --tune --report_only \
 run experiments/causal_lm.py --scale=small --report_only --ablation_seeds=3 \
     --select_hyper_dims=16,32,64 --out=$R/causal_lm
 run experiments/causal_lm.py --scale=small --tune --report_only --ablate_hyper_dims= \
-    --ablate_chunks= --select_hyper_dims=16,32,64 --lrs=3e-4,1e-3,3e-3,1e-2 --out=$R/causal_lm
+    --ablate_chunks= --select_hyper_dims=16,32,64 --lrs=3e-4,1e-3,3e-3,1e-2,3e-2 --out=$R/causal_lm
 run -m hypermixer_jax.experiment.claims
 run scripts/docs_tables.py
