@@ -478,9 +478,9 @@ def selection_section(selection: dict, chosen: str | None, runs: dict,
   for name, sel in selection.items():
     ppl = "not run"
     if sel:
-      ppl = (f"{_validation_ppl(sel[0]):.1f}" if math.isfinite(
-          _validation_ppl(sel[0])) else "diverged") + (
-              " *" if name == chosen else "")
+      v = _validation_ppl(sel[0])
+      ppl = (f"{v:.1f}" if math.isfinite(v) else "diverged") + (
+          " *" if name == chosen else "")
     rows.append([width(name), sizes[name]["model"]["d_ffn"],
                  f"{sizes[name]['flops_per_token'] / 1e6:.2f}M", ppl])
   text = (

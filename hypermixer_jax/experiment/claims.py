@@ -170,14 +170,20 @@ NLI = "w128_s1000_n128_g/task={}/model={}/seed=*"
 FULL_TRAIN = {"mnli": 392_702, "snli": 550_152, "qnli": 104_743}
 
 
+def _millions(counts) -> str:
+  """Parameter counts in millions: one number, or the smallest and the
+  largest ("0.81-0.94M"); "" for none."""
+  sizes = sorted({f"{c / 1e6:.2f}" for c in counts}, key=float)
+  return "-".join(dict.fromkeys(sizes[:1] + sizes[-1:])) + "M" if sizes else ""
+
+
 def _nli_params(data: dict[str, Any], pattern: str,
                 models: Sequence[str]) -> str:
-  """The parameter counts of ``models``' runs (``pattern.format(model)``),
-  in millions: one number, or the range."""
-  sizes = sorted({f"{r['params'] / 1e6:.2f}" for m in models
-                  for k, r in data["runs"].items()
-                  if fnmatch.fnmatchcase(k, pattern.format(m))}, key=float)
-  return "-".join(sizes[:1] + sizes[1:][-1:]) + "M params" if sizes else ""
+  """The parameter counts of ``models``' runs (``pattern.format(model)``)."""
+  sizes = _millions(r["params"] for m in models
+                    for k, r in data["runs"].items()
+                    if fnmatch.fnmatchcase(k, pattern.format(m)))
+  return sizes and sizes + " params"
 
 
 def _nli_regime(task: str, models: Sequence[str]
@@ -268,9 +274,9 @@ def _image_regime(models: Sequence[str], base: str, tuned: bool
     steps = runs[0]["step"]
     batch = runs[0].get("args", {}).get("batch_size", images_lib.SMALL_BATCH)
     images = data["baselines"][base]["train_images"]
-    sizes = "-".join(sorted({f"{r['params'] / 1e6:.2f}" for r in runs}))
+    sizes = _millions(r["params"] for r in runs)
     text = (f"CIFAR-10 32x32, {images:,} training images, {steps} steps x "
-            f"{batch} ({steps * batch / images:.2f} epochs), {sizes}M "
+            f"{batch} ({steps * batch / images:.2f} epochs), {sizes} "
             "params; ")
     if not tuned:
       return text + "each model at its config's lr and warm-up (not tuned)"
@@ -309,8 +315,7 @@ def _mlm_tuned_regime(models: Sequence[str]
             if fnmatch.fnmatchcase(k, MLM_TUNED.format(m))]
     if not runs:
       return "not run"
-    sizes = "-".join(sorted({f"{r['params']['total'] / 1e6:.2f}"
-                             for r in runs}))
+    sizes = _millions(r["params"]["total"] for r in runs)
     train = data["c4_split"]["train"]["documents"]
     checked = selection.length_confirmed(
         data, "small/s2000/vocab=small/", runs[0]["step"], models)
@@ -318,7 +323,7 @@ def _mlm_tuned_regime(models: Sequence[str]
               + ("; the same rule picks it on the carved split" if checked
                  else ""))
     return (f"{train} C4 documents (8k vocabulary), {runs[0]['step']:,} "
-            f"steps x 32 x 128 ({length}), {sizes}M "
+            f"steps x 32 x 128 ({length}), {sizes} "
             "params; "
             + _search_text(data, models, MLM_TUNED, "documents"))
   return regime
@@ -542,9 +547,7 @@ MOE_TUNED = "small8k/s1000/tuned/model={}/seed=*"
 def _moe_params(data: dict[str, Any], models: Sequence[str]) -> str:
   """The planned sizes of ``models`` (the record's ``plan``), in millions:
   one number, or the smallest and the largest."""
-  sizes = sorted({f"{data['plan'][m]['params'] / 1e6:.2f}" for m in models},
-                 key=float)
-  return "-".join(dict.fromkeys([sizes[0], sizes[-1]])) + "M params"
+  return _millions(data["plan"][m]["params"] for m in models) + " params"
 
 
 def _moe_regime(tuned: bool, models: Sequence[str]
