@@ -9,6 +9,7 @@ import os
 import pathlib
 import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 import jax
@@ -17,6 +18,7 @@ import pytest
 
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import glue
+from hypermixer_jax.experiment import records
 from hypermixer_jax.experiment import selection
 from hypermixer_jax.experiment import tuning
 
@@ -127,6 +129,32 @@ class HarnessTest(absltest.TestCase):
     self.assertNotIn("j", on_disk["runs"])
     self.assertEqual(sorted(on_disk["superseded"]), ["j", "k"])
 
+  def test_per_model_fields_keep_each_processes_entries(self):
+    """``plan``, ``sizes`` and ``length_checks`` are built from a process's
+    own (possibly stale) copy: merged entry by entry, one process's save
+    keeps the other's entries and its removals; a list stays a value."""
+    out = pathlib.Path(tempfile.mkdtemp())
+    a, b = experiment.Experiment(out), experiment.Experiment(out)
+    for field in ("plan", "sizes", "length_checks"):
+      a.save(**{field: {**a.data.get(field, {}), "gmlp": {"depth": 2}}})
+      b.save(**{field: {**b.data.get(field, {}), "switch": {"depth": 3}}})
+    on_disk = json.loads((out / "results.json").read_text())
+    for field in ("plan", "sizes", "length_checks"):
+      self.assertEqual(sorted(on_disk[field]), ["gmlp", "switch"], field)
+    a.reload()
+    a.save(length_checks={k: v for k, v in a.data["length_checks"].items()
+                          if k != "gmlp"})   # retired by a
+    b.save(sizes={**b.data["sizes"], "fnet": {"depth": 1}})
+    on_disk = json.loads((out / "results.json").read_text())
+    self.assertEqual(sorted(on_disk["length_checks"]), ["switch"])
+    self.assertEqual(sorted(on_disk["sizes"]), ["fnet", "gmlp", "switch"])
+    other = pathlib.Path(tempfile.mkdtemp())   # synthetic's list of sizes
+    c, d = experiment.Experiment(other), experiment.Experiment(other)
+    c.save(sizes=[500, 5000])
+    d.save(sizes=[50])
+    c.reload()
+    self.assertEqual(c.data["sizes"], [50])
+
   def test_a_dead_processes_claim_is_taken_over(self):
     out = tempfile.mkdtemp()
     exp = experiment.Experiment(out)
@@ -162,6 +190,28 @@ class HarnessTest(absltest.TestCase):
     self.assertEqual([r["seed"] for r in got["a"]], [0, 1, 2, 3])  # grid order
     self.assertEqual([r.get("by") for r in got["a"]],
                      ["other", None, "other", None])
+
+  def test_a_cell_another_process_recorded_at_another_setting_stops(self):
+    """A result this process waited for, recorded by another process whose
+    command expects another setting, is never mixed into these seeds."""
+    out = pathlib.Path(tempfile.mkdtemp())
+    exp, other = experiment.Experiment(out), experiment.Experiment(out)
+    (out / "claims").mkdir()
+    claim = out / "claims" / "p__model=a__seed=0.pid"
+    claim.write_text(str(os.getppid()))       # another live process runs it
+
+    def meanwhile(_):   # while this process waits for the claim
+      other.runs["p/model=a/seed=0"] = {"seed": 0, "setting": {"lr": 1.0}}
+      other.save()
+      claim.unlink()
+    with mock.patch.object(records.time, "sleep", meanwhile), \
+        self.assertRaisesRegex(
+            RuntimeError, r"p/model=a/seed=0 was recorded by another process"
+            r" with \{'setting': \{'lr': 1.0\}\}, where this command's cell "
+            r"has \{'setting': \{'lr': 3.0\}\}"):
+      exp.cells("p", experiment.grid(model=("a",), seed=range(1)),
+                lambda c, key: {"setting": {"lr": 3.0}},
+                expect=lambda cell: {"setting": {"lr": 3.0}})
 
   def test_jobs_of_any_keys_are_shared_out_the_same_way(self):
     out = pathlib.Path(tempfile.mkdtemp())

@@ -251,3 +251,22 @@ def test_synthetic_tune_holds_out_training_sequences_and_tests_on_test(
                            "sha256": digest.hexdigest()}
   assert (f"Held-out sequences: n=500: 50 (sha256 "
           f"{split['validation']['sha256'][:12]}...)") in table
+
+
+@pytest.mark.slow
+def test_a_cut_short_cell_resumes_only_its_own_config(tmp_path, capsys):
+  """A cell whose run was cut short resumes its checkpoints only where they
+  were trained with the same config (bookkeeping aside): a cell whose
+  setting moved meanwhile trains from scratch, the old run moved aside."""
+  cfg = sde.run_config("none", 64, 0, 2, batch_size=8, eval_examples=8)
+  workdir = str(tmp_path / "cell")
+  assert experiment.train(cfg, workdir)["source"] == "scratch"
+  cfg.log_every, cfg.keep_checkpoints = 2, 3          # bookkeeping only
+  assert experiment.train(cfg, workdir)["source"] == "workdir"
+  assert not list(tmp_path.glob("cell.other-config-*"))
+  cfg.learning_rate *= 3                               # the setting moved
+  result = experiment.train(cfg, workdir)
+  assert result["source"] == "scratch"
+  (moved,) = tmp_path.glob("cell.other-config-*")
+  assert (moved / "checkpoints" / "2").is_dir()
+  assert "learning_rate: " in capsys.readouterr().out

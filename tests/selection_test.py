@@ -46,6 +46,25 @@ def test_carve_keeps_a_tsv_header_and_every_tenth_row(tmp_path):
   assert again["train"]["sha256"] == split["train"]["sha256"]
 
 
+def test_carving_again_leaves_a_file_being_read_whole(tmp_path):
+  """A second process starting the study carves the split again while the
+  first trains from it: an unchanged file is not touched, and a changed one
+  is replaced whole (a reader of the old file still reads all of it)."""
+  source = tmp_path / "docs.jsonl"
+  source.write_text("".join(f'{{"i": {i}}}\n' for i in range(30)))
+  selection.carve_lines(source, tmp_path / "o")
+  train = tmp_path / "o" / "train.jsonl"
+  before = train.stat()
+  with open(train, encoding="utf-8") as reader:
+    selection.carve_lines(source, tmp_path / "o")
+    assert (train.stat().st_ino, train.stat().st_mtime_ns) == (
+        before.st_ino, before.st_mtime_ns)
+    source.write_text("".join(f'{{"j": {i}}}\n' for i in range(40)))
+    selection.carve_lines(source, tmp_path / "o")
+    assert len(reader.read().splitlines()) == 27       # the old file, whole
+  assert len(train.read_text().splitlines()) == 36
+
+
 def test_carving_too_few_examples_says_so(tmp_path):
   source = tmp_path / "t.jsonl"
   source.write_text("{}\n" * 9)

@@ -16,6 +16,7 @@ import numpy as np
 from hypermixer_jax import baselines
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import selection
+from hypermixer_jax.train import storage
 
 # Test accuracy of the paper's table (poster version, 11M, no pretraining).
 PAPER = {
@@ -204,8 +205,9 @@ def subset_tsv(source: str, fraction: float, out: pathlib.Path) -> str:
     header, rows = lines[0], lines[1:]
     keep = np.random.default_rng(0).permutation(len(rows))[
         :max(1, round(fraction * len(rows)))]
-    path.write_text("\n".join([header] + [rows[i] for i in sorted(keep)])
-                    + "\n", encoding="utf-8")
+    # All at once: a run killed mid-write leaves no half file to reuse.
+    storage.replace(path, "\n".join([header] + [rows[i] for i in
+                                               sorted(keep)]) + "\n")
   return str(path)
 
 

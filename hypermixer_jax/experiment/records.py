@@ -107,10 +107,12 @@ class Experiment:
     seen, merged = self._seen, {}
     for field in {**disk, **self.data}:
       mine, theirs = self.data.get(field, _NONE), disk.get(field, _NONE)
-      if field in _BY_KEY:
+      if field in _BY_KEY and all(isinstance(v, dict) or v is _NONE
+                                  for v in (mine, theirs)):
         merged[field] = _merge_entries(
             {} if theirs is _NONE else theirs,
-            self.data.setdefault(field, {}), seen.get(field, {}))
+            self.data.setdefault(field, {}),
+            _dict_or_empty(seen.get(field, {})))
       else:
         merged[field] = _newer(mine, theirs, seen.get(field, _NONE))
     merged = {k: v for k, v in merged.items() if v is not _NONE}
@@ -256,6 +258,17 @@ class Experiment:
     results = self.share([(k, lambda c=c, k=k: fn(c, k))
                           for k, c in cells.items()],
                          before=check if expect is not None else None)
+    for key, result in results.items():
+      # A result this process waited for was recorded by another, which
+      # may expect another setting (another --lrs, older code).
+      want = {} if expect is None or result is None else expect(cells[key])
+      got = {k: (result or {}).get(k) for k in want}
+      if got != want and not self.report_only:
+        raise RuntimeError(
+            f"{self.out}: {key} was recorded by another process with {got}, "
+            f"where this command's cell has {want}: the two commands on this "
+            "--out disagree (e.g. another --lrs); stop one and run the other "
+            "again.")
     out: dict[Any, list[dict[str, Any]]] = {}
     for key, c in cells.items():
       result = results[key]
@@ -355,8 +368,11 @@ class Experiment:
     fig.savefig(self.figure_path(name), dpi=120)
 
 
-# The record's fields merged entry by entry between processes.
-_BY_KEY = ("runs", "superseded", "baselines", "splits")
+# The record's fields merged entry by entry between processes (one
+# process's model sizes, plan or length verdicts keep the other's), where
+# they are dicts on both sides (a study may record ``sizes`` as a list).
+_BY_KEY = ("runs", "superseded", "baselines", "splits", "sizes", "plan",
+           "length_checks")
 
 
 _NONE = object()   # a field or entry that one side does not hold
@@ -386,6 +402,10 @@ def _merge_entries(disk: dict, mine: dict, seen: dict) -> dict:
   mine.clear()
   mine.update((k, v) for k, v in out.items() if v is not _NONE)
   return mine
+
+
+def _dict_or_empty(value: Any) -> dict:
+  return value if isinstance(value, dict) else {}
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from typing import Any, Callable
 
 
@@ -69,7 +70,8 @@ def train(config, workdir: str, *, with_params: bool = False
   'weight_decay_mask': the optimiser's decay rule (optim.DECAY_MASK_RULE)}``;
   curves come from the run's ``metrics.jsonl``, of which the training
   intervals keep only their throughput (``THROUGHPUT``: what tables read; the
-  losses stay in the workdir). A workdir that already holds checkpoints resumes.
+  losses stay in the workdir). A workdir that already holds checkpoints resumes
+  when they were trained with ``config`` (``set_aside_other_run``).
   With ``with_params`` the result also holds ``'params'``, the trained
   parameters (``trained_params``): use them, then drop them before the result
   is recorded (they are not JSON).
@@ -77,6 +79,7 @@ def train(config, workdir: str, *, with_params: bool = False
   from hypermixer_jax.train import loop  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import metrics  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
+  set_aside_other_run(config, workdir)
   result = loop.train_and_evaluate(config, workdir)
   if getattr(result, "preempted", False):
     # A run stopped by a preemption notice (SIGTERM) is not a result: the
@@ -96,6 +99,45 @@ def train(config, workdir: str, *, with_params: bool = False
   if with_params:
     out["params"] = trained_params(config, workdir, result)
   return out
+
+
+# Fields a cell's run may change between its starts without changing what
+# it trains (prefixes of the flattened config).
+BOOKKEEPING = ("checkpoint_every", "keep_checkpoints", "async_checkpoints",
+               "log_every", "profile.", "debug.")
+
+
+def set_aside_other_run(config, workdir: str) -> str | None:
+  """Moves ``workdir`` aside (to ``<workdir>.other-config-<UTC time>``)
+  when its checkpoints were trained with another config than ``config``
+  (any saved copy, ``configs/*.json``, differing outside ``BOOKKEEPING``):
+  a cell whose setting moved while its run was cut short (a choice that
+  changed, a grid extended) would otherwise resume the old setting's run
+  and record it as the new one. Returns where it went, or None."""
+  import datetime  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
+  if not run_config.has_checkpoint(workdir):
+    return None
+  ours = json.loads(config.to_json_best_effort(sort_keys=True))
+  for copy in run_config.run_copies(workdir):
+    diff = {k: v for k, v in run_config.differences(
+        json.loads(copy.read_text()), ours).items()
+            if not k.startswith(BOOKKEEPING)}
+    if diff:
+      break
+  else:
+    return None
+  stamp = datetime.datetime.now(datetime.timezone.utc).strftime(
+      "%Y%m%dT%H%M%SZ")
+  dest = f"{os.fspath(workdir).rstrip('/')}.other-config-{stamp}"
+  os.rename(workdir, dest)
+  shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in
+                    list(diff.items())[:4])
+  print(f"{workdir}: its checkpoints were trained with another config "
+        f"({shown}{'; ...' if len(diff) > 4 else ''}); moved to {dest}, "
+        "training this config from scratch.", flush=True)
+  return dest
 
 
 def trained_params(config, workdir: str, result: Any = None):

@@ -90,10 +90,20 @@ def carve_lines(source: str | pathlib.Path, folder: str | pathlib.Path, *,
          "source_sha256": experiment.file_digest(source)}
   for split, name in zip(("train", "validation"), names):
     path = folder / name
-    path.write_text("".join(head + parts[split]), encoding="utf-8")
+    settle_file(path, "".join(head + parts[split]))
     out[split] = {"path": str(path), "documents": len(parts[split]),
                   "sha256": experiment.file_digest(path)}
   return out
+
+
+def settle_file(path: pathlib.Path, text: str) -> None:
+  """Writes ``text`` to ``path`` unless it holds it already, all at once
+  (``storage.replace``): another process training from the file never
+  reads it half-written, and an unchanged file is not touched."""
+  from hypermixer_jax.train import storage  # pylint: disable=g-import-not-at-top
+  if path.exists() and path.read_bytes() == text.encode("utf-8"):
+    return
+  storage.replace(path, text)
 
 
 def tfds_carve(fraction: float = 1.0) -> dict:

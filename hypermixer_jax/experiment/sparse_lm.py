@@ -603,9 +603,9 @@ def carve_c4(exp: experiment.Experiment, config) -> dict:
   folder = pathlib.Path(exp.workdir("c4_split"))
   folder.mkdir(parents=True, exist_ok=True)
   joined = folder / "c4_sample.jsonl"
-  joined.write_text("".join(
+  selection.settle_file(joined, "".join(
       pathlib.Path(f).read_text(encoding="utf-8")
-      for f in config.data.local_files.train.split(",")), encoding="utf-8")
+      for f in config.data.local_files.train.split(",")))
   return selection.carve_lines(joined, folder)
 
 
