@@ -52,6 +52,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.eval_steps = -1                        # the whole validation split
   c.log_every = 50
   c.checkpoint_every = 500
+  # At least 2: a step damaged after it was written (found on restore by its
+  # fingerprints) then leaves an older one to resume from; 1 keeps none.
   c.keep_checkpoints = 2
 
   # At the end of training: the map of the first validation example.

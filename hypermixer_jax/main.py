@@ -82,7 +82,7 @@ def _verify(config) -> None:
     sys.exit(f"Damaged: step(s) {', '.join(bad)} of {FLAGS.workdir}; "
              "training on this workdir resumes from the newest step that "
              "restores and moves the damaged steps newer than it to "
-             "checkpoints/damaged/.")
+             "checkpoints_damaged/.")
 
 
 def _compile(config) -> None:

@@ -175,12 +175,18 @@ def test_silently_altered_newest_step_is_set_aside_and_trained_again(
   assert result.source == "workdir" and result.step == 8
   assert f"Checkpoint {ck}/8 does not restore: IntegrityError: " in caplog.text
   assert "Resuming from step 4, the newest step that restores." in caplog.text
-  [aside] = os.listdir(ck / "damaged")
-  assert aside.startswith("8-") and os.listdir(ck / "damaged" / aside)
+  [aside] = os.listdir(workdir / "checkpoints_damaged")
+  assert aside.startswith("8-") and os.listdir(
+      workdir / "checkpoints_damaged" / aside)
   # Step 8 saved again, bit for bit the state of the undamaged run.
   rows = verify.verify(workdir)
   assert [(r.step, r.status) for r in rows] == [
       ("8", "ok"), ("4", "ok"), (aside, "set aside")]
+  # Steps earlier versions set aside inside the folder are listed too.
+  (ck / "damaged" / "4-20250101T000000Z").mkdir(parents=True)
+  assert [(r.status, r.what) for r in verify.verify(workdir)[2:]] == [
+      ("set aside", f"checkpoints_damaged/{aside}"),
+      ("set aside", "damaged/4-20250101T000000Z")]
   for a, b in zip(jax.tree.leaves(jax.device_get(result.state)),
                   jax.tree.leaves(run[1])):
     np.testing.assert_array_equal(a, b)
@@ -313,7 +319,7 @@ def test_verify_from_the_command_line(run, tmp_path):
   assert out.stderr.splitlines()[-1] == (
       f"Damaged: step(s) 8 of {workdir}; training on this workdir resumes "
       "from the newest step that restores and moves the damaged steps newer "
-      "than it to checkpoints/damaged/.")
+      "than it to checkpoints_damaged/.")
   assert "Traceback" not in out.stderr
 
 
@@ -374,6 +380,16 @@ def test_a_read_failed_by_the_storage_stops_and_sets_nothing_aside(
   monkeypatch.setattr(ckpt_lib.Checkpointer, "restore", flaky)
   assert ckpt_lib.of_environment(error)
   assert not ckpt_lib.of_environment(ValueError("DATA_LOSS: truncated"))
+  # gcsfs (gs:// without TensorFlow) once its retries are spent: the HTTP
+  # status says whether the store failed or the object is missing.
+  from gcsfs import retry  # pylint: disable=g-import-not-at-top
+  import aiohttp  # pylint: disable=g-import-not-at-top
+  for code, failed in ((503, True), (429, True), (408, True), (404, False),
+                       (412, False)):
+    assert ckpt_lib.of_environment(
+        retry.HttpError({"code": code, "message": "x"})) == failed, code
+  assert ckpt_lib.of_environment(aiohttp.ServerDisconnectedError())
+  assert not ckpt_lib.of_environment(aiohttp.ClientPayloadError("cut"))
   # TensorFlow's file system (gs:// through etils) names the status by the
   # error's class alone; Orbax may wrap it.
   class UnavailableError(Exception):
@@ -394,3 +410,19 @@ def test_a_read_failed_by_the_storage_stops_and_sets_nothing_aside(
   monkeypatch.setattr(ckpt_lib.Checkpointer, "restore", restore)
   assert [(r.step, r.status) for r in verify.verify(workdir)] == [
       ("8", "ok"), ("4", "ok")]
+
+
+def test_leftover_read_errors_of_a_damaged_step_are_not_reported(caplog):
+  """A damaged step fails several TensorStore reads; the first is the
+  reason, the others asyncio would log (whenever the garbage collector
+  runs) as tracebacks: dropped, while any other asyncio error is kept."""
+  import logging  # pylint: disable=g-import-not-at-top
+  ckpt_lib.quiet_failed_reads()
+  log = logging.getLogger("asyncio")
+  read = ValueError('DATA_LOSS: Error opening "zarr" driver: ... '
+                    "[tensorstore_spec='{}']")
+  with caplog.at_level("ERROR", logger="asyncio"):
+    for error in (read, ValueError("a bug of ours")):
+      log.error("Task exception was never retrieved\nfuture: <Task>",
+                exc_info=(ValueError, error, None))
+  assert [str(r.exc_info[1]) for r in caplog.records] == ["a bug of ours"]

@@ -146,7 +146,7 @@ def test_two_processes_train_like_one(tmp_path, cache_dir):
     assert "resuming from own checkpoint" in log and " step 6 " in log, (
         log[-3000:])
   assert ckpt_lib.Checkpointer(two / "checkpoints").all_steps() == [6, 12]
-  assert len(list((two / "checkpoints" / "damaged").iterdir())) == 1
+  assert len(list((two / "checkpoints_damaged").iterdir())) == 1
   again = metrics_lib.read_metrics(str(two))
   np.testing.assert_allclose([again[s]["loss"] for s in range(1, 13)],
                              [ref[s]["loss"] for s in range(1, 13)],

@@ -104,6 +104,39 @@ def test_load_pretrained_mismatch_names_every_path(tmp_path):
   assert "unexpected in checkpoint: encoder/bias" in msg
 
 
+def test_load_pretrained_into_other_dtype_checks_the_saved_bits(tmp_path):
+  """Read into a bf16 model, the parameters are the saved float32 values
+  cast; the fingerprints are checked on the saved bits first, so a step
+  altered under a valid container is refused, not cast and loaded."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  pre = _save_pretrained(tmp_path)
+  new = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.bfloat16),
+                     jax.device_get(pre["params"]))
+  out = ckpt_lib.load_pretrained(tmp_path, new, reinit=[])
+  for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(pre["params"])):
+    assert a.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(a, np.asarray(b).astype(jnp.bfloat16))
+  with pytest.raises(ValueError, match=r"init_reinit=\['.\*'\] "
+                     r"re-initialises every one of the model's 3 parameter "
+                     r"arrays, so nothing would be loaded"):
+    ckpt_lib.load_pretrained(tmp_path, new, reinit=[".*"])
+  # One bit of the encoder's kernel flipped, the state written again.
+  step = tmp_path / "checkpoints" / "5" / ckpt_lib.STATE
+  saver = ocp.StandardCheckpointer()
+  tree = jax.device_get(saver.restore(step))
+  bits = np.array(tree["params"]["encoder"]["kernel"]).view(np.uint32)
+  bits.flat[7] ^= 1 << 30
+  tree["params"]["encoder"]["kernel"] = bits.view(np.float32)
+  shutil.rmtree(step)
+  saver.save(step, tree)
+  saver.wait_until_finished()
+  saver.close()
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match="fingerprint mismatch in params/encoder/kernel"):
+    ckpt_lib.load_pretrained(tmp_path, new, reinit=[])
+
+
 def _damage(folder, how):
   """Damages one saved step folder the ways a crash or a disk can."""
   import os  # pylint: disable=g-import-not-at-top
@@ -149,10 +182,13 @@ def test_damaged_newest_step_falls_back(tmp_path, how, caplog):
                                 np.asarray(state["params"]["head"]["kernel"])
                                 + 1)
   assert f"Checkpoint {tmp_path}/2 does not restore: " in caplog.text
-  # Set aside, never deleted, so that the step can be saved again.
-  [aside] = os.listdir(tmp_path / "damaged")
+  # Set aside, never deleted, so that the step can be saved again; outside
+  # the checkpoints folder, where Orbax's clean-up of unfinished folders
+  # (on gs://: every folder without a commit file) never reaches.
+  [aside] = os.listdir(f"{tmp_path}_damaged")
   assert aside.startswith("2-") and not os.path.exists(tmp_path / "2")
-  assert f"{tmp_path}/2 moved to {tmp_path}/damaged/{aside}" in caplog.text
+  assert os.listdir(tmp_path) == ["1"]
+  assert f"{tmp_path}/2 moved to {tmp_path}_damaged/{aside}" in caplog.text
 
   # Every step damaged: an error naming each folder, never a fresh start.
   _damage(os.path.join(tmp_path, "1"), how)

@@ -34,7 +34,9 @@ back to the newest step that restores when the newest ones are damaged
 mismatch, NaN/Inf); a read that fails for the storage or the host (a
 timeout, no permission, no memory: ``of_environment``) stops the run
 instead, setting nothing aside. It moves each damaged step newer than it to
-``damaged/<step>-<time>/`` beside the steps (never deleted), so that the
+``<checkpoints>_damaged/<step>-<time>/`` beside the steps' folder (never
+deleted; outside it, where Orbax's clean-up of unfinished folders, which on
+``gs://`` takes any folder without a commit file, never reaches), so that the
 resumed run saves that step again (older damaged steps stay where they
 are). When step folders exist but none
 restores it stops with an error naming them, rather than starting from
@@ -72,8 +74,15 @@ PyTree = Any
 STATE = "state"
 DATA = "data"
 FINGERPRINTS = integrity.ITEM
-# Where damaged steps are moved, inside the checkpoints folder.
+# Where damaged steps are moved: ``damaged_folder``; earlier versions
+# moved them into the checkpoints folder's own ``damaged/``.
 DAMAGED = "damaged"
+
+
+def damaged_folder(directory: str | os.PathLike) -> epath.Path:
+  """Where ``set_aside`` moves the damaged steps of the checkpoints folder
+  ``directory``: ``<directory>_damaged``, beside it."""
+  return epath.Path(f"{os.fspath(directory).rstrip('/')}_{DAMAGED}")
 
 
 class CheckpointError(RuntimeError):
@@ -282,7 +291,8 @@ class Checkpointer:
     """``(step, state, data_state)`` of the newest step that restores.
 
     For the training run that owns the folder: each damaged newer step is
-    named in a warning with why, and moved to ``damaged/<step>-<time>/``
+    named in a warning with why, and moved to ``damaged_folder``'s
+    ``<step>-<time>/``
     (``set_aside``) so that training saves that step again. Returns None
     only when the directory holds no step folder at all.
 
@@ -291,6 +301,12 @@ class Checkpointer:
         with its error), so that a run never starts from scratch over them.
     """
     quiet_failed_reads()
+    # Orbax's clean-up of unfinished folders runs in a thread from the
+    # manager's start: done before the listing, so that no folder it is
+    # deleting is read or set aside. (Orbax 0.12 has no public call; its
+    # save waits the same way.)
+    getattr(self.manager, "_maybe_await_cleanup_tmp_directory",
+            lambda: None)()
     # Process 0's listing, so that every process tries the same steps.
     finished = set(self.all_steps())
     listed = _from_process_0(
@@ -329,12 +345,13 @@ class Checkpointer:
         f"{self.directory} holds checkpoint steps but none restores:\n"
         + "\n".join(f"  {f}: {why}" for f, why in failures)
         + "\nNot starting from scratch over them. Move the damaged step "
-        f"folders away (e.g. into {self.directory}/{DAMAGED}/) to start again "
-        "from init_checkpoint or from scratch, or use a new --workdir; "
+        f"folders away (e.g. into {damaged_folder(self.directory)}/) to start "
+        "again from init_checkpoint or from scratch, or use a new --workdir; "
         "--mode=verify --workdir=... lists what failed in each.")
 
   def set_aside(self, folders: Sequence[str]) -> None:
-    """Moves each damaged step folder to ``damaged/<step>-<UTC time>/``
+    """Moves each damaged step folder to ``damaged_folder``'s
+    ``<step>-<UTC time>/``
     (the primary process moves; all processes then see the new step
     list)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -342,7 +359,7 @@ class Checkpointer:
     def move():
       for folder in folders:
         name = f"{epath.Path(folder).name}-{stamp}"
-        target = epath.Path(self.directory) / DAMAGED / name
+        target = damaged_folder(self.directory) / name
         n = 1
         while target.exists():   # the same step damaged twice in a second
           n += 1
@@ -415,6 +432,17 @@ UNFINISHED = ("not a finished checkpoint (no commit marker or metadata Orbax "
               "recognises)")
 
 
+class _LeftoverReadErrors(logging.Filter):
+  """Drops asyncio's report of a TensorStore read whose failure nobody
+  awaited (the read of a damaged step already failed with the first)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return not (str(record.msg).startswith("Task exception was never "
+                                           "retrieved")
+                and error is not None and "tensorstore_spec" in str(error))
+
+
 def quiet_failed_reads() -> None:
   """Drops the reports of a failed Orbax read's leftover callbacks.
 
@@ -422,9 +450,15 @@ def quiet_failed_reads() -> None:
   TensorStore still completes the step's other reads; each completion then
   reports ``RuntimeError('Event loop is closed')`` through
   ``sys.unraisablehook``, hundreds of tracebacks that bury the one-line
-  reason. Only that report is dropped; every other goes to the previous
-  hook. Installed once per process, before a read that may fail.
+  reason; and a second array whose read failed too is logged by asyncio as
+  "Task exception was never retrieved" with TensorStore's error, at a time
+  that depends on the garbage collector. Only those reports are dropped;
+  every other goes on. Installed once per process, before a read that may
+  fail.
   """
+  asyncio_log = logging.getLogger("asyncio")
+  if not any(isinstance(f, _LeftoverReadErrors) for f in asyncio_log.filters):
+    asyncio_log.addFilter(_LeftoverReadErrors())
   previous = sys.unraisablehook
   if getattr(previous, "_drops_closed_loop", False):
     return
@@ -457,18 +491,32 @@ _ENVIRONMENT_TF_ERRORS = ("UnavailableError", "DeadlineExceededError",
                           "UnauthenticatedError")
 
 
+# fsspec's gcsfs (``gs://`` through etils without TensorFlow) raises a plain
+# ``HttpError`` whose ``code`` is the HTTP status, once its own retries are
+# spent; aiohttp's response errors carry it as ``status``. These statuses
+# say the store failed (a timeout, throttling, a server error), not the file.
+_ENVIRONMENT_HTTP = (408, 429, *range(500, 600))
+_HTTP_ERRORS = {"HttpError", "ClientResponseError"}
+# aiohttp's errors of a request that got no response.
+_NO_RESPONSE_ERRORS = {"ClientConnectionError", "ServerTimeoutError"}
+
+
 def of_environment(e: BaseException | None) -> bool:
   """True when ``e`` (or an error it was raised from) says the storage or
-  the host failed (a timeout, a refused connection, no permission, no
-  memory) rather than that the step's files are damaged: retrying may
-  read the step."""
+  the host failed (a timeout, a refused connection, throttling, a server
+  error, no permission, no memory) rather than that the step's files are
+  damaged: retrying may read the step."""
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))
     if isinstance(e, (ConnectionError, TimeoutError, PermissionError,
                       MemoryError)):
       return True
-    if any(t.__name__ in _ENVIRONMENT_TF_ERRORS for t in type(e).__mro__):
+    names = {t.__name__ for t in type(e).__mro__}
+    if names & set(_ENVIRONMENT_TF_ERRORS):
+      return True
+    if names & _NO_RESPONSE_ERRORS or names & _HTTP_ERRORS and getattr(
+        e, "code", getattr(e, "status", None)) in _ENVIRONMENT_HTTP:
       return True
     if any(code in str(e) for code in _ENVIRONMENT_STATUS):
       return True
@@ -802,13 +850,20 @@ def _load_step(manager: ocp.CheckpointManager, directory: str, step: int,
   for k, src in sorted(sources.items()):
     if src and (bad := _shape_error(k, src, new, saved)):
       errors.append(bad)
+  if not sources:
+    raise ValueError(
+        f"init checkpoint {directory}/{step}: init_reinit={list(reinit)} "
+        f"re-initialises every one of the model's {len(new)} parameter "
+        "arrays, so nothing would be loaded; narrow init_reinit, or train "
+        "from scratch without init_checkpoint.")
   if errors:
     raise ValueError(
         f"init checkpoint {directory}/{step} does not fit the model "
         f"(re-initialised: {list(reinit)}):\n" + "\n".join(errors)
         + _layout_hint(new, saved))
   # Abstract target of the saved leaves to read only, with the new
-  # shardings and dtypes; the rest of the saved tree is left on disk.
+  # shardings and the saved dtypes (the fingerprints are of the saved bits;
+  # cast after the check); the rest of the saved tree is left on disk.
   target = _nest({key: _saved_target(src, new[k], saved[key])
                   for k, src in sources.items() for key in src[1]})
   try:
@@ -927,18 +982,19 @@ def _saved_target(src, new_leaf, saved_leaf):
     sharding = _spec_sharding(sharding, drop=True)
   elif src[0] == "slice":
     sharding = _spec_sharding(sharding, drop=False)
-  return jax.ShapeDtypeStruct(tuple(saved_leaf.shape), new_leaf.dtype,
+  return jax.ShapeDtypeStruct(tuple(saved_leaf.shape), saved_leaf.dtype,
                               sharding=sharding)
 
 
 def _assemble(src, read: dict, new_leaf):
   kind, keys, index = src
   if kind == "same":
-    return read[keys[0]]
+    return read[keys[0]].astype(new_leaf.dtype)
   if kind == "stack":
     out = jax.numpy.stack([read[k] for k in keys])
   else:
     out = read[keys[0]][index]
+  out = out.astype(new_leaf.dtype)
   sharding = getattr(new_leaf, "sharding", None)
   return jax.device_put(out, sharding) if sharding is not None else out
 

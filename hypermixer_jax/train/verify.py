@@ -6,7 +6,9 @@ needed), its arrays compared with the fingerprints saved with it and checked
 for NaN/Inf, and each process's input position parsed. The table says, per
 step, ``ok``, ``ok, no fingerprint`` (saved before fingerprints were
 recorded: read and finite, nothing to compare), ``damaged`` with what failed,
-or ``set aside`` for the steps a training run moved to ``damaged/``.
+or ``set aside`` for the steps a training run moved to
+``checkpoints_damaged/`` (``checkpoint.damaged_folder``; earlier versions:
+``checkpoints/damaged/``).
 """
 from __future__ import annotations
 
@@ -57,9 +59,11 @@ def verify(path: str | os.PathLike) -> list[Row]:
   on_disk = ([only] if only is not None else
              [int(p.name) for p in epath.Path(directory).iterdir()
               if p.name.isdigit()])
-  aside = sorted(p.name for p in (epath.Path(directory)
-                                  / ckpt_lib.DAMAGED).glob("*")
-                 ) if only is None else []
+  aside = [] if only is not None else [
+      f"{folder.name}/{p.name}"
+      for folder in (ckpt_lib.damaged_folder(directory),
+                     epath.Path(directory) / ckpt_lib.DAMAGED)
+      for p in sorted(folder.glob("*"))]
   if not on_disk and not aside:
     raise FileNotFoundError(
         f"no checkpoint step in {directory}: give the --workdir of a trained "
@@ -72,8 +76,7 @@ def verify(path: str | os.PathLike) -> list[Row]:
             for step in sorted(set(on_disk), reverse=True)]
   finally:
     manager.close()
-  return rows + [Row(name, SET_ASIDE, f"{ckpt_lib.DAMAGED}/{name}")
-                 for name in aside]
+  return rows + [Row(name.split("/")[-1], SET_ASIDE, name) for name in aside]
 
 
 def _check(manager, directory: str, step: int, finished: set[int]) -> Row:
