@@ -164,6 +164,22 @@ class HarnessTest(absltest.TestCase):
     (claims / "a__b.pid").write_text("4194400")
     self.assertEqual(exp.run("a/b", lambda: {"v": 3})["v"], 3)
 
+  def test_claims_go_once_recorded_and_a_claim_being_written_is_held(self):
+    out = pathlib.Path(tempfile.mkdtemp())
+    exp, other = experiment.Experiment(out), experiment.Experiment(out)
+    exp.run("a/b", lambda: {"v": 1})
+    self.assertEqual(list((out / "claims").iterdir()), [])
+    # Another process has created its claim and not yet written its PID.
+    (out / "claims" / "c.pid").write_text("")
+
+    def meanwhile(_):   # that process records the cell
+      other.runs["c"] = {"v": "other's"}
+      other.save()
+      (out / "claims" / "c.pid").unlink()
+    with mock.patch.object(records.time, "sleep", meanwhile):
+      got = exp.run("c", lambda: {"v": "taken over"})
+    self.assertEqual(got["v"], "other's")
+
   def test_a_cell_another_process_runs_waits_behind_the_free_ones(self):
     out = pathlib.Path(tempfile.mkdtemp())
     exp = experiment.Experiment(out)
@@ -263,6 +279,18 @@ class HarnessTest(absltest.TestCase):
     self.assertFalse(old_dir.exists())
     self.assertEqual((out / "runs/superseded/p/model=a/seed=0/ckpt"
                       ).read_text(), "old")
+    # Retired again (the setting moved back): both retired records and
+    # work directories are kept.
+    old_dir.mkdir(parents=True)
+    (old_dir / "ckpt").write_text("second")
+    again.cells("p", grid, lambda c, k: {"params": 10, "seed": c["seed"]},
+                expect=lambda c: {"params": 10})
+    saved = json.loads((out / "results.json").read_text())
+    self.assertEqual(
+        [saved["superseded"][k]["params"] for k in
+         ("p/model=a/seed=0", "p/model=a/seed=0#2")], [10, 12])
+    self.assertEqual([(out / f"runs/superseded/p/model=a/{k}/ckpt").read_text()
+                      for k in ("seed=0", "seed=0#2")], ["old", "second"])
 
   def test_parse_turns_on_the_compilation_cache(self):
     import jax  # pylint: disable=g-import-not-at-top

@@ -10,7 +10,6 @@ import itertools
 import json
 import os
 import pathlib
-import shutil
 import time
 from typing import Any, Callable, Iterable, Sequence
 
@@ -130,8 +129,13 @@ class Experiment:
       except FileExistsError:
         try:
           pid = int(path.read_text() or 0)
+          # Empty: another process between creating it and writing its PID.
+          fresh = not pid and time.time() - path.stat().st_mtime < 60
         except (OSError, ValueError):
-          pid = 0
+          pid, fresh = 0, False
+        if fresh:
+          time.sleep(1)
+          continue
         if pid and pid != os.getpid() and _alive(pid):
           time.sleep(10)
           self.reload()
@@ -142,6 +146,10 @@ class Experiment:
         continue
       with os.fdopen(fd, "w") as f:
         f.write(str(os.getpid()))
+      self.reload()   # recorded (and its claim gone) since it was looked for
+      if key in self.runs:
+        path.unlink(missing_ok=True)
+        return False
       return True
 
   def _claim_path(self, key: str) -> pathlib.Path:
@@ -173,6 +181,9 @@ class Experiment:
       self._ran = True
       self.runs[key] = result
       self.save()
+      # Recorded: the claim goes (a PID reused after a restart would
+      # otherwise hold it).
+      self._claim_path(key).unlink(missing_ok=True)
       print(f"[{self.out.name}] {key}: "
             + json.dumps({k: v for k, v in result.items()
                           if not isinstance(v, (dict, list))}), flush=True)
@@ -207,21 +218,27 @@ class Experiment:
 
   def supersede(self, key: str, why: str) -> None:
     """Retires ``key``'s recorded result: it moves to ``superseded[key]``
-    with ``why`` (kept, for the record) and its work directory to
-    ``runs/superseded/`` (a run there would resume from its checkpoints),
+    (``key#2`` ... for a key retired again) with ``why`` (kept, for the
+    record) and its work directory to ``runs/superseded/`` under the same
+    name (a run there would resume from its checkpoints),
     so that the cell runs again. A report leaves the cell out."""
     result = self.runs.pop(key)
-    self.data.setdefault("superseded", {})[key] = dict(
-        result, superseded_because=why)
+    retired = self.data.setdefault("superseded", {})
+    # A key retired before keeps that record too: ``key#2``, ``key#3`` ...
+    name = key
+    for n in itertools.count(2):
+      if name not in retired and not (
+          self.out / "runs" / "superseded" / name).exists():
+        break
+      name = f"{key}#{n}"
+    retired[name] = dict(result, superseded_because=why)
     print(f"[{self.out.name}] {key}: superseded ({why})", flush=True)
     if self.report_only:   # a report changes nothing on disk
       return
     old = pathlib.Path(self.workdir(key))
     if old.exists():
-      dest = self.out / "runs" / "superseded" / key
+      dest = self.out / "runs" / "superseded" / name
       dest.parent.mkdir(parents=True, exist_ok=True)
-      if dest.exists():
-        shutil.rmtree(dest)
       old.rename(dest)
     self.save()
 
