@@ -126,7 +126,7 @@ def test_carve_by_group_keeps_each_group_on_one_side(tmp_path):
 
 
 def _fake_tune(tmp_path, scores, seeds=(0, 1), reverse=False, report=False,
-               tag=None):
+               tag=None, params=None):
   """``selection.tune`` over two models and two settings with a fake
   trainer: a selection run scores ``scores[(model, lr)]``; every call is
   logged as (model, seed, lr, select)."""
@@ -146,11 +146,13 @@ def _fake_tune(tmp_path, scores, seeds=(0, 1), reverse=False, report=False,
           f"stopping. Not saved; the latest checkpoint is step 5 in "
           f"{tmp_path}/runs/{key}.")
     return {"eval": {"accuracy": scores[(model, setting["lr"])] if select
-                     else seed / 10}}
+                     else seed / 10},
+            **({"params": params[model]} if params else {})}
   out = selection.tune(exp, ["a", "b"], seeds,
                        selection.settings(10, (1e-3, 3e-3), (0.1,)), "p/",
                        run, lambda r: r["eval"]["accuracy"], higher=True,
-                       reverse=reverse, tag=tag)
+                       reverse=reverse, tag=tag, fields=params and (
+                           lambda m: {"params": params[m]}))
   return out, calls
 
 
@@ -190,6 +192,21 @@ def test_tune_reruns_the_seeds_of_a_choice_that_moved(tmp_path):
   assert [r["setting"]["lr"] for r in runs["a"]] == [3e-3, 3e-3]
   data = json.loads((tmp_path / "results.json").read_text())
   assert data["superseded"]["p/tuned/model=a/seed=0"]["setting"]["lr"] == 1e-3
+
+
+def test_tune_retires_the_runs_of_a_model_whose_size_changed(tmp_path):
+  """``fields``: what a model's records must hold (its parameter count): a
+  model of another width has its search and seeds run again; a diverged
+  search run holds it too (stamped), so it is not retired each time."""
+  scores = {("a", 1e-3): 0.7, ("a", 3e-3): None,
+            ("b", 1e-3): 0.5, ("b", 3e-3): 0.8}
+  _fake_tune(tmp_path, scores, params={"a": 10, "b": 20})
+  _, again = _fake_tune(tmp_path, scores, params={"a": 10, "b": 20})
+  assert again == []
+  _, calls = _fake_tune(tmp_path, scores, params={"a": 10, "b": 24})
+  assert calls == [("b", selection.SEED, 1e-3, True),
+                   ("b", selection.SEED, 3e-3, True),
+                   ("b", 0, 3e-3, False), ("b", 1, 3e-3, False)]
 
 
 def test_tune_chooses_nothing_before_a_search_is_complete(tmp_path):

@@ -680,7 +680,8 @@ def tune(exp, args, study, vocab: dict, configs: dict, sizes: dict,
   searched, chosen, runs = selection.tune(
       exp, names, experiment.split(args.seeds, int),
       selection.settings(steps, lrs), f"{prefix}/", one,
-      mlm.final_perplexity, higher=False, reverse=args.order == "reverse")
+      mlm.final_perplexity, higher=False, reverse=args.order == "reverse",
+      fields=lambda name: {"params": sizes[name]["params"]})
   notes = lm_notes(base_cfg, s, steps=steps, seeds=args.seeds,
                    ablation_seeds="none", bases=bases, vocab=vocab,
                    tuned=True)

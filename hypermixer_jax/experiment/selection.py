@@ -276,7 +276,8 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
          settings_: Sequence[dict], prefix: str,
          run: Callable[[str, int, dict, str, bool], dict],
          score: Callable[[dict], float], *, higher: bool,
-         reverse: bool = False, tag: dict | None = None
+         reverse: bool = False, tag: dict | None = None,
+         fields: Callable[[str], dict] | None = None
          ) -> tuple[dict, dict, dict]:
   """Equal tuning in ``exp``: every model's search over ``settings_`` (seed
   ``SEED``, cells under ``{prefix}tune``), then ``seeds`` at each model's
@@ -293,21 +294,26 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
   as diverged (``DIVERGED``: the steps) and not chosen. ``reverse``: each grid from its last cell (a second process on the
   same records meets the first in the middle). ``tag``: fields every run
   records and every recorded run must hold (e.g. the carved split's digest:
-  runs of another split are retired and run again).
+  runs of another split are retired and run again). ``fields(model)``:
+  what each of the model's records holds already and must still hold (e.g.
+  its parameter count: a run of another width is retired and run again).
 
   Returns ``(searched, chosen, runs)``: {model: selection runs in the
   settings' order}, {model: its setting}, {model: its seeds' runs}."""
   settings_, tag = list(settings_), dict(tag or {})
+  fields = fields or (lambda model: {})
   _check_grid(exp, f"{prefix}tune", models, settings_, tag)
   order = (lambda cells: cells[::-1]) if reverse else (lambda cells: cells)
 
   def select(cell, key):
     setting = settings_[cell["setting"]]
     record = or_diverged(lambda: run(cell["model"], SEED, setting, key, True))
-    return dict(record, setting=setting, **tag)
+    # (Stamped: a diverged run's record holds none of its own.)
+    return dict(record, setting=setting, **tag, **fields(cell["model"]))
   searched = exp.cells(f"{prefix}tune", order(experiment.grid(
       model=models, setting=range(len(settings_)))), select,
-      expect=lambda cell: {"setting": settings_[cell["setting"]], **tag})
+      expect=lambda cell: {"setting": settings_[cell["setting"]], **tag,
+                           **fields(cell["model"])})
   # In the models' order, whichever process (--order) recorded them.
   searched = {m: sorted(searched[m], key=lambda x: settings_.index(
       x["setting"])) for m in models if m in searched}
@@ -322,7 +328,8 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
   ready = [m for m in models if m in chosen]
   runs = exp.cells(f"{prefix}tuned", order(experiment.grid(
       model=ready, seed=seeds)), final, expect=lambda cell: {
-          "setting": chosen[cell["model"]], **tag}) if ready else {}
+          "setting": chosen[cell["model"]], **tag,
+          **fields(cell["model"])}) if ready else {}
   runs = {m: runs[m] for m in models if m in runs}
   return searched, chosen, runs
 
