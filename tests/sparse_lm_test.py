@@ -60,3 +60,42 @@ def test_report_of_the_record_is_its_committed_table(tmp_path):
   # A report rewrites no record.
   assert ((out / "results.json").read_bytes()
           == (RECORD / "results.json").read_bytes())
+
+
+def test_a_run_whose_final_checkpoint_is_gone_trains_again(tmp_path,
+                                                           monkeypatch):
+  """The last-80% perplexity reads a run's final checkpoint: on a new
+  machine (ignored work directories gone) a run recorded without it is
+  retired and trained again, not stuck on FileNotFoundError."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  trained, tails = [], []
+
+  def fake_train(c, workdir):
+    trained.append(workdir)
+    final = pathlib.Path(workdir) / "checkpoints" / str(c.num_train_steps)
+    final.mkdir(parents=True)
+    return {"eval": {}}
+
+  def fake_last80(c, workdir):
+    tails.append(workdir)
+    if not (pathlib.Path(workdir) / "checkpoints" / "5").exists():
+      raise FileNotFoundError(workdir)
+    return {"perplexity": 1.0}
+  monkeypatch.setattr(sparse_lm.experiment, "train", fake_train)
+  monkeypatch.setattr(sparse_lm, "heldout_last80", fake_last80)
+  monkeypatch.setattr(sparse_lm, "run_summary", lambda r, t: {})
+  exp = experiment.Experiment(tmp_path, argparse.Namespace(report_only=False))
+  exp.runs["b/runs/gmlp/seed=0"] = {"eval": {}, "old": True,
+                                    "dispatch": sparse_lm.DISPATCH}
+  exp.save()
+  config = lambda name, depth, seed: ml_collections.ConfigDict(  # noqa: E731
+      {"num_train_steps": 5})
+  runs = sparse_lm.train_runs(exp, {"gmlp": {"depth": [2, 0]}}, [0], "b",
+                              config, 1)
+  assert len(trained) == len(tails) == 1
+  assert runs["gmlp"][0]["last80"]["perplexity"] == 1.0
+  assert "old" not in runs["gmlp"][0]
+  assert exp.data["superseded"]["b/runs/gmlp/seed=0"]["old"]
+  # Recorded whole now: nothing is trained again.
+  sparse_lm.train_runs(exp, {"gmlp": {"depth": [2, 0]}}, [0], "b", config, 1)
+  assert len(trained) == 1

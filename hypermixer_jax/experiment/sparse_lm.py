@@ -490,12 +490,21 @@ def train_runs(exp: experiment.Experiment, plan: Mapping[str, Any],
       key = f"{budget}/runs/{name}/seed={seed}"
       cfg = config(name, tuple(pl["depth"]), seed)
       retire_other_dispatch(exp, key)
+      tail = f"{budget}/last80/{name}/seed={seed}"
+      exp.reload()
+      final = pathlib.Path(exp.workdir(key)) / "checkpoints" / str(
+          cfg.num_train_steps)
+      if (key in exp.runs and tail not in exp.runs and not exp.report_only
+          and not final.exists()):
+        # Its perplexity over the last 80% reads the final checkpoint, which
+        # a new machine does not have: the run is trained again.
+        exp.supersede(key, "its final checkpoint is gone, and the last-80% "
+                      "perplexity needs it")
       result = exp.cell(key, lambda c=cfg, k=key: dict(
           experiment.train(c, exp.workdir(k)), dispatch=DISPATCH))
       if result is not None:
-        last80 = exp.cell(f"{budget}/last80/{name}/seed={seed}",
-                          lambda c=cfg, k=key: heldout_last80(
-                              c, exp.workdir(k)))
+        last80 = exp.cell(tail, lambda c=cfg, k=key: heldout_last80(
+            c, exp.workdir(k)))
         runs.setdefault(name, []).append(
             {**result, **run_summary(result, tokens_per_step),
              "last80": last80})
