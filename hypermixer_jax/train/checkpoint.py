@@ -859,7 +859,9 @@ def _load_step(manager: ocp.CheckpointManager, directory: str, step: int,
   if errors:
     raise ValueError(
         f"init checkpoint {directory}/{step} does not fit the model "
-        f"(re-initialised: {list(reinit)}):\n" + "\n".join(errors)
+        f"(re-initialised: {list(reinit)}): give the model fields its run "
+        "was trained with (its config.json), or add the differing parts to "
+        f"init_reinit; {len(errors)} path(s):\n" + "\n".join(errors)
         + _layout_hint(new, saved))
   # Abstract target of the saved leaves to read only, with the new
   # shardings and the saved dtypes (the fingerprints are of the saved bits;
