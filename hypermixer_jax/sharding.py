@@ -619,6 +619,12 @@ def batch_shardings(batch_or_spec: Any, mesh: jax.sharding.Mesh,
   return jax.tree_util.tree_map_with_path(one, batch_or_spec)
 
 
+def batch_shards(mesh: jax.sharding.Mesh, rules: Rules) -> int:
+  """How many ways a batch's leading (``batch``) axis is split over the
+  mesh: its global size must divide by this."""
+  return _axes_size(mesh, tuple(_batch_spec(1, rules))[0])
+
+
 def global_batch_spec(local_batch: Any) -> Any:
   """Global ``jax.ShapeDtypeStruct``s of a host-local batch (every process
   holds an equal share of the leading axis)."""

@@ -186,6 +186,17 @@ def test_batches_the_devices_do_not_divide_stop_at_the_start(field, value,
                             training=False)
 
 
+def test_an_endless_evaluation_split_evaluated_whole_stops_at_the_start():
+  endless = _config(eval_steps=-1)
+  endless.data.synthetic.num_eval_examples = 0
+  with pytest.raises(config_checks.ConfigError, match=(
+      r"^eval_steps=-1 evaluates the whole 'validation' split, which "
+      r"data.synthetic.num_eval_examples=0 makes an endless stream; ")):
+    preflight.check_batches(endless)
+  endless.eval_steps = 4        # a fixed number of batches ends
+  preflight.check_batches(endless)
+
+
 def test_missing_or_unreadable_data_files_stop_at_the_start(tmp_path):
   train = tmp_path / "train.tsv"
   train.write_text("sentence\tlabel\nok\t1\n")

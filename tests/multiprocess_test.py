@@ -36,7 +36,11 @@ TINY = [
     "--config.model.d_ffn=32", "--config.model.max_len=40",
     "--config.model.mixer_kwargs.hyper_dim=8",
     "--config.model.dropout_rate=0.0", "--config.data.synthetic.seq_len=40",
-    "--config.data.synthetic.num_eval_examples=32",
+    # 27 = 16 + 11: the last batch fills neither the 4 devices of one
+    # process (padded to 12) nor the two processes' equal shares (their
+    # shards hold 14 and 13 examples: padded to 8 + 8, both hosts stepping
+    # as many batches), and the metrics count each example once either way.
+    "--config.data.synthetic.num_eval_examples=27",
     "--config.batch_size=8", "--config.eval_batch_size=16",
     "--config.eval_steps=-1", "--config.warmup_steps=0",
     "--config.decay=constant", "--config.learning_rate=3e-3",

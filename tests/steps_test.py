@@ -300,3 +300,42 @@ def test_smlp_steps_count_only_routed_positions_and_log_each_expert():
     total = sum(float(metrics[f"{layer}/{i}"]) for i in range(e))
     assert 0.5 < total <= 1.0 + 1e-5, (layer, total)
   assert any("expert_usage" in k for k in train_metrics)
+
+
+@pytest.mark.parametrize("head", ["classify", "causal_lm"])
+def test_a_split_that_does_not_fill_its_last_batch_evaluates_on_a_mesh(head):
+  """11 examples in batches of 4 on a mesh whose batch axis is split 4
+  ways: the last batch (3 rows) is padded with rows of weight 0, so every
+  example counts once and no padding does (the pooled NumPy reference)."""
+  rng = np.random.default_rng(5)
+  n, classes = 11, 3
+  if head == "classify":   # its batches carry no weights of their own
+    logits = rng.normal(size=(n, classes)).astype(np.float32)
+    split = {"logits": logits, "label": rng.integers(0, classes, n)}
+    w = np.ones(n, np.float32)
+    ce = -_log_softmax(logits)[np.arange(n), split["label"]]
+    right = logits.argmax(-1) == split["label"]
+  else:
+    logits = rng.normal(size=(n, N, classes)).astype(np.float32)
+    targets = rng.integers(0, classes, (n, N))
+    w = (rng.random((n, N)) < 0.7).astype(np.float32)
+    split = {"logits": logits, "targets": targets, "weights": w}
+    ce = -np.take_along_axis(_log_softmax(logits), targets[..., None],
+                             -1)[..., 0]
+    right = logits.argmax(-1) == targets
+  mesh = sharding.build_mesh(dict(data=4), devices=jax.devices()[:4])
+  rules = sharding.get_rules("data_parallel")
+  assert sharding.batch_shards(mesh, rules) == 4
+  batches = [evaluation.with_example_weights(
+      {k: v[i:i + 4] for k, v in split.items()}, head) for i in (0, 4, 8)]
+  step = jax.jit(lambda state, b: heads.eval_sums(head, b["logits"], b))
+  got = evaluation.evaluate(step, None, batches, mesh, rules, head)
+  np.testing.assert_allclose(got["loss"], (ce * w).sum() / w.sum(),
+                             rtol=1e-5)
+  np.testing.assert_allclose(got["accuracy"], (right * w).sum() / w.sum(),
+                             rtol=1e-6)
+  # Padding rows need weights to be told apart: a batch without refuses.
+  with pytest.raises(ValueError, match="without 'weights' cannot be padded"):
+    evaluation.evaluate(step, None, [{"logits": logits[:3],
+                                      "label": np.zeros(3, int)}],
+                        mesh, rules, "classify")

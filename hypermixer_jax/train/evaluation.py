@@ -87,24 +87,85 @@ def finalize(sums: dict[str, float], head: str) -> dict[str, float]:
   return out
 
 
+def with_example_weights(batch: dict, head: str) -> dict:
+  """``batch`` with per-example ``weights`` (1) where a classification
+  head's batch has none: every batch of an evaluation holds them, so that a
+  padded last batch (``evaluate``) has the same structure."""
+  if heads.get(head).kind != "classes" or "weights" in batch:
+    return batch
+  return {**batch, "weights": np.ones(len(batch["label"]), np.float32)}
+
+
+def _padded(local: dict, rows: int) -> dict:
+  """``local`` grown to ``rows`` rows of zeros: their ``weights`` are 0, so
+  they count in no metric (and padding tokens, ``segment_ids`` 0, are never
+  routed to an expert)."""
+  have = len(next(iter(local.values())))
+  if have >= rows:
+    return local
+  if "weights" not in local:
+    raise ValueError("an evaluation batch without 'weights' cannot be "
+                     "padded: its padding rows would count in the metrics.")
+  return {k: np.concatenate([np.asarray(v), np.zeros(
+      (rows - have, *np.shape(v)[1:]), np.asarray(v).dtype)])
+          for k, v in local.items()}
+
+
+def _as_many_on_every_process(batches: Iterable[dict]) -> Iterable[dict]:
+  """``batches``, and once this process has run out while another has not,
+  empty batches (padded by ``evaluate`` to rows of weight 0): the hosts'
+  shards of a split differ in size, and every batch is a collective step."""
+  if jax.process_count() == 1:
+    yield from batches
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  it, template = iter(batches), None
+  while True:
+    local = next(it, None)
+    if template is None and local is not None:
+      template = local
+    if not multihost_utils.process_allgather(np.asarray(local is not None)
+                                             ).any():
+      return
+    if local is None and template is None:
+      raise ValueError(
+          f"process {jax.process_index()} read no batch of the evaluation "
+          "split while another did: the split has fewer examples than "
+          "processes.")
+    yield local if local is not None else {
+        k: np.zeros((0, *np.shape(v)[1:]), np.asarray(v).dtype)
+        for k, v in template.items()}
+
+
 def evaluate(eval_step: Callable[[Any, dict], dict], state: Any,
              batches: Iterable[dict], mesh: jax.sharding.Mesh,
-             rules: sharding.Rules, head: str, max_batches: int = -1
-             ) -> dict[str, float]:
+             rules: sharding.Rules, head: str, max_batches: int = -1, *,
+             local_batch_size: int = 0) -> dict[str, float]:
   """Runs ``eval_step`` over ``batches`` (host-local NumPy) and finalizes.
 
   ``eval_step`` must be jitted (``steps.jit_eval_step``); sums stay on the
-  device until the end, so evaluation does not sync per batch.
+  device until the end, so evaluation does not sync per batch. A batch
+  whose rows do not divide over the devices of the batch axis (the last of
+  a split) is padded with rows of weight 0 (``_padded``; every batch needs
+  ``weights``: ``with_example_weights``); with several processes, to
+  ``local_batch_size`` (this process's share; 0: its first batch's size),
+  and the processes agree on the number of batches.
   """
+  shards = sharding.batch_shards(mesh, rules)
+  multi = jax.process_count() > 1
   total, done = None, 0
   of = f"/{max_batches}" if max_batches >= 0 else ""
   # A whole split (and the first batch's compilation) can take minutes.
   with metrics_lib.Heartbeat(
       lambda t: f"evaluating: {done}{of} batches in {metrics_lib.duration(t)}",
       enabled=jax.process_index() == 0):
-    for i, local in enumerate(batches):
+    for i, local in enumerate(_as_many_on_every_process(batches)):
       if 0 <= max_batches <= i:
         break
+      have = len(next(iter(local.values())))
+      local_batch_size = local_batch_size or have
+      local = _padded(local, local_batch_size if multi
+                      else -(-have // shards) * shards)
       sums = eval_step(state, sharding.make_global_batch(local, mesh, rules))
       total = sums if total is None else jax.tree.map(jnp.add, total, sums)
       done = i + 1
@@ -167,12 +228,15 @@ class TaskEvaluator:
   def run(self, state, step: int) -> dict[str, float]:
     del step
     c = self.ctx
-    it = iter(c.pipeline(self.split, self.batch_size))
+    head = c.facts.head
+    it = (with_example_weights(b, head)
+          for b in c.pipeline(self.split, self.batch_size))
     # The first batch gives the shapes; it goes back in front.
     first = next(it)
     batches = itertools.chain([first], it)
     return evaluate(self._compiled(first), state, batches, c.mesh, c.rules,
-                    c.facts.head, self.steps)
+                    head, self.steps, local_batch_size=(
+                        self.batch_size // jax.process_count()))
 
 
 Evaluator = TaskEvaluator  # the ``task`` type of ``config.evals``

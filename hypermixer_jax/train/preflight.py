@@ -214,6 +214,24 @@ def check_batches(config: ml_collections.ConfigDict, *,
           f"split the batch (mesh {' x '.join(f'{a}={shape[a]}' for a in axes)}"
           f" of {jax.device_count()} devices); pass --config.{field}={fit} "
           "(a multiple of it) or another --config.mesh.")
+  _check_eval_split_ends(config, training)
+
+
+def _check_eval_split_ends(config: ml_collections.ConfigDict,
+                           training: bool) -> None:
+  """The whole evaluation split (``eval_steps=-1``) of the synthetic task
+  must be finite: 0 examples is an endless stream, which would never end."""
+  from hypermixer_jax.data import synthetic  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import config_checks  # pylint: disable=g-import-not-at-top
+  if (config.data.task != "synthetic_pairs" or int(config.eval_steps) >= 0
+      or (training and int(config.eval_every) < 0)):
+    return
+  if not synthetic.num_examples(config.data.synthetic, config.eval_split):
+    raise config_checks.ConfigError(
+        f"eval_steps=-1 evaluates the whole {config.eval_split!r} split, "
+        "which data.synthetic.num_eval_examples=0 makes an endless stream; "
+        "set --config.data.synthetic.num_eval_examples to a split size, or "
+        "--config.eval_steps to a number of batches.")
 
 
 def _splits_read(config: ml_collections.ConfigDict) -> list[str]:
