@@ -36,11 +36,12 @@ TINY = [
     "--config.model.d_ffn=32", "--config.model.max_len=40",
     "--config.model.mixer_kwargs.hyper_dim=8",
     "--config.model.dropout_rate=0.0", "--config.data.synthetic.seq_len=40",
-    # 27 = 16 + 11: the last batch fills neither the 4 devices of one
-    # process (padded to 12) nor the two processes' equal shares (their
-    # shards hold 14 and 13 examples: padded to 8 + 8, both hosts stepping
-    # as many batches), and the metrics count each example once either way.
-    "--config.data.synthetic.num_eval_examples=27",
+    # 17 = 16 + 1: the last batch fills neither the 4 devices of one
+    # process (padded to 4) nor the two processes' equal shares: their
+    # shards hold 9 and 8 examples, so process 1 has run out when process 0
+    # reads its second batch, and steps one of rows of weight 0 beside it.
+    # The metrics count each example once either way.
+    "--config.data.synthetic.num_eval_examples=17",
     "--config.batch_size=8", "--config.eval_batch_size=16",
     "--config.eval_steps=-1", "--config.warmup_steps=0",
     "--config.decay=constant", "--config.learning_rate=3e-3",
