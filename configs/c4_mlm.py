@@ -7,8 +7,12 @@ Argument: a GLUE model of the zoo, ``glue_<ARG>`` (``hypermixer``,
 ``hypermixer_untied``, ``mlp_mixer``, ``gmlp``, ``attention``,
 ``linear_attention``, ``fnet``), given an MLM head. BERT-style setting of the
 gMLP paper's ablations (length 128, AdamW 0.9/0.999, linear warm-up, peak
-lr 7e-4, 125k steps), at batch 256 (the paper's 2048 by ``grad_accum_steps``
-or a bigger mesh). ``configs/glue.py:TASK,ARG,finetune`` starts from here.
+lr 7e-4, 125k steps), at batch 256. The paper's batch of 2048: a bigger
+``batch_size`` over a bigger mesh, or ``--config.grad_accum_steps=8``, which
+makes ``num_train_steps`` and the other step counts count micro-batches of
+256 (``warmup_steps`` counts updates): pass
+``--config.num_train_steps=1000000`` for the 125k updates.
+``configs/glue.py:TASK,ARG,finetune`` starts from here.
 """
 import ml_collections
 

@@ -95,8 +95,8 @@ def test_main_modes_from_the_command_line(run, tmp_path):
   assert out.stderr.count("would change") == 1
   assert out.stderr.splitlines()[-1] == (
       f"Stopped: --config.model.d_model would change the shapes, dtypes or "
-      f"vocabulary of the parameters, or the optimizer state's layout, saved "
-      f"with {run} (see its config.json); drop the override(s), or train a "
+      f"vocabulary of the parameters, or the optimizer state's layout or "
+      f"accumulation, saved with {run} (see its config.json); drop the override(s), or train a "
       "new run in another --workdir.")
   # An empty workdir is named (see also the test below, with --config).
   (tmp_path / "empty").mkdir()

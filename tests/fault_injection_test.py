@@ -280,7 +280,8 @@ def test_config_json_damaged_missing_or_edited_says_what_is_true(tmp_path):
     run_config.resolve(saved, {})
   message = str(e.value)
   assert (f"changes the shapes, dtypes or vocabulary of the parameters, or "
-          f"the optimizer state's layout, that {work / 'checkpoints'} holds "
+          f"the optimizer state's layout or accumulation, that "
+          f"{work / 'checkpoints'} holds "
           f"(model.d_model: "
           f"{config.model.d_model} -> 24; the checkpoints were saved with "
           f"{copy}, and they are intact)") in message

@@ -11,6 +11,8 @@ from hypermixer_jax.train import config_checks
 from hypermixer_jax.train import run_config
 from hypermixer_jax.train import workdir as workdir_lib
 
+import flag_configs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -77,7 +79,8 @@ def test_shape_and_vocabulary_changes_are_refused_by_name(saved):
                               "model.dropout_rate": 0.5})
   assert str(e.value) == (
       f"--config.model.d_model would change the shapes, dtypes or vocabulary "
-      f"of the parameters, or the optimizer state's layout, saved with "
+      f"of the parameters, or the optimizer state's layout or accumulation, "
+      f"saved with "
       f"{workdir} (see its config.json); drop the override(s), or train a "
       "new run in another --workdir.")
   with pytest.raises(config_checks.ConfigError,
@@ -307,3 +310,29 @@ def test_init_checkpoint_of_another_family_is_named(tmp_path):
       f"init_checkpoint {tmp_path / 'synthetic'} holds a "
       "model.family='continuous' model, this run builds 'text'; fine-tune it "
       "with a config of its family, or drop --config.init_checkpoint.")
+
+
+def test_accumulation_resumes_only_with_its_own_k_and_state(tmp_path):
+  """Another grad_accum_steps > 1 is refused (the accumulator's count and
+  the schedule's horizon would disagree), and so is a step saved with
+  optax.MultiSteps' accumulator by an earlier version."""
+  config = run_config.load_config_file(flag_configs.DEFAULT)
+  config.grad_accum_steps, config.num_train_steps = 2, 8
+  workdir = tmp_path / "run"
+  workdir_lib.save_config(config, str(workdir), 0)
+  meta = workdir / "checkpoints" / "4" / "state" / "_METADATA"
+  meta.parent.mkdir(parents=True)
+  meta.write_text('{"tree_metadata": {"(\'opt_state\', \'acc_grads\')": {}}}')
+  run_config.check_fits_checkpoints(config, workdir)   # the same: resumes
+  other = config.copy_and_resolve_references()
+  other.grad_accum_steps = 4
+  with pytest.raises(config_checks.ConfigError, match=r"grad_accum_steps: 2 "
+                     r"-> 4"):
+    run_config.check_fits_checkpoints(other, workdir)
+  # (Orbax's metadata names each leaf by its key path.)
+  meta.write_text('{"tree_metadata": {"(\'opt_state\', \'gradient_step\')":'
+                  ' {}}}')
+  with pytest.raises(config_checks.ConfigError, match=(
+      r"checkpoints/4 holds optax.MultiSteps' accumulator \(saved by an "
+      r"earlier version")):
+    run_config.check_fits_checkpoints(config, workdir)

@@ -187,14 +187,15 @@ def test_is_finite_flag():
   assert not bool(m["is_finite"])
 
 
-def test_sharded_steps_with_multisteps_optimizer():
-  """MultiSteps(chain(clip, masked AdamW)): every state leaf that mirrors a
-  parameter is sharded like it; the jitted steps match unsharded ones."""
-  tx = optax.MultiSteps(optax.chain(
+def test_sharded_steps_with_accumulating_optimizer():
+  """weighted_accumulation(chain(clip, masked AdamW)): every state leaf that
+  mirrors a parameter is sharded like it; the jitted steps (weighted by
+  each batch's tokens) match unsharded ones."""
+  from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
+  tx = optim.weighted_accumulation(optax.chain(
       optax.clip_by_global_norm(1.0),
       optax.adamw(1e-2, weight_decay=0.1,
-                  mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p))),
-                        every_k_schedule=2)
+                  mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p))), 2)
   mesh, rules = _mesh()
   state, shardings = steps.create_train_state(MODEL, tx, RNG, BATCH, mesh,
                                               rules)
@@ -209,7 +210,7 @@ def test_sharded_steps_with_multisteps_optimizer():
       mirrored += 1
     elif x.ndim == 0:
       assert x.sharding.spec == P(), name
-  assert mirrored == 3  # MultiSteps' acc_grads, Adam's mu and nu
+  assert mirrored == 3  # the accumulator's acc_grads, Adam's mu and nu
 
   batch_sh = sharding.batch_shardings(BATCH, mesh, rules)
   train = steps.jit_train_step(steps.make_train_step(MODEL, "regression"),
@@ -339,3 +340,62 @@ def test_a_split_that_does_not_fill_its_last_batch_evaluates_on_a_mesh(head):
     evaluation.evaluate(step, None, [{"logits": logits[:3],
                                       "label": np.zeros(3, int)}],
                         mesh, rules, "classify")
+
+
+class _Linear(nn.Module):
+  """A per-token regressor without dropout (micro-batches and the whole
+  batch then compute the same function)."""
+
+  @nn.compact
+  def __call__(self, inputs, *, segment_ids=None, positions=None,
+               deterministic=True):
+    del segment_ids, positions, deterministic
+    return common.Dense(1, (common.EMBED, None), name="out")(inputs)
+
+
+def test_grad_accumulation_weighs_micro_batches_by_their_tokens():
+  """Two micro-batches holding 24 and 3 loss tokens, accumulated, update
+  the parameters as one step on the whole batch does (the token-weighted
+  loss); the plain mean of their gradients is another update. (Adam's eps
+  is large, so that its first update follows the gradient's size, not
+  only its sign.)"""
+  from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(4)
+  batch = {"inputs": rng.normal(size=(8, N, F)).astype(np.float32),
+           "targets": rng.normal(size=(8, N, 1)).astype(np.float32),
+           "weights": np.zeros((8, N), np.float32)}
+  batch["weights"][:4] = 1.0            # the first half: 24 tokens
+  batch["weights"][4, :3] = 1.0         # the second half: 3 tokens
+  halves = [{k: v[:4] for k, v in batch.items()},
+            {k: v[4:] for k, v in batch.items()}]
+  model = _Linear()
+  params = nn.unbox(model.init(jax.random.key(0), batch["inputs"])["params"])
+
+  def optimizer(accum):
+    return optim.make_optimizer(ml_collections.ConfigDict(dict(
+        learning_rate=0.1, warmup_steps=0, decay="constant",
+        num_train_steps=2, end_learning_rate_factor=0.0, weight_decay=0.0,
+        b1=0.9, b2=0.999, eps=10.0, clip_norm=0.0,
+        grad_accum_steps=accum)), params)[0]
+
+  def run(accum, batches):
+    state = steps.TrainState.create(apply_fn=model.apply, params=params,
+                                    tx=optimizer(accum))
+    step = jax.jit(steps.make_train_step(model, "regression"))
+    for b in batches:
+      state, _ = step(state, b, RNG)
+    return state.params
+  whole = run(1, [batch])
+  chex.assert_trees_all_close(run(2, halves), whole, rtol=1e-5, atol=1e-8)
+
+  def loss(p, b):
+    return heads.compute_loss("regression", model.apply({"params": p},
+                                                        b["inputs"]), b)[0]
+  tx = optimizer(2)
+  state, plain = tx.init(params), params
+  for b in halves:   # no weights: the mean of the two mean-loss gradients
+    u, state = tx.update(jax.grad(loss)(plain, b), state, plain)
+    plain = optax.apply_updates(plain, u)
+  gap = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), plain, whole)
+  assert max(jax.tree.leaves(gap)) > 1e-3, gap

@@ -135,23 +135,32 @@ def test_expert_banks_decay_their_matrices_not_their_biases():
   assert not all(d for d, _ in experts.values())
 
 
-def test_grad_accumulation_equals_big_batch():
-  """k micro-steps of MultiSteps == one step on the mean gradient."""
+@pytest.mark.parametrize("weights", [None, (5.0, 0.0, 2.0)])
+def test_grad_accumulation_equals_big_batch(weights):
+  """k micro-steps == one step on the gradients' mean weighted by each
+  micro-batch's loss positions (a plain mean without weights), twice in a
+  row (the accumulator starts again after each update)."""
   rng = np.random.default_rng(0)
   params = {"w": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32)}
   grads = [{"w": jnp.asarray(rng.normal(size=(3, 2)), jnp.float32)}
-           for _ in range(3)]
+           for _ in range(6)]
+  w = np.ones(3) if weights is None else np.asarray(weights)
   kw = dict(warmup_steps=0, decay="constant", learning_rate=0.1,
             weight_decay=0.1, clip_norm=0.5)
   big, _ = optim.make_optimizer(_config(**kw), params)
-  mean = jax.tree.map(lambda *g: sum(g) / 3, *grads)
-  u, _ = big.update(mean, big.init(params), params)
-  expected = optax.apply_updates(params, u)
+  big_state, expected = big.init(params), params
+  for part in (grads[:3], grads[3:]):
+    mean = jax.tree.map(lambda *g: sum(x * float(c) for x, c in zip(g, w))
+                        / w.sum(), *part)
+    u, big_state = big.update(mean, big_state, expected)
+    expected = optax.apply_updates(expected, u)
 
   acc, _ = optim.make_optimizer(_config(grad_accum_steps=3, **kw), params)
   state, p = acc.init(params), params
+  update = jax.jit(acc.update)
   for i, g in enumerate(grads):
-    u, state = jax.jit(acc.update)(g, state, p)
+    extra = {} if weights is None else {"weight": w[i % 3]}
+    u, state = update(g, state, p, **extra)
     p = optax.apply_updates(p, u)
     if i < 2:  # no change before the k-th micro-step
       np.testing.assert_array_equal(p["w"], params["w"])

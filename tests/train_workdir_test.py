@@ -142,6 +142,15 @@ def test_invalid_fields_are_named(field, value, message):
   assert message in str(e.value)
 
 
+def test_accumulated_steps_must_fill_their_last_update():
+  found = config_checks.problems(_base(num_train_steps=10, grad_accum_steps=4))
+  assert found == [
+      "num_train_steps=10: must be a multiple of grad_accum_steps=4 (it "
+      "counts micro-batches; the last 2 would never be applied), e.g. 8"]
+  assert not config_checks.problems(_base(num_train_steps=12,
+                                          grad_accum_steps=4))
+
+
 def test_every_problem_is_listed_and_shipped_configs_pass():
   found = config_checks.problems(_base(log_every=0, eval_batch_size=0,
                                        weight_decay=math.nan))

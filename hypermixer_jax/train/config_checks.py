@@ -131,6 +131,13 @@ def problems(config: ml_collections.ConfigDict) -> list[str]:
     if isinstance(total, float) and total > 1:
       out.append(f"data.mlm.mask_token_rate + data.mlm.random_token_rate = "
                  f"{total}: must be <= 1")
+  accum, steps = flat.get("grad_accum_steps", 1), flat.get("num_train_steps")
+  if (isinstance(accum, int) and accum > 1 and isinstance(steps, int)
+      and steps % accum):
+    out.append(f"num_train_steps={steps}: must be a multiple of "
+               f"grad_accum_steps={accum} (it counts micro-batches; the "
+               f"last {steps % accum} would never be applied), e.g. "
+               f"{steps // accum * accum or accum}")
   if "decay" in flat:
     from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
     if flat["decay"] not in optim.DECAYS:

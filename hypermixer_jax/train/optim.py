@@ -6,20 +6,26 @@ scales or other vectors: leaves named ``bias`` or ``scale``, multi-head
 axes that stack copies of it, a scanned stack's layers and an MoE layer's
 experts, read from its logical axis names), linear warm-up followed by
 linear, cosine or no decay, global-norm gradient clipping, and gradient
-accumulation with ``optax.MultiSteps``.
+accumulation (``weighted_accumulation``).
 
 Steps: one training step of the loop is one call of the train step on a
 global batch of ``batch_size`` examples. With ``grad_accum_steps = k`` the
-parameters change every k steps, on the mean gradient of ``k * batch_size``
-examples; the schedule lives inside the wrapped optimiser, so it counts real
-updates and runs over ``num_train_steps // k`` of them.
+parameters change every k steps, on the gradient of the loss over the
+``k * batch_size`` examples: each micro-batch's gradient weighted by the
+positions (tokens, examples) its loss averages over, so that micro-batches
+holding fewer loss tokens do not count for more (a plain mean of the k
+gradients, ``optax.MultiSteps``, would). The schedule lives inside the
+wrapped optimiser, so it counts real updates and runs over
+``num_train_steps // k`` of them (``num_train_steps`` counts micro-batches:
+``config_checks`` asks for a multiple of k).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from flax import linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -88,6 +94,56 @@ def weight_decay_mask(params: Any) -> Any:
       decays, params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
+class WeightedAccumulationState(NamedTuple):
+  """``weighted_accumulation``'s state: the micro-batch within the update,
+  the weighted sum of gradients and of weights, and the inner state."""
+  mini_step: jax.Array
+  weight_sum: jax.Array
+  acc_grads: Any
+  inner_opt_state: Any
+
+
+def weighted_accumulation(inner: optax.GradientTransformation, every_k: int
+                          ) -> optax.GradientTransformationExtraArgs:
+  """``inner`` applied every ``every_k`` calls, to the weighted mean of their
+  gradients: ``sum_i w_i g_i / sum_i w_i``, where ``g_i`` is a micro-batch's
+  gradient of its loss (a mean over its ``w_i`` positions) and ``w_i`` is
+  passed as ``update(..., weight=w_i)`` (1 when not given: the plain mean).
+  That is the gradient of the loss over all the positions of the k
+  micro-batches. Between updates the parameters do not change (zero
+  updates); a call whose weights sum to 0 so far updates on zeros."""
+  def init(params):
+    return WeightedAccumulationState(
+        mini_step=jnp.zeros((), jnp.int32),
+        weight_sum=jnp.zeros((), jnp.float32),
+        acc_grads=jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32),
+                               params),
+        inner_opt_state=inner.init(params))
+
+  def update(updates, state, params=None, *, weight=1.0, **extra):
+    del extra
+    weight = jnp.asarray(weight, jnp.float32)
+    acc = jax.tree.map(lambda a, g: a + weight * g.astype(jnp.float32),
+                       state.acc_grads, updates)
+    total = state.weight_sum + weight
+
+    def emit(_):
+      mean = jax.tree.map(
+          lambda a, g: (a / jnp.maximum(total, 1e-30)).astype(g.dtype),
+          acc, updates)
+      out, inner_state = inner.update(mean, state.inner_opt_state, params)
+      return out, WeightedAccumulationState(
+          jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
+          jax.tree.map(jnp.zeros_like, acc), inner_state)
+
+    def hold(_):
+      return jax.tree.map(jnp.zeros_like, updates), WeightedAccumulationState(
+          state.mini_step + 1, total, acc, state.inner_opt_state)
+    return jax.lax.cond(state.mini_step == every_k - 1, emit, hold, None)
+
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
 def make_optimizer(
     config: ml_collections.ConfigDict, params: Any
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -113,5 +169,5 @@ def make_optimizer(
   if accum < 1:
     raise ValueError(f"config.grad_accum_steps={accum} must be >= 1")
   if accum > 1:
-    tx = optax.MultiSteps(tx, every_k_schedule=accum)
+    tx = weighted_accumulation(tx, accum)
   return tx, schedule

@@ -138,6 +138,7 @@ def check_fits_checkpoints(config: ml_collections.ConfigDict | Mapping,
   if not copies:
     return
   saved = load(copies[0])
+  _check_accumulator(config, workdir)
   fields = shape_fields(saved, config)
   if not fields:
     return
@@ -146,11 +147,30 @@ def check_fits_checkpoints(config: ml_collections.ConfigDict | Mapping,
                       f"{_show(ours.get(k, '-'))}" for k in fields)
   raise ConfigFlagError(
       f"this config changes the shapes, dtypes or vocabulary of the "
-      f"parameters, or the optimizer state's layout, that "
+      f"parameters, or the optimizer state's layout or accumulation, that "
       f"{workdir / 'checkpoints'} holds ({changes}; the checkpoints "
       f"were saved with {copies[0]}, and they are intact). Put those fields "
       f"back (cp {copies[0]} {workdir / CONFIG_FILE} if config.json was "
       "edited), or train the new shapes in another --workdir.")
+
+
+def _check_accumulator(config, workdir: epath.Path) -> None:
+  """Refuses to resume with gradient accumulation from a step saved with
+  ``optax.MultiSteps``' state (earlier versions: a plain mean of the
+  micro-batches' gradients), which ``optim.weighted_accumulation``'s state
+  does not restore from."""
+  if max(int(_plain(config).get("grad_accum_steps") or 1), 1) == 1:
+    return
+  step = checkpoint_steps(workdir)[-1]
+  meta = workdir / "checkpoints" / str(step) / "state" / "_METADATA"
+  if meta.exists() and re.search(r"""['"]gradient_step['"]""",
+                                 meta.read_text()):
+    raise ConfigFlagError(
+        f"{meta.parent.parent} holds optax.MultiSteps' accumulator (saved by "
+        "an earlier version, whose grad_accum_steps took a plain mean of the "
+        "micro-batches' gradients); this version weighs them by their loss "
+        "positions and keeps another state: resume it with the version that "
+        "saved it, or train in another --workdir.")
 
 
 def _tuples(x: Any) -> Any:
@@ -299,10 +319,12 @@ _SCANNED_LEAF = re.compile(r"(.*)/layers/layer/(.*)$")
 # The training state's layout beyond the parameters: the optimizer's
 # state holds a clipping stage only where ``clip_norm > 0`` and an
 # accumulator only where ``grad_accum_steps > 1`` (``optim.make_optimizer``),
-# so a checkpoint restores only into the same choices.
+# so a checkpoint restores only into the same choices. Another k > 1 is
+# refused too: the accumulator's count and the schedule's horizon
+# (``num_train_steps // k`` updates) would disagree.
 OPTIMIZER_LAYOUT = {
     "clip_norm": lambda v: bool(v) and float(v) > 0,
-    "grad_accum_steps": lambda v: int(v or 1) > 1,
+    "grad_accum_steps": lambda v: max(int(v or 1), 1),
 }
 
 
@@ -403,7 +425,8 @@ def resolve(saved_path: str | os.PathLike, overrides: Mapping[str, Any], *,
         f"--config.{refused[0]}"
         + "".join(f", --config.{k}" for k in refused[1:])
         + f" would change the shapes, dtypes or vocabulary of the "
-        f"parameters, or the optimizer state's layout, saved with "
+        f"parameters, or the optimizer state's layout or accumulation, "
+        f"saved with "
         f"{os.fspath(epath.Path(saved_path).parent)} (see its "
         f"{CONFIG_FILE}); drop the override(s), or train a new run in "
         "another --workdir.")

@@ -24,6 +24,7 @@ import optax
 from hypermixer_jax import heads
 from hypermixer_jax import sharding
 from hypermixer_jax.models import common
+from hypermixer_jax.train import optim
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -81,8 +82,11 @@ def make_train_step(model: nn.Module, head: str, *,
   The dropout key is ``jax.random.fold_in(rng, state.step)``, so one base
   key serves the whole run. Metrics: the task metrics, ``aux_loss`` (sum of
   the sown auxiliary losses, already added to ``total_loss``), ``moe/...``,
-  ``grad_norm`` and ``is_finite`` (loss and gradient norm finite; the
-  update itself is left to the optimizer, e.g. ``optax.apply_if_finite``).
+  ``grad_norm`` (of this batch's gradient, before clipping; with gradient
+  accumulation, of the micro-batch's) and ``is_finite`` (loss and gradient
+  norm finite; the update itself is left to the optimizer, e.g.
+  ``optax.apply_if_finite``). With ``optim.weighted_accumulation`` the
+  micro-batch's ``denominator`` is its gradient's weight.
   """
   heads.get(head)
 
@@ -108,6 +112,15 @@ def make_train_step(model: nn.Module, head: str, *,
     metrics["grad_norm"] = grad_norm
     metrics["is_finite"] = jnp.logical_and(
         jnp.isfinite(metrics["total_loss"]), jnp.isfinite(grad_norm))
+    if isinstance(state.opt_state, optim.WeightedAccumulationState):
+      # Accumulating (grad_accum_steps > 1): this micro-batch's gradient
+      # weighs by the positions its loss averages over.
+      updates, opt_state = state.tx.update(
+          grads, state.opt_state, state.params,
+          weight=metrics["denominator"])
+      return state.replace(
+          step=state.step + 1, params=optax.apply_updates(
+              state.params, updates), opt_state=opt_state), metrics
     return state.apply_gradients(grads=grads), metrics
 
   return train_step
@@ -146,7 +159,7 @@ def _box_like_params(opt_state: Any, boxed_params: Any) -> Any:
 
   An optimizer state leaf mirrors a parameter when its key path ends with
   the parameter's path and the shapes agree (Adam's ``mu``/``nu``,
-  ``MultiSteps``' accumulated gradients, ...). Other leaves (counts,
+  the gradient accumulator's sums, ...). Other leaves (counts,
   factored statistics) stay plain and will be replicated. Matching by path
   works for any optax transformation, however nested.
   """
