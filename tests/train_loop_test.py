@@ -238,3 +238,24 @@ def test_a_quiet_start_says_when_the_first_log_line_comes(reference):
       r"step \d+/60, no log line in \d+ s: the first comes at step 5 "
       r"\(log_every=5\); pass a smaller --config.log_every to see progress "
       r"sooner\.", quiet[0]), quiet
+
+
+@pytest.mark.slow
+def test_a_run_stopped_within_an_accumulation_resumes_it_exactly(tmp_path):
+  """grad_accum_steps=2, SIGTERM after micro-batch 7 (the accumulator holds
+  one weighted gradient): the saved step carries it, and the resumed run
+  ends with the uninterrupted run's parameters, bit for bit."""
+  run = ["--config.num_train_steps=12", "--config.log_every=2",
+         "--config.eval_every=12", "--config.checkpoint_every=4",
+         "--config.grad_accum_steps=2", "--config.warmup_steps=1",
+         "--config.model.dropout_rate=0.1"]
+  whole = loop.train_and_evaluate(_config(*run), str(tmp_path / "whole"))
+  stopped = loop.train_and_evaluate(
+      _config(*run, "--config.debug.sigterm_at_step=7"), str(tmp_path / "cut"))
+  assert stopped.preempted and stopped.step == 7
+  assert int(jax.device_get(stopped.state.opt_state.mini_step)) == 1
+  resumed = loop.train_and_evaluate(_config(*run), str(tmp_path / "cut"))
+  assert resumed.source == "workdir" and resumed.step == 12
+  for a, b in zip(jax.tree.leaves(jax.device_get(resumed.state.params)),
+                  jax.tree.leaves(jax.device_get(whole.state.params))):
+    np.testing.assert_array_equal(a, b)
