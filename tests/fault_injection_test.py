@@ -197,6 +197,24 @@ def test_an_endless_evaluation_split_evaluated_whole_stops_at_the_start():
   preflight.check_batches(endless)
 
 
+@pytest.mark.parametrize("task,split,refused", [
+    ("glue_mnli", "test_matched", True), ("glue_sst2", "test", True),
+    ("glue_snli", "test", False), ("glue_sst2", "validation", False)])
+def test_an_unlabelled_glue_test_split_is_not_scored(task, split, refused):
+  config = run_config.load_config_file(
+      os.path.join(ROOT, "configs", "glue.py") + f":{task[5:]},hypermixer")
+  config.eval_split = split
+  if refused:
+    with pytest.raises(config_checks.ConfigError, match=(
+        rf"^eval_split='{split}': {task}'s test split in TFDS holds no labels "
+        r"\(-1\), so it cannot be scored; evaluate on 'validation'")):
+      preflight.check_batches(config, training=False)
+  else:
+    preflight.check_batches(config, training=False)
+  config.data.local_files = {"train": "train.tsv", split: "mine.tsv"}
+  preflight.check_batches(config, training=False)   # local files: labelled
+
+
 def test_missing_or_unreadable_data_files_stop_at_the_start(tmp_path):
   train = tmp_path / "train.tsv"
   train.write_text("sentence\tlabel\nok\t1\n")

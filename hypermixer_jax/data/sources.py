@@ -300,11 +300,14 @@ class _LocalFileSource(seqio.FileDataSource):
       raise ValueError(f"No file matches {self._split_to_filepattern[split]}"
                        f" (split {split!r}).")
     files_ds = tf.data.Dataset.from_tensor_slices(np.array(files, dtype=str))
-    if shard_info:
-      if len(files) < shard_info.num_shards:
-        raise ValueError(
-            f"{len(files)} files cannot be split among "
-            f"{shard_info.num_shards} hosts (seqio then shards by example).")
+    # Whole files per host only where they divide evenly among the hosts:
+    # otherwise (3 files, 2 hosts) one host's share would be a file short,
+    # and as every host gives a batch its equal part, that host's examples
+    # would be read more often. Then every host reads every file, in the
+    # same order (the seed is every host's), and keeps its share of the
+    # examples (seqio does so itself with fewer files than hosts).
+    by_file = shard_info and len(files) % shard_info.num_shards == 0
+    if by_file:
       files_ds = files_ds.shard(shard_info.num_shards, shard_info.index)
     if shuffle:
       files_ds = files_ds.shuffle(len(files), seed=seed)
@@ -313,7 +316,10 @@ class _LocalFileSource(seqio.FileDataSource):
         self._local_reader.lines, cycle_length=self._cycle_length,
         block_length=self._block_length,
         num_parallel_calls=tf.data.AUTOTUNE if remote else None)
-    return self._local_reader.parse(blocks)
+    examples = self._local_reader.parse(blocks)
+    if shard_info and not by_file:
+      examples = examples.shard(shard_info.num_shards, shard_info.index)
+    return examples
 
 
 class _MultiFormatSource(seqio.DataSource):

@@ -214,19 +214,35 @@ def check_batches(config: ml_collections.ConfigDict, *,
           f"split the batch (mesh {' x '.join(f'{a}={shape[a]}' for a in axes)}"
           f" of {jax.device_count()} devices); pass --config.{field}={fit} "
           "(a multiple of it) or another --config.mesh.")
-  _check_eval_split_ends(config, training)
+  _check_eval_split(config, training)
 
 
-def _check_eval_split_ends(config: ml_collections.ConfigDict,
-                           training: bool) -> None:
-  """The whole evaluation split (``eval_steps=-1``) of the synthetic task
-  must be finite: 0 examples is an endless stream, which would never end."""
+# GLUE's test splits in TFDS hold no labels (every one is -1); SNLI's do.
+UNLABELLED_TFDS_TESTS = ("glue_sst2", "glue_mnli", "glue_qnli", "glue_qqp")
+
+
+def _check_eval_split(config: ml_collections.ConfigDict,
+                      training: bool) -> None:
+  """The evaluation split can be scored: a GLUE test split read from TFDS
+  has no labels (-1, which the loss would read as the last class), and the
+  whole split (``eval_steps=-1``) of the synthetic task must be finite (0
+  examples is an endless stream, which would never end)."""
+  from hypermixer_jax.data import config as data_config  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.data import synthetic  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import config_checks  # pylint: disable=g-import-not-at-top
-  if (config.data.task != "synthetic_pairs" or int(config.eval_steps) >= 0
-      or (training and int(config.eval_every) < 0)):
+  if training and int(config.eval_every) < 0:
     return
-  if not synthetic.num_examples(config.data.synthetic, config.eval_split):
+  split, task = config.eval_split, config.data.task
+  if (task in UNLABELLED_TFDS_TESTS and split.startswith("test")
+      and not data_config.local_files(config.data)):   # read from TFDS
+    raise config_checks.ConfigError(
+        f"eval_split={split!r}: {task}'s test split in TFDS holds no labels "
+        "(-1), so it cannot be scored; evaluate on 'validation' (the GLUE "
+        "dev set), and write the test split's predictions with "
+        "--mode=predict.")
+  if task != "synthetic_pairs" or int(config.eval_steps) >= 0:
+    return
+  if not synthetic.num_examples(config.data.synthetic, split):
     raise config_checks.ConfigError(
         f"eval_steps=-1 evaluates the whole {config.eval_split!r} split, "
         "which data.synthetic.num_eval_examples=0 makes an endless stream; "
