@@ -31,7 +31,9 @@ def get_config(arg: str = "hypermixer") -> ml_collections.ConfigDict:
   # HyperMixing and the MLP-Mixer token MLP keep one hidden layer per packed
   # example (``mixer_kwargs.max_segments``), so they train on unpacked rows.
   # The options that decide it are set explicitly, so that the command line
-  # can change them (raise max_segments to pack; cost grows).
+  # can change them (raise max_segments to pack; cost grows). Packed rows
+  # hold more real tokens: to compare models on the same rows, pass
+  # --config.data.packing=False to every one (the MLM studies do).
   facts = models.model_facts(c.model)
   c.data.packing = facts.packing_error is None
   c.model.mixer_kwargs.update(facts.packing_options)
