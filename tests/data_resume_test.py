@@ -125,6 +125,25 @@ def test_hosts_read_disjoint_shards(files):
   assert rows[0] | rows[1] == everything
 
 
+def test_hosts_draw_their_own_masks(files):
+  """seqio seeds an example's masking by its place in the host's stream and
+  the pipeline's seed, which every host shares: the k-th rows of two hosts
+  would be masked at the same positions. Each host folds in its index."""
+  cfg = _configs(files)["c4_mlm"]
+  cfg.packing = False
+  hosts = [[(int(np.sum(t > 0)), m) for b in data.build_pipeline(
+      cfg, "train", batch_size=4, shard_index=i, num_shards=2, seed=0,
+      repeat=False, shuffle=False)
+              for t, m in zip(b["targets"], b["masked_positions"])]
+           for i in range(2)]
+  # Rows of one length (full chunks) at the same place: seqio's seeds alone
+  # mask them alike.
+  pairs = [(a[1], b[1]) for a, b in zip(*hosts) if a[0] == b[0]]
+  assert len(pairs) >= 3
+  same = sum(np.array_equal(a, b) for a, b in pairs)
+  assert same <= 1, (same, len(pairs))
+
+
 def test_eval_pipeline_ends(files):
   cfg = _configs(files)["glue_mnli"]
   p = data.build_pipeline(cfg, "train", batch_size=8, seed=0, repeat=False,

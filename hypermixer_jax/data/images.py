@@ -23,6 +23,7 @@ import seqio
 import tensorflow as tf
 
 from hypermixer_jax.data import config as data_config
+from hypermixer_jax.data import preprocessors as prep
 from hypermixer_jax.data import sources
 
 MEAN_RGB = (0.485, 0.456, 0.406)
@@ -167,13 +168,16 @@ def check_label(label: tf.Tensor, source: tf.Tensor | str, num_classes: int
 def preprocess(ds: tf.data.Dataset, *, train: bool, image_size: int,
                patch_size: int, min_crop_area: float, crop_fraction: float,
                num_classes: int, source_prefix: str = "",
-               normalization: str = "imagenet") -> tf.data.Dataset:
+               normalization: str = "imagenet",
+               shard_index: int = 0) -> tf.data.Dataset:
   """{'image': JPEG bytes, 'label', 'source'} -> {'inputs': patches, 'label'}.
 
   ``source`` (the TSV file and line, or the TFDS record's file name, after
   ``source_prefix``) is what error messages quote: a file that is not a
   whole JPEG, one the decoder fails on, a class index outside
   ``[0, num_classes)``. ``normalization``: see ``NORMALIZATIONS``.
+  ``shard_index``: the host's (``preprocessors.for_host``: each host draws
+  its own crops and flips).
   """
   if normalization not in NORMALIZATIONS:
     raise ValueError(f"data.image_normalization={normalization!r}; choose "
@@ -184,6 +188,7 @@ def preprocess(ds: tf.data.Dataset, *, train: bool, image_size: int,
   @seqio.map_over_dataset(num_seeds=1)
   @tf.autograph.experimental.do_not_convert
   def checked(ex, seed):
+    seed = prep.for_host(seed, shard_index)
     source = tf.strings.join([source_prefix, ex["source"]])
     label = tf.cast(ex["label"], tf.int64)
     checks = [check_jpeg(ex["image"], source),

@@ -83,12 +83,25 @@ def bert_mask(ex: Mapping[str, tf.Tensor], seed: tf.Tensor, *,
           "weights": tf.cast(selected, tf.int32)}
 
 
-def mask_tokens(ds: tf.data.Dataset, **kwargs) -> tf.data.Dataset:
-  """``bert_mask`` over a dataset, one stateless seed per example (seqio)."""
+def for_host(seed: tf.Tensor, shard_index: int) -> tf.Tensor:
+  """An example's stateless seed made the host's own: seqio draws it from
+  the example's place in the host's stream and the pipeline's seed, which
+  every host shares, so without this the k-th example of every host would
+  get the same mask, crop or flip. Host 0 keeps seqio's seed (one host's
+  stream is unchanged)."""
+  if not shard_index:
+    return seed
+  return tf.random.experimental.stateless_fold_in(seed, shard_index)
+
+
+def mask_tokens(ds: tf.data.Dataset, *, shard_index: int = 0,
+                **kwargs) -> tf.data.Dataset:
+  """``bert_mask`` over a dataset, one stateless seed per example (seqio);
+  ``shard_index``: the host's (``for_host``: each host draws its own masks)."""
   @seqio.map_over_dataset(num_seeds=1)
   @tf.autograph.experimental.do_not_convert
   def fn(ex, seed):
-    return bert_mask(ex, seed, **kwargs)
+    return bert_mask(ex, for_host(seed, shard_index), **kwargs)
   return fn(ds)
 
 

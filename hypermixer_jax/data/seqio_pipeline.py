@@ -102,7 +102,8 @@ def epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
   task_name = name
   if name == "imagenet_patches" and split == "train":
     task_name = "imagenet_patches_train"  # with random crops and flips
-  task = tasks.get_task(cfg, task_name)
+  task = tasks.get_task(cfg, task_name,
+                        shard_index=shard_index if num_shards > 1 else 0)
   shard_info = (seqio.ShardInfo(shard_index, num_shards)
                 if num_shards > 1 else None)
 

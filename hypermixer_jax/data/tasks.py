@@ -54,7 +54,8 @@ def _source(cfg, tfds_name, splits, make_reader, decoders=None):
   return sources.tfds_source(tfds_name, cfg.data_dir, splits, decoders)
 
 
-def _text_task(name: str, task_name: str, cfg) -> seqio.Task:
+def _text_task(name: str, task_name: str, cfg, shard_index: int = 0
+               ) -> seqio.Task:
   vocab = vocab_lib.get_vocabulary(cfg.vocab_path, cfg.extra_ids)
   mlm = name == "c4_mlm"
   source = _source(cfg, C4_TFDS, {"train": "train", "validation": "validation"},
@@ -70,6 +71,7 @@ def _text_task(name: str, task_name: str, cfg) -> seqio.Task:
   if mlm:
     # The mask ids need the vocabulary's size, read lazily inside the map.
     steps.append(functools.partial(_mask_with_vocab, vocab=vocab,
+                                   shard_index=shard_index,
                                    **cfg.mlm.to_dict()))
     features["inputs"] = seqio.Feature(vocab, add_eos=False)
     features["weights"] = seqio.ContinuousFeature(dtype=tf.int32, rank=1)
@@ -78,9 +80,10 @@ def _text_task(name: str, task_name: str, cfg) -> seqio.Task:
 
 
 def _mask_with_vocab(ds, vocab, select_rate, mask_token_rate,
-                     random_token_rate):
+                     random_token_rate, shard_index=0):
   ids = vocab_lib.special_ids(vocab)
-  return prep.mask_tokens(ds, mask_id=ids.mask, first_regular=ids.first_regular,
+  return prep.mask_tokens(ds, shard_index=shard_index, mask_id=ids.mask,
+                          first_regular=ids.first_regular,
                           num_regular=ids.num_regular, select_rate=select_rate,
                           mask_token_rate=mask_token_rate,
                           random_token_rate=random_token_rate)
@@ -120,7 +123,8 @@ def _encode_with_vocab(ds, sequence_length, output_features, vocab, keys):
                           cls_id=ids.cls, sep_id=ids.sep, keys=keys)
 
 
-def _image_task(name: str, task_name: str, cfg) -> seqio.Task:
+def _image_task(name: str, task_name: str, cfg, shard_index: int = 0
+                ) -> seqio.Task:
   source = _source(cfg, IMAGENET_TFDS,
                    {"train": "train", "validation": "validation"},
                    lambda fmt: sources.image_reader(cfg.num_classes),
@@ -141,7 +145,8 @@ def _image_task(name: str, task_name: str, cfg) -> seqio.Task:
                              normalization=cfg.get("image_normalization",
                                                    "imagenet"),
                              source_prefix="" if local else
-                             f"TFDS {IMAGENET_TFDS} record file_name=")]
+                             f"TFDS {IMAGENET_TFDS} record file_name=",
+                             shard_index=shard_index)]
   return seqio.Task(
       task_name, source,
       output_features={
@@ -176,23 +181,27 @@ def _synthetic_task(task_name: str, cfg) -> seqio.Task:
           "weights": seqio.ContinuousFeature(dtype=tf.float32, rank=1)})
 
 
-def _build(name: str, task_name: str, cfg) -> seqio.Task:
+def _build(name: str, task_name: str, cfg, shard_index: int) -> seqio.Task:
   if name in TEXT_TASKS:
-    return _text_task(name, task_name, cfg)
+    return _text_task(name, task_name, cfg, shard_index)
   if name in CLASSIFICATION:
     return _classification_task(name, task_name, cfg)
   if name.startswith("imagenet_patches"):
-    return _image_task(name, task_name, cfg)
+    return _image_task(name, task_name, cfg, shard_index)
   return _synthetic_task(task_name, cfg)
 
 
-def get_task(cfg: ml_collections.ConfigDict, name: str | None = None
-             ) -> seqio.Task:
-  """The seqio Task for ``cfg`` (registering it on first use)."""
+def get_task(cfg: ml_collections.ConfigDict, name: str | None = None, *,
+             shard_index: int = 0) -> seqio.Task:
+  """The seqio Task for ``cfg`` (registering it on first use);
+  ``shard_index``: the host reading it, whose random masks and crops are
+  its own (``preprocessors.for_host``)."""
   name = name or cfg.task
-  task_name = task_name_for(cfg, name)
+  task_name = task_name_for(cfg, name) + (
+      f"__host{shard_index}" if shard_index else "")
   if task_name not in seqio.TaskRegistry.names():
-    seqio.TaskRegistry.add_provider(task_name, _build(name, task_name, cfg))
+    seqio.TaskRegistry.add_provider(task_name, _build(name, task_name, cfg,
+                                                      shard_index))
   return seqio.get_mixture_or_task(task_name)
 
 
