@@ -329,8 +329,17 @@ def test_a_split_that_does_not_fill_its_last_batch_evaluates_on_a_mesh(head):
   assert sharding.batch_shards(mesh, rules) == 4
   batches = [evaluation.with_example_weights(
       {k: v[i:i + 4] for k, v in split.items()}, head) for i in (0, 4, 8)]
-  step = jax.jit(lambda state, b: heads.eval_sums(head, b["logits"], b))
+  def sums(state, b):
+    # A per-row statistic averaged over rows, as the MoE routers' are: the
+    # share of rows with logits (an empty padding row would lower it).
+    out = heads.eval_sums(head, b["logits"], b)
+    out["moe/rows_with_logits"] = jnp.mean(jnp.any(
+        b["logits"].reshape(len(b["logits"]), -1) != 0, -1))
+    out["num_batches"] = jnp.ones(())
+    return out
+  step = jax.jit(sums)
   got = evaluation.evaluate(step, None, batches, mesh, rules, head)
+  assert got["moe/rows_with_logits"] == 1.0
   np.testing.assert_allclose(got["loss"], (ce * w).sum() / w.sum(),
                              rtol=1e-5)
   np.testing.assert_allclose(got["accuracy"], (right * w).sum() / w.sum(),
@@ -339,7 +348,7 @@ def test_a_split_that_does_not_fill_its_last_batch_evaluates_on_a_mesh(head):
   with pytest.raises(ValueError, match="without 'weights' cannot be padded"):
     evaluation.evaluate(step, None, [{"logits": logits[:3],
                                       "label": np.zeros(3, int)}],
-                        mesh, rules, "classify")
+                        mesh, rules, head)
 
 
 class _Linear(nn.Module):

@@ -97,24 +97,32 @@ def with_example_weights(batch: dict, head: str) -> dict:
 
 
 def _padded(local: dict, rows: int) -> dict:
-  """``local`` grown to ``rows`` rows of zeros: their ``weights`` are 0, so
-  they count in no metric (and padding tokens, ``segment_ids`` 0, are never
-  routed to an expert)."""
+  """``local`` grown to ``rows`` rows: copies of its own rows (of
+  ``local['_rows']``, real rows of an earlier batch, where it has none) with
+  ``weights`` 0, so that they count in no loss or accuracy. They are real
+  rows rather than zeros so that what a model computes per row and averages
+  over rows (the ``moe/`` router statistics, diagnostics) sees no empty
+  row (an empty row reads as all its tokens dropped)."""
+  rows_from = local.pop("_rows", None)
   have = len(next(iter(local.values())))
   if have >= rows:
     return local
   if "weights" not in local:
     raise ValueError("an evaluation batch without 'weights' cannot be "
                      "padded: its padding rows would count in the metrics.")
-  return {k: np.concatenate([np.asarray(v), np.zeros(
-      (rows - have, *np.shape(v)[1:]), np.asarray(v).dtype)])
-          for k, v in local.items()}
+  source = local if have else rows_from
+  take = np.arange(rows - have) % len(next(iter(source.values())))
+  out = {k: np.concatenate([np.asarray(v), np.asarray(source[k])[take]])
+         for k, v in local.items()}
+  out["weights"][have:] = 0
+  return out
 
 
 def _as_many_on_every_process(batches: Iterable[dict]) -> Iterable[dict]:
   """``batches``, and once this process has run out while another has not,
-  empty batches (padded by ``evaluate`` to rows of weight 0): the hosts'
-  shards of a split differ in size, and every batch is a collective step."""
+  empty batches (padded by ``evaluate`` to rows of weight 0, copied from
+  ``_rows``, its first batch): the hosts' shards of a split differ in size,
+  and every batch is a collective step."""
   if jax.process_count() == 1:
     yield from batches
     return
@@ -133,8 +141,8 @@ def _as_many_on_every_process(batches: Iterable[dict]) -> Iterable[dict]:
           "split while another did: the split has fewer examples than "
           "processes.")
     yield local if local is not None else {
-        k: np.zeros((0, *np.shape(v)[1:]), np.asarray(v).dtype)
-        for k, v in template.items()}
+        **{k: np.zeros((0, *np.shape(v)[1:]), np.asarray(v).dtype)
+           for k, v in template.items()}, "_rows": template}
 
 
 def evaluate(eval_step: Callable[[Any, dict], dict], state: Any,
