@@ -3,10 +3,13 @@
   y(x) = sum_{e in routed(x)} g_e(x) E_e(x),   E_e(x) = W2_e GELU(W1_e x + b1_e) + b2_e
   x [B, N, d];  W1 [E, d, d_ffn] ('expert', 'embed', 'mlp');  W2 [E, d_ffn, d]
 
-Routing groups are the rows of the batch (one sequence = one group of N
-tokens, capacity per sequence), so the routing of a sequence never depends on
-the other examples nor on the mesh, and a top-1 router is causal (slots are
-filled in token order). Dropped and padding tokens get y = 0, i.e. they pass
+Routing groups are the rows of the batch (one row = one group of N tokens,
+capacity per row), so the routing of a row never depends on the other rows
+nor on the mesh, and a top-1 router is causal (slots are filled in token
+order). A packed row (several examples, ``segment_ids``; ``smlp_lm`` packs)
+is one group: its examples share the row's capacity, and Base Layers'
+balanced assignment in training spans them. Router statistics and losses
+are means over rows of per-row means. Dropped and padding tokens get y = 0, i.e. they pass
 through the block's residual.
 
 Tokens reach the expert slots [G, E, C, d] by index (``dispatch='index'``:
