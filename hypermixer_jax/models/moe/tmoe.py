@@ -28,6 +28,7 @@ on all slots at once; both give the same numbers.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -139,15 +140,21 @@ def route_groups(fn: Callable[..., Any], *args: Any,
                  axis: str = EXPERT_AXIS) -> Any:
   """``jax.vmap(fn)(*args)`` over the leading group axis of every arg.
 
-  Under a mesh with an expert axis the map runs inside ``jax.shard_map``,
-  each device routing its own groups: XLA's partitioner would otherwise
-  gather the groups around the reductions and the sort of Base Layers'
-  auction loop. ``None`` args are passed through.
+  Under a mesh that splits the groups (the batch axes, ``axis``) the map
+  runs inside ``jax.shard_map``, each device routing its own groups: XLA's
+  partitioner would otherwise gather the groups around the reductions, the
+  top-k and the sort of Base Layers' auction loop (with data parallelism
+  alone every device routed the whole batch). ``None`` args are passed
+  through.
   """
   mapped = jax.vmap(fn)
-  if expert_mesh_size(axis) == 1:
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
     return mapped(*args)
-  gspec = jax.P(_group_axes(axis))
+  gaxes = tuple(a for a in _group_axes(axis) if a in mesh.axis_names)
+  if math.prod(mesh.shape[a] for a in gaxes) == 1:
+    return mapped(*args)
+  gspec = jax.P(gaxes)
   return jax.shard_map(
       mapped, in_specs=tuple(None if a is None else gspec for a in args),
       out_specs=gspec, check_vma=False)(*args)   # no collectives inside
