@@ -135,9 +135,13 @@ def test_mlm_fills_masks(tmp_path, shared_data):
   assert [len(g["masks"]) for g in got] == [1, 2]
   vocab = data_lib.vocab.get_vocabulary(config.data.vocab_path)
   mask_id = data_lib.vocab.special_ids(vocab).mask
-  # Reference: the ids built by hand, the model applied directly.
-  ids = (vocab.encode("The capital of France is") + [mask_id]
-         + vocab.encode("."))
+  # Reference: the whole sentence tokenized as training does, its word
+  # (one piece) replaced by [MASK]; the model applied directly. (Encoded
+  # alone, "." would gain SentencePiece's word-start marker.)
+  whole, word = vocab.encode("The capital of France is Paris."), vocab.encode(
+      "Paris")
+  assert len(word) == 1 and vocab.encode(".") != whole[-1:]
+  ids = [mask_id if i == word[0] else i for i in whole]
   x = np.zeros((1, 24), np.int32)
   x[0, :len(ids)] = ids
   seg = (np.arange(24) < len(ids)).astype(np.int32)[None]

@@ -336,3 +336,30 @@ def test_accumulation_resumes_only_with_its_own_k_and_state(tmp_path):
       r"checkpoints/4 holds optax.MultiSteps' accumulator \(saved by an "
       r"earlier version")):
     run_config.check_fits_checkpoints(config, workdir)
+
+
+def test_fine_tuning_with_another_vocabulary_is_refused(tmp_path):
+  """Token ids of another SentencePiece file (or other extra ids) name other
+  pieces: fine-tuning from a checkpoint trained with another vocabulary
+  stops in one line; the same file's content elsewhere passes."""
+  a, b, copy = (tmp_path / n for n in ("a.model", "b.model", "copy.model"))
+  a.write_bytes(b"pieces of A")
+  b.write_bytes(b"pieces of B")
+  copy.write_bytes(b"pieces of A")
+  config = run_config.load_config_file(
+      os.path.join(ROOT, "configs", "glue.py") + ":sst2,hypermixer")
+  config.data.vocab_path = str(a)
+  workdir_lib.save_config(config, str(tmp_path / "pre"), 0)
+  tune = config.copy_and_resolve_references()
+  tune.init_checkpoint = str(tmp_path / "pre")
+  tune.data.vocab_path = str(copy)
+  run_config.check_init_vocabulary(tune)
+  for field, value in (("vocab_path", str(b)), ("extra_ids", 101)):
+    other = tune.copy_and_resolve_references()
+    other.data[field] = value
+    with pytest.raises(config_checks.ConfigError, match=(
+        rf"^init_checkpoint {tmp_path}/pre was trained with the vocabulary "
+        rf"{a} \(data.extra_ids=100\), this run reads .* whose ids name other "
+        rf"pieces: pass --config.data.vocab_path={a} "
+        r"--config.data.extra_ids=100.$")):
+      run_config.check_init_vocabulary(other)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Callable
 
 import seqio
 import sentencepiece as spm
@@ -123,6 +124,19 @@ def get_vocabulary(path: str, extra_ids: int = 100
     raise ValueError(f"extra_ids={extra_ids}: need at least {NUM_SPECIAL} for "
                      "[MASK], [CLS] and [SEP].")
   return seqio.SentencePieceVocabulary(path, extra_ids=extra_ids)
+
+
+def continuation_encoder(vocab: seqio.SentencePieceVocabulary
+                         ) -> Callable[[str], list[int]]:
+  """Encodes text that goes on from a token before it, as SentencePiece
+  tokenizes it inside a whole text: without the word-start marker the model
+  adds to the start of every text it encodes (``add_dummy_prefix``; ``.``
+  alone encodes as ``▁`` ``.``, within a sentence as ``.``)."""
+  proto = sp_pb2.ModelProto.FromString(vocab.sp_model)
+  proto.normalizer_spec.add_dummy_prefix = False
+  processor = spm.SentencePieceProcessor(
+      model_proto=proto.SerializeToString())
+  return lambda text: list(processor.encode(text))
 
 
 def special_ids(vocab: seqio.SentencePieceVocabulary) -> SpecialIds:

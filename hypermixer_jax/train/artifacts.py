@@ -339,6 +339,7 @@ def _mlm_rows(config, input_path: str):
   vocab = vocab_lib.get_vocabulary(config.data.vocab_path,
                                    config.data.extra_ids)
   mask_id = vocab_lib.special_ids(vocab).mask
+  glued = vocab_lib.continuation_encoder(vocab)
   n = int(config.data.seq_len)
   rows = []
   for text in _read_lines(input_path):
@@ -348,7 +349,12 @@ def _mlm_rows(config, input_path: str):
       if j:
         ids.append(mask_id)
       if piece.strip():
-        ids.extend(vocab.encode(piece.strip()))
+        # As training tokenizes the whole text: a piece after a space starts
+        # a word (SentencePiece's word-start marker), one glued to the
+        # [MASK] before it goes on from it (".", "s": no marker).
+        start = j == 0 or piece[:1].isspace()
+        ids.extend(vocab.encode(piece.strip()) if start
+                   else glued(piece.rstrip()))
     why = (BLANK if not text.strip() else
            f"no {MASK_MARKER} to fill in" if len(pieces) < 2 else
            f"{len(ids)} tokens and a {MASK_MARKER} after data.seq_len={n}"

@@ -192,6 +192,7 @@ def _restore(run: _Run, ck: ckpt_lib.Checkpointer, train_pipe) -> str:
                  ck.directory, latest)
     return "workdir"
   if config.init_checkpoint:
+    run_config.check_init_vocabulary(config)
     for line in run_config.input_mismatches(config):
       logging.warning("%s", line)
     reinit = [r for r in config.init_reinit.split(",") if r]

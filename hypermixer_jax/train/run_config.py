@@ -531,6 +531,31 @@ def adopt_init_checkpoint(config: ml_collections.ConfigDict,
   return config
 
 
+def check_init_vocabulary(config: ml_collections.ConfigDict) -> None:
+  """Refuses, in one line, to fine-tune a token model from
+  ``config.init_checkpoint`` with another vocabulary than it was trained
+  with (another SentencePiece file's content, or ``data.extra_ids``): every
+  token id would mean another piece. Nothing is checked where the saved
+  config names no vocabulary that can be read here."""
+  path = find(config.init_checkpoint) if config.get("init_checkpoint") else None
+  if path is None or _plain(config)["model"].get("family") not in (
+      TOKEN_FAMILIES):
+    return
+  theirs, ours = load(path).get("data", {}), _plain(config).get("data", {})
+  a, b = theirs.get("vocab_path"), ours.get("vocab_path")
+  if not a or not b or not epath.Path(a).is_file() or not epath.Path(
+      b).is_file():
+    return
+  digest = lambda f: hashlib.sha256(epath.Path(f).read_bytes()).hexdigest()  # noqa: E731
+  extra = (theirs.get("extra_ids", 100), ours.get("extra_ids", 100))
+  if digest(a) != digest(b) or extra[0] != extra[1]:
+    raise ConfigFlagError(
+        f"init_checkpoint {config.init_checkpoint} was trained with the "
+        f"vocabulary {a} (data.extra_ids={extra[0]}), this run reads {b} "
+        f"(data.extra_ids={extra[1]}), whose ids name other pieces: pass "
+        f"--config.data.vocab_path={a} --config.data.extra_ids={extra[0]}.")
+
+
 def input_mismatches(config: ml_collections.ConfigDict) -> list[str]:
   """How ``config``'s inputs differ from those ``config.init_checkpoint``
   was trained on, as far as its saved config records them (one line each)."""
