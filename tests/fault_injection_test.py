@@ -423,3 +423,24 @@ def test_export_refuses_a_step_it_holds_or_a_foreign_folder(tmp_path):
       "--overwrite to write into it.$")):
     artifacts.export_params(_config(), str(tmp_path / "no_run"),
                             str(tmp_path / "home"))
+
+
+def test_export_refuses_a_folder_of_another_models_export(tmp_path):
+  """An export's config.json says how its steps load: a run of other shapes
+  exporting into it would replace it, and the steps there would no longer
+  load. What --mode=evaluate writes into an export does not count as a
+  foreign file."""
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "export"
+  config = _config()
+  run_config.write(config, out)
+  (out / "evaluations").mkdir()
+  wider = _config()
+  wider.model.d_model *= 2
+  with pytest.raises(config_checks.ConfigError, match=(
+      rf"^--output={out} holds the export of another model \(its "
+      rf"{out}/config.json differs in model.d_model\); export into another "
+      r"folder, or pass --overwrite to replace its config.$")):
+    artifacts._check_export_folder(str(out), False, wider)
+  artifacts._check_export_folder(str(out), False, config)   # the same model
+  artifacts._check_export_folder(str(out), True, wider)     # --overwrite

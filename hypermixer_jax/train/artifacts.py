@@ -166,7 +166,7 @@ def export_params(config: ml_collections.ConfigDict, workdir: str,
   ``output`` must be new, empty or an export (which gains the step);
   ``overwrite`` replaces a step it holds and writes into any folder.
   """
-  _check_export_folder(output, overwrite)
+  _check_export_folder(output, overwrite, config)
   params, found = load_params(config, workdir, step)
   write_params(output, params, found, overwrite=overwrite)
   if jax.process_index() == 0:
@@ -177,15 +177,27 @@ def export_params(config: ml_collections.ConfigDict, workdir: str,
   return output
 
 
-def _check_export_folder(output: str, overwrite: bool) -> None:
-  """Refuses to mix an export's files into a folder that holds others."""
+def _check_export_folder(output: str, overwrite: bool,
+                         config: ml_collections.ConfigDict) -> None:
+  """Refuses to mix an export's files into a folder that holds others, or
+  steps of a model of other shapes or vocabulary (their config.json would
+  be replaced by this one's, and they would no longer load)."""
   out = storage.path(output)
   if out.exists() and not out.is_dir():
     raise config_checks.ConfigError(
         f"--output={output} is a file; export writes a folder: pass a new "
         "folder's path.")
+  saved = out / run_config.CONFIG_FILE
+  if saved.exists() and not overwrite:
+    fields = run_config.shape_fields(run_config.load(saved), config)
+    if fields:
+      raise config_checks.ConfigError(
+          f"--output={output} holds the export of another model (its "
+          f"{saved} differs in {', '.join(fields)}); export into another "
+          "folder, or pass --overwrite to replace its config.")
+  # What --mode=evaluate writes into an export, besides the export's own.
   export = {run_config.CONFIG_FILE, run_config.VOCAB_DIR,
-            run_config.VOCAB_RECORD}
+            run_config.VOCAB_RECORD, "evaluations"}
   # Steps, and a replacement's own folders (``write_params``).
   others = sorted(p.name for p in out.iterdir()
                   if p.name not in export and not p.name.isdigit()
