@@ -220,6 +220,15 @@ def _config(mode: str):
            if mode in FROM_CHECKPOINT or run_config.has_checkpoint(
                FLAGS.workdir) else None)
   if saved is None:
+    from hypermixer_jax.train import storage  # pylint: disable=g-import-not-at-top
+    folder = storage.path(FLAGS.workdir)
+    if FLAGS.config is None and mode != "train" and folder.is_dir() and any(
+        p.name.isdigit() for p in folder.iterdir()):
+      raise app.UsageError(
+          f"--mode={mode}: {FLAGS.workdir} holds exported steps but no "
+          f"{run_config.CONFIG_FILE}; pass --config=FILE[:arg] of the run it "
+          f"was exported from, or copy that run's {run_config.CONFIG_FILE} "
+          "into it.")
     if FLAGS.config is None:
       raise app.UsageError(
           f"--config is required: {FLAGS.workdir} holds no checkpoint"

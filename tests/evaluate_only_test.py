@@ -96,13 +96,19 @@ def test_main_modes_from_the_command_line(run, tmp_path):
   assert out.stderr.splitlines()[-1] == (
       f"Stopped: --config.model.d_model would change the shapes, dtypes or "
       f"vocabulary of the parameters, or the optimizer state's layout or "
-      f"accumulation, saved with {run} (see its config.json); drop the override(s), or train a "
-      "new run in another --workdir.")
+      f"accumulation, saved with {run} (see its config.json); drop the "
+      "override(s), or train a new run in another --workdir.")
   # An empty workdir is named (see also the test below, with --config).
   (tmp_path / "empty").mkdir()
   out = main(f"--workdir={tmp_path / 'empty'}", "--mode=evaluate")
   assert (f"--mode=evaluate: {tmp_path / 'empty'} holds no checkpoint and no "
           "saved config.json") in out.stderr and out.returncode == 1
+  # An export that lost its config.json is named as one.
+  (tmp_path / "p" / "config.json").unlink()
+  out = main(f"--workdir={tmp_path / 'p'}", "--mode=evaluate")
+  assert (f"--mode=evaluate: {tmp_path / 'p'} holds exported steps but no "
+          "config.json; pass --config=FILE[:arg] of the run it was exported "
+          "from") in out.stderr and out.returncode == 1
   out = main(f"--workdir={run}", "--mode=export")
   assert out.returncode != 0 and "--mode=export needs --output" in out.stderr
 
