@@ -23,6 +23,7 @@ import pytest
 from hypermixer_jax import experiment
 from hypermixer_jax import models
 from hypermixer_jax.data import synthetic as data_syn
+from hypermixer_jax.experiment import runs
 
 import script_modules
 
@@ -263,6 +264,22 @@ def test_a_cut_short_cell_resumes_only_its_own_config(tmp_path, capsys):
   assert experiment.train(cfg, workdir)["source"] == "scratch"
   cfg.log_every, cfg.keep_checkpoints = 2, 3          # bookkeeping only
   assert experiment.train(cfg, workdir)["source"] == "workdir"
+  # A field naming files of equal content by another path is the same run.
+  (tmp_path / "a.txt").write_text("x")
+  (tmp_path / "b.txt").write_text("x")
+  assert runs.set_aside_other_run(cfg, workdir) is None
+  saved = sorted((tmp_path / "cell" / "configs").glob("*.json"))
+  for copy in saved:
+    text = json.loads(copy.read_text())
+    text["init_checkpoint"] = str(tmp_path / "a.txt")
+    copy.write_text(json.dumps(text))
+  cfg.init_checkpoint = str(tmp_path / "b.txt")
+  assert runs.set_aside_other_run(cfg, workdir) is None
+  cfg.init_checkpoint = ""
+  for copy in saved:
+    text = json.loads(copy.read_text())
+    text["init_checkpoint"] = ""
+    copy.write_text(json.dumps(text))
   assert not list(tmp_path.glob("cell.other-config-*"))
   cfg.learning_rate *= 3                               # the setting moved
   result = experiment.train(cfg, workdir)

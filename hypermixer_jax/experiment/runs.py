@@ -107,10 +107,24 @@ BOOKKEEPING = ("checkpoint_every", "keep_checkpoints", "async_checkpoints",
                "log_every", "profile.", "debug.")
 
 
+def _same_files(a: Any, b: Any) -> bool:
+  """Whether two config values name files of equal content (one path, or
+  a comma-separated list): the same data reached by another path."""
+  from hypermixer_jax.experiment.digests import file_digest  # pylint: disable=g-import-not-at-top
+  if not (isinstance(a, str) and isinstance(b, str)):
+    return False
+  paths = [p.split(",") for p in (a, b)]
+  return (len(paths[0]) == len(paths[1])
+          and all(os.path.isfile(p) for p in paths[0] + paths[1])
+          and all(file_digest(x) == file_digest(y)
+                  for x, y in zip(*paths)))
+
+
 def set_aside_other_run(config, workdir: str) -> str | None:
   """Moves ``workdir`` aside (to ``<workdir>.other-config-<UTC time>``)
   when its checkpoints were trained with another config than ``config``
-  (any saved copy, ``configs/*.json``, differing outside ``BOOKKEEPING``):
+  (any saved copy, ``configs/*.json``, differing outside ``BOOKKEEPING``,
+  files of equal content by another path aside):
   a cell whose setting moved while its run was cut short (a choice that
   changed, a grid extended) would otherwise resume the old setting's run
   and record it as the new one. Returns where it went, or None."""
@@ -123,7 +137,7 @@ def set_aside_other_run(config, workdir: str) -> str | None:
   for copy in run_config.run_copies(workdir):
     diff = {k: v for k, v in run_config.differences(
         json.loads(copy.read_text()), ours).items()
-            if not k.startswith(BOOKKEEPING)}
+            if not k.startswith(BOOKKEEPING) and not _same_files(*v)}
     if diff:
       break
   else:
