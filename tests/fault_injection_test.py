@@ -444,3 +444,6 @@ def test_export_refuses_a_folder_of_another_models_export(tmp_path):
     artifacts._check_export_folder(str(out), False, wider)
   artifacts._check_export_folder(str(out), False, config)   # the same model
   artifacts._check_export_folder(str(out), True, wider)     # --overwrite
+  trained_otherwise = _config()   # another optimizer: the same parameters
+  trained_otherwise.clip_norm, trained_otherwise.grad_accum_steps = 0.0, 4
+  artifacts._check_export_folder(str(out), False, trained_otherwise)

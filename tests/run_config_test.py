@@ -324,6 +324,7 @@ def test_accumulation_resumes_only_with_its_own_k_and_state(tmp_path):
   meta.parent.mkdir(parents=True)
   meta.write_text('{"tree_metadata": {"(\'opt_state\', \'acc_grads\')": {}}}')
   run_config.check_fits_checkpoints(config, workdir)   # the same: resumes
+  run_config.check_accumulator(config, workdir)
   other = config.copy_and_resolve_references()
   other.grad_accum_steps = 4
   with pytest.raises(config_checks.ConfigError, match=r"grad_accum_steps: 2 "
@@ -332,10 +333,11 @@ def test_accumulation_resumes_only_with_its_own_k_and_state(tmp_path):
   # (Orbax's metadata names each leaf by its key path.)
   meta.write_text('{"tree_metadata": {"(\'opt_state\', \'gradient_step\')":'
                   ' {}}}')
+  run_config.check_fits_checkpoints(config, workdir)   # its params load
   with pytest.raises(config_checks.ConfigError, match=(
       r"checkpoints/4 holds optax.MultiSteps' accumulator \(saved by an "
       r"earlier version")):
-    run_config.check_fits_checkpoints(config, workdir)
+    run_config.check_accumulator(config, workdir)      # training refuses
 
 
 def test_fine_tuning_with_another_vocabulary_is_refused(tmp_path):

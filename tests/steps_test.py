@@ -344,6 +344,12 @@ def test_a_split_that_does_not_fill_its_last_batch_evaluates_on_a_mesh(head):
                              rtol=1e-5)
   np.testing.assert_allclose(got["accuracy"], (right * w).sum() / w.sum(),
                              rtol=1e-6)
+  # A split that gives a process no batch at all is named (on every
+  # process: the others would wait for it).
+  with pytest.raises(ValueError, match=(
+      r"^the evaluation split 'validation' gave no batch to process\(es\) "
+      r"\[0\] of 1: it has fewer examples than processes, or none")):
+    evaluation._every_process_has_a_batch(False, "validation")  # pylint: disable=protected-access
   # Padding rows need weights to be told apart: a batch without refuses.
   with pytest.raises(ValueError, match="without 'weights' cannot be padded"):
     evaluation.evaluate(step, None, [{"logits": logits[:3],

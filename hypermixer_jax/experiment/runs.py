@@ -137,7 +137,8 @@ def set_aside_other_run(config, workdir: str) -> str | None:
   for copy in run_config.run_copies(workdir):
     diff = {k: v for k, v in run_config.differences(
         json.loads(copy.read_text()), ours).items()
-            if not k.startswith(BOOKKEEPING) and not _same_files(*v)}
+            if not k.startswith(BOOKKEEPING) and not _same_files(*v)
+            and "-" not in v}   # (a field the older code did not have)
     if diff:
       break
   else:
@@ -145,7 +146,8 @@ def set_aside_other_run(config, workdir: str) -> str | None:
   stamp = datetime.datetime.now(datetime.timezone.utc).strftime(
       "%Y%m%dT%H%M%SZ")
   dest = f"{os.fspath(workdir).rstrip('/')}.other-config-{stamp}"
-  os.rename(workdir, dest)
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  epath.Path(workdir).rename(dest)
   shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in
                     list(diff.items())[:4])
   print(f"{workdir}: its checkpoints were trained with another config "

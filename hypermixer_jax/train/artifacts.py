@@ -189,7 +189,9 @@ def _check_export_folder(output: str, overwrite: bool,
         "folder's path.")
   saved = out / run_config.CONFIG_FILE
   if saved.exists() and not overwrite:
-    fields = run_config.shape_fields(run_config.load(saved), config)
+    fields = [f for f in run_config.shape_fields(run_config.load(saved),
+                                                 config)
+              if f not in run_config.OPTIMIZER_LAYOUT]   # (params only)
     if fields:
       raise config_checks.ConfigError(
           f"--output={output} holds the export of another model (its "

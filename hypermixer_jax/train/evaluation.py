@@ -118,6 +118,23 @@ def _padded(local: dict, rows: int) -> dict:
   return out
 
 
+def _every_process_has_a_batch(has: bool, split: str) -> None:
+  """Raises the same ValueError on every process where one of them read no
+  batch of ``split`` (the others would wait for it in the collective
+  evaluation step)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    every = multihost_utils.process_allgather(np.asarray(has))
+  else:
+    every = np.asarray([has])
+  if not every.all():
+    missing = [int(i) for i in np.flatnonzero(~every)]
+    raise ValueError(
+        f"the evaluation split {split!r} gave no batch to process(es) "
+        f"{missing} of {len(every)}: it has fewer examples than processes, "
+        "or none; evaluate on a larger split.")
+
+
 def _as_many_on_every_process(batches: Iterable[dict]) -> Iterable[dict]:
   """``batches``, and once this process has run out while another has not,
   empty batches (padded by ``evaluate`` to rows of weight 0, copied from
@@ -240,7 +257,8 @@ class TaskEvaluator:
     it = (with_example_weights(b, head)
           for b in c.pipeline(self.split, self.batch_size))
     # The first batch gives the shapes; it goes back in front.
-    first = next(it)
+    first = next(it, None)
+    _every_process_has_a_batch(first is not None, self.split)
     batches = itertools.chain([first], it)
     return evaluate(self._compiled(first), state, batches, c.mesh, c.rules,
                     head, self.steps, local_batch_size=(

@@ -138,7 +138,6 @@ def check_fits_checkpoints(config: ml_collections.ConfigDict | Mapping,
   if not copies:
     return
   saved = load(copies[0])
-  _check_accumulator(config, workdir)
   fields = shape_fields(saved, config)
   if not fields:
     return
@@ -154,12 +153,15 @@ def check_fits_checkpoints(config: ml_collections.ConfigDict | Mapping,
       "edited), or train the new shapes in another --workdir.")
 
 
-def _check_accumulator(config, workdir: epath.Path) -> None:
-  """Refuses to resume with gradient accumulation from a step saved with
-  ``optax.MultiSteps``' state (earlier versions: a plain mean of the
+def check_accumulator(config, workdir: str | os.PathLike) -> None:
+  """Refuses to resume training with gradient accumulation from a step saved
+  with ``optax.MultiSteps``' state (earlier versions: a plain mean of the
   micro-batches' gradients), which ``optim.weighted_accumulation``'s state
-  does not restore from."""
-  if max(int(_plain(config).get("grad_accum_steps") or 1), 1) == 1:
+  does not restore from. (Evaluation, prediction and export read the
+  parameters alone: not checked there.)"""
+  workdir = epath.Path(workdir)
+  if (max(int(_plain(config).get("grad_accum_steps") or 1), 1) == 1
+      or not has_checkpoint(workdir)):
     return
   step = checkpoint_steps(workdir)[-1]
   meta = workdir / "checkpoints" / str(step) / "state" / "_METADATA"

@@ -71,6 +71,7 @@ def guard(config: ml_collections.ConfigDict, workdir: str, *,
   if is_main:
     preflight.check_writable(workdir)
   run_config.check_fits_checkpoints(config, workdir)
+  run_config.check_accumulator(config, workdir)
   return WorkdirLock(workdir) if is_main else contextlib.nullcontext()
 
 
