@@ -447,3 +447,22 @@ def test_export_refuses_a_folder_of_another_models_export(tmp_path):
   trained_otherwise = _config()   # another optimizer: the same parameters
   trained_otherwise.clip_norm, trained_otherwise.grad_accum_steps = 0.0, 4
   artifacts._check_export_folder(str(out), False, trained_otherwise)
+
+
+def test_exporting_again_into_a_text_models_export_is_allowed(tmp_path):
+  """An export's config.json names its own copy of the vocabulary: the same
+  model exported again (another step) passes; another vocabulary does not."""
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  vocab, other = tmp_path / "spm.model", tmp_path / "other.model"
+  vocab.write_bytes(b"the pieces")
+  other.write_bytes(b"other pieces")
+  config = run_config.load_config_file(
+      os.path.join(ROOT, "configs", "glue.py") + ":sst2,hypermixer")
+  config.data.vocab_path = str(vocab)
+  out = tmp_path / "export"
+  run_config.write(config, out, vocabulary=True)
+  artifacts._check_export_folder(str(out), False, config)
+  config.data.vocab_path = str(other)
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"differs in data.vocab_path\); export into"):
+    artifacts._check_export_folder(str(out), False, config)

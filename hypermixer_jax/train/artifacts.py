@@ -177,6 +177,15 @@ def export_params(config: ml_collections.ConfigDict, workdir: str,
   return output
 
 
+def _same_content(a: str, b: str) -> bool:
+  """Whether the files ``a`` and ``b`` (local or remote) hold the same
+  bytes; False when either cannot be read."""
+  try:
+    return storage.path(a).read_bytes() == storage.path(b).read_bytes()
+  except (OSError, ValueError):
+    return False
+
+
 def _check_export_folder(output: str, overwrite: bool,
                          config: ml_collections.ConfigDict) -> None:
   """Refuses to mix an export's files into a folder that holds others, or
@@ -189,9 +198,11 @@ def _check_export_folder(output: str, overwrite: bool,
         "folder's path.")
   saved = out / run_config.CONFIG_FILE
   if saved.exists() and not overwrite:
-    fields = [f for f in run_config.shape_fields(run_config.load(saved),
-                                                 config)
-              if f not in run_config.OPTIMIZER_LAYOUT]   # (params only)
+    theirs = run_config.load(saved)   # its vocab_path: the export's copy
+    fields = [f for f in run_config.shape_fields(theirs, config)
+              if f not in run_config.OPTIMIZER_LAYOUT   # (params only)
+              and not (f == "data.vocab_path" and _same_content(
+                  theirs["data"]["vocab_path"], config.data.vocab_path))]
     if fields:
       raise config_checks.ConfigError(
           f"--output={output} holds the export of another model (its "
