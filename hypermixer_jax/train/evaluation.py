@@ -97,22 +97,19 @@ def with_example_weights(batch: dict, head: str) -> dict:
 
 
 def _padded(local: dict, rows: int) -> dict:
-  """``local`` grown to ``rows`` rows: copies of its own rows (of
-  ``local['_rows']``, real rows of an earlier batch, where it has none) with
+  """``local`` grown to ``rows`` rows: copies of its own rows with
   ``weights`` 0, so that they count in no loss or accuracy. They are real
   rows rather than zeros so that what a model computes per row and averages
   over rows (the ``moe/`` router statistics, diagnostics) sees no empty
   row (an empty row reads as all its tokens dropped)."""
-  rows_from = local.pop("_rows", None)
   have = len(next(iter(local.values())))
   if have >= rows:
     return local
   if "weights" not in local:
     raise ValueError("an evaluation batch without 'weights' cannot be "
                      "padded: its padding rows would count in the metrics.")
-  source = local if have else rows_from
-  take = np.arange(rows - have) % len(next(iter(source.values())))
-  out = {k: np.concatenate([np.asarray(v), np.asarray(source[k])[take]])
+  take = np.arange(rows - have) % have
+  out = {k: np.concatenate([np.asarray(v), np.asarray(v)[take]])
          for k, v in local.items()}
   out["weights"][have:] = 0
   return out
@@ -137,9 +134,8 @@ def _every_process_has_a_batch(has: bool, split: str) -> None:
 
 def _as_many_on_every_process(batches: Iterable[dict]) -> Iterable[dict]:
   """``batches``, and once this process has run out while another has not,
-  empty batches (padded by ``evaluate`` to rows of weight 0, copied from
-  ``_rows``, its first batch): the hosts' shards of a split differ in size,
-  and every batch is a collective step."""
+  its first batch again with every weight 0: the hosts' shards of a split
+  differ in size, and every batch is a collective step."""
   if jax.process_count() == 1:
     yield from batches
     return
@@ -158,8 +154,7 @@ def _as_many_on_every_process(batches: Iterable[dict]) -> Iterable[dict]:
           "split while another did: the split has fewer examples than "
           "processes.")
     yield local if local is not None else {
-        **{k: np.zeros((0, *np.shape(v)[1:]), np.asarray(v).dtype)
-           for k, v in template.items()}, "_rows": template}
+        **template, "weights": np.zeros_like(template["weights"])}
 
 
 def evaluate(eval_step: Callable[[Any, dict], dict], state: Any,
