@@ -200,3 +200,71 @@ def test_tiles_pad_array_bytes():
   assert hc.shape_bytes("f32[136,5]{0,1:T(8,128)}") == 8 * 256 * 4
   assert hc.shape_bytes("(bf16[4]{0}, s32[])") == 12
   assert hc.arrays("f32[8]{0:T(128)S(1)}") == [(512, False)]
+
+
+COND_HLO = """HloModule c
+
+%small (s: f32[256,128]) -> f32[256,128] {
+  %s = f32[256,128]{1,0} parameter(0)
+  ROOT %neg = f32[256,128]{1,0} negate(%s)
+}
+
+%big (t: f32[256,128]) -> f32[256,128] {
+  %t = f32[256,128]{1,0} parameter(0)
+  %e = f32[256,128]{1,0} exponential(%t)
+  %ag = f32[1024,128]{1,0} all-gather(%e), channel_id=1, replica_groups={}, dimensions={0}
+  ROOT %l = f32[256,128]{1,0} log(%e)
+}
+
+%gathers (u: f32[256,128]) -> f32[256,128] {
+  %u = f32[256,128]{1,0} parameter(0)
+  %g1 = f32[4096,128]{1,0:S(1)} all-gather(%u), channel_id=2, replica_groups={}, dimensions={0}
+  ROOT %c = f32[256,128]{1,0} copy(%u)
+}
+
+ENTRY %main (p: pred[], x: f32[256,128]) -> f32[256,128] {
+  %p = pred[] parameter(0)
+  %x = f32[256,128]{1,0} parameter(1)
+  %k = s32[] convert(%p)
+  ROOT %r = f32[256,128]{1,0} conditional(%k, %x, %x, %x), branch_computations={%small, %big, %gathers}
+}
+"""
+
+
+def test_a_conditional_counts_its_costliest_branch_once():
+  # A step runs one branch of a conditional (gradient accumulation's emit
+  # or hold): the HBM traffic takes the branch that moves most, the
+  # collectives the one that sends most, never the sum of all three.
+  m = 256 * 128 * 4
+  t = hc.traffic(COND_HLO)
+  by = {it.name: it.hbm_bytes for it in t.items}
+  # %big: exp reads x, writes e; the gather reads e, writes 4 e; log
+  # reads e and writes its result: 9 matrices; %small 2; %gathers 3 (its
+  # 16-matrix gather lands in on-chip memory), but it sends the most.
+  assert "neg" not in by and "e" in by and "g1" not in by
+  assert t.hbm_bytes == 9 * m + 5              # and the pred's convert
+  times, _ = hc.loop_multipliers(COND_HLO, "collectives")
+  assert "gathers" in times and "big" not in times and "small" not in times
+  assert tc.collectives(COND_HLO)["all-gather"] == (1, 16 * m)
+  with pytest.raises(ValueError, match="weigh='flops': one of"):
+    hc.loop_multipliers(COND_HLO, "flops")
+
+
+def test_collective_permute_start_writes_its_destination():
+  # collective-permute-start's result tuple is (operand, destination,
+  # context words): the destination in HBM is written, as an all-gather's
+  # result is; before, the last element (a u32[] context word) was taken.
+  permute = """HloModule m
+
+ENTRY %main (a: f32[1024,1024]) -> f32[1024,1024] {
+  %a = f32[1024,1024]{1,0} parameter(0)
+  %cps = (f32[1024,1024]{1,0}, f32[1024,1024]{1,0}, u32[]{:S(2)}, u32[]{:S(2)}) collective-permute-start(%a), channel_id=1, source_target_pairs={{0,1},{1,0}}
+  ROOT %cpd = f32[1024,1024]{1,0} collective-permute-done(%cps)
+}
+"""
+  t = hc.traffic(permute)
+  assert t.hbm_bytes == 2 * 4 * MIB          # read a, write the result
+  on_chip = permute.replace(
+      "(f32[1024,1024]{1,0}, f32[1024,1024]{1,0}, u32",
+      "(f32[1024,1024]{1,0}, f32[1024,1024]{1,0:S(1)}, u32")
+  assert hc.traffic(on_chip).hbm_bytes == 4 * MIB

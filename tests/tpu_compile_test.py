@@ -209,8 +209,13 @@ def test_batch_libtpu_refuses_to_compile_is_a_does_not_fit(monkeypatch):
     tc.compile_for_topology(tiny("text", "fsdp"), "v5e:2x4")
   msg = str(e.value)
   assert msg.startswith("text model at batch 16 needs ")
-  assert "of temporaries per chip on v5e:2x4" in msg
-  assert "libtpu's compiler refused the program" in msg
+  # libtpu's figure is the program's total (arguments and outputs in it),
+  # and the state's share comes from the abstract state.
+  assert f"needs {tc._gib(temp)} per chip on v5e:2x4" in msg
+  assert "libtpu's total, which refused to compile it" in msg
+  state = fitting.state
+  assert (f"parameters {tc._gib(tc._per_chip_bytes(state.params))}, "
+          f"optimizer {tc._gib(tc._per_chip_bytes(state.opt_state))}") in msg
   assert "--config.batch_size=8 fits" in msg
   # Any other compile error is not taken for a refusal.
   monkeypatch.setattr(tc, "compile_steps",
@@ -222,12 +227,18 @@ def test_batch_libtpu_refuses_to_compile_is_a_does_not_fit(monkeypatch):
 
 def test_fit_advice_offers_remat_where_activations_dominate():
   c = tiny("text")
-  heavy = {"temp_bytes": 10, "param_bytes": 2, "opt_bytes": 4}
+  heavy = {"temp_bytes": 10, "param_bytes": 2, "opt_bytes": 4,
+           "hbm_bytes": 12}
   light = dict(heavy, temp_bytes=5)
   assert "--config.model.remat=full" in tc.fit_advice(c, heavy, 8)
   assert "--config.batch_size=8 fits" in tc.fit_advice(c, heavy, 8)
   assert "remat" not in tc.fit_advice(c, light, 8)
   assert tc.fit_advice(c, light, 0).startswith("no batch fits")
+  # The state alone over the HBM: recomputing activations cannot help.
+  full = dict(heavy, param_bytes=5, opt_bytes=10, temp_bytes=40)
+  advice = tc.fit_advice(c, full, 0)
+  assert "remat" not in advice and "alone" in advice
+  assert advice.startswith("no batch fits: shard the parameters")
   c.model.remat = "full"                # already recomputing
   assert "remat" not in tc.fit_advice(c, heavy, 8)
 
@@ -471,3 +482,85 @@ def test_an_eval_batch_the_mesh_cannot_split_stops_before_compiling():
                      progress=said.append)
   # Stopped after tracing, before lowering and compiling (minutes at size).
   assert len(said) == 1 and said[0].startswith("tracing the train step")
+
+
+def test_the_estimate_sends_at_half_the_bidirectional_ici_and_adds_dcn():
+  # Cloud TPU's ICI figure counts both directions; a chip sends at half of
+  # it. v5e: 400 GB/s bidirectional, 25 Gbit/s of DCN per chip.
+  r = {"chip": "TPU v5e", "flops": 0.0, "bytes_accessed": 0.0,
+       "collective_traffic_bytes": 200e9}
+  times, step, _ = tc.estimate(r)
+  assert times["collectives"] == pytest.approx(1.0) and "dcn" not in times
+  two = dict(r, slices=2, dcn_traffic_bytes=6.25e9)
+  times, step, _ = tc.estimate(two)
+  assert times["dcn"] == pytest.approx(2.0) and step == times["dcn"]
+  assert tc.dcn_uncounted(two) is None and tc.dcn_uncounted(r) is None
+  # A record of two slices compiled before the DCN count has no DCN term,
+  # and says why; so does a chip without a published DCN figure.
+  assert "compiled before" in tc.dcn_uncounted(r, slices=2)
+  v4 = dict(two, chip="TPU v4")
+  assert "dcn" not in tc.estimate(v4)[0]
+  assert "no DCN bandwidth for TPU v4" in tc.dcn_uncounted(v4)
+
+
+def test_two_slices_count_the_gradient_reduction_between_them():
+  # On two slices XLA:TPU hands the cross-slice gradient all-reduce to the
+  # hosts as megascale sends: every chip's f32 gradient shard (its
+  # parameter bytes) goes over DCN at least once (2(n-1)/n = 1 for n = 2).
+  c = tiny("text", "fsdp")
+  c.mesh.data = 2
+  key = "v5e:2x2/2"
+  if key not in _DEVICES:
+    try:
+      _DEVICES[key] = tc.topology_devices("v5e:2x2", 2)
+    except ValueError as e:
+      pytest.skip(f"libtpu cannot describe TPU topologies here: {e}")
+  r = tc.report(tc.compile_steps(c, _DEVICES[key], with_eval=False))
+  assert r["slices"] == 2 and r["mesh"]["data"] == 2
+  assert r["param_bytes"] <= r["dcn_traffic_bytes"] <= 4 * (
+      r["param_bytes"] + r["opt_bytes"])
+  assert "dcn" in r["est_times_s"]
+  assert r["est_times_s"]["dcn"] == pytest.approx(
+      r["dcn_traffic_bytes"] / tc.CHIPS["v5e"].dcn_bandwidth)
+  assert "between the 2 slices (DCN, through the hosts)" in (
+      tc.format_report(r))
+  one = reported("v5e:2x4", "text", "fsdp", with_eval=True)
+  assert one["slices"] == 1 and one["dcn_traffic_bytes"] == 0
+  assert "dcn" not in one["est_times_s"]
+
+
+def test_an_eval_step_that_does_not_fit_names_eval_batch_size(monkeypatch):
+  devices = devices_of("v5e:2x4")
+  monkeypatch.setattr(tc, "topology_devices", lambda *a: devices)
+  c = tiny("text", "fsdp")
+  c.eval_batch_size = 2**23           # the train step (batch 16) fits
+  with pytest.raises(tc.DoesNotFit, match=(
+      r"^the eval step at eval_batch_size=8388608 needs .* per chip "
+      r"\(15\.75 GiB HBM, parameters .*\): set --config\.eval_batch_size "
+      r"to about (\d+) \(a multiple of 8")) as e:
+    tc.compile_for_topology(c, "v5e:2x4", progress=lambda _: None)
+  smaller = int(re.search(r"to about (\d+)", str(e.value)).group(1))
+  assert 8 <= smaller < 2**23
+
+
+def test_compile_mode_validates_the_config_as_training_does(monkeypatch):
+  c = tiny("text", "fsdp")
+  c.grad_accum_steps = 3              # num_train_steps is not a multiple
+  monkeypatch.setattr(tc, "topology_devices", lambda *a: pytest.fail(
+      "described the topology before validating the config"))
+  with pytest.raises(ValueError, match="must be a multiple of "
+                     "grad_accum_steps=3"):
+    tc.compile_for_topology(c, "v5e:2x4", progress=lambda _: None)
+
+
+def test_bad_shapes_and_batches_name_their_field():
+  if importlib.util.find_spec("libtpu") is None:
+    pytest.skip("libtpu is not installed: the [tpu] extra")
+  with pytest.raises(ValueError) as e:
+    tc.topology_devices("v5e:3x3")
+  assert "give a v5e slice shape" in str(e.value)
+  assert "pip install" not in str(e.value)
+  c = tiny("text", "fsdp")
+  with pytest.raises(ValueError, match=(
+      r"^batch_size=12: .* Set --config\.batch_size to a multiple of it\.")):
+    tc.trace_train_step(c, devices_of("v5e:2x4"), 12)

@@ -262,16 +262,19 @@ def open_results(out: str) -> experiment.Experiment:
 def record_cell(exp: experiment.Experiment, name: str, preset: str,
                 topo: str, *, redo: bool = False) -> bool:
   """Compiles a cell into ``exp`` unless it is recorded; with ``redo``, a
-  compiled record without the HBM traffic counted once is compiled again
-  and what it said kept under ``previous``. False where it was recorded
-  (``exp.run`` also skips a cell another process records meanwhile)."""
+  compiled record without the HBM traffic counted once, or of several
+  slices without their cross-slice (DCN) bytes, is compiled again and what
+  it said kept under ``previous``. False where it was recorded (``exp.run``
+  also skips a cell another process records meanwhile)."""
   key = f"{name}|{preset}|{topo}"
   exp.reload()
   if key not in exp.runs:
     exp.run(key, lambda: compile_cell(name, preset, topo))
     return True
   old = exp.runs[key]
-  if not (redo and compiled(old) and "hbm_traffic_bytes" not in old):
+  stale = "hbm_traffic_bytes" not in old or (
+      TOPOLOGIES[topo][1] > 1 and "dcn_traffic_bytes" not in old)
+  if not (redo and compiled(old) and stale):
     return False
   r = compile_cell(name, preset, topo)
   r["previous"] = previous_of(name, old)
@@ -335,6 +338,10 @@ def _compiled_row(name: str, preset: str, topo: str, r: dict) -> list:
   limit = max(times, key=times.get)
   hbm = (f"{_gib(r['hbm_traffic_bytes'])} / {_gib(r['bytes_accessed'])}"
          if "hbm_traffic_bytes" in r else f"- / {_gib(r['bytes_accessed'])}")
+  # Several slices: the DCN term, or why there is none (the estimate is
+  # then a lower bound that leaves out the cross-slice reduction).
+  dcn = (" / DCN not counted" if tc.dcn_uncounted(r, TOPOLOGIES[topo][1])
+         else "")
   return [
       name, preset, topo, "yes" if r["fits"] else "**no**",
       f"{_gib(r['total_bytes'])} / {_gib(r['hbm_bytes'])}",
@@ -342,7 +349,7 @@ def _compiled_row(name: str, preset: str, topo: str, r: dict) -> list:
       # cells compiled before that count them as written (a dagger).
       f"{coll} ({_gib(coll_bytes)} GiB)" + ("" if "loops" in r else " †"),
       hbm,
-      " / ".join(f"{t * 1e3:.1f}" for t in times.values()),
+      " / ".join(f"{t * 1e3:.1f}" for t in times.values()) + dcn,
       f"{mfu:.0%} ({limit})" + (" *" if loop_heavy(r) and (
           "hbm_traffic_bytes" not in r) else ""),
       f"{r['batch_size']} / {r['est_max_batch']}", change_note(r)]
@@ -369,7 +376,7 @@ def table(results: dict) -> str:
   return bench.markdown_table(
       ["config", "preset", "topology", "fits", "HBM/chip GiB (of)",
        "collectives per step (result bytes/chip; † as written)",
-       "HBM GiB/step: once / XLA", "est. ms: FLOPs / HBM / ICI",
+       "HBM GiB/step: once / XLA", "est. ms: FLOPs / HBM / ICI (/ DCN)",
        "est. MFU (bound)", "batch / est. largest", "what changed"], rows)
 
 

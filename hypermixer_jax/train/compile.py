@@ -16,15 +16,20 @@ beside it, which counts memory-space-assignment copies up to four times and
 loop bodies once), where the bytes and FLOPs go by model part, the
 collectives of the TPU HLO by kind with the bytes of their results, and a
 roofline *estimate* of the step time (the largest of FLOPs at peak, HBM
-traffic at HBM bandwidth and the bytes a chip sends in collectives at ICI
-bandwidth: ``collective_traffic``) and of the MFU that follows (matmul FLOPs
-over the step at peak), with a batch to try where the per-chip batch holds
+traffic at HBM bandwidth, the bytes a chip sends in collectives at what it
+can send over ICI, half the bidirectional figure: ``collective_traffic``,
+and on several slices the bytes its share sends between slices at its share
+of the hosts' DCN bandwidth: ``dcn_traffic``) and of the MFU that follows
+(matmul FLOPs over the step at peak), with a batch to try where the per-chip batch holds
 MFU down (``suggest_batch``). XLA's cost analysis reads a loop body once
 (``count_loops``: scanned layers, chunked scans, XLA's windowed dot-general
 loops under fsdp); the matmul count, the HBM traffic and the collectives
-count each loop by its trip count. A configuration that does not fit raises
-``DoesNotFit``, naming the largest buffers and the largest batch that fits
-(``largest_batch``: halving, then bisection of compiles). Compile mode says
+count each loop by its trip count, and of a ``conditional`` (gradient
+accumulation's emit-or-hold step) the costliest branch. A configuration that
+does not fit raises ``DoesNotFit``, naming the largest buffers (or, where
+libtpu refuses to compile it, the state's share of its total) and the
+largest batch that fits (``largest_batch``: halving, then bisection of
+compiles), or ``eval_batch_size`` where only the eval step does not fit. Compile mode says
 what it is doing (``stderr_progress``).
 
 GPU: jax compiles for a GPU only through its CUDA plugin and a GPU target
@@ -68,23 +73,37 @@ class Chip:
   hbm_bytes: float
   hbm_bandwidth: float     # bytes/s
   ici_bandwidth: float     # bytes/s, bidirectional, all links of one chip
+  # bytes/s a chip's share of its host's network sends between slices; None
+  # where Cloud TPU publishes no figure.
+  dcn_bandwidth: float | None = None
+
+  @property
+  def ici_egress(self) -> float:
+    """Bytes/s one chip can send over all its links: half the
+    bidirectional figure (the other half is what it receives)."""
+    return self.ici_bandwidth / 2
 
 
 # Cloud TPU's chip specifications, one page per generation; the dense bf16
-# peaks are those of ``metrics.PEAK_FLOPS`` (the same pages).
+# peaks are those of ``metrics.PEAK_FLOPS`` (the same pages). DCN: the data
+# center network's bandwidth per chip, from the page's per-Pod or per-chip
+# figure (bits/s / 8).
 CHIPS: dict[str, Chip] = {
     # https://cloud.google.com/tpu/docs/v4: 32 GiB HBM2 at 1,200 GB/s. ICI:
     # 6 links of 45 GB/s each way (https://jax-ml.github.io/scaling-book/tpus/).
+    # The page gives no DCN bandwidth.
     "v4": Chip("TPU v4", 32 * GIB, 1.2e12, 6 * 2 * 45e9),
     # https://cloud.google.com/tpu/docs/v5e: 16 GiB HBM2 at 819 GB/s, ICI
-    # 400 GB/s bidirectional per chip.
-    "v5e": Chip("TPU v5e", 16 * GIB, 819e9, 400e9),
+    # 400 GB/s bidirectional per chip; DCN 6.4 Tbps per 256-chip Pod (two
+    # 100 Gbps NICs per 8-chip host): 25 Gbps per chip.
+    "v5e": Chip("TPU v5e", 16 * GIB, 819e9, 400e9, 25e9 / 8),
     # https://cloud.google.com/tpu/docs/v5p: 95 GiB HBM2e at 2,765 GB/s, ICI
-    # 1,200 GB/s bidirectional per chip.
-    "v5p": Chip("TPU v5p", 95 * GIB, 2765e9, 1200e9),
+    # 1,200 GB/s bidirectional per chip; DCN 50 Gbps per chip.
+    "v5p": Chip("TPU v5p", 95 * GIB, 2765e9, 1200e9, 50e9 / 8),
     # https://cloud.google.com/tpu/docs/v6e: 32 GiB HBM at 1,638 GB/s, ICI
-    # 800 GB/s bidirectional per chip.
-    "v6e": Chip("TPU v6e", 32 * GIB, 1638e9, 800e9),
+    # 800 GB/s bidirectional per chip; DCN 25.6 Tbps per 256-chip Pod (four
+    # 200 Gbps NICs per 8-chip host): 100 Gbps per chip.
+    "v6e": Chip("TPU v6e", 32 * GIB, 1638e9, 800e9, 100e9 / 8),
 }
 # jax.Device.device_kind -> generation.
 _KINDS = {"tpu v4": "v4", "tpu v5 lite": "v5e", "tpu v5e": "v5e",
@@ -138,11 +157,14 @@ def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
         topology_name=topology, platform="tpu", num_slices=num_slices,
         **kwargs)
   except Exception as e:  # pylint: disable=broad-except
+    import importlib.util  # pylint: disable=g-import-not-at-top
+    fix = ("install the TPU runtime with pip install -e '.[tpu]' -c "
+           "constraints.txt" if importlib.util.find_spec("libtpu") is None
+           else f"give a {gen} slice shape of Cloud TPU's {gen} page "
+           "(v5e:2x4, v5e:16x16, v4:2x2x2, v5p:4x4x8, ...)")
     raise ValueError(
         f"--topology={topology!r} --num_slices={num_slices}: libtpu could "
-        f"not describe it ({str(e).splitlines()[0][:200]}). Install the TPU "
-        "runtime with pip install -e '.[tpu]' -c constraints.txt; shapes are "
-        "those of Cloud TPU (v5e:2x4, v4:2x2x2, ...).") from e
+        f"not describe it ({str(e).splitlines()[0][:200]}); {fix}.") from e
   return list(desc.devices)
 
 
@@ -203,7 +225,11 @@ def trace_train_step(config: ml_collections.ConfigDict, devices: list[Any],
   spec = abstract_batch(config, int(batch_size or config.batch_size))
   tx, _ = optim.make_optimizer(config, steps.param_shapes(model, spec))
   state, state_sh = steps.abstract_train_state(model, tx, spec, mesh, rules)
-  batch_sh = sharding.batch_shardings(spec, mesh, rules)
+  try:
+    batch_sh = sharding.batch_shardings(spec, mesh, rules)
+  except ValueError as e:
+    raise ValueError(f"batch_size={spec['inputs'].shape[0]}: {e} Set "
+                     "--config.batch_size to a multiple of it.") from e
   traced = steps.jit_train_step(
       steps.make_train_step(model, facts.head,
                             loss_weights=facts.loss_weights),
@@ -253,11 +279,19 @@ def compile_steps(config: ml_collections.ConfigDict, devices: list[Any], *,
   ev = None
   if with_eval:
     say("compiling the eval step")
-    ev = steps.jit_eval_step(
-        evaluation.make_eval_step(model, facts.head,
-                                  loss_weights=facts.loss_weights),
-        state_sh, esh, mesh, rules).lower(
-            state, ckpt_lib.abstract_like(espec, esh)).compile()
+    try:
+      ev = steps.jit_eval_step(
+          evaluation.make_eval_step(model, facts.head,
+                                    loss_weights=facts.loss_weights),
+          state_sh, esh, mesh, rules).lower(
+              state, ckpt_lib.abstract_like(espec, esh)).compile()
+    except Exception as e:  # pylint: disable=broad-except
+      refused = hbm_refusal(e)
+      if refused is None:
+        raise
+      raise DoesNotFit(eval_does_not_fit(
+          config, refused[0], refused[1], batch_step(mesh, rules),
+          _per_chip_bytes(state.params))) from None
   say("counting matmul FLOPs and HBM traffic")
   return Compiled(train, ev, state, mesh, b,
                   flop_count.count(traced.jaxpr))
@@ -326,7 +360,7 @@ trip_count = hlo_costs.trip_count
 def _collective_lines(hlo_text: str):
   """``(multiplier, match)`` of each collective op line, the multiplier being
   how often its computation runs per step (``loop_multipliers``)."""
-  times, _ = loop_multipliers(hlo_text)
+  times, _ = loop_multipliers(hlo_text, "collectives")
   current = None            # lines outside a computation: once
   for line in hlo_text.splitlines():
     header = _COMPUTATION.match(line)
@@ -334,7 +368,10 @@ def _collective_lines(hlo_text: str):
       current = header.group(1)
     elif line.startswith("}"):
       current = None
-    elif m := _OP_LINE.match(line):
+    elif (m := _OP_LINE.match(line)) and (current is None
+                                          or current in times):
+      # A computation that never runs (a conditional's branch not counted)
+      # is not in ``times``.
       yield times.get(current, 1), m
 
 
@@ -354,6 +391,40 @@ def collective_traffic(hlo_text: str, devices: int) -> dict[str, float]:
          if phase == "-done" else group_size(rest, devices))
     out[kind] += times * shape_bytes(hlo_type) * traffic_factor(kind, n)
   return out
+
+
+# Bytes a chip's host sends over the data center network per byte of the
+# buffer a cross-slice transfer sends, for ring-like algorithms over ``n``
+# slices (``traffic_factor`` counts per byte of the result instead).
+_DCN_FACTOR = {"ALL_REDUCE": lambda n: 2 * (n - 1) / n,
+               "ALL_GATHER": lambda n: float(n - 1),
+               "REDUCE_SCATTER": lambda n: (n - 1) / n,
+               "ALL_TO_ALL": lambda n: (n - 1) / n}
+_MEGASCALE = re.compile(r'_xla_megascale_transfer_type="([A-Z_]+)"')
+
+
+def dcn_traffic(hlo_text: str, slices: int) -> float:
+  """Bytes one chip's share sends between slices per step: on several
+  slices XLA:TPU hands the cross-slice part of a collective to the host as
+  a ``send`` marked ``_xla_megascale_transfer_type`` (``ALL_REDUCE`` for the
+  gradients' reduction over the slices), whose first operand is the chip's
+  buffer; its bytes times ``_DCN_FACTOR`` of the transfer over ``slices``
+  (1 for a plain transfer), loops by trip count. 0 on one slice."""
+  if slices <= 1:
+    return 0.0
+  times, _ = loop_multipliers(hlo_text, "collectives")
+  mod = hlo_costs.parse(hlo_text)
+  total = 0.0
+  for comp, body in mod.comps.items():
+    for i in body:
+      kind = _MEGASCALE.search(i.attrs) if i.opcode == "send" else None
+      if kind is None or comp not in times:
+        continue
+      buffer = _SHAPE.findall(i.type)[0]
+      total += times[comp] * shape_bytes(
+          f"{buffer[0]}[{buffer[1]}]") * _DCN_FACTOR.get(
+              kind.group(1), lambda n: 1.0)(slices)
+  return total
 
 
 def collectives(hlo_text: str) -> dict[str, tuple[int, int]]:
@@ -419,12 +490,18 @@ def largest_buffers(hlo_text: str, k: int = 3) -> list[tuple[int, str]]:
 
 
 def roofline(flops: float, accessed: float, traffic: float, chip: Chip,
-             peak: float) -> tuple[dict[str, float], float, float]:
+             peak: float, dcn: float | None = None
+             ) -> tuple[dict[str, float], float, float]:
   """(seconds of each bound, estimated step seconds, estimated MFU): FLOPs
-  at the chip's peak, bytes accessed at its HBM bandwidth and the bytes a
-  chip sends in collectives at its ICI bandwidth; the step is the largest."""
+  at the chip's peak, bytes accessed at its HBM bandwidth, the bytes a chip
+  sends in collectives at what it can send over ICI (``Chip.ici_egress``)
+  and, given ``dcn`` bytes and where the chip's DCN bandwidth is published,
+  the bytes its share sends between slices at that bandwidth; the step is
+  the largest."""
   times = {"compute": flops / peak, "hbm": accessed / chip.hbm_bandwidth,
-           "collectives": traffic / chip.ici_bandwidth}
+           "collectives": traffic / chip.ici_egress}
+  if dcn is not None and chip.dcn_bandwidth:
+    times["dcn"] = dcn / chip.dcn_bandwidth
   step = max(times.values())
   return times, step, (flops / peak / step if step else 0.0)
 
@@ -436,7 +513,9 @@ def estimate(r: dict[str, Any], traffic: float | None = None
   counts), the HBM term from the HBM traffic counted once
   (``hlo_costs.traffic``; XLA's ``bytes accessed`` for records without it),
   MFU from the matmul FLOPs (XLA's for records without them); ``traffic``
-  replaces the recorded collective bytes."""
+  replaces the recorded collective bytes. A DCN term where the record has
+  several slices and their DCN bytes (``dcn_traffic``); a record compiled
+  before they were counted has none (``dcn_uncounted``)."""
   chip = next(c for c in CHIPS.values() if c.name == r["chip"])
   peak = metrics_lib.peak_flops(r["chip"])
   matmul = r.get("matmul_flops") or 0.0
@@ -444,8 +523,24 @@ def estimate(r: dict[str, Any], traffic: float | None = None
       max(r["flops"], matmul), r.get("hbm_traffic_bytes",
                                      r["bytes_accessed"]),
       r["collective_traffic_bytes"] if traffic is None else traffic, chip,
-      peak)
+      peak, r.get("dcn_traffic_bytes") if r.get("slices", 1) > 1 else None)
   return times, step, ((matmul or r["flops"]) / peak / step if step else 0.0)
+
+
+def dcn_uncounted(r: dict[str, Any], slices: int | None = None
+                  ) -> str | None:
+  """Why a record of several slices (``slices``, else its own) has no DCN
+  term in its estimate (its compile predates the count, or Cloud TPU
+  publishes no DCN bandwidth for its chip); None where it has one or needs
+  none."""
+  if (slices or r.get("slices", 1)) <= 1:
+    return None
+  if "dcn_traffic_bytes" not in r:
+    return "compiled before the cross-slice transfers were counted"
+  chip = next(c for c in CHIPS.values() if c.name == r["chip"])
+  if not chip.dcn_bandwidth:
+    return f"Cloud TPU publishes no DCN bandwidth for {chip.name}"
+  return None
 
 
 def report(c: Compiled) -> dict[str, Any]:
@@ -463,6 +558,9 @@ def report(c: Compiled) -> dict[str, Any]:
   hlo = c.train.as_text()
   coll = collectives(hlo)
   comm = sum(collective_traffic(hlo, c.mesh.size).values())
+  slices = len({getattr(d, "slice_index", 0) or 0
+                for d in c.mesh.devices.flat})
+  dcn = dcn_traffic(hlo, slices)
   hbm = hlo_costs.traffic(hlo)
   # XLA's count reads loop bodies once; the jaxpr's matmul count does not.
   matmul = c.matmul.flops / c.mesh.size if c.matmul else 0.0
@@ -470,10 +568,12 @@ def report(c: Compiled) -> dict[str, Any]:
                                    matmul_flops=matmul,
                                    bytes_accessed=accessed,
                                    hbm_traffic_bytes=hbm.hbm_bytes,
-                                   collective_traffic_bytes=comm))
+                                   collective_traffic_bytes=comm,
+                                   slices=slices, dcn_traffic_bytes=dcn))
   optimal = float(analysis.get("optimal_seconds", -1.0))
   out = {
-      "chip": chip.name, "chips": c.mesh.size, "mesh": dict(c.mesh.shape),
+      "chip": chip.name, "chips": c.mesh.size, "slices": slices,
+      "mesh": dict(c.mesh.shape),
       "batch_size": c.batch_size,
       "params": sum(x.size for x in jax.tree.leaves(c.state.params)),
       "param_bytes": params, "opt_bytes": opt,
@@ -494,7 +594,7 @@ def report(c: Compiled) -> dict[str, Any]:
           [it.hbm_bytes, it.xla_bytes, it.opcode, it.part,
            _short_op_name(it.op_name), it.runs] for it in hbm.top(8)],
       "collectives": {k: list(v) for k, v in coll.items()},
-      "collective_traffic_bytes": comm,
+      "collective_traffic_bytes": comm, "dcn_traffic_bytes": dcn,
       "est_step_s": step, "est_limit": max(times, key=times.get),
       "est_times_s": times, "est_mfu": mfu,
       "largest_buffers": largest_buffers(hlo),
@@ -593,7 +693,9 @@ def suggest_batch(r: dict[str, Any]) -> tuple[int, float, float, float]:
   per_hbm = max(r["hbm_traffic_bytes"] - fixed, 0.0) / b
   per_flops = max(r["flops"], r["matmul_flops"]) / b
   share = r["matmul_flops"] / max(r["flops"], r["matmul_flops"])
-  ici = r["collective_traffic_bytes"] / chip.ici_bandwidth
+  ici = r["collective_traffic_bytes"] / chip.ici_egress
+  if r.get("slices", 1) > 1 and chip.dcn_bandwidth:
+    ici = max(ici, r.get("dcn_traffic_bytes", 0.0) / chip.dcn_bandwidth)
 
   def mfu(batch: float) -> float:
     compute = per_flops * batch / peak
@@ -636,6 +738,18 @@ def batch_advice(r: dict[str, Any]) -> str | None:
   return None
 
 
+def _dcn_lines(r: dict[str, Any]) -> list[str]:
+  """The cross-slice line of a report of several slices."""
+  if r.get("slices", 1) <= 1:
+    return []
+  chip = next(c for c in CHIPS.values() if c.name == r["chip"])
+  why = dcn_uncounted(r)
+  return [f"between the {r['slices']} slices (DCN, through the hosts) a "
+          f"chip's share sends {_gib(r.get('dcn_traffic_bytes', 0.0))} per "
+          "step" + (f"; not in the estimate: {why}" if why else
+                    f" at {chip.dcn_bandwidth * 8 / 1e9:g} Gbit/s per chip")]
+
+
 def format_report(r: dict[str, Any]) -> str:
   """The printed report (one chip)."""
   coll = ", ".join(f"{k} {n} ({_gib(b)})" for k, (n, b) in
@@ -654,7 +768,8 @@ def format_report(r: dict[str, Any]) -> str:
       *breakdown(r),
       f"collectives per step (ops run, loop bodies by trip count; result "
       f"bytes): {coll or 'none'}; a chip sends "
-      f"{_gib(r['collective_traffic_bytes'])}",
+      f"{_gib(r['collective_traffic_bytes'])} over ICI",
+      *_dcn_lines(r),
       f"estimate (roofline, not a measurement): step {r['est_step_s'] * 1e3:.2f}"
       f" ms, bound by {r['est_limit']}, MFU {r['est_mfu']:.0%} (matmul FLOPs "
       "at the chip's peak over the step; with model.remat the recomputed "
@@ -681,13 +796,17 @@ def format_report(r: dict[str, Any]) -> str:
 def fit_advice(config: ml_collections.ConfigDict, r: dict[str, Any],
                best: int) -> str:
   """What would fit, for ``DoesNotFit``: the largest batch found (or
-  sharding), and remat where the temporaries outweigh the state."""
+  sharding), and remat where the temporaries outweigh the state and the
+  state alone leaves room (``r``: the report's byte figures)."""
+  state = r["param_bytes"] + r["opt_bytes"]
   fix = (f"--config.batch_size={best} fits (with grad_accum_steps for the "
          "same effective batch)" if best else
          "no batch fits: shard the parameters (--config.sharding.rules=fsdp "
          "--config.mesh.fsdp=-1) or use more chips")
-  if config.model.get("remat", "") == "none" and r["temp_bytes"] > (
-      r["param_bytes"] + r["opt_bytes"]):
+  if state >= r.get("hbm_bytes", math.inf):
+    return (fix + f"; the parameters and optimizer state alone "
+            f"({_gib(state)} per chip) exceed a chip's HBM")
+  if config.model.get("remat", "") == "none" and r["temp_bytes"] > state:
     # Activations dominate: recomputing them is the other way to fit.
     fix += ("; or keep the batch and recompute the layers' activations in "
             "the backward pass: --config.model.remat=full (fewer "
@@ -702,14 +821,33 @@ _UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def hbm_refusal(error: Exception) -> tuple[float, float] | None:
-  """``(temporaries, available HBM)`` bytes when ``error`` is libtpu's
-  refusal to compile a program whose temporaries alone exceed a chip's HBM
-  (it gives no buffer list then); None for any other error."""
+  """``(total, available HBM)`` bytes when ``error`` is libtpu's refusal to
+  compile a program that needs more than a chip's HBM (it gives no buffer
+  list then; it calls the total "HLO temporaries", but a bare ``x * 2`` of
+  an 8 GiB input is refused at 15.9 GiB: arguments and outputs are in it);
+  None for any other error."""
   m = _REFUSED.search(str(error))
   if m is None:
     return None
   return (float(m.group(1)) * _UNIT[m.group(2)],
           float(m.group(3)) * _UNIT[m.group(4)])
+
+
+def eval_does_not_fit(config: ml_collections.ConfigDict, need: float,
+                      hbm: float, step: int, params: float) -> str:
+  """``DoesNotFit``'s message where the eval step does not fit: the field
+  to lower is ``eval_batch_size``, to about the batch whose activations
+  (what grows with it: ``need`` less the ``params``) fill the HBM left
+  beside the parameters (a multiple of ``step``)."""
+  b = int(config.eval_batch_size)
+  per_example = max(need - params, 1.0) / b
+  smaller = int(max(hbm - params, 0.0) / per_example) // step * step
+  fix = (f"set --config.eval_batch_size to about {smaller} (a multiple of "
+         f"{step}, estimated from this compile)" if smaller >= step else
+         "the parameters alone leave no room: shard them "
+         "(--config.sharding.rules=fsdp --config.mesh.fsdp=-1)")
+  return (f"the eval step at eval_batch_size={b} needs {_gib(need)} per "
+          f"chip ({_gib(hbm)} HBM, parameters {_gib(params)}): {fix}.")
 
 
 def try_report(config: ml_collections.ConfigDict, devices: list[Any], **kw
@@ -733,40 +871,58 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   """Compiles ``config`` for the topology and returns ``report``'s figures,
   saying what it is doing (``progress``; default: ``stderr_progress``).
 
-  Raises ``DoesNotFit`` (largest buffers, the largest batch that fits) when
-  the train step needs more HBM than a chip has, also where libtpu refuses
-  to compile it at all (its temporaries alone exceed the HBM).
+  The config is validated as training validates it first
+  (``config_checks``). Raises ``DoesNotFit`` (largest buffers, the largest
+  batch that fits) when the train step needs more HBM than a chip has, also
+  where libtpu refuses to compile it at all (its total alone exceeds the
+  HBM), and naming ``eval_batch_size`` where only the eval step does not
+  fit.
   """
+  from hypermixer_jax.train import config_checks  # pylint: disable=g-import-not-at-top
+  config_checks.validate(config)
+  config_checks.check_model(config.model)
   say = progress or stderr_progress()
   say(f"describing {topology} x {num_slices} slice(s) with libtpu")
   devices = topology_devices(topology, num_slices)
   r, refused = try_report(config, devices, progress=say)
   if refused is None and r["fits"]:
+    if r.get("eval_total_bytes", 0) > r["hbm_bytes"]:
+      mesh = sharding.build_mesh(config.mesh, devices)
+      raise DoesNotFit(eval_does_not_fit(
+          config, r["eval_total_bytes"], r["hbm_bytes"],
+          batch_step(mesh, sharding.get_rules(config.sharding)),
+          r["param_bytes"]))
     return r
+  b0 = int(config.batch_size)
 
   def fits(b):
-    say(f"batch {int(config.batch_size)} does not fit; trying {b}")
+    say(f"batch {b0} does not fit; trying {b}")
     rb, _ = try_report(config, devices, batch_size=b, with_eval=False,
                        progress=say)
     return rb is not None and rb["fits"]
 
-  best = largest_batch(fits, int(config.batch_size), batch_step(
+  best = largest_batch(fits, b0, batch_step(
       sharding.build_mesh(config.mesh, devices),
       sharding.get_rules(config.sharding)))
-  head = (f"{config.model.family} model at batch {int(config.batch_size)} "
-          "needs ")
+  head = f"{config.model.family} model at batch {b0} needs "
   if refused is not None:
-    temp, hbm = refused
+    total, hbm = refused
+    # libtpu's figure holds the arguments (the state) and outputs too; the
+    # state's share comes from the abstract state (traced, not compiled).
+    _, (state, _), *_ = trace_train_step(config, devices, b0)
+    params = _per_chip_bytes(state.params)
+    opt = _per_chip_bytes(state.opt_state)
     raise DoesNotFit(
-        f"{head}{_gib(temp)} of temporaries per chip on {topology} "
-        f"({_gib(hbm)} HBM available): libtpu's compiler refused the "
-        "program, so there is no buffer list. " + fit_advice(
-            config, {"temp_bytes": temp, "param_bytes": 0, "opt_bytes": 0},
-            best) + ".")
+        f"{head}{_gib(total)} per chip on {topology} ({_gib(hbm)} HBM "
+        f"available; libtpu's total, which refused to compile it, so there "
+        f"is no buffer list): parameters {_gib(params)}, optimizer "
+        f"{_gib(opt)}, the rest activations and temporaries. " + fit_advice(
+            config, {"temp_bytes": max(total - params - opt, 0.0),
+                     "param_bytes": params, "opt_bytes": opt,
+                     "hbm_bytes": hbm}, best) + ".")
   bufs = ", ".join(f"{n} ({_gib(b)})" for b, n in r["largest_buffers"])
   raise DoesNotFit(
       f"{head}{_gib(r['total_bytes'])} per chip on {topology} ({_gib(r['hbm_bytes'])}"
       f" HBM): parameters {_gib(r['param_bytes'])}, optimizer "
       f"{_gib(r['opt_bytes'])}, temporaries {_gib(r['temp_bytes'])}; largest "
       f"buffers {bufs}. {fit_advice(config, r, best)}.")
-

@@ -205,13 +205,75 @@ def _lines(i: Instr) -> str:
   return f"{i.type} {i.opcode}({i.raw}){i.attrs}"
 
 
-@functools.lru_cache(maxsize=4)  # collectives and traffic read one module
-def loop_multipliers(hlo_text: str) -> tuple[dict[str, int], int]:
+def _trips(mod: Module, instr: Instr, callees: dict[str, str]) -> int | None:
+  """A ``while`` instruction's trip count (``trip_count`` of its
+  condition); 1 for any other instruction."""
+  if "body" not in callees or instr.opcode != "while":
+    return 1
+  return trip_count([_lines(i) for i in mod.comps.get(
+      callees.get("condition", ""), [])])
+
+
+def _branches(instr: Instr) -> list[str]:
+  return [b.strip().lstrip("%") for group in _BRANCHES.findall(instr.attrs)
+          for b in group.split(",") if b.strip()]
+
+
+# What ``loop_multipliers`` weighs a conditional's branches by.
+WEIGHTS = ("traffic", "collectives")
+
+
+def _own_costs(mod: Module, weigh: str) -> dict[str, float]:
+  """Each computation's own cost (its instructions, not its callees'):
+  the HBM bytes ``traffic`` counts, or the result bytes of its collectives
+  (and of the cross-slice ``send``s)."""
+  if weigh not in WEIGHTS:
+    raise ValueError(f"weigh={weigh!r}: one of {WEIGHTS}.")
+  out = {}
+  f = _Fused(mod)
+  for name, body in mod.comps.items():
+    if weigh == "traffic":
+      out[name] = float(sum(_instr_traffic(mod, f, i)[0] for i in body))
+    else:
+      out[name] = float(sum(
+          shape_bytes(i.type) for i in body
+          if (_COLLECTIVE.match(i.opcode) and not i.opcode.endswith("-start"))
+          or (i.opcode == "send" and "megascale" in i.attrs)))
+  return out
+
+
+@functools.lru_cache(maxsize=8)  # collectives and traffic read one module
+def loop_multipliers(hlo_text: str, weigh: str = "traffic"
+                     ) -> tuple[dict[str, int], int]:
   """``({computation: times it runs per step}, loops of unknown trip
   count)``: the entry once, a ``while`` body its trip count times its
   caller's (``trip_count``; once where unknown), other callees as often as
-  their caller."""
+  their caller, and of a ``conditional``'s branches only the costliest by
+  ``weigh`` (``WEIGHTS``; its callees included), as ``flop_count`` counts a
+  ``cond``: a step runs one branch, and this one bounds it (the others
+  are left out)."""
   mod = parse(hlo_text)
+  own = _own_costs(mod, weigh)
+  memo: dict[str, float] = {}
+
+  def inclusive(name: str, depth: int = 0) -> float:
+    if name in memo:
+      return memo[name]
+    if name not in mod.comps or depth > 64:
+      return 0.0
+    total = own.get(name, 0.0)
+    for instr in mod.comps[name]:
+      callees = dict(_CALLEE.findall(instr.attrs))
+      trips = _trips(mod, instr, callees) or 1
+      for kind, callee in callees.items():
+        total += inclusive(callee, depth + 1) * (
+            trips if kind == "body" else 1)
+      branches = _branches(instr)
+      if branches:
+        total += max(inclusive(b, depth + 1) for b in branches)
+    memo[name] = total
+    return total
+
   times, unknown = {}, set()
   # Every call site adds its runs (a body shared by two loops runs for
   # both); computations with callees are few and called once, reducers
@@ -224,17 +286,16 @@ def loop_multipliers(hlo_text: str) -> tuple[dict[str, int], int]:
     times[name] = times.get(name, 0) + n
     for k, instr in enumerate(mod.comps[name]):
       callees = dict(_CALLEE.findall(instr.attrs))
-      trips = 1
-      if "body" in callees and instr.opcode == "while":
-        trips = trip_count([_lines(i) for i in mod.comps.get(
-            callees.get("condition", ""), [])])
-        if trips is None:
-          trips = 1
-          unknown.add((name, k))
+      trips = _trips(mod, instr, callees)
+      if trips is None:
+        trips = 1
+        unknown.add((name, k))
       for kind, callee in callees.items():
         stack.append((callee, n * (trips if kind == "body" else 1)))
-      for group in _BRANCHES.findall(instr.attrs):
-        stack.extend((b.strip().lstrip("%"), n) for b in group.split(","))
+      branches = _branches(instr)
+      if branches:
+        # The first of equal branches, as ``max`` keeps it.
+        stack.append((max(branches, key=inclusive), n))
   return times, len(unknown)
 
 
@@ -429,9 +490,14 @@ def _instr_traffic(mod: Module, fused: _Fused, i: Instr) -> tuple[int, int]:
     xla += fused.written(callee, i.type, hbm_only=False)
     hbm += fused.written(callee, i.type)
   elif _COLLECTIVE.match(i.opcode) and i.type.startswith("("):
-    # An asynchronous collective's result tuple carries its operand first.
+    # An asynchronous collective's result tuple carries its operand first,
+    # then its result; a collective-permute-start's ends in u32[] context
+    # words, so its result is the second element, not the last.
+    parts = arrays(i.type)
+    dest = parts[1:2] if i.opcode.startswith("collective-permute") else (
+        parts[-1:])
     xla += shape_bytes(i.type)
-    hbm += sum(b for b, h in arrays(i.type)[-1:] if h)
+    hbm += sum(b for b, h in dest if h)
   else:
     xla += shape_bytes(i.type)
     hbm += hbm_bytes(i.type)
