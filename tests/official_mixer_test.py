@@ -178,6 +178,70 @@ def test_bad_files_are_named(tmp_path):
                                     50)
 
 
+def _with(arrays):
+  """``official_flat()`` with ``arrays`` added or replaced."""
+  return {**official_flat(), **arrays}
+
+
+@pytest.mark.parametrize("flat, key, shape, want", [
+    # A second block of another token-mixing width: the zoo's Mixer has one.
+    (_with({"MixerBlock_1/token_mixing/Dense_0/kernel": np.zeros((N, 9)),
+            "MixerBlock_1/token_mixing/Dense_0/bias": np.zeros(9),
+            "MixerBlock_1/token_mixing/Dense_1/kernel": np.zeros((9, N))}),
+     "MixerBlock_1/token_mixing/Dense_0/bias", (9,), (DS,)),
+    (_with({"MixerBlock_1/LayerNorm_1/scale": np.ones(C + 1)}),
+     "MixerBlock_1/LayerNorm_1/scale", (C + 1,), (C,)),
+    (_with({"head/bias": np.ones(K + 1)}), "head/bias", (K + 1,), (K,)),
+], ids=["block_width", "layer_norm", "head_bias"])
+def test_arrays_that_do_not_fit_the_model_are_named(tmp_path, flat, key,
+                                                    shape, want):
+  """Sizes are read from stem/kernel, MixerBlock_0 and head/kernel; any
+  other array of another shape stops the conversion, naming its key."""
+  path = tmp_path / "bad.npz"
+  np.savez(path, **flat)
+  with pytest.raises(SystemExit) as e:
+    official_mixer.main(["--npz", str(path), "--output", str(tmp_path / "o")])
+  message = str(e.value.code)
+  assert message.startswith(
+      f"Stopped: official Mixer checkpoint: {key} has shape {shape}, the "
+      f"model expects {want} (the model's sizes come from stem/kernel (P={P}, "
+      f"C={C}), MixerBlock_0's token_mixing (N={N}, D_S={DS})")
+  assert message.endswith("every block must have these widths).")
+  assert "\n" not in message and not (tmp_path / "o").exists()
+
+
+def test_arrays_left_unread_are_named(tmp_path):
+  flat = _with({"MixerBlock_0/token_mixing/Dense_2/kernel": np.ones((3, 3)),
+                "pre_logits/kernel": np.ones((C, C)),
+                "MixerBlock_0/LayerNorm_2/scale": np.ones(C)})
+  with pytest.raises(ValueError) as e:
+    official_mixer.convert(flat)
+  assert str(e.value) == (
+      "official Mixer checkpoint: arrays not read (3): "
+      "['MixerBlock_0/LayerNorm_2/scale', "
+      "'MixerBlock_0/token_mixing/Dense_2/kernel', 'pre_logits/kernel']; the "
+      "release's MlpMixer has no others: is it an MLP-Mixer .npz of this "
+      "layout?")
+  # A file without a head converts (test_new_head_and_headless_release:
+  # one whose head is dropped for a new num_classes too).
+  path = tmp_path / "headless.npz"
+  np.savez(path, **official_flat(head=False))
+  cfg, params = official_mixer.import_checkpoint(str(path), num_classes=5)
+  assert cfg.num_classes == 5 and "classifier" not in params
+
+
+@pytest.mark.parametrize("keep", [0, 3000], ids=["empty", "truncated"])
+def test_unreadable_npz_stops_in_one_line(tmp_path, npz, keep):
+  path = tmp_path / "cut.npz"
+  path.write_bytes(open(npz, "rb").read()[:keep])
+  with pytest.raises(SystemExit) as e:
+    official_mixer.main(["--npz", str(path), "--output", str(tmp_path / "o")])
+  cause = ("EOFError: No data left in file" if keep == 0 else
+           "BadZipFile: File is not a zip file")
+  assert e.value.code == (f"Stopped: --npz={path}: not a readable .npz "
+                          f"({cause}); download it again.")
+
+
 def test_zoo_checkpoint_adapted_for_fine_tuning_at_another_resolution(
     npz, tmp_path):
   """Our own Mixer checkpoint (here: the imported one, saved by us) adapted

@@ -25,6 +25,9 @@ kernels are the ``MlpMixerTokenMixing`` weights (``kernel_in`` = Dense_0,
 ``kernel_out`` = Dense_1), the final LayerNorm and the mean pool are the
 encoder's ``final_norm`` and the image head's pool. ``approximate_gelu=True``
 selects the release's GELU.
+``convert`` reads every array of the file, each of the shape that the model
+built from ``stem/kernel``, ``MixerBlock_0`` and ``head/kernel`` expects:
+a later block of another width, or an extra array, stops it.
 
 The older layout of the first release files (pre-Linen Flax, as big_vision's
 Mixer loader reads them) is accepted too (``from_older_layout``):
@@ -73,9 +76,12 @@ import os
 import re
 import sys
 from typing import Mapping
+import zipfile
+import zlib
 
 from etils import epath
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -95,15 +101,23 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
   path = epath.Path(path)
   if not path.exists():
     raise FileNotFoundError(f"--npz={path}: no such file.")
-  with path.open("rb") as f:
-    z = np.load(f, allow_pickle=False)
-    if not isinstance(z, np.lib.npyio.NpzFile):
-      raise ValueError(
-          f"--npz={path}: a single array ({type(z).__name__} of shape "
-          f"{getattr(z, 'shape', '?')}), not an .npz of named parameters; "
-          "the official checkpoints are .npz files (gs://mixer_models/...).")
-    with z:
-      return from_older_layout({k: np.asarray(z[k]) for k in z.files})
+  try:
+    with path.open("rb") as f:
+      z = np.load(f, allow_pickle=False)
+      if isinstance(z, np.lib.npyio.NpzFile):
+        with z:
+          flat = {k: np.asarray(z[k]) for k in z.files}
+  # A truncated or corrupt download: zipfile's and zlib's own errors, numpy's
+  # EOFError or ValueError (a header cut short, bytes that are no array).
+  except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as e:
+    raise ValueError(f"--npz={path}: not a readable .npz ({type(e).__name__}: "
+                     f"{e}); download it again.") from e
+  if not isinstance(z, np.lib.npyio.NpzFile):
+    raise ValueError(
+        f"--npz={path}: a single array ({type(z).__name__} of shape "
+        f"{getattr(z, 'shape', '?')}), not an .npz of named parameters; "
+        "the official checkpoints are .npz files (gs://mixer_models/...).")
+  return from_older_layout(flat)
 
 
 def _natural(name: str) -> list:
@@ -175,12 +189,12 @@ def _block_indices(flat: Mapping[str, np.ndarray]) -> list[int]:
   return found
 
 
-def _get(flat, key, ndim):
+def _get(flat, key, ndim=None):
   if key not in flat:
     raise ValueError(f"official Mixer checkpoint has no {key!r} (has e.g. "
                      f"{sorted(flat)[:6]}); is it an MLP-Mixer .npz?")
   x = flat[key]
-  if x.ndim != ndim:
+  if ndim is not None and x.ndim != ndim:
     raise ValueError(f"official Mixer checkpoint: {key} has shape {x.shape}, "
                      f"expected {ndim} dimensions.")
   return x
@@ -190,6 +204,8 @@ def model_config(flat: Mapping[str, np.ndarray],
                  num_classes: int | None = None) -> ml_collections.ConfigDict:
   """The zoo Mixer config whose parameters have the checkpoint's shapes.
 
+  The sizes are read from ``stem/kernel``, ``MixerBlock_0`` and
+  ``head/kernel`` (``convert`` checks every other array against them).
   ``num_classes`` overrides the checkpoint's head (a new head is then
   initialised when fine-tuning, see ``init_reinit``); without a head in the
   checkpoint it is required.
@@ -209,7 +225,7 @@ def model_config(flat: Mapping[str, np.ndarray],
     if "head/kernel" not in flat:
       raise ValueError("the checkpoint has no head (num_classes=0 release): "
                        "pass num_classes for the new head.")
-    num_classes = int(flat["head/kernel"].shape[1])
+    num_classes = int(_get(flat, "head/kernel", 2).shape[1])
   cfg = zoo.get_model_config("mixer_b16")
   cfg.update(num_layers=len(blocks), d_model=int(c), d_ffn=int(d_c),
              max_len=int(n), input_dim=int(p * p * 3), patch_size=int(p),
@@ -218,19 +234,16 @@ def model_config(flat: Mapping[str, np.ndarray],
   return cfg
 
 
-def convert(flat: Mapping[str, np.ndarray]) -> Params:
-  """The zoo Mixer's ``params`` tree (head included if the file has one)."""
+def _layout(flat: Mapping[str, np.ndarray]) -> dict:
+  """The zoo Mixer's ``params`` tree with, at each leaf, the ``.npz`` key
+  it is read from (the head only if the file has one)."""
   # common.LayerNorm / common.Dense hold Flax's module as "ln" / "dense".
   def ln(prefix):
-    return {"ln": {"scale": _get(flat, f"{prefix}/scale", 1),
-                   "bias": _get(flat, f"{prefix}/bias", 1)}}
+    return {"ln": {"scale": f"{prefix}/scale", "bias": f"{prefix}/bias"}}
 
   def dense(prefix):
-    return {"kernel": _get(flat, f"{prefix}/kernel", 2),
-            "bias": _get(flat, f"{prefix}/bias", 1)}
+    return {"kernel": f"{prefix}/kernel", "bias": f"{prefix}/bias"}
 
-  stem = _get(flat, "stem/kernel", 4)
-  p = stem.shape[0]
   stack = {}
   for i in _block_indices(flat):
     b = f"MixerBlock_{i}"
@@ -246,15 +259,58 @@ def convert(flat: Mapping[str, np.ndarray]) -> Params:
             "wo": {"dense": dense(f"{b}/channel_mixing/Dense_1")}},
     }
   stack["final_norm"] = ln("pre_head_layer_norm")
-  params = {"encoder": {
+  layout = {"encoder": {"stem": {"dense": dense("stem")}, "stack": stack}}
+  if "head/kernel" in flat:
+    layout["classifier"] = {"dense": dense("head")}
+  return layout
+
+
+def convert(flat: Mapping[str, np.ndarray]) -> Params:
+  """The zoo Mixer's ``params`` tree (head included if the file has one).
+
+  Every array must have the shape that the model of ``model_config(flat)``
+  expects, and every array must be read: a ``ValueError`` names the first
+  that does not fit, or those left over.
+  """
+  # A headless file's head is not read: any size builds the rest.
+  cfg = model_config(flat, None if "head/kernel" in flat else 1)
+  expected = nn.unbox(zoo.abstract_variables(cfg))["params"]
+  why = (f"the model's sizes come from stem/kernel (P={cfg.patch_size}, "
+         f"C={cfg.d_model}), MixerBlock_0's token_mixing (N={cfg.max_len}, "
+         f"D_S={cfg.mixer_kwargs.token_mlp_dim}) and channel_mixing "
+         f"(D_C={cfg.d_ffn}) kernels"
+         + (f" and head/kernel (K={cfg.num_classes})" if "head/kernel" in flat
+            else "")
+         + "; every block must have these widths")
+
+  def read(path, key):
+    x = _get(flat, key)
+    if key == "stem/kernel":
       # [P, P, 3, C] -> [P*P*3, C]: rows in (row, column, channel) order,
       # the order in which ``encoders.patchify`` flattens a patch.
-      "stem": {"dense": {"kernel": stem.reshape(p * p * stem.shape[2], -1),
-                         "bias": _get(flat, "stem/bias", 1)}},
-      "stack": stack}}
-  if "head/kernel" in flat:
-    params["classifier"] = {"dense": dense("head")}
-  return jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+      x = x.reshape(-1, x.shape[-1])
+    want = expected
+    for k in path:
+      want = want[k.key]
+    if x.shape != want.shape:
+      raise ValueError(f"official Mixer checkpoint: {key} has shape "
+                       f"{flat[key].shape}, the model expects {want.shape} "
+                       f"({why}).")
+    return np.asarray(x, np.float32)
+
+  layout = _layout(flat)
+  params = jax.tree_util.tree_map_with_path(read, layout)
+  unread = sorted(set(flat) - set(jax.tree.leaves(layout)), key=_natural)
+  if unread:
+    # Nothing is allowed to stay behind: vit_jax/models_mixer.py's MlpMixer
+    # (and big_vision's) has no other parameters (no pre_logits; two
+    # LayerNorms and two MLPs of two Dense each per block).
+    more = " ..." if len(unread) > 8 else ""
+    raise ValueError(f"official Mixer checkpoint: arrays not read "
+                     f"({len(unread)}): {unread[:8]}{more}; the release's "
+                     "MlpMixer has no others: is it an MLP-Mixer .npz of this "
+                     "layout?")
+  return params
 
 
 def _resize_grid(x: np.ndarray, axis: int, new_side: int,

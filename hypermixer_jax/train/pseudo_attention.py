@@ -1,9 +1,12 @@
 """Pseudo-attention maps (HyperMixer paper §4.7).
 
 The pseudo-attention of output token i on input token j is the size of the
-gradient of output i with respect to input j, ``||∂y_i / ∂x_j||``. For a model
-without token mixing it is diagonal; on the synthetic task a good model
-should look, at each position, at the other object of the same shape.
+gradient of output i with respect to input j, ``||∂y_i / ∂x_j||``. A model
+without token mixing (the ``none`` control) sees only its per-token layers'
+receptive field: with the synthetic task's conv stem (``model.conv_stem=(5,
+5)``, two kernel-5 convolutions) the map is the band ``|i - j| <= 4``, and it
+is diagonal only without a stem. On the synthetic task a good model should
+look, at each position, at the other object of the same shape.
 """
 from __future__ import annotations
 
