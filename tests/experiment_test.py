@@ -164,6 +164,23 @@ class HarnessTest(absltest.TestCase):
     (claims / "a__b.pid").write_text("4194400")
     self.assertEqual(exp.run("a/b", lambda: {"v": 3})["v"], 3)
 
+  def test_a_claim_taken_over_by_another_process_is_left_to_it(self):
+    # Two processes saw the same dead PID; the first took the claim over
+    # and wrote its own before the second acted on what it had read.
+    out = pathlib.Path(tempfile.mkdtemp())
+    exp = experiment.Experiment(out)
+    (out / "claims").mkdir()
+    claim = out / "claims" / "a__b.pid"
+    claim.write_text(str(os.getppid()))           # the first's, alive
+    exp._take_over(claim, 4194400)
+    self.assertEqual(claim.read_text(), str(os.getppid()))
+    claim.write_text("")                          # being written: kept too
+    exp._take_over(claim, 4194400)
+    self.assertTrue(claim.exists())
+    claim.write_text("4194400")                   # still the dead one's
+    exp._take_over(claim, 4194400)
+    self.assertFalse(claim.exists())
+
   def test_claims_go_once_recorded_and_a_claim_being_written_is_held(self):
     out = pathlib.Path(tempfile.mkdtemp())
     exp, other = experiment.Experiment(out), experiment.Experiment(out)

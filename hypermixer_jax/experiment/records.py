@@ -142,7 +142,7 @@ class Experiment:
           if key in self.runs:
             return False
           continue
-        path.unlink(missing_ok=True)  # its process died: take it over
+        self._take_over(path, pid)  # its process died
         continue
       with os.fdopen(fd, "w") as f:
         f.write(str(os.getpid()))
@@ -151,6 +151,19 @@ class Experiment:
         path.unlink(missing_ok=True)
         return False
       return True
+
+  def _take_over(self, path: pathlib.Path, dead: int) -> None:
+    """Removes the claim ``path`` of the dead process ``dead``, unless it
+    holds another since it was read: two processes that both saw the dead
+    PID take it over one at a time (under ``results.json.lock``), and the
+    second finds the first's claim (or none yet) and leaves it."""
+    with self._locked():
+      try:
+        now = int(path.read_text() or 0)
+      except (OSError, ValueError):
+        return
+      if now == dead:
+        path.unlink(missing_ok=True)
 
   def _claim_path(self, key: str) -> pathlib.Path:
     return self.out / "claims" / (key.replace("/", "__") + ".pid")
