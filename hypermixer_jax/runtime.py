@@ -135,6 +135,48 @@ def detect_cluster() -> str | None:
   return None
 
 
+def _tasks_on_this_node() -> int | None:
+  """This node's task count in the SLURM step (``SLURM_STEP_TASKS_PER_NODE``
+  or ``SLURM_TASKS_PER_NODE``: ``8(x2),4`` lists the nodes' counts, in the
+  order of ``SLURM_NODEID``); None where SLURM does not say."""
+  text = os.environ.get("SLURM_STEP_TASKS_PER_NODE",
+                        os.environ.get("SLURM_TASKS_PER_NODE", ""))
+  counts = []
+  for item in filter(None, text.split(",")):
+    n, _, times = item.partition("(x")
+    try:
+      counts += [int(n)] * int(times.rstrip(")") or 1)
+    except ValueError:
+      return None
+  node = int(os.environ.get("SLURM_NODEID", "0") or 0)
+  return counts[node] if node < len(counts) else None
+
+
+def slurm_local_devices() -> list[int] | None:
+  """The GPUs a SLURM task takes: None (JAX's SLURM detection gives each
+  task GPU ``SLURM_LOCALID``: one task per GPU, each seeing all), the one
+  GPU a task sees where srun binds one to each (``--gpus-per-task=1``: it is
+  GPU 0 to the task), or every GPU the task sees where it is the node's only
+  task (``srun --ntasks-per-node=1``), which would otherwise train on GPU 0
+  alone. A node with fewer tasks than GPUs
+  (more than one each) is refused in one line: its other GPUs would idle."""
+  tasks = _tasks_on_this_node()
+  visible = os.environ.get("CUDA_VISIBLE_DEVICES",
+                           os.environ.get("ROCR_VISIBLE_DEVICES"))
+  gpus = (len([d for d in visible.split(",") if d.strip()]) if visible
+          else int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0))
+  if visible and gpus == 1 and (tasks or 0) > 1:
+    return [0]     # bound to one GPU each (--gpus-per-task=1): its own
+  if tasks is None or gpus <= 1 or tasks >= gpus:
+    return None
+  if tasks == 1:
+    return list(range(gpus))
+  raise ValueError(
+      f"SLURM runs {tasks} tasks on this node, which has {gpus} GPUs: run "
+      f"one task per GPU (srun --ntasks-per-node={gpus}, as "
+      "scripts/slurm_gpu.sbatch does) or one task per node.")
+
+
 # JAX's GPU plugins (module, device node that shows a GPU is attached).
 _GPU_PLUGINS = (("cuda", ("jax_cuda13_plugin", "jax_cuda12_plugin"),
                  "/dev/nvidiactl"),
@@ -345,5 +387,7 @@ def initialize_distributed(mode: str = "auto", *,
   cluster = detect_cluster()
   if cluster is None and mode == "auto":
     return None
-  jax.distributed.initialize(initialization_timeout=initialization_timeout)
+  local = slurm_local_devices() if cluster == "slurm" else None
+  jax.distributed.initialize(initialization_timeout=initialization_timeout,
+                             local_device_ids=local)
   return cluster or "auto-detected"

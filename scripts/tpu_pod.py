@@ -173,7 +173,7 @@ def _train(args) -> str:
       f"if {_running()}; then echo \"$(hostname): job $(cat {PID}) is still "
       f"running; stop it first (scripts/tpu_pod.py stop ...)\" >&2; exit 1; "
       # setsid: the job leads its own process group, which stop signals.
-      f"fi; cd {REPO_DIR} || exit 1; setsid nohup {job} > {LOG} 2>&1 "
+      f"fi; cd {REPO_DIR} || exit 1; setsid nohup {job} >> {LOG} 2>&1 "
       f"< /dev/null & echo $! > {PID}")
 
 

@@ -93,6 +93,38 @@ def test_slurm_is_detected_with_several_tasks(monkeypatch):
   assert runtime.detect_cluster() is None
 
 
+@pytest.mark.parametrize("env, want", [
+    # One task per GPU, each seeing all 8: JAX's SLURM detection picks
+    # GPU SLURM_LOCALID (None: nothing to pass).
+    (dict(SLURM_STEP_TASKS_PER_NODE="8(x2)", SLURM_NODEID="1",
+          SLURM_GPUS_ON_NODE="8"), None),
+    # One task per node: every GPU it sees, not GPU 0 alone.
+    (dict(SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_NODEID="1",
+          SLURM_GPUS_ON_NODE="8"), list(range(8))),
+    (dict(SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_NODEID="0",
+          CUDA_VISIBLE_DEVICES="0,1,2,3"), [0, 1, 2, 3]),
+    # srun --gpus-per-task=1: each task sees its own GPU as GPU 0.
+    (dict(SLURM_STEP_TASKS_PER_NODE="4", CUDA_VISIBLE_DEVICES="2"), [0]),
+    # Uneven nodes: node 1 runs 2 tasks of its 4 GPUs.
+    (dict(SLURM_STEP_TASKS_PER_NODE="4,2", SLURM_NODEID="1",
+          SLURM_GPUS_ON_NODE="4"), "runs 2 tasks on this node, which has 4"),
+    (dict(SLURM_GPUS_ON_NODE="8"), None),       # SLURM gives no counts
+])
+def test_slurm_tasks_take_the_gpus_they_are_given(monkeypatch, env, want):
+  for k in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+            "SLURM_NODEID", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES",
+            "ROCR_VISIBLE_DEVICES"):
+    monkeypatch.delenv(k, raising=False)
+  for k, v in env.items():
+    monkeypatch.setenv(k, v)
+  if isinstance(want, str):
+    with pytest.raises(ValueError, match=want + r" GPUs: run one task per "
+                       r"GPU \(srun --ntasks-per-node=4"):
+      runtime.slurm_local_devices()
+  else:
+    assert runtime.slurm_local_devices() == want
+
+
 @pytest.mark.parametrize("address, loopback", [
     ("127.0.0.1:1234", True), ("localhost:1", True), ("[::1]:5", True),
     ("10.0.0.1:1234", False), ("node-1:1234", False)])

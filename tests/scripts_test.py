@@ -94,7 +94,7 @@ def test_tpu_train_starts_the_same_job_on_all_workers():
       "~/hypermixer-venv/bin/python -m "
       "hypermixer_jax.main --config=configs/c4_mlm.py:hypermixer "
       "--workdir=gs://bucket/mlm --config.batch_size=1024 "
-      "--config.log_every=10 > ~/hypermixer.log 2>&1 < /dev/null & "
+      "--config.log_every=10 >> ~/hypermixer.log 2>&1 < /dev/null & "
       "echo $! > ~/hypermixer.pid")
 
 
@@ -232,7 +232,7 @@ def test_dry_run_anywhere_runs_nothing_and_is_not_forwarded(worker):
                [*train, "--", "--config.batch_size=8", "--dry-run"]):
     [printed] = _tpu(*argv, env=env)
     assert not _calls(calls)
-    assert printed[-1].endswith("--workdir=gs://b/r --config.batch_size=8 > "
+    assert printed[-1].endswith("--workdir=gs://b/r --config.batch_size=8 >> "
                                 "~/hypermixer.log 2>&1 < /dev/null & echo $! "
                                 "> ~/hypermixer.pid")
     assert "--dry-run" not in printed[-1]
@@ -290,10 +290,19 @@ def test_slurm_dry_run_prints_srun(tmp_path):
   cmd, env = _srun(tmp_path)
   assert cmd == [
       "srun", "--nodes=4", "--ntasks-per-node=8", "--gpus-per-node=8",
-      "--gpu-bind=none", "--kill-on-bad-exit=1", "--label",
+      "--gpu-bind=none", "--cpus-per-task=8", "--kill-on-bad-exit=1",
+      "--label",
       "/opt/venv/bin/python", "-m", "hypermixer_jax.main",
       "--config=configs/c4_mlm.py:hypermixer", "--workdir=/shared/ckpt/mlm",
       "--config.batch_size=1024"]
+  # The allocation's GPUs and CPUs per task carry over to srun (a
+  # --gpus-per-node given to sbatch on the command line).
+  env4 = {k: v for k, v in env.items() if k != "GPUS_PER_NODE"}
+  out = subprocess.run(
+      ["bash", SLURM, "c", "/w"], capture_output=True, text=True, timeout=60,
+      env=dict(env4, SLURM_GPUS_ON_NODE="4", SLURM_CPUS_PER_TASK="12"))
+  assert "--ntasks-per-node=4 --gpus-per-node=4" in out.stdout
+  assert "--cpus-per-task=12" in out.stdout
   bad = subprocess.run(["bash", SLURM, "only-config"], env=env,
                        capture_output=True, text=True, timeout=60)
   assert bad.returncode == 2 and "usage: sbatch" in bad.stderr
