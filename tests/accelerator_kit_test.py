@@ -41,6 +41,9 @@ def test_toy_run_writes_every_section(tmp_path):
   assert row["batch"] == 256 // 64       # tokens per call / N
   for name in ("hypermixing", "attention"):
     assert row[name]["forward_s"] > 0 and row[name]["forward_backward_s"] > 0
+  # Attention is timed as the module HyperMixing stands in for, its
+  # projections included, and the table says so.
+  assert row["attention_timed"] == kit_lib.ATTENTION_TIMED
   # The Switch Transformer's depth is the one closest to sMLP's FLOPs.
   sw = r["smlp_vs_switch"]
   assert sw["switch"]["num_dense_layers"] >= 1
