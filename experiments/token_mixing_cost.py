@@ -8,23 +8,30 @@ with tied hypernetworks d'=768, self-attention and linear attention with 4
 heads, MLP-Mixer's token MLP D_S=512, gMLP's spatial gating unit d_ffn=512,
 FNet's Fourier transform), alone, on one example ``[1, N, d]``:
 
-* wall time: the module's forward pass under ``jax.jit``, compiled once, then
-  called ``repeats`` times (each call waited for); the median is reported;
+* wall time: the module's forward pass under ``jax.jit``, compiled once;
+  at each N every mixer and a 1024 x 1024 float32 matmul (the machine's
+  ceiling at that moment) are timed in interleaved rounds
+  (``experiment.bench.interleave``: ceiling, each mixer, ..., ceiling), so
+  that the mixers' times at one N are compared under the same load; the
+  median over the rounds is reported, with each mixer's FLOP/s as a
+  fraction of the ceiling of its neighbouring rounds (``of_ceiling``);
 * FLOPs: XLA's count for the compiled forward (``compiled.cost_analysis()``),
   not a formula, so it is what the backend was asked to compute (attention's
   from its materialised form: the CPU's block-wise scan is counted once per
   body by XLA);
 * the growth exponent of each: the slope of log(cost) against log(N) fitted
-  over the upper half of the lengths (2 for quadratic, 1 for linear).
+  over the upper half of the lengths (2 for quadratic, 1 for linear); time
+  in units of its rounds' ceiling (seconds x ceiling FLOP/s), since two
+  lengths are timed at different moments.
 
 MLP-Mixer's and gMLP's token mixers have weights per position, so each N
 gets a module built for that N (``max_len=N``). A length whose compiled
 forward needs more than ``--max_gib`` (XLA's memory analysis) is skipped and
 recorded as such.
 
-  --scale=small  N = 32 ... 8192 (powers of 2) on this machine's CPU, the
-                 median of up to 50 calls or ~3 s per point (at least 5).
-  --scale=paper  the same modules, N = 32 ... 16384, 1,000 calls per point
+  --scale=small  N = 32 ... 8192 (powers of 2) on this machine's CPU, 5
+                 rounds of ~0.3 s per mixer and N.
+  --scale=paper  the same modules, N = 32 ... 16384, 10 rounds of ~1 s
                  (meant for an accelerator).
 
   taskset -c 1 python experiments/token_mixing_cost.py --scale=small --out=experiments/results/token_mixing_cost
@@ -45,6 +52,7 @@ import numpy as np
 
 from hypermixer_jax import experiment
 from hypermixer_jax import models
+from hypermixer_jax.experiment import bench
 from hypermixer_jax.models import zoo
 
 MIXERS = ("hypermixer", "attention", "linear_attention", "mlp_mixer", "gmlp",
@@ -53,10 +61,10 @@ LABELS = {"hypermixer": "HyperMixer", "attention": "Attention",
           "linear_attention": "Linear attention", "mlp_mixer": "MLP-Mixer",
           "gmlp": "gMLP (SGU)", "fnet": "FNet"}
 SCALES = {
-    "small": dict(lengths=tuple(2 ** k for k in range(5, 14)), repeats=50,
-                  budget_s=3.0, min_repeats=5),
-    "paper": dict(lengths=tuple(2 ** k for k in range(5, 15)), repeats=1000,
-                  budget_s=float("inf"), min_repeats=1000),
+    "small": dict(lengths=tuple(2 ** k for k in range(5, 14)), rounds=5,
+                  min_seconds=0.3),
+    "paper": dict(lengths=tuple(2 ** k for k in range(5, 15)), rounds=10,
+                  min_seconds=1.0),
 }
 PAPER_CLAIM = (
     "Paper (§4.4, Fig. 2; a figure, no numbers): for short inputs the "
@@ -96,10 +104,11 @@ def _counted_module(module):
   return module
 
 
-def measure(mixer: str, n: int, *, repeats: int, min_repeats: int = 1,
-            budget_s: float = float("inf"), max_gib: float = 8.0,
-            seed: int = 0) -> dict:
-  """Times one ``[1, n, d]`` example through ``mixer`` and counts its FLOPs."""
+def prepare(mixer: str, n: int, *, max_gib: float = 8.0, seed: int = 0
+            ) -> tuple[dict, object]:
+  """``(record, call)`` of one ``[1, n, d]`` example through ``mixer``: its
+  compiled forward, XLA's FLOPs and memory, and a call to time (None where
+  it needs more than ``max_gib``)."""
   module, d = mixer_module(mixer, n)
   counted = _counted_module(module)
   x = jax.random.normal(jax.random.key(seed), (1, n, d), jnp.float32)
@@ -118,18 +127,39 @@ def measure(mixer: str, n: int, *, repeats: int, min_repeats: int = 1,
                             for p in jax.tree.leaves(params))))
   if need > max_gib * 2 ** 30:
     out.update(skipped=f"needs {need / 2 ** 30:.1f} GiB > --max_gib={max_gib}")
-    return out
-  jax.block_until_ready(compiled(params, x))  # warm-up
-  times = []
-  start = time.perf_counter()
-  while len(times) < repeats and (
-      len(times) < min_repeats or time.perf_counter() - start < budget_s):
-    t = time.perf_counter()
-    jax.block_until_ready(compiled(params, x))
-    times.append(time.perf_counter() - t)
-  out.update(time_s=statistics.median(times), time_min_s=min(times),
-             repeats=len(times))
-  return out
+    return out, None
+  return out, lambda: compiled(params, x)
+
+
+TIMED = "interleaved rounds with a 1024 x 1024 float32 matmul ceiling"
+
+
+def measure_length(mixers: Sequence[str], n: int, *, rounds: int,
+                   min_seconds: float, max_gib: float = 8.0
+                   ) -> dict[str, dict]:
+  """``{mixer: record}`` at length ``n``: every mixer and the matmul
+  ceiling timed in the same interleaved rounds (``bench.interleave``)."""
+  t0 = time.perf_counter()
+  prepared = {m: prepare(m, n, max_gib=max_gib) for m in mixers}
+  workloads = {m: bench.Timed(call, flops=out["flops"],
+                              min_seconds=min_seconds)
+               for m, (out, call) in prepared.items() if call is not None}
+  records = {m: out for m, (out, _) in prepared.items()}
+  if not workloads:
+    return records
+  ceiling, ceiling_flops = bench.ceiling_timer(n=1024,
+                                               min_seconds=min_seconds)
+  ceil_times, times = bench.interleave(ceiling, workloads, rounds)
+  for m, t in times.items():
+    s = bench.summarize(ceil_times, ceiling_flops, t, records[m]["flops"])
+    records[m].update(time_s=s.median_s, time_min_s=s.min_s, repeats=rounds,
+                      calls_per_round=workloads[m].inner,
+                      of_ceiling=s.mfu_paired,
+                      ceiling_flops_s=s.ceiling_median, timed=TIMED)
+  for r in records.values():
+    # The whole length's compiles and rounds, shared by its mixers.
+    r["wall_s"] = time.perf_counter() - t0
+  return records
 
 
 def growth_exponent(ns: Sequence[int], values: Sequence[float]) -> float:
@@ -146,21 +176,27 @@ def growth_exponent(ns: Sequence[int], values: Sequence[float]) -> float:
 
 
 def run(exp: experiment.Experiment, *, lengths: Sequence[int],
-        mixers: Sequence[str] = MIXERS, repeats: int = 50,
-        min_repeats: int = 5, budget_s: float = 3.0,
-        max_gib: float = 8.0) -> dict:
+        mixers: Sequence[str] = MIXERS, rounds: int = 5,
+        min_seconds: float = 0.3, max_gib: float = 8.0) -> dict:
   """Measures every (mixer, N), records them in ``exp``, writes the table and
-  figure; returns ``{mixer: {'time': exponent, 'flops': exponent}}``."""
+  figure; returns ``{mixer: {'time': exponent, 'flops': exponent}}``. The
+  mixers of one N are timed together (``measure_length``); an N whose
+  mixers are all recorded is not timed again."""
   lengths = sorted(int(n) for n in lengths)
   for n in lengths:
+    if all(f"{m}/n{n}" in exp.runs for m in mixers):
+      continue
+    got = measure_length(mixers, n, rounds=rounds, min_seconds=min_seconds,
+                         max_gib=max_gib)
     for mixer in mixers:
-      exp.run(f"{mixer}/n{n}", lambda m=mixer, n=n: measure(
-          m, n, repeats=repeats, min_repeats=min_repeats, budget_s=budget_s,
-          max_gib=max_gib))
+      exp.run(f"{mixer}/n{n}", lambda m=mixer: got[m])
   series = {m: [exp.runs[f"{m}/n{n}"] for n in lengths] for m in mixers}
+  # Time in units of the same rounds' matmul ceiling (seconds x FLOP/s):
+  # the lengths are timed at different moments, whose load may differ.
   exponents = {m: dict(
-      time=growth_exponent([r["n"] for r in rs],
-                           [r.get("time_s") for r in rs]),
+      time=growth_exponent([r["n"] for r in rs], [
+          r["time_s"] * r.get("ceiling_flops_s", 1.0)
+          if r.get("time_s") is not None else None for r in rs]),
       flops=growth_exponent([r["n"] for r in rs], [r["flops"] for r in rs]))
       for m, rs in series.items()}
   exp.save(exponents=exponents, lengths=lengths, mixers=list(mixers),
@@ -174,8 +210,22 @@ def run(exp: experiment.Experiment, *, lengths: Sequence[int],
   heads = [f"N={n}" for n in lengths]
   time_rows = [[LABELS[m]] + [cell(r, "time_s", 1e3) for r in series[m]]
                + [f"{exponents[m]['time']:.2f}"] for m in mixers]
+  # The machine's matmul FLOP/s in the same rounds, per N.
+  ceilings = [next((r["ceiling_flops_s"] for m in mixers
+                    for r in [exp.runs[f"{m}/n{n}"]]
+                    if "ceiling_flops_s" in r), None) for n in lengths]
+  time_rows.append(["matmul ceiling (GFLOP/s)"] + [
+      "—" if c is None else f"{c / 1e9:.3g}" for c in ceilings] + [""])
   flop_rows = [[LABELS[m]] + [cell(r, "flops", 1e-6) for r in series[m]]
                + [f"{exponents[m]['flops']:.2f}"] for m in mixers]
+  # Attention against HyperMixer at each N (the same rounds' times).
+  pair = ("attention", "hypermixer")
+  if all(m in mixers for m in pair):
+    for rows, key in ((time_rows, "time_s"), (flop_rows, "flops")):
+      rows.append(["Attention / HyperMixer"] + [
+          _ratio(exp.runs[f"attention/n{n}"].get(key),
+                 exp.runs[f"hypermixer/n{n}"].get(key)) for n in lengths]
+                  + [""])
   table = (
       "Median wall time (ms) of one example through the token mixer:\n\n"
       + experiment.markdown_table(["mixer"] + heads + ["exponent"], time_rows)
@@ -183,12 +233,19 @@ def run(exp: experiment.Experiment, *, lengths: Sequence[int],
       + experiment.markdown_table(["mixer"] + heads + ["exponent"], flop_rows))
   notes = (
       f"Backend {jax.default_backend()} ({jax.devices()[0].device_kind}), "
-      f"d=256, one example, float32; time: median of up to {repeats} jitted "
-      "calls; exponent: log-log slope over the upper half of N. "
+      f"d=256, one example, float32; time: median over {rounds} rounds of "
+      "jitted calls, the mixers of one N and a matmul ceiling in the same "
+      "interleaved rounds; exponent: log-log slope over the upper half of N "
+      "(time in units of its rounds' matmul ceiling). "
       "— : skipped (memory). " + PAPER_CLAIM)
   exp.write_table("Token-mixing cost against sequence length", table, notes)
   _plot(exp, series, mixers)
   return exponents
+
+
+def _ratio(a, b) -> str:
+  ok = a is not None and b and np.isfinite(a) and np.isfinite(b)
+  return f"{a / b:.2f}x" if ok else "—"
 
 
 def _plot(exp, series, mixers) -> None:

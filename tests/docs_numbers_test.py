@@ -15,6 +15,11 @@ The rule, per page:
   shown as a percentage). The figures written before this rule that no
   record holds are listed, per page, in `docs_unrecorded.json`; a page may
   lose them (the list then loses them too), never gain one.
+* A page of docs/ that reports measurements (DOC_PAGES): every number in
+  a section's prose appears in the records (tables or `results.json`, at
+  the precision shown) of the experiments whose `results/<name>/` folders
+  the section links, or is a setting named in ALLOWED. A figure no record
+  holds is left out, or the section gives the command that measures it.
 * Every included table equals its file (`scripts/docs_tables.py --check`).
 """
 import collections
@@ -46,7 +51,11 @@ ALLOWED = {
                               "10", "100", "80/20", "+12-14", "+2", "1.49M",
                               "0.26M", "32", "32,768", "2021", "2022",
                               "2023", "0.05"},
+    "docs/performance.md": {"2048", "8192", "32,128", "128", "256", "512",
+                            "1,024", "2,048", "8,192", "16,384", "16", "32",
+                            "64", "100", "10,000"},
 }
+DOC_PAGES = ["docs/performance.md"]
 
 NUMBER = re.compile(
     r"(?<![\w.§/:'-])[+-]?(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:e[-+]?\d+)?"
@@ -149,13 +158,13 @@ def _unbacked_in_page(page):
           if not all(record.holds(p) for p in _parts(f))]
 
 
-def _sections(text):
+def _sections(text, results=RESULTS):
   """(section text, the experiment folders it cites); code blocks go first,
   so that a shell comment is not taken for a heading."""
   text = FENCE.sub("", INCLUDE.sub("", text))
   for section in re.split(r"^#+ ", text, flags=re.MULTILINE):
     cited = set(re.findall(r"results/([\w]+)/", section))
-    yield section, [RESULTS / name for name in sorted(cited)]
+    yield section, [results / name for name in sorted(cited)]
 
 
 def _unbacked_in_top(path):
@@ -180,6 +189,47 @@ def test_top_pages_state_only_figures_of_the_generated_tables(path):
                    f"experiment its section cites holds: {bad} (take them from "
                    f"the experiment's table.md or claims.md, or name a setting "
                    f"in ALLOWED)")
+
+
+@functools.cache
+def _record(folder):
+  return _Record(folder)
+
+
+def _unbacked_in_doc(text, allowed=frozenset(), results=RESULTS):
+  """Figures of a docs page that neither a setting in ``allowed`` nor one
+  record its section links holds (all parts of a figure from one record)."""
+  bad = []
+  for section, folders in _sections(text, results):
+    records = [_record(folder) for folder in folders]
+    for f in _figures(_prose(section)):
+      parts = _parts(f)
+      if f in allowed or any(all(r.holds(p) for p in parts) for r in records):
+        continue
+      if all(float(p) <= SMALL and "." not in p for p in parts):
+        continue
+      bad.append(f)
+  return bad
+
+
+@pytest.mark.parametrize("path", DOC_PAGES)
+def test_doc_pages_state_only_figures_of_the_records_they_link(path):
+  bad = _unbacked_in_doc((ROOT / path).read_text(), ALLOWED.get(path, set()))
+  assert not bad, (f"{path} states figures that no record its section links "
+                   f"holds: {bad} (link the experiment folder whose table or "
+                   f"results.json holds them, give the command that measures "
+                   f"them instead, or name a setting in ALLOWED)")
+
+
+def test_doc_rule_takes_figures_only_from_records_the_section_links(
+    tmp_path):
+  folder = tmp_path / "study"
+  folder.mkdir()
+  (folder / "results.json").write_text(json.dumps({"speedup": 1.23456}))
+  text = ("# A\n\nIt ran 1.235x as fast "
+          "([record](../experiments/results/study/README.md)).\n\n"
+          "# B\n\nIt ran 1.235x as fast, and 4.00x once, at N = 2048.\n")
+  assert _unbacked_in_doc(text, {"2048"}, tmp_path) == ["1.235x", "4.00x"]
 
 
 def _pages():

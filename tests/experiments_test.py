@@ -47,7 +47,7 @@ class TokenMixingCostTest(absltest.TestCase):
                             lengths=cls.lengths,
                             mixers=("hypermixer", "attention", "fnet",
                                     "linear_attention"),
-                            repeats=2, min_repeats=1, budget_s=0.0)
+                            rounds=2, min_seconds=0.0)
     cls.saved = json.loads((cls.out / "results.json").read_text())
 
   def test_outputs(self):
@@ -60,9 +60,13 @@ class TokenMixingCostTest(absltest.TestCase):
         self.assertGreater(r["time_s"], 0)
         self.assertGreater(r["flops"], 0)
         self.assertGreaterEqual(r["repeats"], 1)
+        # Timed in the same rounds as the other mixers and the ceiling.
+        self.assertEqual(r["timed"], tmc.TIMED)
+        self.assertGreater(r["of_ceiling"], 0)
+        self.assertGreater(r["ceiling_flops_s"], 0)
     table = (self.out / "table.md").read_text()
     for label in ("HyperMixer", "Attention", "FNet", "N=128", "N=512",
-                  "exponent"):
+                  "exponent", "matmul ceiling (GFLOP/s)"):
       self.assertIn(label, table)
     self.assertEqual(_png(self.out / "token_mixing_cost.png").ndim, 3)
 
@@ -102,7 +106,8 @@ class TokenMixingCostTest(absltest.TestCase):
         32.0, 64.0, 128.0, 256.0, None]), 1.0)
 
   def test_memory_limit_skips(self):
-    r = tmc.measure("attention", 256, repeats=1, max_gib=1e-6)
+    r = tmc.measure_length(["attention"], 256, rounds=1, min_seconds=0.0,
+                           max_gib=1e-6)["attention"]
     self.assertIn("--max_gib", r["skipped"])
     self.assertNotIn("time_s", r)
     self.assertGreater(r["flops"], 0)

@@ -520,7 +520,8 @@ def _exponent(kind: str, what: str) -> Measured:
       ("HyperMixer", ("exponents", "hypermixer", kind)),
       (("attention", ("exponents", "attention", kind)),), "lower",
       regime="one example, d = 256, N = 32-8,192 on one CPU core (time: "
-      "median of up to 50 calls); slope over the upper half of N",
+      "median of 5 rounds interleaved with a matmul ceiling, in the "
+      "ceiling's units); slope over the upper half of N",
       at_scale="on accelerators attention's quadratic term shows later "
       "(fused, memory-bound kernels), so the crossover N moves up")
 

@@ -465,10 +465,10 @@ class HyperMixing(nn.Module):
       accumulates W1^T x chunk by chunk, pass 2 the query side and
       W2 GELU(.) (``two_pass_token_mixing``). Same function (summation
       order aside). On a CPU the chunks' working sets stay in cache, which
-      made the forward 1.3-1.4x faster from 4k tokens per call, but its
-      backward pass is slower than the one-pass form's (fwd+bwd x1.16 at
-      8 x 2048; one-off runs on one CPU core, docs/performance.md,
-      HyperMixing forward, has the command), so the default uses it only
+      made the forward faster from a few thousand tokens per call, but its
+      backward pass is slower than the one-pass form's (one-off runs on one
+      CPU core, not recorded; docs/performance.md, HyperMixing forward,
+      has the commands), so the default uses it only
       for deterministic calls (evaluation, prediction), not for training.
       None: that default (1024 tokens when traced for CPU,
       ``common.target_platform``; one pass elsewhere); 0: always one pass;
