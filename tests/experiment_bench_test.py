@@ -1,6 +1,7 @@
 """Bookkeeping of the benchmarks (fake clocks; no timed assertion)."""
 import os
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -236,3 +237,16 @@ def test_gemm_forms_compute_the_same_product_as_torchs():
     assert np.matmul(np.empty(t["lhs"]), np.empty(t["rhs"])).shape == \
         written.shape, p["name"]
     assert p["flops"] == 2 * written.size * plain_shapes[0][-1]
+
+
+@pytest.mark.parametrize("kind", ["TPU v4", "TPU v5 lite", "TPU v5e",
+                                  "TPU v5", "TPU v5p", "TPU v6 lite",
+                                  "TPU v6e", "NVIDIA H100 80GB HBM3",
+                                  "NVIDIA H200"])
+def test_benchmark_peaks_are_the_loops_for_every_chip(kind, monkeypatch):
+  # The benchmarks' bf16 peak of each device kind is the training loop's
+  # (train.metrics.PEAK_FLOPS): v5p reports itself as "TPU v5".
+  from hypermixer_jax.train import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  dev = types.SimpleNamespace(device_kind=kind, platform="tpu")
+  monkeypatch.setattr(bc.jax, "devices", lambda: [dev])
+  assert bc.device_peak("bfloat16") == metrics_lib.peak_flops(kind)

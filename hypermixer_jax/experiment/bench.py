@@ -293,7 +293,12 @@ PEAK_FLOPS = {
     "v100": {"bfloat16": 125e12, "float32": 15.7e12},  # fp16 tensor cores
     "tpu v4": {"bfloat16": 275e12, "float32": 275e12 / 4},
     "tpu v5 lite": {"bfloat16": 197e12, "float32": 197e12 / 4},
+    "tpu v5e": {"bfloat16": 197e12, "float32": 197e12 / 4},
+    # v5p's device_kind is "TPU v5" (after "tpu v5 lite": longest first).
+    "tpu v5": {"bfloat16": 459e12, "float32": 459e12 / 4},
     "tpu v5p": {"bfloat16": 459e12, "float32": 459e12 / 4},
+    "tpu v6 lite": {"bfloat16": 918e12, "float32": 918e12 / 4},
+    "tpu v6e": {"bfloat16": 918e12, "float32": 918e12 / 4},
 }
 
 
