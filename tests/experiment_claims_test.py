@@ -310,3 +310,17 @@ def test_the_carved_tuning_cost_row_waits_for_its_record(tmp_path):
   path.write_text(json.dumps({"runs": {}, **rows, "baselines": {
       "w128_s1000_n64": base, "w128_s1000_n64_carved": base}}))
   assert "chosen on carved phrases" in claims.table(tmp_path, row)
+
+
+def test_the_regime_says_when_the_sides_ran_on_different_devices():
+  gpu = "gpu: NVIDIA H200 (matmul precision highest)"
+  data = {"runs": {
+      "a/seed=0": {"ran_on": "cpu: cpu"}, "a/seed=1": {"ran_on": "cpu: cpu"},
+      "b/seed=0": {"ran_on": gpu},
+      "a/setting=0": {"ran_on": gpu}, "b/setting=0": {"ran_on": gpu}}}
+  arms = (claims.Arm("A", "a/seed=*"), claims.Arm("B", "b/seed=*"))
+  got = claims._ran_on(data, "R", *arms, search=("*/setting=*",))
+  assert got == (f"R; the sides ran on different devices: A's runs on CPU; "
+                 f"B's runs on {gpu}; the search on {gpu}")
+  data["runs"]["b/seed=0"]["ran_on"] = "cpu: cpu"
+  assert claims._ran_on(data, "R", *arms) == "R; ran on CPU"

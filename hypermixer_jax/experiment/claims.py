@@ -465,7 +465,10 @@ def _synthetic(size: int, tuned: bool = False) -> Claim:
                    data, _tuned_regime(
                        "", "sequences", ("hypermixer", "attention"), runs,
                        f"{size:,} training sequences, 1,500 steps x 64"
-                   )(data), *arms)) if tuned else SYN_REGIME.format(size),
+                   )(data), *arms, search=tuple(
+                       f"s1500/n{size}/tune/model={m}/setting=*"
+                       for m in ("hypermixer", "attention"))))
+               if tuned else SYN_REGIME.format(size),
                at_scale=SYN_SCALE, when_recorded=tuned)
 
 
@@ -477,14 +480,31 @@ SYN_PAPER_SCALE = ("the paper's sizes, but untuned: the tuned runs at 1,500 "
                    "steps chose other rates, which differ by size and model")
 
 
-def _ran_on(data: dict[str, Any], regime: str, *arms: Arm) -> str:
+def _ran_on(data: dict[str, Any], regime: str, *arms: Arm,
+            search: tuple[str, ...] = ()) -> str:
   """``regime`` and where the arms' runs ran (records before ``ran_on``
-  ran on CPUs)."""
-  runs = [r for a in arms for k, r in data["runs"].items()
-          if fnmatch.fnmatchcase(k, a.pattern)]
-  where = sorted({r.get("ran_on", records_lib.CPU) for r in runs})
-  where = ["CPU" if w == records_lib.CPU else w for w in where]
-  return f"{regime}; ran on {' and '.join(where)}" if where else regime
+  ran on CPUs): per side where the sides differ, and where the search runs
+  (``search``: their key patterns) ran if that differs from the reported
+  runs."""
+  def where(patterns) -> list[str]:
+    found = {r.get("ran_on", records_lib.CPU) for k, r in data["runs"].items()
+             if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+    return sorted("CPU" if w == records_lib.CPU else w for w in found)
+
+  sides = [(a.label, where([a.pattern])) for a in arms]
+  every = where([a.pattern for a in arms])
+  if not every:
+    return regime
+  if len({tuple(w) for _, w in sides}) > 1:
+    text = (f"{regime}; the sides ran on different devices: "
+            + "; ".join(f"{label}'s runs on {' and '.join(w)}"
+                        for label, w in sides))
+  else:
+    text = f"{regime}; ran on {' and '.join(every)}"
+  searched = where(search) if search else []
+  if searched and searched != every:
+    text += f"; the search on {' and '.join(searched)}"
+  return text
 
 
 def _synthetic_paper(size: int, other: str = "attention") -> Claim:
