@@ -172,6 +172,10 @@ def test_tune_searches_every_model_alike_then_trains_seeds_at_its_choice(
       ("b", 0, 3e-3, False), ("b", 1, 3e-3, False)]
   assert [r["setting"]["lr"] for r in runs["b"]] == [3e-3, 3e-3]
   assert [r["setting"]["lr"] for r in searched["a"]] == [1e-3, 3e-3]
+  # Each record holds its own seed (the command's seeds are the reported
+  # runs' only).
+  assert {r["seed"] for r in searched["a"]} == {selection.SEED}
+  assert [r["seed"] for r in runs["b"]] == [0, 1]
   # A second call finds everything recorded and trains nothing.
   _, again = _fake_tune(tmp_path, scores)
   assert again == []

@@ -308,8 +308,10 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
   def select(cell, key):
     setting = settings_[cell["setting"]]
     record = or_diverged(lambda: run(cell["model"], SEED, setting, key, True))
-    # (Stamped: a diverged run's record holds none of its own.)
-    return dict(record, setting=setting, **tag, **fields(cell["model"]))
+    # (Stamped: a diverged run's record holds none of its own. Its seed
+    # too: the command's --seeds are the reported runs', not this one's.)
+    return dict(record, setting=setting, seed=SEED, **tag,
+                **fields(cell["model"]))
   searched = exp.cells(f"{prefix}tune", order(experiment.grid(
       model=models, setting=range(len(settings_)))), select,
       expect=lambda cell: {"setting": settings_[cell["setting"]], **tag,
@@ -324,7 +326,7 @@ def tune(exp, models: Sequence[str], seeds: Sequence[int],
   def final(cell, key):
     setting = chosen[cell["model"]]
     return dict(run(cell["model"], cell["seed"], setting, key, False),
-                setting=setting, **tag)
+                setting=setting, seed=cell["seed"], **tag)
   ready = [m for m in models if m in chosen]
   runs = exp.cells(f"{prefix}tuned", order(experiment.grid(
       model=ready, seed=seeds)), final, expect=lambda cell: {
