@@ -222,6 +222,16 @@ def _config(mode: str):
   if saved is None:
     from hypermixer_jax.train import storage  # pylint: disable=g-import-not-at-top
     folder = storage.path(FLAGS.workdir)
+    exported = sorted(int(p.name) for p in folder.iterdir()
+                      if p.name.isdigit()) if folder.is_dir() else []
+    if mode == "train" and exported:
+      # Training there would write a run over the export (its config.json
+      # too) and ignore its parameters.
+      raise app.UsageError(
+          f"--workdir={FLAGS.workdir} is an exported folder (step(s) "
+          f"{exported}), not a run to resume: fine-tune from it with "
+          f"--config.init_checkpoint={FLAGS.workdir} and another --workdir "
+          "(evaluate or predict it with --workdir as it is).")
     if FLAGS.config is None and mode != "train" and folder.is_dir() and any(
         p.name.isdigit() for p in folder.iterdir()):
       raise app.UsageError(
@@ -266,8 +276,9 @@ def main(argv):
     if FLAGS.mode == "compile":
       from hypermixer_jax.train import compile as compile_lib  # pylint: disable=g-import-not-at-top
       hint = " (e.g. --topology=v5e:16x16); " + compile_lib.GPU_ANSWER
-    raise app.UsageError(
-        f"--mode={FLAGS.mode} needs {' and '.join(missing)}{hint}")
+    # One line, not absl's usage text above it.
+    sys.exit(f"Stopped: --mode={FLAGS.mode} needs "
+             f"{' and '.join(missing)}{hint}")
   try:
     if FLAGS.mode == "verify":   # reads no config
       run_mode(None)
@@ -282,6 +293,8 @@ def main(argv):
     run_mode(config)
   except FloatingPointError as e:
     sys.exit(f"Training stopped: {e}")
+  except app.UsageError as e:     # the workdir and flags do not fit together
+    sys.exit(f"Stopped: {e}")
   except Exception as e:  # pylint: disable=broad-except
     # Bad data, config, checkpoints or a busy workdir: the message says
     # what and where; a traceback would only bury it. Printed once (absl's

@@ -88,6 +88,15 @@ def test_main_modes_from_the_command_line(run, tmp_path):
   out = main(f"--workdir={tmp_path / 'p'}", "--mode=evaluate")
   assert out.returncode == 0, out.stderr[-3000:]
   assert f"mse={logged[4]['mse']:.5g}" in out.stdout
+  # Training into the export would write a run over it: one line.
+  out = main(f"--workdir={tmp_path / 'p'}", "--config=configs/default.py",
+             "--config.num_train_steps=2")
+  assert out.returncode == 1
+  assert out.stderr.splitlines()[-1] == (
+      f"Stopped: --workdir={tmp_path / 'p'} is an exported folder (step(s) "
+      f"[4]), not a run to resume: fine-tune from it with "
+      f"--config.init_checkpoint={tmp_path / 'p'} and another --workdir "
+      "(evaluate or predict it with --workdir as it is).")
   # An override that changes the parameters' shapes: one line, once.
   out = main(f"--workdir={run}", "--mode=evaluate",
              "--config.model.d_model=24")
@@ -110,7 +119,9 @@ def test_main_modes_from_the_command_line(run, tmp_path):
           "config.json; pass --config=FILE[:arg] of the run it was exported "
           "from") in out.stderr and out.returncode == 1
   out = main(f"--workdir={run}", "--mode=export")
-  assert out.returncode != 0 and "--mode=export needs --output" in out.stderr
+  assert out.returncode != 0
+  assert out.stderr.splitlines()[-1] == "Stopped: --mode=export needs --output."
+  assert "USAGE" not in out.stderr                    # no help text above
 
 
 def test_empty_workdir_is_named_as_having_no_checkpoint(tmp_path):

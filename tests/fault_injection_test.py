@@ -357,6 +357,9 @@ def test_predict_input_that_is_a_folder_or_not_text(tmp_path):
   with pytest.raises(DataError, match=f"^--input={tmp_path} is a folder; "
                      "pass a file"):
     artifacts._read_lines(str(tmp_path))
+  with pytest.raises(DataError, match=(
+      f"^--input={tmp_path / 'nope.txt'}: no such file; check the path")):
+    artifacts._read_lines(str(tmp_path / "nope.txt"))
   binary = tmp_path / "model.bin"
   binary.write_bytes(b"ok\r\nstill ok \xc3\xa9\n\x89PNG\x00\xff\n")
   with pytest.raises(DataError, match=(

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 
+import ml_collections
 import pytest
 
 from hypermixer_jax.train import config_checks
@@ -168,6 +169,30 @@ def test_a_given_config_file_fills_in_a_partial_saved_config(tmp_path):
           out.data.image_normalization, out.batch_size) == (
               2, True, "inception", 8)
   assert out.data.task == given.data.task == "imagenet_patches"
+
+
+def test_a_config_of_another_run_is_refused_not_merged(saved):
+  """--config of another job with a folder holding a run: the saved config
+  would replace its fields and resume that run, the given config's own
+  fields (its evaluators) merged in; refused, naming what differs."""
+  config, workdir = saved
+  path = workdir / "config.json"
+  # The same job (its own --config, other settings) resumes.
+  same = ml_collections.ConfigDict(config.to_dict())
+  same.eval_steps = 3
+  assert run_config.resolve(path, {}, given=same).model.d_model == 16
+  other = _load("default", "hypermixer")          # the synthetic task
+  with pytest.raises(run_config.ConfigFlagError, match=(
+      f"^--workdir={workdir} holds another run than --config \(data.task: "
+      "'glue_sst2' there, 'synthetic_pairs' in --config; model.family: "
+      "'text' there, 'continuous' in --config; model.head: 'classify' "
+      "there, 'regression' in --config\): resume it with --workdir alone")):
+    run_config.resolve(path, {}, given=other)
+  wider = ml_collections.ConfigDict(config.to_dict())   # same task, wider
+  wider.model.d_model = 32
+  with pytest.raises(run_config.ConfigFlagError,
+                     match="model.d_model: 16 there, 32 in --config"):
+    run_config.resolve(path, {}, given=wider)
 
 
 def test_export_folder_carries_its_vocabulary(saved, tmp_path):

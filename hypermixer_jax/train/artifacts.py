@@ -235,13 +235,23 @@ MODEL_KWARGS = heads.MODEL_KWARGS
 BLANK = "blank line"
 
 
+def _check_input(path: str) -> None:
+  """A predict input that is a folder or does not exist stops in one line."""
+  from hypermixer_jax.data.checks import DataError  # pylint: disable=g-import-not-at-top
+  kinds = ("(.txt one example a line, .tsv or .jsonl with the task's "
+           "columns)")
+  if epath.Path(path).is_dir():
+    raise DataError(f"--input={path} is a folder; pass a file {kinds}.")
+  if not epath.Path(path).exists():
+    raise DataError(f"--input={path}: no such file; check the path (a file "
+                    f"{kinds}).")
+
+
 def _read_lines(path: str) -> list[str]:
   """The lines of a predict input; a folder, or a line that is not UTF-8
   text, stops with the file (and line) like a bad training row."""
   from hypermixer_jax.data.checks import DataError  # pylint: disable=g-import-not-at-top
-  if epath.Path(path).is_dir():
-    raise DataError(f"--input={path} is a folder; pass a file (.txt one "
-                    "example a line, .tsv or .jsonl with the task's columns).")
+  _check_input(path)
   lines = epath.Path(path).read_bytes().split(b"\n")
   if lines[-1] == b"":
     lines.pop()
@@ -436,6 +446,7 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str,
         "of this checkpoint; use --mode=evaluate for its metrics.")
   if jax.process_index() != 0:
     return 0
+  _check_input(input_path)           # before the checkpoint is read
   mesh = sharding.build_mesh(config.mesh, devices=jax.local_devices())
   rules = sharding.get_rules(config.sharding)
   params, found = load_params(config, workdir, step, mesh, rules)

@@ -405,6 +405,7 @@ def resolve(saved_path: str | os.PathLike, overrides: Mapping[str, Any], *,
   else:
     saved = load(saved_path)
     base = given.to_dict()
+    _check_same_run(saved_path, saved, base)
     replaced = differences(base, _merge(base, saved))
     if replaced:
       logging.info("The saved config %s replaces %d field(s) of --config: %s",
@@ -435,6 +436,40 @@ def resolve(saved_path: str | os.PathLike, overrides: Mapping[str, Any], *,
   check_fits_checkpoints(config, epath.Path(saved_path).parent)
   config.lock()
   return config
+
+
+# What makes a saved run another job than a --config: its task and model
+# kind (the parameters' shapes: ``shape_fields``).
+RUN_FIELDS = ("data.task", "model.family", "model.head")
+
+
+def _check_same_run(saved_path, saved: Mapping, given: Mapping) -> None:
+  """Refuses a ``--config`` of another job than the folder's saved run:
+  another task, model family or head, or (a complete saved config) other
+  parameter shapes. The saved
+  config would otherwise replace the given one's fields and resume the
+  folder's run (the given config's own fields, e.g. its evaluators, merged
+  into it)."""
+  mine = _merge(_tuples(given), saved)
+  diff = differences(mine, given)
+  fields = [k for k in RUN_FIELDS if k in diff]
+  # A converted checkpoint's saved model alone is completed by --config:
+  # its shapes are its own.
+  complete = "num_train_steps" in saved and "task" in saved.get("data", {})
+  if not fields and complete:
+    try:
+      fields = shape_fields(mine, given)
+    except Exception:  # pylint: disable=broad-except
+      fields = [k for k in diff if k.startswith("model.")]  # cannot build
+  if not fields:
+    return
+  folder = os.fspath(epath.Path(saved_path).parent)
+  shown = "; ".join(f"{k}: {_show(diff[k][0])} there, {_show(diff[k][1])} in "
+                    "--config" for k in fields[:4] if k in diff)
+  raise ConfigFlagError(
+      f"--workdir={folder} holds another run than --config ({shown}): "
+      "resume it with --workdir alone (its saved config) or its own "
+      "--config, or train this one in another --workdir.")
 
 
 def write(config: ml_collections.ConfigDict | Mapping[str, Any],
