@@ -78,3 +78,17 @@ def test_a_mixer_swapped_under_another_mixers_options_stops_in_one_line(
   with pytest.raises(config_checks.ConfigError, match=r"^model: unknown "
                      r"block 'post_lm'; valid blocks: "):
     config_checks.check_model(config.model)
+
+
+def test_a_pseudo_attention_map_of_a_token_model_is_refused():
+  # Its Jacobian needs real inputs: on token ids it crashed after training.
+  configs = os.path.dirname(SMLP)
+  config = flag_configs.load(os.path.join(configs, "default.py"))
+  assert config_checks.problems(config) == []
+  text = flag_configs.load(os.path.join(configs, "c4_mlm.py") + ":hypermixer")
+  text.unlock()
+  text.evals = config.evals
+  assert config_checks.problems(text) == [
+      "evals.pseudo_attention: a pseudo_attention map needs a model of "
+      "continuous inputs (the synthetic task), not model.family='text'; use "
+      "a config without it"]

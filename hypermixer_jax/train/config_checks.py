@@ -138,6 +138,14 @@ def problems(config: ml_collections.ConfigDict) -> list[str]:
                f"grad_accum_steps={accum} (it counts micro-batches; the "
                f"last {steps % accum} would never be applied), e.g. "
                f"{steps // accum * accum or accum}")
+  family = flat.get("model.family")
+  for name, spec in (config.get("evals") or {}).items():
+    if (spec or {}).get("type") == "pseudo_attention" and (
+        family != "continuous"):
+      # Its Jacobian needs real-valued inputs; token ids are integers.
+      out.append(f"evals.{name}: a pseudo_attention map needs a model of "
+                 f"continuous inputs (the synthetic task), not "
+                 f"model.family={family!r}; use a config without it")
   if "decay" in flat:
     from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
     if flat["decay"] not in optim.DECAYS:
