@@ -114,6 +114,8 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "configs")
 
 FLAGS = flags.FLAGS
+# What JAX appends to an exception raised under tracing.
+JAX_NOTE = "\n--------------------\nFor simplicity, JAX has removed"
 flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics "
                     "(evaluate/predict: also an exported folder).")
 config_flags.DEFINE_config_file(
@@ -302,7 +304,9 @@ def main(argv):
     from hypermixer_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
     if not isinstance(e, workdir_lib.user_errors()):
       raise
-    sys.exit(f"Stopped: {e}")
+    # An error raised while JAX traces carries JAX's note on its filtered
+    # traceback after the message: the message alone.
+    sys.exit(f"Stopped: {str(e).split(JAX_NOTE)[0]}")
 
 
 def run():

@@ -388,3 +388,25 @@ def test_sparse_gating_unit_expert_parallel_equals_dense():
   want = (z1 * f) @ p["proj_out"]["dense"]["kernel"] + p["proj_out"][
       "dense"]["bias"]
   np.testing.assert_allclose(y0, want, rtol=1e-4, atol=1e-5)
+
+
+def test_experts_that_do_not_divide_over_the_mesh_name_the_fix():
+  # 8 devices on the expert axis for E experts: a configuration error that
+  # main.py stops with in one line (not a traceback), naming a mesh that fits.
+  from hypermixer_jax.models.moe import tmoe  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  x, _, seg = _inputs()
+  layer = MoeFeedForward(E, F, router="switch")
+  params = nn.unbox(layer.init(jax.random.key(2), x)["params"])
+  mesh = jax.make_mesh((1, 1, 1, 8), ("data", "fsdp", "tensor", "expert"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 4)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(RULES):
+    with pytest.raises(tmoe.ExpertMeshError, match=(
+        f"^expert parallelism: {E} experts must divide by the mesh's 'expert' "
+        rf"size 8, .*; pass --config.mesh.expert={E} \(a divisor of the "
+        "experts\\) or a batch that divides.")) as e:
+      jax.jit(lambda p, x: layer.apply({"params": p}, x, segment_ids=seg,
+                                       mutable=COLLECTIONS))(params, x)
+  assert isinstance(e.value, workdir_lib.user_errors())
+  # One line before the note JAX appends (main.py prints that line).
+  assert "\n" not in str(e.value).split("\n--------------------\n")[0]

@@ -5,6 +5,7 @@ with the reason. The parser, the batch search and the abstract batch need
 nothing but jax.
 """
 import importlib.util
+import os
 import pathlib
 import re
 
@@ -313,8 +314,9 @@ def test_collective_traffic_reads_each_group_form():
 
 
 def test_gpu_and_unknown_topologies_are_refused():
-  with pytest.raises(ValueError, match="GPU meshes cannot be compiled here"):
-    tc.topology_devices("gpu:8")
+  for gpu in ("gpu:8", "h100:8", "A100:2x4"):
+    with pytest.raises(ValueError, match="GPU meshes cannot be compiled here"):
+      tc.topology_devices(gpu)
   with pytest.raises(ValueError, match=r"generation 'v3' is not one of"):
     tc.topology_devices("v3:4x4")
 
@@ -564,3 +566,23 @@ def test_bad_shapes_and_batches_name_their_field():
   with pytest.raises(ValueError, match=(
       r"^batch_size=12: .* Set --config\.batch_size to a multiple of it\.")):
     tc.trace_train_step(c, devices_of("v5e:2x4"), 12)
+
+
+def test_describing_a_topology_prints_no_libtpu_start_up_noise():
+  # In a fresh process (libtpu starts once per process): without a TPU,
+  # libtpu's start-up warned about this host's TPU type and workers, with an
+  # INVALID_ARGUMENT line above every report.
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES")}
+  out = subprocess.run(
+      [sys.executable, "-c", "from hypermixer_jax.train import compile as tc;"
+       "print(len(tc.topology_devices('v5e:2x2')))"],
+      env=env, capture_output=True, text=True, timeout=300)
+  if out.returncode and "libtpu" in out.stderr:
+    pytest.skip("libtpu cannot describe TPU topologies here")
+  assert out.stdout.strip() == "4", out.stderr[-2000:]
+  for noise in ("INVALID_ARGUMENT", "host bounds", "TPU_WORKER_HOSTNAMES",
+                "Logging before InitGoogle"):
+    assert noise not in out.stderr, out.stderr[-2000:]

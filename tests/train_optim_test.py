@@ -37,6 +37,16 @@ def test_schedule_warmup_and_decay(decay):
     np.testing.assert_allclose(lrs[4:], 1.0)
 
 
+def test_with_accumulation_the_schedule_counts_updates():
+  # warmup_steps=4 updates, 28 micro-batches in 14 updates of 2: the same
+  # schedule as without accumulation, indexed by update (docs/training.md).
+  with_k = optim.make_schedule(_config(num_train_steps=28,
+                                       grad_accum_steps=2))
+  plain = optim.make_schedule(_config())
+  np.testing.assert_allclose([with_k(i) for i in range(15)],
+                             [plain(i) for i in range(15)], atol=1e-7)
+
+
 def test_unknown_decay_fails():
   with pytest.raises(ValueError, match="decay"):
     optim.make_schedule(_config(decay="exp"))

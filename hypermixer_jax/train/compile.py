@@ -142,7 +142,10 @@ def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
   """
   gen = topology.split(":")[0].lower()
   if gen not in CHIPS:
-    hint = GPU_ANSWER if gen in ("gpu", "cuda", "rocm") else (
+    gpu = gen in ("gpu", "cuda", "rocm") or re.match(
+        r"^(h100|h200|h20|b100|b200|gb200|a100|a10g?|l4|l40s?|v100|t4|mi\d+)",
+        gen)
+    hint = GPU_ANSWER if gpu else (
         "e.g. v4:2x2x1, v5e:4x4, v5p:2x2x2 or v6e:16x16")
     raise ValueError(f"--topology={topology!r}: generation {gen!r} is not "
                      f"one of {sorted(CHIPS)} ({hint}).")
@@ -150,6 +153,18 @@ def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
     raise ValueError(f"--num_slices={num_slices} must be >= 1.")
   # Several processes (pytest workers, a training job) may load libtpu.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  from hypermixer_jax import runtime  # pylint: disable=g-import-not-at-top
+  if not runtime._tpu_chips():  # pylint: disable=protected-access
+    # No TPU here: libtpu's start-up looks for this host's TPU type and
+    # workers and prints an error-looking warning per missing one (above a
+    # report that is fine). Described, as the topology asked for, they stay
+    # quiet; on a TPU VM the runtime's own values are left alone.
+    chips = math.prod(int(d) for d in re.findall(r"\d+", topology.split(
+        ":", 1)[-1])) if ":" in topology else 1
+    accel = {"v4": f"v4-{2 * chips}", "v5e": f"v5litepod-{chips}",
+             "v5p": f"v5p-{2 * chips}", "v6e": f"v6e-{chips}"}[gen]
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", accel)
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   kwargs = {"chip_config_name": "megacore"} if gen == "v4" else {}
   try:

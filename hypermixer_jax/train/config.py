@@ -49,7 +49,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eps = 1e-8
   c.clip_norm = 1.0            # <= 0: no clipping
   c.grad_accum_steps = 1       # effective batch = batch_size * this; every
-  # step count but warmup_steps then counts micro-batches (optim.py)
+  # step count then counts micro-batches, warmup_steps optimiser updates
+  # (the schedule's unit: optim.make_schedule)
 
   # Loop.
   c.num_train_steps = 1000

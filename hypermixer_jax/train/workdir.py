@@ -43,10 +43,11 @@ def user_errors() -> tuple[type[Exception], ...]:
   """Errors whose message is the whole story (main.py exits with it)."""
   from hypermixer_jax import data as data_lib  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.models.moe import tmoe  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import config_checks  # pylint: disable=g-import-not-at-top
   return (data_lib.DataError, config_checks.ConfigError,
           ckpt_lib.CheckpointError, WorkdirLocked, preflight.WorkdirError,
-          FileNotFoundError)
+          FileNotFoundError, tmoe.ExpertMeshError)
 
 
 def guard(config: ml_collections.ConfigDict, workdir: str, *,

@@ -88,6 +88,11 @@ def _group_axes(axis: str) -> tuple[str, ...]:
   return names if axis in names else names + (axis,)
 
 
+class ExpertMeshError(ValueError):
+  """The experts or the routing groups do not divide over the mesh: a
+  configuration error (``main.py`` stops with its one line)."""
+
+
 def apply_experts(expert_fn: Callable[..., Array], params: Any, xe: Array,
                   extras: Any = None, *, axis: str = EXPERT_AXIS) -> Array:
   """Runs ``expert_fn`` on dispatched slots, expert-parallel when possible.
@@ -115,10 +120,13 @@ def apply_experts(expert_fn: Callable[..., Array], params: Any, xe: Array,
   for a in gaxes:
     shards *= mesh.shape[a]
   if e % n or g % shards:
-    raise ValueError(
+    fits = [d for d in range(1, e + 1) if e % d == 0 and d < n] or [1]
+    raise ExpertMeshError(
         f"expert parallelism: {e} experts must divide by the mesh's '{axis}' "
         f"size {n}, and the {g} routing groups (batch rows) by the "
-        f"{shards} devices of mesh axes {gaxes}.")
+        f"{shards} devices of mesh axes {gaxes}; pass "
+        f"--config.mesh.{axis}={fits[-1]} (a divisor of the experts) or a "
+        "batch that divides.")
   gspec = jax.P(gaxes)
 
   def body(p, x, ex):
