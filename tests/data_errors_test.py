@@ -39,6 +39,27 @@ def test_missing_local_files(vocab, tmp_path):
     _build(cfg)
   with pytest.raises(ValueError, match="no entry for split 'validation'"):
     _build(_text_config(vocab, tmp_path), "validation")
+  # A configuration error main.py prints in one line (not a traceback).
+  from hypermixer_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(workdir_lib.user_errors()):
+    _build(_text_config(vocab, tmp_path), "validation")
+
+
+def test_local_files_of_no_data_are_named(vocab, tmp_path):
+  # An empty (or blank) file gave StopIteration at the first batch.
+  cfg = _text_config(vocab, tmp_path)
+  for name, text in (("empty.jsonl", ""), ("blank.jsonl", "\n  \n")):
+    (tmp_path / name).write_text(text)
+    cfg.local_files = {"train": str(tmp_path / name)}
+    with pytest.raises(data.DataError, match=(
+        f"^--config.data.local_files.train: {tmp_path / name} holds no line "
+        "of data \\(empty or blank\\); pass the file\\(s\\) of that split.$")):
+      _build(cfg)
+  # One file of data among empty ones reads.
+  (tmp_path / "one.jsonl").write_text('{"text": "a b c d"}\n')
+  cfg.local_files = {"train": f"{tmp_path / 'empty.jsonl'},"
+                              f"{tmp_path / 'one.jsonl'}"}
+  _build(cfg)
 
 
 def test_unreadable_vocabulary(vocab, tmp_path):

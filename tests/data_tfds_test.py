@@ -144,3 +144,41 @@ def test_image_normalization_inception_is_the_releases_scaling():
                      "'inception_v3'; choose from \\('imagenet', "
                      "'inception'\\)"):
     _first(cfg, "validation")
+
+
+def test_c4_from_the_real_tfds_directory(shared_data, tmp_path):
+  """The TFDS path on real records: the shared c4/en 3.0.1 shards under
+  ``data_dir/c4/en/3.0.1`` give the documents of their JSONL form,
+  tokenised; the shard folder itself as data_dir is named in one
+  line (TFDS's own error advised a download)."""
+  import json  # pylint: disable=g-import-not-at-top
+  import seqio  # pylint: disable=g-import-not-at-top
+  shards = shared_data / "c4" / "tfds_c4_en_3.0.1_minimal"
+  version = tmp_path / "c4" / "en" / "3.0.1"
+  version.mkdir(parents=True)
+  for f in shards.iterdir():
+    (version / f.name).symlink_to(f)
+  spm = str(shared_data / "t5_spm" / "sentencepiece.model")
+  cfg = data.default_data_config()
+  cfg.update(task="c4_lm", vocab_path=spm, seq_len=32, packing=False,
+             data_dir=str(tmp_path))
+  batch = next(iter(data.build_pipeline(cfg, "validation", batch_size=4,
+                                        seed=0, repeat=False, shuffle=False)))
+  lines = (shared_data / "c4" /
+           "c4_en_tfds_minimal_validation_200.jsonl").read_text().splitlines()
+  pieces = seqio.SentencePieceVocabulary(spm)
+  assert len(lines) == 200
+  # The first row starts a document of the file (TFDS interleaves the two
+  # shards, so which one is TFDS's order); a long document goes on in the
+  # next rows, cut at seq_len.
+  docs = [pieces.encode(json.loads(line)["text"]) + [1] for line in lines]
+  first = [d for d in docs if d[:32] == list(batch["targets"][0])]
+  assert len(first) == 1 and len(first[0]) > 64
+  np.testing.assert_array_equal(batch["targets"][1], first[0][32:64])
+  cfg.data_dir = str(shards)
+  with pytest.raises(data.DataError, match=(
+      f"^--config.data.data_dir={shards}: TFDS finds no prepared "
+      r"c4/en:3\.\*\.\* there \(it read .*\); point data_dir at the folder "
+      "that holds c4/en/<version>/")):
+    data.build_pipeline(cfg, "validation", batch_size=4, seed=0,
+                        repeat=False, shuffle=False)

@@ -226,8 +226,8 @@ def parse_jsonl(meta, number, line, fields):
                      json_unescape(value))
     checks.append(data_check(
         found, *where, ": no field ", " or ".join(map(repr, aliases)),
-        " (a string or integer) in this JSON line; each line must be a "
-        "flat JSON object."))
+        " (a string or integer) in this JSON line, or the line is not "
+        "valid JSON (cut short?); each line must be a flat JSON object."))
     out[feat] = value
   return out, where, checks
 

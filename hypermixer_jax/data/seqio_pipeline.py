@@ -67,30 +67,30 @@ def check_config(cfg: ml_collections.ConfigDict, split: str) -> None:
   name = cfg.task
   size = cfg.get("threadpool_size", 0)
   if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-    raise ValueError(
+    raise DataError(
         f"data.threadpool_size={size!r} must be an integer >= 0 (0 = the "
         "host's cores, at least 8); e.g. --config.data.threadpool_size=0.")
   if cfg.data_dir and not tf.io.gfile.isdir(cfg.data_dir):
     raise FileNotFoundError(f"data.data_dir={cfg.data_dir!r} does not exist.")
   layout = cfg.get("text_layout", "lines")
   if layout not in sources.TEXT_LAYOUTS:
-    raise ValueError(f"data.text_layout={layout!r}; valid layouts: "
+    raise DataError(f"data.text_layout={layout!r}; valid layouts: "
                      f"{', '.join(sources.TEXT_LAYOUTS)}.")
   files = config_lib.local_files(cfg)
   if files:
     if split not in files:
-      raise ValueError(
+      raise DataError(
           f"data.local_files has no entry for split {split!r} (has "
           f"{sorted(files)}); set --config.data.local_files.{split}=PATTERN.")
     sources.check_local_files({split: files[split]})
   if name == "imagenet_patches":
     if cfg.patch_size < 1 or cfg.image_size % cfg.patch_size:
-      raise ValueError(f"image_size={cfg.image_size} must be a positive "
+      raise DataError(f"image_size={cfg.image_size} must be a positive "
                        f"multiple of patch_size={cfg.patch_size}.")
     return
   minimum = tasks.MIN_SEQ_LEN[name]
   if cfg.seq_len < minimum:
-    raise ValueError(f"data.seq_len={cfg.seq_len} is below the minimum "
+    raise DataError(f"data.seq_len={cfg.seq_len} is below the minimum "
                      f"{minimum} for task {name!r}.")
   vocab_lib.check_vocab_path(cfg.vocab_path)
 

@@ -69,6 +69,26 @@ def check_local_files(split_to_pattern: Mapping[str, str]) -> None:
     if len({file_format(p) for p in pats}) > 1:
       raise ValueError(f"data.local_files.{split} = {patterns!r} mixes file "
                        "formats; use one of .jsonl, .tsv, .txt per split.")
+    files = seqio.utils.list_files(pats)
+    # (An empty TSV has its own message, naming the header it needs.)
+    if file_format(pats[0]) != "tsv" and not any(_has_text(f) for f in files):
+      raise DataError(
+          f"--config.data.local_files.{split}: {', '.join(files[:3])}"
+          f"{' ...' if len(files) > 3 else ''} "
+          f"{'holds' if len(files) == 1 else 'hold'} no line of data (empty "
+          "or blank); pass the file(s) of that split.")
+
+
+def _has_text(path: str, chunk: int = 1 << 16) -> bool:
+  """Whether a file holds anything but whitespace (read in chunks, up to
+  the first that does)."""
+  with tf.io.gfile.GFile(path, "rb") as f:
+    while True:
+      block = f.read(chunk)
+      if not block:
+        return False
+      if block.strip():
+        return True
 
 
 # format -> (open, parse, drop blank lines)
@@ -348,9 +368,31 @@ class _MultiFormatSource(seqio.DataSource):
     return self._sources[split].list_shards(split)
 
 
+def check_tfds_prepared(name: str, data_dir: str) -> None:
+  """``name`` (``c4/en:3.*.*``) is prepared under ``data_dir``: its
+  ``<data_dir>/<name>/<version>/`` folder holds the dataset's files."""
+  builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
+  folder = builder.data_dir
+  if tf.io.gfile.exists(f"{folder}/dataset_info.json"):
+    return
+  base = name.split(":")[0]
+  raise DataError(
+      f"--config.data.data_dir={data_dir}: TFDS finds no prepared {name} "
+      f"there (it read {folder}/); point data_dir at the folder that holds "
+      f"{base}/<version>/ with the dataset's dataset_info.json and shards "
+      "(a folder of those files alone, as tfds.builder_from_directory reads, "
+      f"goes under {base}/<version>/), or use "
+      "--config.data.local_files.* instead.")
+
+
 def tfds_source(name: str, data_dir: str | None,
                 splits: Mapping[str, str], decoders=None) -> seqio.TfdsDataSource:
-  """A read-only TFDS source (never triggers a download)."""
+  """A read-only TFDS source (never triggers a download). With
+  ``data_dir``, a dataset TFDS cannot find prepared there stops in one line
+  naming the folder it looked in (TFDS's own error, later, advises a
+  download)."""
+  if data_dir:
+    check_tfds_prepared(name, data_dir)
   return seqio.TfdsDataSource(tfds_name=name, tfds_data_dir=data_dir,
                               splits=dict(splits), decoders=decoders,
                               read_only=True)
