@@ -267,6 +267,20 @@ class HarnessTest(absltest.TestCase):
     self.assertEqual(experiment.small_vocab(out, text, ("text",), 60), vocab)
     self.assertEqual(os.path.getmtime(vocab["path"]), mtime)
 
+  def test_a_stale_working_vocabulary_gives_way_to_the_recorded_one(self):
+    out = tempfile.mkdtemp()
+    text = os.path.join(out, "train.txt")
+    pathlib.Path(text).write_text("\n".join(testing.sentences(300)) + "\n")
+    store = os.path.join(out, "store")
+    vocab = experiment.small_vocab(out, text, ("text",), size=60,
+                                   store_dir=store)
+    good = pathlib.Path(vocab["path"]).read_bytes()
+    pathlib.Path(vocab["path"]).write_bytes(b"another vocabulary")
+    again = experiment.small_vocab(out, text, ("text",), size=60,
+                                   store_dir=store, digest=vocab["sha256"])
+    self.assertEqual(again["sha256"], vocab["sha256"])
+    self.assertEqual(pathlib.Path(vocab["path"]).read_bytes(), good)
+
   def test_pipeline_arrays_hold_every_row_once(self):
     from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
     tmp = tempfile.mkdtemp()

@@ -76,6 +76,11 @@ def small_vocab(out: os.PathLike | str, patterns: str | Sequence[str],
   from hypermixer_jax.data import train_vocab  # pylint: disable=g-import-not-at-top
   prefix = pathlib.Path(out) / "vocab" / f"spm{size}"
   model = prefix.with_suffix(".model")
+  if (model.exists() and store_dir and digest
+      and file_digest(model) != digest):
+    # A working copy of another vocabulary (a copied or older folder): the
+    # recorded one, from the store, replaces it.
+    restore(digest, store_dir, model)
   if not model.exists() and not (
       store_dir and digest and restore(digest, store_dir, model)):
     prefix.parent.mkdir(parents=True, exist_ok=True)
