@@ -8,21 +8,15 @@ with tied hypernetworks d'=768, self-attention and linear attention with 4
 heads, MLP-Mixer's token MLP D_S=512, gMLP's spatial gating unit d_ffn=512,
 FNet's Fourier transform), alone, on one example ``[1, N, d]``:
 
-* wall time: the module's forward pass under ``jax.jit``, compiled once;
-  at each N every mixer and a 1024 x 1024 float32 matmul (the machine's
-  ceiling at that moment) are timed in interleaved rounds
-  (``experiment.bench.interleave``: ceiling, each mixer, ..., ceiling), so
-  that the mixers' times at one N are compared under the same load; the
-  median over the rounds is reported, with each mixer's FLOP/s as a
-  fraction of the ceiling of its neighbouring rounds (``of_ceiling``);
-* FLOPs: XLA's count for the compiled forward (``compiled.cost_analysis()``),
-  not a formula, so it is what the backend was asked to compute (attention's
-  from its materialised form: the CPU's block-wise scan is counted once per
-  body by XLA);
-* the growth exponent of each: the slope of log(cost) against log(N) fitted
-  over the upper half of the lengths (2 for quadratic, 1 for linear); time
-  in units of its rounds' ceiling (seconds x ceiling FLOP/s), since two
-  lengths are timed at different moments.
+* wall time: the jitted forward, compiled once; at each N every mixer and
+  a 1024 x 1024 float32 matmul (the machine's ceiling at that moment) timed
+  in the same interleaved rounds (``bench.against_ceiling``), the median
+  round reported, with the mixer's FLOP/s as a fraction of the ceiling;
+* FLOPs: XLA's count for the compiled forward (attention's on its
+  materialised form: XLA counts the CPU's block-wise scan body once);
+* the growth exponent: the log-log slope over the upper half of the lengths
+  (time in units of its rounds' ceiling: lengths are timed at different
+  moments).
 
 MLP-Mixer's and gMLP's token mixers have weights per position, so each N
 gets a module built for that N (``max_len=N``). A length whose compiled
@@ -41,8 +35,6 @@ and FLOPs against N, log-log) into ``--out``.
 """
 from __future__ import annotations
 
-import dataclasses
-import statistics
 import time
 from typing import Sequence
 
@@ -76,20 +68,7 @@ PAPER_CLAIM = (
 
 def mixer_module(mixer: str, n: int):
   """``(module, d)``: the token mixer of zoo ``glue_<mixer>`` for length n."""
-  cfg = models.get_model_config(f"glue_{mixer}")
-  cls = zoo.mixer_class(cfg.mixer)
-  fields = {f.name for f in dataclasses.fields(cls)}
-  kwargs = dict(cfg.mixer_kwargs)
-  if "max_len" in fields:
-    kwargs["max_len"] = n
-  return cls(**kwargs), int(cfg.d_model)
-
-
-def _cost(compiled) -> dict:
-  cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):  # older JAX: one dict per computation
-    cost = cost[0] if cost else {}
-  return dict(cost or {})
+  return zoo.token_mixer(f"glue_{mixer}", n)
 
 
 def _counted_module(module):
@@ -118,7 +97,7 @@ def prepare(mixer: str, n: int, *, max_gib: float = 8.0, seed: int = 0
   compiled = fwd.lower(params, x).compile()
   compile_s = time.perf_counter() - t0
   need = experiment.compiled_bytes(compiled)
-  cost = _cost(compiled if counted is module else jax.jit(
+  cost = bench.xla_cost(compiled if counted is module else jax.jit(
       counted.apply).lower(params, x).compile())
   out = dict(mixer=mixer, n=n, d=d, flops=float(cost.get("flops", np.nan)),
              bytes_accessed=float(cost.get("bytes accessed", np.nan)),
@@ -138,41 +117,21 @@ def measure_length(mixers: Sequence[str], n: int, *, rounds: int,
                    min_seconds: float, max_gib: float = 8.0
                    ) -> dict[str, dict]:
   """``{mixer: record}`` at length ``n``: every mixer and the matmul
-  ceiling timed in the same interleaved rounds (``bench.interleave``)."""
+  ceiling timed in the same interleaved rounds (``bench.against_ceiling``)."""
   t0 = time.perf_counter()
   prepared = {m: prepare(m, n, max_gib=max_gib) for m in mixers}
-  workloads = {m: bench.Timed(call, flops=out["flops"],
-                              min_seconds=min_seconds)
-               for m, (out, call) in prepared.items() if call is not None}
   records = {m: out for m, (out, _) in prepared.items()}
-  if not workloads:
-    return records
-  ceiling, ceiling_flops = bench.ceiling_timer(n=1024,
-                                               min_seconds=min_seconds)
-  ceil_times, times = bench.interleave(ceiling, workloads, rounds)
-  for m, t in times.items():
-    s = bench.summarize(ceil_times, ceiling_flops, t, records[m]["flops"])
-    records[m].update(time_s=s.median_s, time_min_s=s.min_s, repeats=rounds,
-                      calls_per_round=workloads[m].inner,
-                      of_ceiling=s.mfu_paired,
-                      ceiling_flops_s=s.ceiling_median, timed=TIMED)
-  for r in records.values():
+  timed = bench.against_ceiling(
+      {m: (call, out["flops"]) for m, (out, call) in prepared.items()
+       if call is not None}, rounds, min_seconds)
+  for m, r in records.items():
+    r.update(timed.get(m, {}), **({"timed": TIMED} if m in timed else {}))
     # The whole length's compiles and rounds, shared by its mixers.
     r["wall_s"] = time.perf_counter() - t0
   return records
 
 
-def growth_exponent(ns: Sequence[int], values: Sequence[float]) -> float:
-  """Slope of log(value) against log(N) over the upper half of the lengths."""
-  pts = sorted((n, v) for n, v in zip(ns, values)
-               if v is not None and np.isfinite(v) and v > 0)
-  if len(pts) < 2:
-    return float("nan")
-  upper = [p for p in pts if p[0] >= np.median([q[0] for q in pts])]
-  if len(upper) < 2:
-    upper = pts[-2:]
-  x, y = np.log([p[0] for p in upper]), np.log([p[1] for p in upper])
-  return float(np.polyfit(x, y, 1)[0])
+growth_exponent = bench.loglog_slope
 
 
 def run(exp: experiment.Experiment, *, lengths: Sequence[int],
@@ -202,7 +161,14 @@ def run(exp: experiment.Experiment, *, lengths: Sequence[int],
   exp.save(exponents=exponents, lengths=lengths, mixers=list(mixers),
            device=str(jax.devices()[0].device_kind),
            backend=jax.default_backend())
+  _write_table(exp, lengths, mixers, series, exponents, rounds)
+  _plot(exp, series, mixers)
+  return exponents
 
+
+def _write_table(exp, lengths, mixers, series, exponents, rounds) -> None:
+  """``table.md``: times (and the rounds' ceiling) and FLOPs per N, with
+  attention against HyperMixer."""
   def cell(r, key, scale):
     v = r.get(key)
     return "—" if v is None or not np.isfinite(v) else f"{v * scale:.3g}"
@@ -211,9 +177,9 @@ def run(exp: experiment.Experiment, *, lengths: Sequence[int],
   time_rows = [[LABELS[m]] + [cell(r, "time_s", 1e3) for r in series[m]]
                + [f"{exponents[m]['time']:.2f}"] for m in mixers]
   # The machine's matmul FLOP/s in the same rounds, per N.
-  ceilings = [next((r["ceiling_flops_s"] for m in mixers
-                    for r in [exp.runs[f"{m}/n{n}"]]
-                    if "ceiling_flops_s" in r), None) for n in lengths]
+  ceilings = [next((exp.runs[f"{m}/n{n}"]["ceiling_flops_s"] for m in mixers
+                    if "ceiling_flops_s" in exp.runs[f"{m}/n{n}"]), None)
+              for n in lengths]
   time_rows.append(["matmul ceiling (GFLOP/s)"] + [
       "—" if c is None else f"{c / 1e9:.3g}" for c in ceilings] + [""])
   flop_rows = [[LABELS[m]] + [cell(r, "flops", 1e-6) for r in series[m]]
@@ -239,8 +205,6 @@ def run(exp: experiment.Experiment, *, lengths: Sequence[int],
       "(time in units of its rounds' matmul ceiling). "
       "— : skipped (memory). " + PAPER_CLAIM)
   exp.write_table("Token-mixing cost against sequence length", table, notes)
-  _plot(exp, series, mixers)
-  return exponents
 
 
 def _ratio(a, b) -> str:

@@ -151,12 +151,17 @@ def epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
   get_dataset = tf.autograph.experimental.do_not_convert(task.get_dataset)
 
   def make_epoch(epoch: int) -> tf.data.Dataset:
-    ds = get_dataset(
-        sequence_length=lengths and {k: v for k, v in lengths.items()
-                                     if k != "label"}, split=split, shuffle=shuffle,
-        shuffle_buffer_size=cfg.shuffle_buffer_size,
-        seed=epoch_seed(seed, epoch), shard_info=shard_info, num_epochs=1,
-        try_in_mem_cache=False)
+    try:
+      ds = get_dataset(
+          sequence_length=lengths and {k: v for k, v in lengths.items()
+                                       if k != "label"}, split=split,
+          shuffle=shuffle, shuffle_buffer_size=cfg.shuffle_buffer_size,
+          seed=epoch_seed(seed, epoch), shard_info=shard_info, num_epochs=1,
+          try_in_mem_cache=False)
+    except AssertionError as e:   # TFDS's: the dataset is not prepared there
+      if "could not find data" not in str(e):
+        raise
+      raise sources.tfds_not_prepared(cfg.data_dir, task.source) from None
     if converter is not None:
       ds = converter(ds, lengths)
     ds = ds.batch(batch_size, drop_remainder=repeat,

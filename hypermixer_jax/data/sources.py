@@ -23,7 +23,7 @@ bad row's message out of the graph: it stops the pipeline with a
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import seqio
@@ -368,17 +368,21 @@ class _MultiFormatSource(seqio.DataSource):
     return self._sources[split].list_shards(split)
 
 
-def check_tfds_prepared(name: str, data_dir: str) -> None:
-  """``name`` (``c4/en:3.*.*``) is prepared under ``data_dir``: its
-  ``<data_dir>/<name>/<version>/`` folder holds the dataset's files."""
-  builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
-  folder = builder.data_dir
-  if tf.io.gfile.exists(f"{folder}/dataset_info.json"):
-    return
+def tfds_not_prepared(data_dir: str | None, source: Any) -> DataError:
+  """TFDS's "could not find data in ..." (which advises a download, and
+  which this read-only source never does) as one line naming the folder
+  TFDS reads, ``<data_dir>/<name>/<version>/``, from the task's
+  ``seqio.TfdsDataSource``."""
+  loader = getattr(source, "tfds_dataset", None)
+  name = getattr(loader, "name", "the dataset")
   base = name.split(":")[0]
-  raise DataError(
+  try:
+    folder = f" (it read {loader.builder.data_dir}/)"
+  except Exception:  # pylint: disable=broad-except
+    folder = ""
+  return DataError(
       f"--config.data.data_dir={data_dir}: TFDS finds no prepared {name} "
-      f"there (it read {folder}/); point data_dir at the folder that holds "
+      f"there{folder}; point data_dir at the folder that holds "
       f"{base}/<version>/ with the dataset's dataset_info.json and shards "
       "(a folder of those files alone, as tfds.builder_from_directory reads, "
       f"goes under {base}/<version>/), or use "
@@ -387,12 +391,8 @@ def check_tfds_prepared(name: str, data_dir: str) -> None:
 
 def tfds_source(name: str, data_dir: str | None,
                 splits: Mapping[str, str], decoders=None) -> seqio.TfdsDataSource:
-  """A read-only TFDS source (never triggers a download). With
-  ``data_dir``, a dataset TFDS cannot find prepared there stops in one line
-  naming the folder it looked in (TFDS's own error, later, advises a
-  download)."""
-  if data_dir:
-    check_tfds_prepared(name, data_dir)
+  """A read-only TFDS source (never triggers a download; a dataset TFDS
+  cannot find prepared: ``tfds_not_prepared``)."""
   return seqio.TfdsDataSource(tfds_name=name, tfds_data_dir=data_dir,
                               splits=dict(splits), decoders=decoders,
                               read_only=True)

@@ -214,6 +214,43 @@ def ceiling_timer(dtype=jnp.float32, n: int = 2048, min_seconds: float = 0.5
                min_seconds=min_seconds), 2.0 * n ** 3
 
 
+def against_ceiling(workloads: Mapping[str, tuple[Callable[[], Any], float]],
+                    rounds: int, min_seconds: float, n: int = 1024
+                    ) -> dict[str, dict[str, float]]:
+  """Each ``name: (call, flops)`` timed in the same interleaved rounds as an
+  ``n x n`` float32 matmul (the machine's ceiling at that moment): per name
+  the median and least seconds per call, its FLOP/s as a fraction of the
+  neighbouring ceiling rounds (``Summary.mfu_paired``), the ceiling's median
+  FLOP/s and the calls per round."""
+  timed = {k: Timed(call, flops=flops, min_seconds=min_seconds)
+           for k, (call, flops) in workloads.items()}
+  ceiling, ceiling_flops = ceiling_timer(n=n, min_seconds=min_seconds)
+  ceil_times, times = interleave(ceiling, timed, rounds)
+  out = {}
+  for k, t in times.items():
+    s = summarize(ceil_times, ceiling_flops, t, workloads[k][1])
+    out[k] = dict(time_s=s.median_s, time_min_s=s.min_s, repeats=rounds,
+                  calls_per_round=timed[k].inner, of_ceiling=s.mfu_paired,
+                  ceiling_flops_s=s.ceiling_median)
+  return out
+
+
+def loglog_slope(ns: Sequence[float], values: Sequence[float | None]
+                 ) -> float:
+  """Slope of log(value) against log(N) over the upper half of the ``ns``
+  (2 for quadratic growth, 1 for linear); missing or non-positive values
+  are left out; NaN with fewer than two points."""
+  pts = sorted((n, v) for n, v in zip(ns, values)
+               if v is not None and np.isfinite(v) and v > 0)
+  if len(pts) < 2:
+    return float("nan")
+  upper = [p for p in pts if p[0] >= np.median([q[0] for q in pts])]
+  if len(upper) < 2:
+    upper = pts[-2:]
+  x, y = np.log([p[0] for p in upper]), np.log([p[1] for p in upper])
+  return float(np.polyfit(x, y, 1)[0])
+
+
 def train_step(model_cfg, batch: Mapping[str, np.ndarray], mesh, rules,
                tx=None, *, config=None):
   """The library's train step of ``model_cfg`` on ``mesh``, compiled for the
@@ -255,6 +292,15 @@ def time_steps(step, state, batch, rng, n: int, warmup: int = 2) -> float:
     state, metrics = step(state, batch, rng)
   jax.block_until_ready(metrics)
   return (time.perf_counter() - t0) / n
+
+
+def xla_cost(compiled) -> dict[str, float]:
+  """XLA's cost analysis of a compiled executable as one dict (older JAX
+  gave one per computation: the first)."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return dict(cost or {})
 
 
 def xla_flops(compiled) -> float:

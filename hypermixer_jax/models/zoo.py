@@ -290,6 +290,18 @@ def causal_mixer_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
   return registry.causal_mixer_kwargs(cfg["mixer"]) if "mixer" in cfg else {}
 
 
+def token_mixer(name: str, length: int) -> tuple[nn.Module, int]:
+  """``(module, d_model)``: the token mixer of zoo config ``name`` alone,
+  built for rows of ``length`` tokens (a mixer with weights per position
+  takes ``max_len=length``)."""
+  cfg = get_model_config(name)
+  cls = mixer_class(cfg.mixer)
+  kwargs = dict(cfg.mixer_kwargs)
+  if "max_len" in {f.name for f in dataclasses.fields(cls)}:
+    kwargs["max_len"] = length
+  return cls(**kwargs), int(cfg.d_model)
+
+
 def dummy_inputs(config: Mapping[str, Any], batch: int = 1,
                  length: int | None = None) -> jax.Array | jax.ShapeDtypeStruct:
   """Abstract inputs of the right shape and dtype for ``config``."""
