@@ -243,7 +243,7 @@ def test_unreadable_npz_stops_in_one_line(tmp_path, npz, keep):
 
 
 def test_zoo_checkpoint_adapted_for_fine_tuning_at_another_resolution(
-    npz, tmp_path):
+    npz, tmp_path, capsys):
   """Our own Mixer checkpoint (here: the imported one, saved by us) adapted
   to twice the grid loads into the larger model through init_checkpoint's
   loader and gives the exact upsampled-grid logits (nearest resize)."""
@@ -256,6 +256,11 @@ def test_zoo_checkpoint_adapted_for_fine_tuning_at_another_resolution(
                        "--image_size", str(2 * SIDE * P), "--patch_size",
                        str(P), "--method", "nearest",
                        "--output", str(tmp_path / "big")])
+  # The flags to paste read the images at the new size too.
+  assert (f"--config.model.max_len={4 * N} --config.data.image_size="
+          f"{2 * SIDE * P} --config.data.patch_size={P} "
+          f"--config.init_checkpoint={tmp_path / 'big'}") in (
+              capsys.readouterr().out)
   big_cfg = cfg.copy_and_resolve_references()
   big_cfg.max_len = 4 * N
   fresh = nn.unbox(jax.jit(models.build_model(big_cfg).init)(

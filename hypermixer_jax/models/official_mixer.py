@@ -449,7 +449,9 @@ def main(argv=None) -> None:
       n = adapt_checkpoint(a.checkpoint, a.output, a.image_size, a.patch_size,
                            method=a.method)
       print(f"wrote {a.output}: token mixing for {n} patches; fine-tune with\n"
-            f"  --config.model.max_len={n} --config.init_checkpoint={a.output}")
+            f"  --config.model.max_len={n} --config.data.image_size="
+            f"{a.image_size} --config.data.patch_size={a.patch_size} "
+            f"--config.init_checkpoint={a.output}")
       return
     cfg, params = import_checkpoint(a.npz, image_size=a.image_size or None,
                                     num_classes=a.num_classes,
