@@ -114,8 +114,6 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "configs")
 
 FLAGS = flags.FLAGS
-# What JAX appends to an exception raised under tracing.
-JAX_NOTE = "\n--------------------\nFor simplicity, JAX has removed"
 flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics "
                     "(evaluate/predict: also an exported folder).")
 config_flags.DEFINE_config_file(
@@ -304,9 +302,7 @@ def main(argv):
     from hypermixer_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
     if not isinstance(e, workdir_lib.user_errors()):
       raise
-    # An error raised while JAX traces carries JAX's note on its filtered
-    # traceback after the message: the message alone.
-    sys.exit(f"Stopped: {str(e).split(JAX_NOTE)[0]}")
+    sys.exit(f"Stopped: {e}")
 
 
 def run():

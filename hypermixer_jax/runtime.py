@@ -154,19 +154,21 @@ def _tasks_on_this_node() -> int | None:
 
 def slurm_local_devices() -> list[int] | None:
   """The GPUs a SLURM task takes: None (JAX's SLURM detection gives each
-  task GPU ``SLURM_LOCALID``: one task per GPU, each seeing all), the one
-  GPU a task sees where srun binds one to each (``--gpus-per-task=1``: it is
-  GPU 0 to the task), or every GPU the task sees where it is the node's only
-  task (``srun --ntasks-per-node=1``), which would otherwise train on GPU 0
-  alone. A node with fewer tasks than GPUs
+  task GPU ``SLURM_LOCALID``: one task per GPU, each seeing all), the GPUs
+  a task sees where srun binds some to each (``--gpus-per-task=k``: they are
+  0..k-1 to the task), or every GPU the task sees where it is the node's
+  only task (``srun --ntasks-per-node=1``), which would otherwise train on
+  GPU 0 alone. A node with fewer tasks than GPUs
   (more than one each) is refused in one line: its other GPUs would idle."""
   tasks = _tasks_on_this_node()
   visible = os.environ.get("CUDA_VISIBLE_DEVICES",
                            os.environ.get("ROCR_VISIBLE_DEVICES"))
-  gpus = (len([d for d in visible.split(",") if d.strip()]) if visible
-          else int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0))
-  if visible and gpus == 1 and (tasks or 0) > 1:
-    return [0]     # bound to one GPU each (--gpus-per-task=1): its own
+  seen = len([d for d in visible.split(",") if d.strip()]) if visible else 0
+  node = int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0)
+  if seen and (tasks or 0) > 1 and (seen == 1 or seen < node):
+    # Bound to its own GPUs (--gpus-per-task=k): numbered 0..k-1 to it.
+    return list(range(seen))
+  gpus = node or seen
   if tasks is None or gpus <= 1 or tasks >= gpus:
     return None
   if tasks == 1:

@@ -6,6 +6,7 @@ import io
 import itertools
 import json
 import os
+import time
 import pathlib
 import sys
 import tempfile
@@ -177,6 +178,12 @@ class HarnessTest(absltest.TestCase):
     claim.write_text("")                          # being written: kept too
     exp._take_over(claim, 4194400)
     self.assertTrue(claim.exists())
+    exp._take_over(claim, 0)                      # even if seen empty before
+    self.assertTrue(claim.exists())
+    os.utime(claim, (time.time() - 120,) * 2)     # empty and old: stale
+    exp._take_over(claim, 0)
+    self.assertFalse(claim.exists())
+    claim.write_text("")
     claim.write_text("4194400")                   # still the dead one's
     exp._take_over(claim, 4194400)
     self.assertFalse(claim.exists())

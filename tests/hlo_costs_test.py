@@ -268,3 +268,52 @@ ENTRY %main (a: f32[1024,1024]) -> f32[1024,1024] {
       "(f32[1024,1024]{1,0}, f32[1024,1024]{1,0}, u32",
       "(f32[1024,1024]{1,0}, f32[1024,1024]{1,0:S(1)}, u32")
   assert hc.traffic(on_chip).hbm_bytes == 4 * MIB
+
+
+FUSED_BRANCH_HLO = """HloModule c
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused (f: f32[1024,1024]) -> f32[] {
+  %f = f32[1024,1024]{1,0} parameter(0)
+  %e1 = f32[1024,1024]{1,0} exponential(%f)
+  %e2 = f32[1024,1024]{1,0} log(%e1)
+  %e3 = f32[1024,1024]{1,0} tanh(%e2)
+  %e4 = f32[1024,1024]{1,0} negate(%e3)
+  %z = f32[] constant(0)
+  ROOT %r = f32[] reduce(%e4, %z), dimensions={0,1}, to_apply=%add
+}
+
+%reduce_branch (t: f32[1024,1024]) -> f32[] {
+  %t = f32[1024,1024]{1,0} parameter(0)
+  ROOT %fu = f32[] fusion(%t), kind=kLoop, calls=%fused
+}
+
+%copy_branch (u: f32[1024,1024]) -> f32[] {
+  %u = f32[1024,1024]{1,0} parameter(0)
+  %c1 = f32[1024,1024]{1,0} copy(%u)
+  %c2 = f32[1024,1024]{1,0} copy(%c1)
+  %c3 = f32[1024,1024]{1,0} copy(%c2)
+  ROOT %sl = f32[] constant(0)
+}
+
+ENTRY %main (p: s32[], x: f32[1024,1024]) -> f32[] {
+  %p = s32[] parameter(0)
+  %x = f32[1024,1024]{1,0} parameter(1)
+  ROOT %r = f32[] conditional(%p, %x, %x), branch_computations={%reduce_branch, %copy_branch}
+}
+"""
+
+
+def test_a_branch_is_weighed_by_its_traffic_not_its_fused_body():
+  # The reduce branch's fusion has a long body but moves one matrix in (and
+  # a scalar out); the copy branch moves six. The weighing counts a
+  # fusion's bytes at its instruction, as the traffic does.
+  m = 1024 * 1024 * 4
+  times, _ = hc.loop_multipliers(FUSED_BRANCH_HLO)
+  assert "copy_branch" in times and "reduce_branch" not in times
+  assert hc.traffic(FUSED_BRANCH_HLO).hbm_bytes == 6 * m

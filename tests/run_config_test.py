@@ -172,9 +172,10 @@ def test_a_given_config_file_fills_in_a_partial_saved_config(tmp_path):
 
 
 def test_a_config_of_another_run_is_refused_not_merged(saved):
-  """--config of another job with a folder holding a run: the saved config
-  would replace its fields and resume that run, the given config's own
-  fields (its evaluators) merged in; refused, naming what differs."""
+  """--config of another job (task, model kind) with a folder holding a
+  run: the saved config would replace its fields and resume that run, the
+  given config's own fields (its evaluators) merged in; refused, naming
+  what differs."""
   config, workdir = saved
   path = workdir / "config.json"
   # The same job (its own --config, other settings) resumes.
@@ -188,11 +189,16 @@ def test_a_config_of_another_run_is_refused_not_merged(saved):
       "'text' there, 'continuous' in --config; model.head: 'classify' "
       "there, 'regression' in --config\): resume it with --workdir alone")):
     run_config.resolve(path, {}, given=other)
-  wider = ml_collections.ConfigDict(config.to_dict())   # same task, wider
+  # The same job at other shapes (a fine-tune's adopted from its
+  # init_checkpoint, an override the first command had): the saved win.
+  wider = ml_collections.ConfigDict(config.to_dict())
   wider.model.d_model = 32
+  assert run_config.resolve(path, {}, given=wider).model.d_model == 16
+  mixer = ml_collections.ConfigDict(config.to_dict())  # another model
+  mixer.model.mixer = "attention"
   with pytest.raises(run_config.ConfigFlagError,
-                     match="model.d_model: 16 there, 32 in --config"):
-    run_config.resolve(path, {}, given=wider)
+                     match="model.mixer: 'hypermixer' there, 'attention'"):
+    run_config.resolve(path, {}, given=mixer)
 
 
 def test_export_folder_carries_its_vocabulary(saved, tmp_path):

@@ -105,6 +105,11 @@ def test_slurm_is_detected_with_several_tasks(monkeypatch):
           CUDA_VISIBLE_DEVICES="0,1,2,3"), [0, 1, 2, 3]),
     # srun --gpus-per-task=1: each task sees its own GPU as GPU 0.
     (dict(SLURM_STEP_TASKS_PER_NODE="4", CUDA_VISIBLE_DEVICES="2"), [0]),
+    # --gpus-per-task=2 on 8: each task its own two, numbered 0 and 1.
+    (dict(SLURM_STEP_TASKS_PER_NODE="4(x2)", CUDA_VISIBLE_DEVICES="4,5",
+          SLURM_GPUS_ON_NODE="8"), [0, 1]),
+    (dict(SLURM_STEP_TASKS_PER_NODE="2", CUDA_VISIBLE_DEVICES="4,5,6,7",
+          SLURM_GPUS_ON_NODE="8"), [0, 1, 2, 3]),
     # Uneven nodes: node 1 runs 2 tasks of its 4 GPUs.
     (dict(SLURM_STEP_TASKS_PER_NODE="4,2", SLURM_NODEID="1",
           SLURM_GPUS_ON_NODE="4"), "runs 2 tasks on this node, which has 4"),

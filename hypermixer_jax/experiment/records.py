@@ -160,9 +160,12 @@ class Experiment:
     with self._locked():
       try:
         now = int(path.read_text() or 0)
+        age = time.time() - path.stat().st_mtime
       except (OSError, ValueError):
         return
-      if now == dead:
+      # An empty claim is stale only when old: a fresh one is another
+      # process between creating it and writing its PID.
+      if now == dead and (dead or age >= 60):
         path.unlink(missing_ok=True)
 
   def _claim_path(self, key: str) -> pathlib.Path:

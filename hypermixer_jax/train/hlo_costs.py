@@ -231,8 +231,15 @@ def _own_costs(mod: Module, weigh: str) -> dict[str, float]:
     raise ValueError(f"weigh={weigh!r}: one of {WEIGHTS}.")
   out = {}
   f = _Fused(mod)
+  # A fusion's bytes are its instruction's in the computation that calls
+  # it (as ``traffic`` counts them), not its fused body's.
+  fused = {c for body in mod.comps.values() for i in body
+           for k, c in _CALLEE.findall(i.attrs)
+           if k in ("calls", "to_apply") and i.opcode != "call"}
   for name, body in mod.comps.items():
-    if weigh == "traffic":
+    if name in fused:
+      out[name] = 0.0
+    elif weigh == "traffic":
       out[name] = float(sum(_instr_traffic(mod, f, i)[0] for i in body))
     else:
       out[name] = float(sum(

@@ -438,34 +438,26 @@ def resolve(saved_path: str | os.PathLike, overrides: Mapping[str, Any], *,
   return config
 
 
-# What makes a saved run another job than a --config: its task and model
-# kind (the parameters' shapes: ``shape_fields``).
-RUN_FIELDS = ("data.task", "model.family", "model.head")
+# What makes a saved run another job than a --config: its task and the
+# kind of model (the shapes may differ for a run of the same job: a
+# fine-tune's adopted from its init_checkpoint, an export's vocabulary copy,
+# an override of the first command; the saved values then win, logged).
+RUN_FIELDS = ("data.task", "model.family", "model.head", "model.mixer",
+              "model.block")
 
 
 def _check_same_run(saved_path, saved: Mapping, given: Mapping) -> None:
-  """Refuses a ``--config`` of another job than the folder's saved run:
-  another task, model family or head, or (a complete saved config) other
-  parameter shapes. The saved
-  config would otherwise replace the given one's fields and resume the
-  folder's run (the given config's own fields, e.g. its evaluators, merged
-  into it)."""
-  mine = _merge(_tuples(given), saved)
-  diff = differences(mine, given)
+  """Refuses a ``--config`` of another job than the folder's saved run
+  (``RUN_FIELDS``): the saved config would otherwise replace the given
+  one's fields and resume the folder's run, the given config's own fields
+  (e.g. its evaluators) merged into it."""
+  diff = differences(_merge(_tuples(given), saved), given)
   fields = [k for k in RUN_FIELDS if k in diff]
-  # A converted checkpoint's saved model alone is completed by --config:
-  # its shapes are its own.
-  complete = "num_train_steps" in saved and "task" in saved.get("data", {})
-  if not fields and complete:
-    try:
-      fields = shape_fields(mine, given)
-    except Exception:  # pylint: disable=broad-except
-      fields = [k for k in diff if k.startswith("model.")]  # cannot build
   if not fields:
     return
   folder = os.fspath(epath.Path(saved_path).parent)
   shown = "; ".join(f"{k}: {_show(diff[k][0])} there, {_show(diff[k][1])} in "
-                    "--config" for k in fields[:4] if k in diff)
+                    "--config" for k in fields)
   raise ConfigFlagError(
       f"--workdir={folder} holds another run than --config ({shown}): "
       "resume it with --workdir alone (its saved config) or its own "

@@ -120,13 +120,13 @@ def apply_experts(expert_fn: Callable[..., Array], params: Any, xe: Array,
   for a in gaxes:
     shards *= mesh.shape[a]
   if e % n or g % shards:
-    fits = [d for d in range(1, e + 1) if e % d == 0 and d < n] or [1]
+    fix = (f"pass --config.mesh.{axis}={math.gcd(e, n)} (it divides the "
+           "experts and the devices)" if e % n else
+           f"pass a batch of rows divisible by {shards}")
     raise ExpertMeshError(
         f"expert parallelism: {e} experts must divide by the mesh's '{axis}' "
         f"size {n}, and the {g} routing groups (batch rows) by the "
-        f"{shards} devices of mesh axes {gaxes}; pass "
-        f"--config.mesh.{axis}={fits[-1]} (a divisor of the experts) or a "
-        "batch that divides.")
+        f"{shards} devices of mesh axes {gaxes}; {fix}.")
   gspec = jax.P(gaxes)
 
   def body(p, x, ex):
