@@ -633,3 +633,42 @@ def test_expert_preset_splits_moe_experts():
   chex.assert_trees_all_close(jax.device_get(new.params), ref_new.params,
                               rtol=2e-5, atol=1e-6)
   _check_all_shards(new.params, shardings.params, mesh)
+
+
+def _all_gather_shapes(compiled_text):
+  """Result shapes of the all-gathers in a compiled HLO module."""
+  return {tuple(int(d) for d in m.group(1).split(",") if d)
+          for m in re.finditer(r"= \w+\[([\d,]*)\]\{[^}]*\} all-gather\(",
+                               compiled_text)}
+
+
+def test_expert_preset_keeps_each_experts_hidden_width_split(monkeypatch):
+  """Under expert parallelism with a tensor axis, each device applies its
+  slice of every expert's hidden width (partial outputs summed): the train
+  step gathers the experts over fsdp only, never whole [E/n, d, d_ffn]
+  experts. Gathering them (the split turned off) shows up as such."""
+  from hypermixer_jax.models.moe import tmoe
+  model = _MoeNet()
+  rng = np.random.default_rng(3)
+  batch = {"inputs": rng.normal(size=(B, N, 4)).astype(np.float32),
+           "targets": rng.normal(size=(B, N, D)).astype(np.float32),
+           "weights": BATCH["segment_ids"].astype(np.float32),
+           "segment_ids": BATCH["segment_ids"]}
+  mesh, rules = _mesh(PRESET_MESH["expert"]), sharding.get_rules("expert")
+  state, shardings = steps.create_train_state(model, optax.sgd(0.1), KEY,
+                                              batch, mesh, rules)
+  step = steps.make_train_step(model, "regression")
+
+  def gathered():
+    fn = steps.jit_train_step(
+        step, shardings, sharding.batch_shardings(batch, mesh, rules), mesh,
+        rules)
+    return _all_gather_shapes(fn.lower(
+        state, sharding.make_global_batch(batch, mesh, rules),
+        KEY).compile().as_text())
+
+  whole = {(2, D, F), (2, F, D)}      # 4 experts over expert=2: 2 a device
+  got = gathered()
+  assert (2, D, F // 2) in got and not whole & got, got
+  monkeypatch.setattr(tmoe, "split_axes", lambda *a, **k: ())
+  assert whole & gathered()

@@ -23,8 +23,11 @@ device holds E/n experts; the per-row slots [G, E, C, d] (G rows sharded
 over the batch axes plus 'expert') is exchanged by ``jax.lax.all_to_all``
 inside ``jax.shard_map`` so that each device receives the slots of its own
 experts from every row of its expert group, applies them, and sends the
-results back by a second all-to-all. Without such a mesh the experts run
-on all slots at once; both give the same numbers.
+results back by a second all-to-all. The experts' hidden width stays split
+over the mesh axes the rules give it (the tensor axis): each device applies
+its slice and the partial outputs are summed by ``jax.lax.psum``; the other
+weight dimensions (fsdp) are gathered inside the map. Without such a mesh
+the experts run on all slots at once; all give the same numbers.
 """
 from __future__ import annotations
 
@@ -93,8 +96,33 @@ class ExpertMeshError(ValueError):
   configuration error (``main.py`` stops with its one line)."""
 
 
+def split_axes(logical: str, size: int, axis: str = EXPERT_AXIS
+               ) -> tuple[str, ...]:
+  """Mesh axes besides the group axes that the rules put ``logical`` on.
+
+  Inside ``apply_experts``'s ``shard_map`` a weight dimension may stay split
+  over these (Megatron-style tensor parallelism within each expert) instead
+  of being gathered whole on every device. Empty without expert parallelism,
+  when the rules keep ``logical`` on the group axes only, or when their
+  devices do not divide ``size`` (the weight is then replicated there).
+  """
+  if expert_mesh_size(axis) == 1:
+    return ()
+  mesh = jax.sharding.get_abstract_mesh()
+  spec = nn.logical_to_mesh_axes((logical,))
+  got = spec[0] if spec is not None and len(spec) else None
+  got = () if got is None else ((got,) if isinstance(got, str) else tuple(got))
+  group = _group_axes(axis)
+  names = tuple(a for a in got if a in mesh.axis_names and a not in group
+                and mesh.shape[a] > 1)
+  if not names or size % math.prod(mesh.shape[a] for a in names):
+    return ()
+  return names
+
+
 def apply_experts(expert_fn: Callable[..., Array], params: Any, xe: Array,
-                  extras: Any = None, *, axis: str = EXPERT_AXIS) -> Array:
+                  extras: Any = None, *, axis: str = EXPERT_AXIS,
+                  param_specs: Any = None) -> Array:
   """Runs ``expert_fn`` on dispatched slots, expert-parallel when possible.
 
   Args:
@@ -105,6 +133,10 @@ def apply_experts(expert_fn: Callable[..., Array], params: Any, xe: Array,
     xe: [G, E, C, ...] the slots of every group.
     extras: pytree of [G, ...] arrays, or None.
     axis: the mesh axis the experts are sharded over.
+    param_specs: pytree of ``jax.P`` of ``params`` inside the map (their
+      first entry ``axis``); default ``jax.P(axis)``, i.e. every other
+      dimension whole on each device. A dimension left split (``split_axes``)
+      makes ``expert_fn`` responsible for its reduction (``jax.lax.psum``).
   Returns:
     ye [G, E, C, ...]. With a mesh axis ``axis`` of size n > 1, the experts
     are sharded n ways and the slots move by two ``all_to_all``s; otherwise
@@ -139,7 +171,8 @@ def apply_experts(expert_fn: Callable[..., Array], params: Any, xe: Array,
 
   return jax.shard_map(
       body,
-      in_specs=(jax.tree.map(lambda _: jax.P(axis), params), gspec,
+      in_specs=(jax.tree.map(lambda _: jax.P(axis), params)
+                if param_specs is None else param_specs, gspec,
                 jax.tree.map(lambda _: gspec, extras)),
       out_specs=gspec)(params, xe, extras)
 
@@ -297,12 +330,24 @@ class MoeFeedForward(nn.Module):
     w2, b2 = layer("wo", "bo", (common.MLP, common.EMBED), f, d)
     dt = self.dtype
     xe = to_slots(x.astype(dt), routes, e, cap, self.dispatch)  # [B, E, C, d]
+    # Under expert parallelism the hidden width stays split where the rules
+    # split it (the tensor axis): each device applies its slice of every
+    # expert and the partial outputs are summed, instead of gathering whole
+    # experts onto every device.
+    tp = split_axes(common.MLP, f)
     def experts(p, xs, _):
       w1, b1, w2, b2 = (a.astype(dt) for a in p)
       h = common.gelu(jnp.einsum("gecd,edf->gecf", xs, w1) + b1[:, None])
-      return jnp.einsum("gecf,efd->gecd", h, w2) + b2[:, None]
+      y = jnp.einsum("gecf,efd->gecd", h, w2)
+      return (jax.lax.psum(y, tp) if tp else y) + b2[:, None]
 
-    ye = apply_experts(experts, (w1, b1, w2, b2), xe)        # [B, E, C, d]
+    specs = None
+    if tp:
+      ax = EXPERT_AXIS
+      specs = (jax.P(ax, None, tp), jax.P(ax, tp), jax.P(ax, tp, None),
+               jax.P(ax))
+    ye = apply_experts(experts, (w1, b1, w2, b2), xe,
+                       param_specs=specs)                    # [B, E, C, d]
     y = from_slots(ye, routes, self.dispatch)                # [B, N, d]
     y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
     return common.constrain(y, (common.BATCH, common.LENGTH, common.EMBED))
