@@ -130,7 +130,7 @@ def detect_cluster() -> str | None:
   if all(k in os.environ for k in slurm) and int(os.environ["SLURM_NTASKS"]) > 1:
     return "slurm"
   import importlib.util  # pylint: disable=g-import-not-at-top
-  if _tpu_chips() and importlib.util.find_spec("libtpu") is not None:
+  if tpu_chips() and importlib.util.find_spec("libtpu") is not None:
     return "tpu"
   return None
 
@@ -186,7 +186,8 @@ _GPU_PLUGINS = (("cuda", ("jax_cuda13_plugin", "jax_cuda12_plugin"),
                  "/dev/kfd"))
 
 
-def _tpu_chips() -> list[str]:
+def tpu_chips() -> list[str]:
+  """Device files of the TPU chips attached to this host (empty elsewhere)."""
   return glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*")
 
 
@@ -206,7 +207,7 @@ def choose_platforms() -> str | None:
     The platforms set, or None when nothing was changed.
   """
   import importlib.util  # pylint: disable=g-import-not-at-top
-  if os.environ.get("JAX_PLATFORMS") or _tpu_chips() or (
+  if os.environ.get("JAX_PLATFORMS") or tpu_chips() or (
       importlib.util.find_spec("libtpu") is None):
     return None
   import jax  # pylint: disable=g-import-not-at-top
@@ -238,7 +239,7 @@ def _cpu_only_host() -> bool:
   platforms = os.environ.get("JAX_PLATFORMS", "")
   if platforms:
     return {p.strip() for p in platforms.split(",") if p.strip()} == {"cpu"}
-  return not _tpu_chips() and not any(
+  return not tpu_chips() and not any(
       os.path.exists(node) for _, _, node in _GPU_PLUGINS)
 
 

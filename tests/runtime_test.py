@@ -266,7 +266,7 @@ def test_memory_is_retained_only_where_xla_cpu_runs_the_model(
   """'auto': retained on a CPU-only host (or JAX_PLATFORMS=cpu); on an
   accelerator host glibc's arenas stay for the input pipeline's threads."""
   monkeypatch.setenv("JAX_PLATFORMS", platforms)
-  monkeypatch.setattr(runtime, "_tpu_chips", lambda: chips)
+  monkeypatch.setattr(runtime, "tpu_chips", lambda: chips)
   monkeypatch.setattr(runtime.os.path, "exists", lambda path: False)
   assert runtime._cpu_only_host() is cpu_only  # pylint: disable=protected-access
   if not cpu_only:

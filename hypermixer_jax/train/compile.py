@@ -154,7 +154,7 @@ def topology_devices(topology: str, num_slices: int = 1) -> list[Any]:
   # Several processes (pytest workers, a training job) may load libtpu.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from hypermixer_jax import runtime  # pylint: disable=g-import-not-at-top
-  if not runtime._tpu_chips():  # pylint: disable=protected-access
+  if not runtime.tpu_chips():
     # No TPU here: libtpu's start-up looks for this host's TPU type and
     # workers and prints an error-looking warning per missing one (above a
     # report that is fine). Described, as the topology asked for, they stay
