@@ -142,7 +142,7 @@ def _fake_tune(tmp_path, scores, seeds=(0, 1), reverse=False, report=False,
     if select and scores[(model, setting["lr"])] is None:
       # The training loop's message when a run's loss becomes NaN.
       raise FloatingPointError(
-          "loss or gradient became NaN/Inf between steps 1 and 10; "
+          "loss or gradient became NaN/Inf at step 10; "
           f"stopping. Not saved; the latest checkpoint is step 5 in "
           f"{tmp_path}/runs/{key}.")
     return {"eval": {"accuracy": scores[(model, setting["lr"])] if select
@@ -263,7 +263,7 @@ def test_a_diverged_setting_is_recorded_and_never_chosen(tmp_path):
   assert chosen == {"a": {"lr": 1e-3, "warmup": 1, "warmup_share": 0.1}}
   assert set(runs) == {"a"} and len(calls) == 4 + 2
   assert searched["a"][1][selection.DIVERGED] == (
-      "loss or gradient became NaN/Inf between steps 1 and 10")
+      "loss or gradient became NaN/Inf at step 10")
   assert str(tmp_path) not in (tmp_path / "results.json").read_text()
   table = selection.search_section(searched, chosen, {"a": "A", "b": "B"},
                                    (1e-3, 3e-3), shares=(0.1,))

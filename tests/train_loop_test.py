@@ -112,20 +112,36 @@ def test_nan_loss_stops_and_is_never_saved(tmp_path):
   config = _config(*RUN, "--config.checkpoint_every=2",
                    "--config.debug.nan_at_step=5")
   with pytest.raises(FloatingPointError,
-                     match="NaN/Inf between steps 5 and 5.*latest checkpoint is step 4"):
+                     match="NaN/Inf at step 5.*latest checkpoint is step 4"):
     loop.train_and_evaluate(config, str(tmp_path))
   assert max(ckpt_lib.Checkpointer(tmp_path / "checkpoints").all_steps()) == 4
 
 
 def test_nan_loss_stops_before_an_evaluation_between_log_steps(tmp_path):
-  """NaN at step 2, evaluation due at step 3, next log at step 5: the run
+  """NaN at step 3, evaluation due at step 3, next log at step 5: the run
   stops at step 3 without evaluating the non-finite state, nothing saved."""
   config = _config(*RUN, "--config.eval_every=3", "--config.log_every=5",
-                   "--config.debug.nan_at_step=2")
+                   "--config.debug.nan_at_step=3")
   with pytest.raises(FloatingPointError,
-                     match="between steps 1 and 3.*no checkpoint in .* yet"):
+                     match="NaN/Inf at step 3.*no checkpoint in .* yet"):
     loop.train_and_evaluate(config, str(tmp_path))
   assert not metrics_lib.read_metrics(str(tmp_path), "eval")
+  assert not ckpt_lib.Checkpointer(tmp_path / "checkpoints").all_steps()
+
+
+def test_nan_loss_stops_one_step_later_between_checks(tmp_path, monkeypatch):
+  """NaN at step 7, next log at step 50, save at 30: the run stops while
+  step 8 runs (its flag is read one step behind), not at the log step."""
+  seen = []
+  real = loop._check_finite
+  monkeypatch.setattr(loop, "_check_finite", lambda progress, ck, step: (
+      seen.append(progress.step), real(progress, ck, step))[1])
+  config = _config(*RUN, "--config.log_every=50",
+                   "--config.debug.nan_at_step=7")
+  with pytest.raises(FloatingPointError,
+                     match="NaN/Inf at step 7; stopping.*no checkpoint"):
+    loop.train_and_evaluate(config, str(tmp_path))
+  assert seen[-1] == 8
   assert not ckpt_lib.Checkpointer(tmp_path / "checkpoints").all_steps()
 
 

@@ -18,9 +18,11 @@ One run, in named phases:
    per step, a multi-host sync point) and ``_evaluate`` (the evaluators of
    ``evaluation.declared``: the task's metrics every ``eval_every`` steps
    and the extras of ``config.evals``), with a stop and a clear error on a
-   NaN or Inf loss or gradient (checked at every log step and before every
-   save and every evaluation, so a non-finite state never becomes a
-   checkpoint or an evaluation; the steps between two checks run on). A run
+   NaN or Inf loss or gradient: each step's flag is read while the next
+   step runs (one step behind, so the host waits for no step it has not
+   already queued), and the current step's before every log, save and
+   evaluation; a non-finite state never becomes a checkpoint or an
+   evaluation, and at most one step runs on from it. A run
    resumed from a step whose evaluation the interrupted run did not log
    (killed or preempted between the save and the evaluation) evaluates it
    first; a full disk stops with one line naming the newest checkpoint
@@ -253,8 +255,8 @@ def _check_finite(progress: _Progress, ck: ckpt_lib.Checkpointer,
     saved = (f"the latest checkpoint is step {latest} in {ck.directory}"
              if latest is not None else f"no checkpoint in {ck.directory} yet")
     raise _NonFinite(
-        f"loss or gradient became NaN/Inf between steps "
-        f"{progress.checked_until + 1} and {step}; stopping. Not saved; "
+        f"loss or gradient became NaN/Inf at step {step}; stopping. "
+        f"Not saved; "
         f"{saved}. Lower the learning rate, enable clipping or check the "
         "data.")
   progress.checked_until = step
@@ -324,6 +326,9 @@ def _train(run: _Run, progress: _Progress, ck, train_pipe, compiled,
       run.state, m = compiled(run.state, batch, run.train_rng)
       profiler.keep(m)
     progress.step = step
+    if progress.checked_until < step - 1:
+      # The previous step's flag: ready by now, while this step runs.
+      _check_finite(progress, ck, step - 1)
     progress.all_finite = jnp.logical_and(progress.all_finite, m["is_finite"])
     if step % config.log_every == 0 or step == total:
       _log(run, progress, ck, m, step, writer, bar, throughput)
