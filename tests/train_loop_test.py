@@ -275,3 +275,19 @@ def test_a_run_stopped_within_an_accumulation_resumes_it_exactly(tmp_path):
   for a, b in zip(jax.tree.leaves(jax.device_get(resumed.state.params)),
                   jax.tree.leaves(jax.device_get(whole.state.params))):
     np.testing.assert_array_equal(a, b)
+
+
+def test_a_relative_workdir_saves_resumes_and_evaluates(tmp_path, monkeypatch):
+  """``--workdir=run`` (relative to the current folder): Orbax's array
+  storage takes absolute paths only; the run saves, resumes from its own
+  step and its checkpoint evaluates as the training run scored it."""
+  from hypermixer_jax.train import artifacts
+  monkeypatch.chdir(tmp_path)
+  short = ("--config.log_every=2", "--config.eval_every=2",
+           "--config.checkpoint_every=2")
+  loop.train_and_evaluate(_config("--config.num_train_steps=2", *short), "run")
+  loop.train_and_evaluate(_config("--config.num_train_steps=4", *short), "run")
+  assert ckpt_lib.Checkpointer("run/checkpoints").all_steps() == [2, 4]
+  trained = metrics_lib.read_metrics("run", "eval")[4]
+  got = artifacts.evaluate_checkpoint(_config(), "run", eval_steps=None)
+  np.testing.assert_allclose(got["loss"], trained["loss"], rtol=1e-6)

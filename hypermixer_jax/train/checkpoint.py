@@ -69,6 +69,7 @@ from hypermixer_jax import heads
 from hypermixer_jax.models import common
 from hypermixer_jax.train import integrity
 from hypermixer_jax.train import multihost
+from hypermixer_jax.train import storage
 
 PyTree = Any
 STATE = "state"
@@ -174,7 +175,7 @@ class Checkpointer:
         cleanup_tmp_directories=True,
     )
     self.manager = ocp.CheckpointManager(
-        self.directory, options=options,
+        manager_path(self.directory), options=options,
         item_names=(STATE, DATA, FINGERPRINTS))
 
   def latest_step(self) -> int | None:
@@ -585,6 +586,14 @@ def _flatten(tree: PyTree) -> dict[str, Any]:
           for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
+def manager_path(directory: str | os.PathLike) -> str:
+  """``directory`` as Orbax takes it: a local path made absolute (Orbax's
+  array storage refuses relative ones), an object-store URL unchanged."""
+  directory = os.fspath(directory)
+  return (os.path.abspath(directory) if storage.is_local(directory)
+          else directory)
+
+
 def reader(directory: str) -> ocp.CheckpointManager:
   """A manager that reads item metadata without a target and never writes.
 
@@ -592,7 +601,7 @@ def reader(directory: str) -> ocp.CheckpointManager:
   overrides; these options already save and delete nothing.
   """
   return ocp.CheckpointManager(
-      directory,
+      manager_path(directory),
       options=ocp.CheckpointManagerOptions(
           save_interval_steps=0, max_to_keep=None, create=False,
           cleanup_tmp_directories=False),
