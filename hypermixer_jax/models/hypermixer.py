@@ -10,7 +10,9 @@ position embeddings p, and costs O(N d d'):
     y = LayerNorm(out)               # [B, M, d]  (optional)
 
 p only enters the hypernetworks, never the values. Tied: W2 = W1 (one
-hypernetwork; the paper's default, §2.3; with self-mixing it runs once).
+hypernetwork; the paper's main model, §2.3, untied its ablation; with
+self-mixing it runs once). The class defaults to untied (``tied=False``);
+the zoo's ``glue_hypermixer`` and the causal LM study set ``tied=True``.
 Multi-head: d is split into H heads of width d/H, each with its own TM-MLP;
 the hypernetworks read the whole token and emit H * d' per token
 (``head_slices``: head h's own hypernetwork reads only its slice).
