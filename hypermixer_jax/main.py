@@ -246,11 +246,12 @@ def _config(mode: str):
           f"--mode={mode}: {FLAGS.workdir} holds no checkpoint and no saved "
           f"{run_config.CONFIG_FILE}; pass the --workdir of a trained run or "
           "an exported folder.")
-    return FLAGS.config
+    # Paths saved absolute: later commands may run from another folder.
+    return run_config.absolute_paths(FLAGS.config)
   file = config_flags.get_config_filename(FLAGS["config"])
   given = (None if file.startswith(run_config.__file__) else FLAGS.config)
-  return run_config.resolve(saved, config_flags.get_override_values(
-      FLAGS["config"]), given=given)
+  return run_config.resolve(saved, run_config.absolute_overrides(
+      config_flags.get_override_values(FLAGS["config"]), saved), given=given)
 
 
 def main(argv):

@@ -106,7 +106,9 @@ def test_state_mismatch_is_refused(files):
                           shuffle=True)
   q = data.build_pipeline(cfg, "train", batch_size=8, seed=0, repeat=True,
                           shuffle=True)
-  with pytest.raises(ValueError, match="batch_size"):
+  with pytest.raises(data.DataError, match=(
+      r"^the checkpoint's input position is for batch_size=4, this run's "
+      r"data gives batch_size=8 .*--config.init_checkpoint.$")):
     q.set_state(p.get_state())
 
 

@@ -469,3 +469,20 @@ def test_exporting_again_into_a_text_models_export_is_allowed(tmp_path):
   with pytest.raises(config_checks.ConfigError,
                      match=r"differs in data.vocab_path\); export into"):
     artifacts._check_export_folder(str(out), False, config)
+
+
+@pytest.mark.parametrize("where", ["run", "run/checkpoints",
+                                   "run/checkpoints/4", "link/checkpoints/"])
+def test_export_never_writes_into_the_run_it_reads(tmp_path, where):
+  """Even with --overwrite: a parameters-only step (and its config) in the
+  run's own folder or checkpoints would replace its training state."""
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  (tmp_path / "run" / "checkpoints" / "4").mkdir(parents=True)
+  (tmp_path / "link").symlink_to(tmp_path / "run")
+  out = str(tmp_path / where)
+  with pytest.raises(config_checks.ConfigError, match=(
+      rf"^--output={out} is the run it exports \(--workdir={tmp_path}/run\) "
+      r"or its checkpoints; an export there would replace the run's "
+      r"training state: pass another folder.$")):
+    artifacts.export_params(_config(), str(tmp_path / "run"), out,
+                            overwrite=True)

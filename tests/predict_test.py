@@ -171,6 +171,21 @@ def test_unsupported_head_is_named(tmp_path):
       "for its metrics.")
 
 
+@pytest.mark.parametrize("name", ["existing", "new/"])
+def test_an_output_folder_is_refused_before_the_checkpoint_is_read(
+    tmp_path, shared_data, name):
+  config = _tiny(_load("glue", "sst2,hypermixer"), shared_data)
+  (tmp_path / "existing").mkdir()
+  (tmp_path / "in.txt").write_text("one\n", encoding="utf-8")
+  out = f"{tmp_path}/{name}"
+  with pytest.raises(config_checks.ConfigError, match=(
+      rf"^--output={out} is a folder; predict writes one JSONL file: pass a "
+      r"file's path \(e.g. predictions.jsonl\).$")):
+    artifacts.predict_file(config, str(tmp_path / "no_checkpoint"),
+                           str(tmp_path / "in.txt"), out)
+  assert not (tmp_path / "new").exists()
+
+
 def test_lines_stay_aligned_with_blank_truncated_and_unicode_lines(
     tmp_path, shared_data):
   """Output line k answers input line k: a blank line gives nulls and a

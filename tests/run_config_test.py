@@ -371,7 +371,7 @@ def test_accumulation_resumes_only_with_its_own_k_and_state(tmp_path):
     run_config.check_accumulator(config, workdir)      # training refuses
 
 
-def test_fine_tuning_with_another_vocabulary_is_refused(tmp_path):
+def test_fine_tuning_with_another_vocabulary_is_refused(tmp_path, caplog):
   """Token ids of another SentencePiece file (or other extra ids) name other
   pieces: fine-tuning from a checkpoint trained with another vocabulary
   stops in one line; the same file's content elsewhere passes."""
@@ -396,3 +396,49 @@ def test_fine_tuning_with_another_vocabulary_is_refused(tmp_path):
         rf"pieces: pass --config.data.vocab_path={a} "
         r"--config.data.extra_ids=100.$")):
       run_config.check_init_vocabulary(other)
+  # A saved vocabulary that cannot be read here is not compared: said so.
+  gone = tune.copy_and_resolve_references()
+  gone.init_checkpoint = str(tmp_path / "pre_moved")
+  workdir_lib.save_config(config, gone.init_checkpoint, 0)
+  a.rename(tmp_path / "a_moved.model")
+  caplog.set_level("WARNING")
+  run_config.check_init_vocabulary(gone)
+  assert any(f"vocabulary {a}, which cannot be read here" in r.getMessage()
+             for r in caplog.records)
+
+
+def test_relative_paths_are_made_absolute_as_given(tmp_path, monkeypatch):
+  """Relative local paths of the path fields become absolute (from the
+  current folder), each of a comma-separated list; URLs, absolute paths,
+  empty fields and other fields stay as they are."""
+  monkeypatch.chdir(tmp_path)
+  config = _load("glue", "sst2,hypermixer")
+  config.data.vocab_path = "vocab/sp.model"
+  config.data.local_files.train = "a.tsv,gs://bucket/b.tsv,/abs/c.tsv"
+  config.init_checkpoint = "../pre"
+  config.model.name = "relative_looking_but_not_a_path"
+  run_config.absolute_paths(config)
+  assert config.data.vocab_path == str(tmp_path / "vocab/sp.model")
+  assert config.data.local_files.train == (
+      f"{tmp_path / 'a.tsv'},gs://bucket/b.tsv,/abs/c.tsv")
+  assert config.init_checkpoint == str(tmp_path.parent / "pre")
+  assert config.model.name == "relative_looking_but_not_a_path"
+  assert config.data.data_dir is None and not config.data.local_files.test
+
+
+def test_an_override_equal_to_the_saved_relative_path_is_kept(tmp_path,
+                                                               monkeypatch):
+  """On a run saved with relative paths (older runs), an override that
+  repeats the saved value keeps it (the run reads what it read); another
+  relative path becomes absolute."""
+  config = _load("glue", "sst2,hypermixer")
+  config.data.local_files.validation = "dev.tsv"
+  workdir_lib.save_config(config, str(tmp_path / "run"), 0)
+  monkeypatch.chdir(tmp_path)
+  saved = run_config.find(tmp_path / "run")
+  got = run_config.absolute_overrides(
+      {"data.local_files.validation": "dev.tsv", "data.local_files.test":
+       "test.tsv", "learning_rate": 0.5}, saved)
+  assert got == {"data.local_files.validation": "dev.tsv",
+                 "data.local_files.test": str(tmp_path / "test.tsv"),
+                 "learning_rate": 0.5}

@@ -30,7 +30,7 @@ import numpy as np
 
 from hypermixer_jax.data import synthetic
 from hypermixer_jax.data import task_specs
-from hypermixer_jax.data.checks import DataError  # noqa: F401
+from hypermixer_jax.data.checks import DataError
 
 # TensorFlow and seqio are imported with ``seqio_pipeline``, only by the
 # tasks read through tf.data (not by the synthetic task).
@@ -159,8 +159,12 @@ class Pipeline:
     """Continues from ``state`` (from ``get_state`` of the same pipeline)."""
     for k, v in self._identity.items():
       if state.get(k) != v:
-        raise ValueError(f"Pipeline state is for {k}={state.get(k)!r}, this "
-                         f"pipeline has {k}={v!r}.")
+        raise DataError(
+            f"the checkpoint's input position is for {k}={state.get(k)!r}, "
+            f"this run's data gives {k}={v!r} (a data field differs from "
+            "the run's: files, their paths, vocabulary, splits); resume with "
+            "the data config the run was trained with, or start another "
+            "--workdir from its parameters with --config.init_checkpoint.")
     self._epoch = int(state["epoch"])
     self._batch = int(state["batch"])
     self._done = bool(state.get("done", False))

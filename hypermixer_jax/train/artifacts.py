@@ -166,6 +166,7 @@ def export_params(config: ml_collections.ConfigDict, workdir: str,
   ``output`` must be new, empty or an export (which gains the step);
   ``overwrite`` replaces a step it holds and writes into any folder.
   """
+  _check_not_the_run(workdir, output)
   _check_export_folder(output, overwrite, config)
   params, found = load_params(config, workdir, step)
   write_params(output, params, found, overwrite=overwrite)
@@ -184,6 +185,25 @@ def _same_content(a: str, b: str) -> bool:
     return storage.path(a).read_bytes() == storage.path(b).read_bytes()
   except (OSError, ValueError):
     return False
+
+
+def _resolved(path: str) -> str:
+  path = os.fspath(path)
+  return (os.path.realpath(path) if storage.is_local(path)
+          else path.rstrip("/"))
+
+
+def _check_not_the_run(workdir: str, output: str) -> None:
+  """Refuses, even with ``--overwrite``, an export into the folder it reads
+  or into the run's checkpoints: its parameters-only step (and config)
+  would replace the run's training state."""
+  out, run = _resolved(output), _resolved(workdir)
+  ckpts = run.rstrip("/") + "/checkpoints"
+  if out == run or out == ckpts or out.startswith(ckpts + "/"):
+    raise config_checks.ConfigError(
+        f"--output={output} is the run it exports (--workdir={workdir}) or "
+        "its checkpoints; an export there would replace the run's training "
+        "state: pass another folder.")
 
 
 def _check_export_folder(output: str, overwrite: bool,
@@ -245,6 +265,14 @@ def _check_input(path: str) -> None:
   if not epath.Path(path).exists():
     raise DataError(f"--input={path}: no such file; check the path (a file "
                     f"{kinds}).")
+
+
+def _check_output(path: str) -> None:
+  """A predict output that names a folder stops in one line."""
+  if os.fspath(path).endswith("/") or epath.Path(path).is_dir():
+    raise config_checks.ConfigError(
+        f"--output={path} is a folder; predict writes one JSONL file: pass "
+        "a file's path (e.g. predictions.jsonl).")
 
 
 def _read_lines(path: str) -> list[str]:
@@ -447,6 +475,7 @@ def predict_file(config: ml_collections.ConfigDict, workdir: str,
   if jax.process_index() != 0:
     return 0
   _check_input(input_path)           # before the checkpoint is read
+  _check_output(output_path)
   mesh = sharding.build_mesh(config.mesh, devices=jax.local_devices())
   rules = sharding.get_rules(config.sharding)
   params, found = load_params(config, workdir, step, mesh, rules)

@@ -560,12 +560,54 @@ def adopt_init_checkpoint(config: ml_collections.ConfigDict,
   return config
 
 
+# Config fields that name local files or folders (``data.local_files.*``
+# too; each may be a comma-separated list).
+PATH_FIELDS = ("data.vocab_path", "data.data_dir", "init_checkpoint")
+
+
+def is_path_field(key: str) -> bool:
+  return key in PATH_FIELDS or key.startswith("data.local_files.")
+
+
+def absolute(value: Any) -> Any:
+  """A path field's value with its relative local paths made absolute
+  (object-store URLs, absolute paths and empty values unchanged)."""
+  if not isinstance(value, str) or not value:
+    return value
+  return ",".join(p if not p or not storage.is_local(p) or os.path.isabs(p)
+                  else os.path.abspath(p) for p in value.split(","))
+
+
+def absolute_paths(config: ml_collections.ConfigDict
+                   ) -> ml_collections.ConfigDict:
+  """``config`` (in place) with the relative local paths of its path fields
+  made absolute, as a command line gives them: the saved ``config.json``
+  then names the same files whatever folder a later command (a resume,
+  ``--mode=evaluate``) runs from."""
+  flat = {k: absolute(v) for k, v in flatten(config.to_dict()).items()
+          if is_path_field(k) and absolute(v) != v}
+  if flat:
+    config.update_from_flattened_dict(flat)
+  return config
+
+
+def absolute_overrides(overrides: Mapping[str, Any],
+                       saved_path: str | os.PathLike) -> dict[str, Any]:
+  """The command line's overrides on a saved run, its relative paths made
+  absolute, except one equal to the saved value (a run saved with that
+  relative path, resumed from its folder, keeps reading what it read)."""
+  saved = flatten(load(saved_path))
+  return {k: (absolute(v) if is_path_field(k) and saved.get(k) != v else v)
+          for k, v in overrides.items()}
+
+
 def check_init_vocabulary(config: ml_collections.ConfigDict) -> None:
   """Refuses, in one line, to fine-tune a token model from
   ``config.init_checkpoint`` with another vocabulary than it was trained
   with (another SentencePiece file's content, or ``data.extra_ids``): every
-  token id would mean another piece. Nothing is checked where the saved
-  config names no vocabulary that can be read here."""
+  token id would mean another piece. Where the saved config names a
+  vocabulary that cannot be read here, nothing is compared (a warning says
+  so)."""
   path = find(config.init_checkpoint) if config.get("init_checkpoint") else None
   if path is None or _plain(config)["model"].get("family") not in (
       TOKEN_FAMILIES):
@@ -574,6 +616,12 @@ def check_init_vocabulary(config: ml_collections.ConfigDict) -> None:
   a, b = theirs.get("vocab_path"), ours.get("vocab_path")
   if not a or not b or not epath.Path(a).is_file() or not epath.Path(
       b).is_file():
+    if a and a != b:
+      logging.warning(
+          "init_checkpoint %s was trained with the vocabulary %s, which "
+          "cannot be read here: it is not compared with this run's %s; "
+          "fine-tune with the vocabulary it was trained with.",
+          config.init_checkpoint, a, b)
     return
   digest = lambda f: hashlib.sha256(epath.Path(f).read_bytes()).hexdigest()  # noqa: E731
   extra = (theirs.get("extra_ids", 100), ours.get("extra_ids", 100))
