@@ -144,34 +144,55 @@ def _field(cfg: Any, name: str) -> Any:
   return getattr(cfg, name, 1)
 
 
+class MeshError(ValueError):
+  """The mesh's axis sizes do not fit the devices: a configuration error
+  (``main.py`` stops with its one line)."""
+
+
+def _fitting_axis(sizes: Sequence[Any], num_devices: int) -> str:
+  """An override that fits: the first axis that can take -1, in the order
+  data, fsdp, tensor, expert."""
+  for i, a in enumerate(MESH_AXES):
+    rest = math.prod(s for j, s in enumerate(sizes)
+                     if j != i and isinstance(s, (int, np.integer)) and s > 0)
+    if num_devices % rest == 0:
+      ones = "".join(f" --config.mesh.{b}=1" for b, s in zip(MESH_AXES, sizes)
+                     if s == -1 and b != a)
+      return (f"pass --config.mesh.{a}=-1{ones} (it takes the remaining "
+              "devices)")
+  return (f"pass --config.mesh.<axis> sizes whose product is {num_devices}, "
+          "or one of them -1")
+
+
 def mesh_shape(mesh_config: Any, num_devices: int) -> tuple[int, ...]:
   """Resolves the axis sizes (one may be -1) for ``num_devices`` devices.
 
-  Raises ValueError naming every size when they do not fit the devices.
+  Raises MeshError naming every size, and an override that fits, when they
+  do not fit the devices.
   """
   sizes = [_field(mesh_config, a) for a in MESH_AXES]
   desc = " x ".join(f"{a}={s}" for a, s in zip(MESH_AXES, sizes))
   for a, s in zip(MESH_AXES, sizes):
     if not isinstance(s, (int, np.integer)) or (s < 1 and s != -1):
-      raise ValueError(f"mesh axis {a}={s!r} must be a positive int or -1 "
-                       f"(mesh {desc}).")
+      raise MeshError(f"mesh axis {a}={s!r} must be a positive int or -1 "
+                      f"(mesh {desc}).")
   fill = [a for a, s in zip(MESH_AXES, sizes) if s == -1]
   if len(fill) > 1:
-    raise ValueError(f"at most one mesh axis may be -1, got {fill} "
-                     f"(mesh {desc}).")
+    raise MeshError(f"at most one mesh axis may be -1, got {fill} "
+                    f"(mesh {desc}).")
   known = math.prod(s for s in sizes if s != -1)
   if fill:
     if num_devices % known:
-      raise ValueError(
+      raise MeshError(
           f"mesh {desc}: the fixed axes multiply to {known}, which does not "
           f"divide the {num_devices} devices, so {fill[0]}=-1 cannot be "
-          "filled.")
+          f"filled; {_fitting_axis(sizes, num_devices)}.")
     sizes = [num_devices // known if s == -1 else s for s in sizes]
   if math.prod(sizes) != num_devices:
-    raise ValueError(
+    raise MeshError(
         f"mesh {desc} has {math.prod(sizes)} devices but there are "
         f"{num_devices}; the product of data, fsdp, tensor and expert must "
-        "equal the device count (or set one of them to -1).")
+        f"equal the device count: {_fitting_axis(sizes, num_devices)}.")
   return tuple(int(s) for s in sizes)
 
 

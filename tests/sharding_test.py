@@ -308,16 +308,26 @@ def test_build_mesh(cfg, shape):
 
 
 @pytest.mark.parametrize("cfg,match", [
-    (dict(data=3, fsdp=2), r"data=3 x fsdp=2 x tensor=1 x expert=1 has 6"),
+    (dict(data=3, fsdp=2), r"data=3 x fsdp=2 x tensor=1 x expert=1 has 6 .*"
+                           r"count: pass --config.mesh.data=-1 \(it takes"),
     (dict(data=4, fsdp=4), r"data=4 x fsdp=4 .* has 16 devices but there "
-                           r"are 8"),
+                           r"are 8.*: pass --config.mesh.data=-1 \(it takes"),
+    # A run saved on 8 devices, restored on a host with 1.
+    (dict(data=1, fsdp=2, tensor=2, expert=2), r"has 8 devices but there are "
+     r"1; .*: pass --config.mesh.<axis> sizes whose product is 1, or one of "
+     r"them -1.$"),
     (dict(data=-1, fsdp=-1), r"at most one mesh axis may be -1"),
-    (dict(data=3, fsdp=-1), r"multiply to 3, which does not divide the 8"),
+    (dict(data=3, fsdp=-1), r"multiply to 3, which does not divide the 8 .*"
+                            r"filled; pass --config.mesh.data=-1 "
+                            r"--config.mesh.fsdp=1 \(it takes"),
     (dict(data=0), r"data=0 must be a positive int"),
 ])
 def test_bad_mesh(cfg, match):
-  with pytest.raises(ValueError, match=match):
-    sharding.build_mesh(cfg)
+  from hypermixer_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  devices = jax.devices()[:1] if cfg.get("expert") == 2 else None
+  with pytest.raises(sharding.MeshError, match=match) as e:
+    sharding.build_mesh(cfg, devices=devices)
+  assert isinstance(e.value, workdir_lib.user_errors())
 
 
 def test_dcn_shape_puts_hosts_on_data_first():

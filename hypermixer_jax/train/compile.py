@@ -614,8 +614,9 @@ def report(c: Compiled) -> dict[str, Any]:
       "est_times_s": times, "est_mfu": mfu,
       "largest_buffers": largest_buffers(hlo),
       "loops": count_loops(hlo),
-      "uncounted_loops": (c.matmul.uncounted_loops if c.matmul else 0)
-                         + loop_multipliers(hlo)[1],
+      # The same loops seen in the jaxpr (matmul FLOPs) and in the HLO.
+      "uncounted_loops": max(c.matmul.uncounted_loops if c.matmul else 0,
+                             loop_multipliers(hlo)[1]),
   }
   if c.eval is not None:
     emem = c.eval.memory_analysis()
@@ -797,7 +798,8 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(
         f"note: the step holds {r['loops']} while loop(s) (scanned layers, "
         "chunked scans, XLA's windowed dot-general loops of sharded weight "
-        "gradients), whose bodies XLA's cost analysis (FLOPs, bytes "
+        "gradients, data-dependent loops such as Base Layers' assignment), "
+        "whose bodies XLA's cost analysis (FLOPs, bytes "
         "accessed) reads once whatever their trip count; the HBM traffic, "
         "matmul FLOPs, MFU and collectives count each loop by its trip count"
         + (f", except {r['uncounted_loops']} loop(s) of unknown trip count"

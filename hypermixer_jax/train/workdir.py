@@ -45,9 +45,10 @@ def user_errors() -> tuple[type[Exception], ...]:
   from hypermixer_jax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.models.moe import tmoe  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import config_checks  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax import sharding  # pylint: disable=g-import-not-at-top
   return (data_lib.DataError, config_checks.ConfigError,
           ckpt_lib.CheckpointError, WorkdirLocked, preflight.WorkdirError,
-          FileNotFoundError, tmoe.ExpertMeshError)
+          FileNotFoundError, tmoe.ExpertMeshError, sharding.MeshError)
 
 
 def guard(config: ml_collections.ConfigDict, workdir: str, *,

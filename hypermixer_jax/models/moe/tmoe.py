@@ -151,14 +151,17 @@ def apply_experts(expert_fn: Callable[..., Array], params: Any, xe: Array,
   shards = 1
   for a in gaxes:
     shards *= mesh.shape[a]
-  if e % n or g % shards:
-    fix = (f"pass --config.mesh.{axis}={math.gcd(e, n)} (it divides the "
-           "experts and the devices)" if e % n else
-           f"pass a batch of rows divisible by {shards}")
+  if e % n:
     raise ExpertMeshError(
         f"expert parallelism: {e} experts must divide by the mesh's '{axis}' "
-        f"size {n}, and the {g} routing groups (batch rows) by the "
-        f"{shards} devices of mesh axes {gaxes}; {fix}.")
+        f"size {n}; pass --config.mesh.{axis}={math.gcd(e, n)} (it divides "
+        "the experts and the devices) and let another axis take the other "
+        "devices (e.g. --config.mesh.data=-1).")
+  if g % shards:
+    raise ExpertMeshError(
+        f"expert parallelism: the {g} routing groups (batch rows) must "
+        f"divide by the {shards} devices of mesh axes {gaxes}; pass a batch "
+        f"of rows divisible by {shards}.")
   gspec = jax.P(gaxes)
 
   def body(p, x, ex):
