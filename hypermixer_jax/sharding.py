@@ -150,16 +150,23 @@ class MeshError(ValueError):
 
 
 def _fitting_axis(sizes: Sequence[Any], num_devices: int) -> str:
-  """An override that fits: the first axis that can take -1, in the order
-  data, fsdp, tensor, expert."""
-  for i, a in enumerate(MESH_AXES):
-    rest = math.prod(s for j, s in enumerate(sizes)
-                     if j != i and isinstance(s, (int, np.integer)) and s > 0)
-    if num_devices % rest == 0:
-      ones = "".join(f" --config.mesh.{b}=1" for b, s in zip(MESH_AXES, sizes)
-                     if s == -1 and b != a)
-      return (f"pass --config.mesh.{a}=-1{ones} (it takes the remaining "
-              "devices)")
+  """An override that fits. With an axis at -1 already, a fixed axis shrunk
+  to a size that leaves the -1 axis a whole share; otherwise the first axis
+  (data, fsdp, tensor, expert) that can take -1."""
+  fixed = {a: s for a, s in zip(MESH_AXES, sizes)
+           if isinstance(s, (int, np.integer)) and s > 0}
+  if len(fixed) < len(MESH_AXES):          # one axis is -1: keep it
+    known = math.prod(fixed.values())
+    for a, s in fixed.items():
+      others = known // s
+      if s > 1 and num_devices % others == 0:
+        return (f"pass --config.mesh.{a}="
+                f"{math.gcd(s, num_devices // others)}")
+  else:
+    for a, s in fixed.items():
+      if num_devices % (math.prod(fixed.values()) // s) == 0:
+        return (f"pass --config.mesh.{a}=-1 (it takes the remaining "
+                "devices)")
   return (f"pass --config.mesh.<axis> sizes whose product is {num_devices}, "
           "or one of them -1")
 

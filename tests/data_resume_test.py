@@ -108,7 +108,9 @@ def test_state_mismatch_is_refused(files):
                           shuffle=True)
   with pytest.raises(data.DataError, match=(
       r"^the checkpoint's input position is for batch_size=4, this run's "
-      r"data gives batch_size=8 .*--config.init_checkpoint.$")):
+      r"input pipeline has batch_size=8 \(resume with the batch_size the run "
+      r"was trained with\), or start another --workdir from its parameters "
+      r"with --config.init_checkpoint.$")):
     q.set_state(p.get_state())
 
 

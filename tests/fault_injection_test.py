@@ -471,9 +471,11 @@ def test_exporting_again_into_a_text_models_export_is_allowed(tmp_path):
     artifacts._check_export_folder(str(out), False, config)
 
 
-@pytest.mark.parametrize("where", ["run", "run/checkpoints",
-                                   "run/checkpoints/4", "link/checkpoints/"])
-def test_export_never_writes_into_the_run_it_reads(tmp_path, where):
+@pytest.mark.parametrize("read,where", [
+    ("run", "run"), ("run", "run/checkpoints"), ("run", "run/checkpoints/4"),
+    ("run", "link/checkpoints/"), ("run/checkpoints/4", "run/checkpoints"),
+    ("run/checkpoints", "run"), ("run/checkpoints/4/", "run/checkpoints/4")])
+def test_export_never_writes_into_the_run_it_reads(tmp_path, read, where):
   """Even with --overwrite: a parameters-only step (and its config) in the
   run's own folder or checkpoints would replace its training state."""
   from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
@@ -481,8 +483,8 @@ def test_export_never_writes_into_the_run_it_reads(tmp_path, where):
   (tmp_path / "link").symlink_to(tmp_path / "run")
   out = str(tmp_path / where)
   with pytest.raises(config_checks.ConfigError, match=(
-      rf"^--output={out} is the run it exports \(--workdir={tmp_path}/run\) "
-      r"or its checkpoints; an export there would replace the run's "
+      rf"^--output={out} is the run it exports \(--workdir={tmp_path}/{read}"
+      r"\) or its checkpoints; an export there would replace the run's "
       r"training state: pass another folder.$")):
-    artifacts.export_params(_config(), str(tmp_path / "run"), out,
+    artifacts.export_params(_config(), f"{tmp_path}/{read}", out,
                             overwrite=True)

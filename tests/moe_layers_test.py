@@ -404,8 +404,8 @@ def test_experts_that_do_not_divide_over_the_mesh_name_the_fix():
     with pytest.raises(tmoe.ExpertMeshError, match=(
         f"^expert parallelism: {E} experts must divide by the mesh's 'expert' "
         rf"size 8; pass --config.mesh.expert={E} \(it divides the experts "
-        r"and the devices\) and let another axis take the other devices "
-        r"\(e.g. --config.mesh.data=-1\)\.")) as e:
+        r"and the devices\) and let one axis take the other devices "
+        r"\(its size -1\)\.")) as e:
       jax.jit(lambda p, x: layer.apply({"params": p}, x, segment_ids=seg,
                                        mutable=COLLECTIONS))(params, x)
   assert isinstance(e.value, workdir_lib.user_errors())

@@ -403,7 +403,8 @@ def test_fine_tuning_with_another_vocabulary_is_refused(tmp_path, caplog):
   a.rename(tmp_path / "a_moved.model")
   caplog.set_level("WARNING")
   run_config.check_init_vocabulary(gone)
-  assert any(f"vocabulary {a}, which cannot be read here" in r.getMessage()
+  assert any(f"vocabulary {a}, this run reads {copy}; {a} cannot be read "
+             "here, so the two are not compared" in r.getMessage()
              for r in caplog.records)
 
 
@@ -414,7 +415,7 @@ def test_relative_paths_are_made_absolute_as_given(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   config = _load("glue", "sst2,hypermixer")
   config.data.vocab_path = "vocab/sp.model"
-  config.data.local_files.train = "a.tsv,gs://bucket/b.tsv,/abs/c.tsv"
+  config.data.local_files.train = "a.tsv, gs://bucket/b.tsv, /abs/c.tsv"
   config.init_checkpoint = "../pre"
   config.model.name = "relative_looking_but_not_a_path"
   run_config.absolute_paths(config)

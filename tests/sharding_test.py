@@ -318,8 +318,9 @@ def test_build_mesh(cfg, shape):
      r"them -1.$"),
     (dict(data=-1, fsdp=-1), r"at most one mesh axis may be -1"),
     (dict(data=3, fsdp=-1), r"multiply to 3, which does not divide the 8 .*"
-                            r"filled; pass --config.mesh.data=-1 "
-                            r"--config.mesh.fsdp=1 \(it takes"),
+                            r"filled; pass --config.mesh.data=1.$"),
+    (dict(data=-1, tensor=2, expert=3), r"multiply to 6, which .* filled; "
+                                        r"pass --config.mesh.expert=1.$"),
     (dict(data=0), r"data=0 must be a positive int"),
 ])
 def test_bad_mesh(cfg, match):

@@ -159,12 +159,15 @@ class Pipeline:
     """Continues from ``state`` (from ``get_state`` of the same pipeline)."""
     for k, v in self._identity.items():
       if state.get(k) != v:
+        what = ("a data field differs from the run's: files, their paths, "
+                "vocabulary, splits; resume with the data config the run was "
+                "trained with" if k == "task" else
+                f"resume with the {k} the run was trained with")
         raise DataError(
             f"the checkpoint's input position is for {k}={state.get(k)!r}, "
-            f"this run's data gives {k}={v!r} (a data field differs from "
-            "the run's: files, their paths, vocabulary, splits); resume with "
-            "the data config the run was trained with, or start another "
-            "--workdir from its parameters with --config.init_checkpoint.")
+            f"this run's input pipeline has {k}={v!r} ({what}), or start "
+            "another --workdir from its parameters with "
+            "--config.init_checkpoint.")
     self._epoch = int(state["epoch"])
     self._batch = int(state["batch"])
     self._done = bool(state.get("done", False))

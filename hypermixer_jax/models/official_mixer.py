@@ -409,8 +409,8 @@ def adapt_checkpoint(path: str, output: str, image_size: int,
     raise ValueError(f"image_size={image_size} is not a multiple of "
                      f"patch_size={patch_size}.")
   directory, step = ckpt_lib.resolve_checkpoint(path)
-  state = ocp.PyTreeCheckpointer().restore(
-      os.path.join(directory, str(step), ckpt_lib.STATE))
+  state = ocp.PyTreeCheckpointer().restore(ckpt_lib.manager_path(
+      os.path.join(directory, str(step), ckpt_lib.STATE)))
   if "params" not in state:
     raise ValueError(f"{directory}/{step} holds no params (has "
                      f"{sorted(state)}).")

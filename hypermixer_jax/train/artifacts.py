@@ -197,9 +197,16 @@ def _check_not_the_run(workdir: str, output: str) -> None:
   """Refuses, even with ``--overwrite``, an export into the folder it reads
   or into the run's checkpoints: its parameters-only step (and config)
   would replace the run's training state."""
-  out, run = _resolved(output), _resolved(workdir)
-  ckpts = run.rstrip("/") + "/checkpoints"
-  if out == run or out == ckpts or out.startswith(ckpts + "/"):
+  out, run = _resolved(output), _resolved(workdir).rstrip("/")
+  # --workdir may be the run, its checkpoints folder or one step folder.
+  parts = run.split("/")
+  if parts[-1].isdigit() and len(parts) > 1 and parts[-2] == "checkpoints":
+    parts = parts[:-2]
+  elif parts[-1] == "checkpoints":
+    parts = parts[:-1]
+  root = "/".join(parts)
+  ckpts = root + "/checkpoints"
+  if out in (run, root, ckpts) or out.startswith(ckpts + "/"):
     raise config_checks.ConfigError(
         f"--output={output} is the run it exports (--workdir={workdir}) or "
         "its checkpoints; an export there would replace the run's training "

@@ -574,8 +574,9 @@ def absolute(value: Any) -> Any:
   (object-store URLs, absolute paths and empty values unchanged)."""
   if not isinstance(value, str) or not value:
     return value
+  parts = [p.strip() for p in value.split(",")]
   return ",".join(p if not p or not storage.is_local(p) or os.path.isabs(p)
-                  else os.path.abspath(p) for p in value.split(","))
+                  else os.path.abspath(p) for p in parts)
 
 
 def absolute_paths(config: ml_collections.ConfigDict
@@ -616,12 +617,13 @@ def check_init_vocabulary(config: ml_collections.ConfigDict) -> None:
   a, b = theirs.get("vocab_path"), ours.get("vocab_path")
   if not a or not b or not epath.Path(a).is_file() or not epath.Path(
       b).is_file():
-    if a and a != b:
+    unread = [f for f in (a, b) if f and not epath.Path(f).is_file()]
+    if a and b and a != b and unread:
       logging.warning(
-          "init_checkpoint %s was trained with the vocabulary %s, which "
-          "cannot be read here: it is not compared with this run's %s; "
+          "init_checkpoint %s was trained with the vocabulary %s, this run "
+          "reads %s; %s cannot be read here, so the two are not compared: "
           "fine-tune with the vocabulary it was trained with.",
-          config.init_checkpoint, a, b)
+          config.init_checkpoint, a, b, " and ".join(unread))
     return
   digest = lambda f: hashlib.sha256(epath.Path(f).read_bytes()).hexdigest()  # noqa: E731
   extra = (theirs.get("extra_ids", 100), ours.get("extra_ids", 100))

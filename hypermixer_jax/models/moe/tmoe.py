@@ -155,8 +155,8 @@ def apply_experts(expert_fn: Callable[..., Array], params: Any, xe: Array,
     raise ExpertMeshError(
         f"expert parallelism: {e} experts must divide by the mesh's '{axis}' "
         f"size {n}; pass --config.mesh.{axis}={math.gcd(e, n)} (it divides "
-        "the experts and the devices) and let another axis take the other "
-        "devices (e.g. --config.mesh.data=-1).")
+        "the experts and the devices) and let one axis take the other "
+        "devices (its size -1).")
   if g % shards:
     raise ExpertMeshError(
         f"expert parallelism: the {g} routing groups (batch rows) must "
@@ -341,8 +341,12 @@ class MoeFeedForward(nn.Module):
     def experts(p, xs, _):
       w1, b1, w2, b2 = (a.astype(dt) for a in p)
       h = common.gelu(jnp.einsum("gecd,edf->gecf", xs, w1) + b1[:, None])
-      y = jnp.einsum("gecf,efd->gecd", h, w2)
-      return (jax.lax.psum(y, tp) if tp else y) + b2[:, None]
+      if not tp:
+        return jnp.einsum("gecf,efd->gecd", h, w2) + b2[:, None]
+      # Partial outputs summed in float32, as one device's matmul sums.
+      y = jnp.einsum("gecf,efd->gecd", h, w2,
+                     preferred_element_type=jnp.float32)
+      return jax.lax.psum(y, tp).astype(dt) + b2[:, None]
 
     specs = None
     if tp:
