@@ -77,14 +77,17 @@ def _readme_commands() -> list[list[str]]:
   return out
 
 
-def _run(flags, data, tmp_path):
+def _run(flags, data, tmp_path, cwd=ROOT):
+  """The command from ``cwd``, with ``$DATA`` a path relative to the
+  repository (a user's relative paths)."""
+  data = os.path.relpath(data, ROOT)
   flags = [f.replace("$DATA", str(data)).replace(PRETRAIN, str(
       tmp_path / "mlm_tiny")).replace(FINETUNE, str(tmp_path / "sst2_tiny"))
            for f in flags]
   env = dict(os.environ, PYTHONPATH=ROOT,
              XLA_FLAGS=os.environ["HYPERMIXER_TEST_XLA_FLAGS"])
   return subprocess.run([sys.executable, "-m", "hypermixer_jax.main", *flags],
-                        cwd=ROOT, env=env, capture_output=True, text=True,
+                        cwd=cwd, env=env, capture_output=True, text=True,
                         timeout=600)
 
 
@@ -119,7 +122,11 @@ def test_recipe_runs_and_fine_tuning_takes_the_checkpoints_shapes(
       "model.mixer_kwargs.hyper_dim: 768 -> 8; model.num_layers: 6 -> 1")
   saved = json.loads((tmp_path / "sst2_tiny" / "config.json").read_text())
   assert (saved["model"]["d_ffn"], saved["model"]["head"]) == (32, "classify")
-  ev = _run(RECIPE[2] + TOY[2], shared_data, tmp_path)
+  # The relative data paths were saved absolute: the evaluation runs from
+  # another folder and reads the same files.
+  assert saved["data"]["local_files"]["validation"] == os.path.join(
+      shared_data, "glue/SST-2/dev.tsv")
+  ev = _run(RECIPE[2] + TOY[2], shared_data, tmp_path, cwd=tmp_path)
   assert ev.returncode == 0, ev.stderr[-3000:]
   record = json.loads(
       (tmp_path / "sst2_tiny" / "evaluations" / "validation_step4.json"
