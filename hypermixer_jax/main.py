@@ -254,6 +254,17 @@ def _config(mode: str):
       config_flags.get_override_values(FLAGS["config"]), saved), given=given)
 
 
+def unexpanded_home(paths: dict[str, str | None]) -> str | None:
+  """The line for a path flag starting with ``~``, which the shell leaves
+  as it is after ``=``: it would make a folder named ``~`` here."""
+  for name, value in paths.items():
+    if value and (value == "~" or value.startswith("~/")):
+      return (f"--{name}={value}: the shell does not expand '~' after '=', "
+              f"so it would name a folder '~' in this one; write "
+              f"--{name}=$HOME{value[1:]} or an absolute path.")
+  return None
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Too many command-line arguments: {argv[1:]}")
@@ -280,6 +291,10 @@ def main(argv):
     # One line, not absl's usage text above it.
     sys.exit(f"Stopped: --mode={FLAGS.mode} needs "
              f"{' and '.join(missing)}{hint}")
+  tilde = unexpanded_home({n: FLAGS[n].value for n in ("workdir", "input",
+                                                       "output")})
+  if tilde:
+    sys.exit(f"Stopped: {tilde}")
   try:
     if FLAGS.mode == "verify":   # reads no config
       run_mode(None)

@@ -174,3 +174,15 @@ def test_repeated_library_lines_are_dropped_from_the_log():
   orbax = os.path.join("site-packages", "orbax", "checkpoint", "x.py")
   assert not quiet.filter(record(orbax, std_logging.INFO, "saved"))
   assert quiet.filter(record(orbax, std_logging.ERROR, "failed"))
+
+
+def test_a_path_flag_with_an_unexpanded_home_is_refused():
+  """``--workdir=~/run``: the shell expands no '~' after '=', and the run
+  would write into a folder named '~' under the current one."""
+  from hypermixer_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+  assert main_lib.unexpanded_home({"workdir": "~/run", "output": None}) == (
+      "--workdir=~/run: the shell does not expand '~' after '=', so it would "
+      "name a folder '~' in this one; write --workdir=$HOME/run or an "
+      "absolute path.")
+  assert main_lib.unexpanded_home({"workdir": "/tmp/~x", "input": "a~b",
+                                   "output": "~user_file"}) is None
