@@ -107,7 +107,8 @@ def test_state_mismatch_is_refused(files):
   q = data.build_pipeline(cfg, "train", batch_size=8, seed=0, repeat=True,
                           shuffle=True)
   with pytest.raises(data.DataError, match=(
-      r"^the checkpoint's input position is for batch_size=4, this run's "
+      r"^the checkpoint's input position is for batch_size=4 \(per host\), "
+      r"this run's "
       r"input pipeline has batch_size=8 \(resume with the batch_size the run "
       r"was trained with\), or start another --workdir from its parameters "
       r"with --config.init_checkpoint.$")):

@@ -474,13 +474,19 @@ def test_exporting_again_into_a_text_models_export_is_allowed(tmp_path):
 @pytest.mark.parametrize("read,where", [
     ("run", "run"), ("run", "run/checkpoints"), ("run", "run/checkpoints/4"),
     ("run", "link/checkpoints/"), ("run/checkpoints/4", "run/checkpoints"),
-    ("run/checkpoints", "run"), ("run/checkpoints/4/", "run/checkpoints/4")])
+    ("run/checkpoints", "run"), ("run/checkpoints/4/", "run/checkpoints/4"),
+    # A run whose checkpoints folder is a link (to another disk).
+    ("far", "far/checkpoints"), ("far/checkpoints/5", "far"),
+    ("far/checkpoints", "far"), ("far", "disk/ckpts/5")])
 def test_export_never_writes_into_the_run_it_reads(tmp_path, read, where):
   """Even with --overwrite: a parameters-only step (and its config) in the
   run's own folder or checkpoints would replace its training state."""
   from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
   (tmp_path / "run" / "checkpoints" / "4").mkdir(parents=True)
   (tmp_path / "link").symlink_to(tmp_path / "run")
+  (tmp_path / "disk" / "ckpts" / "5").mkdir(parents=True)
+  (tmp_path / "far").mkdir()
+  (tmp_path / "far" / "checkpoints").symlink_to(tmp_path / "disk" / "ckpts")
   out = str(tmp_path / where)
   with pytest.raises(config_checks.ConfigError, match=(
       rf"^--output={out} is the run it exports \(--workdir={tmp_path}/{read}"

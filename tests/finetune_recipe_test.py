@@ -80,7 +80,7 @@ def _readme_commands() -> list[list[str]]:
 def _run(flags, data, tmp_path, cwd=ROOT):
   """The command from ``cwd``, with ``$DATA`` a path relative to the
   repository (a user's relative paths)."""
-  data = os.path.relpath(data, ROOT)
+  data = os.path.relpath(os.path.realpath(data), os.path.realpath(ROOT))
   flags = [f.replace("$DATA", str(data)).replace(PRETRAIN, str(
       tmp_path / "mlm_tiny")).replace(FINETUNE, str(tmp_path / "sst2_tiny"))
            for f in flags]
@@ -124,8 +124,9 @@ def test_recipe_runs_and_fine_tuning_takes_the_checkpoints_shapes(
   assert (saved["model"]["d_ffn"], saved["model"]["head"]) == (32, "classify")
   # The relative data paths were saved absolute: the evaluation runs from
   # another folder and reads the same files.
-  assert saved["data"]["local_files"]["validation"] == os.path.join(
-      shared_data, "glue/SST-2/dev.tsv")
+  assert os.path.realpath(saved["data"]["local_files"]["validation"]) == (
+      os.path.realpath(os.path.join(shared_data, "glue/SST-2/dev.tsv")))
+  assert os.path.isabs(saved["data"]["local_files"]["validation"])
   ev = _run(RECIPE[2] + TOY[2], shared_data, tmp_path, cwd=tmp_path)
   assert ev.returncode == 0, ev.stderr[-3000:]
   record = json.loads(

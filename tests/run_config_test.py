@@ -417,6 +417,7 @@ def test_relative_paths_are_made_absolute_as_given(tmp_path, monkeypatch):
   config.data.vocab_path = "vocab/sp.model"
   config.data.local_files.train = "a.tsv, gs://bucket/b.tsv, /abs/c.tsv"
   config.init_checkpoint = "../pre"
+  config.data.data_dir = "/sweep/d=256,L=6"     # a comma in one folder's name
   config.model.name = "relative_looking_but_not_a_path"
   run_config.absolute_paths(config)
   assert config.data.vocab_path == str(tmp_path / "vocab/sp.model")
@@ -424,7 +425,13 @@ def test_relative_paths_are_made_absolute_as_given(tmp_path, monkeypatch):
       f"{tmp_path / 'a.tsv'},gs://bucket/b.tsv,/abs/c.tsv")
   assert config.init_checkpoint == str(tmp_path.parent / "pre")
   assert config.model.name == "relative_looking_but_not_a_path"
-  assert config.data.data_dir is None and not config.data.local_files.test
+  assert config.data.data_dir == "/sweep/d=256,L=6"
+  assert not config.data.local_files.test
+  config.data.local_files.test = "a.tsv, ~/b.tsv"
+  with pytest.raises(config_checks.ConfigError, match=(
+      r"^--config.data.local_files.test=a.tsv, ~/b.tsv: the shell does not "
+      r"expand '~' after '='")):
+    run_config.absolute_paths(config)
 
 
 def test_an_override_equal_to_the_saved_relative_path_is_kept(tmp_path,

@@ -163,9 +163,11 @@ class Pipeline:
                 "vocabulary, splits; resume with the data config the run was "
                 "trained with" if k == "task" else
                 f"resume with the {k} the run was trained with")
+        per = " (per host)" if k == "batch_size" else ""
         raise DataError(
-            f"the checkpoint's input position is for {k}={state.get(k)!r}, "
-            f"this run's input pipeline has {k}={v!r} ({what}), or start "
+            f"the checkpoint's input position is for {k}={state.get(k)!r}"
+            f"{per}, this run's input pipeline has {k}={v!r} ({what}), or "
+            "start "
             "another --workdir from its parameters with "
             "--config.init_checkpoint.")
     self._epoch = int(state["epoch"])

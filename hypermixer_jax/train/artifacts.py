@@ -197,16 +197,27 @@ def _check_not_the_run(workdir: str, output: str) -> None:
   """Refuses, even with ``--overwrite``, an export into the folder it reads
   or into the run's checkpoints: its parameters-only step (and config)
   would replace the run's training state."""
-  out, run = _resolved(output), _resolved(workdir).rstrip("/")
-  # --workdir may be the run, its checkpoints folder or one step folder.
-  parts = run.split("/")
-  if parts[-1].isdigit() and len(parts) > 1 and parts[-2] == "checkpoints":
-    parts = parts[:-2]
-  elif parts[-1] == "checkpoints":
-    parts = parts[:-1]
-  root = "/".join(parts)
-  ckpts = root + "/checkpoints"
-  if out in (run, root, ckpts) or out.startswith(ckpts + "/"):
+  out = _resolved(output)
+
+  def run_folders(run: str) -> tuple[str, str, str]:
+    """(the folder read, the run's root, its checkpoints folder): --workdir
+    may be the run, its checkpoints folder or one step folder."""
+    parts = run.rstrip("/").split("/")
+    if parts[-1].isdigit() and len(parts) > 1 and parts[-2] == "checkpoints":
+      parts = parts[:-2]
+    elif parts[-1] == "checkpoints":
+      parts = parts[:-1]
+    root = "/".join(parts)
+    return run.rstrip("/"), root, root + "/checkpoints"
+
+  # By the path as given (made absolute) and with links resolved: either
+  # side may be a link (a checkpoints folder on another disk).
+  given = (os.path.abspath(workdir) if storage.is_local(workdir)
+           else os.fspath(workdir))
+  forms = [run_folders(given), run_folders(_resolved(workdir))]
+  folders = {g(f) for fs in forms for f in fs for g in (str, _resolved)}
+  ckpts = {g(fs[2]) for fs in forms for g in (str, _resolved)}
+  if out in folders or any(out.startswith(c + "/") for c in ckpts):
     raise config_checks.ConfigError(
         f"--output={output} is the run it exports (--workdir={workdir}) or "
         "its checkpoints; an export there would replace the run's training "

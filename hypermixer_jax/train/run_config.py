@@ -569,12 +569,13 @@ def is_path_field(key: str) -> bool:
   return key in PATH_FIELDS or key.startswith("data.local_files.")
 
 
-def absolute(value: Any) -> Any:
+def absolute(value: Any, many: bool = False) -> Any:
   """A path field's value with its relative local paths made absolute
-  (object-store URLs, absolute paths and empty values unchanged)."""
+  (object-store URLs, absolute paths and empty values unchanged); ``many``:
+  a comma-separated list (``data.local_files.*``)."""
   if not isinstance(value, str) or not value:
     return value
-  parts = [p.strip() for p in value.split(",")]
+  parts = [p.strip() for p in value.split(",")] if many else [value]
   return ",".join(p if not p or not storage.is_local(p) or os.path.isabs(p)
                   else os.path.abspath(p) for p in parts)
 
@@ -585,8 +586,9 @@ def absolute_paths(config: ml_collections.ConfigDict
   made absolute, as a command line gives them: the saved ``config.json``
   then names the same files whatever folder a later command (a resume,
   ``--mode=evaluate``) runs from."""
-  flat = {k: absolute(v) for k, v in flatten(config.to_dict()).items()
-          if is_path_field(k) and absolute(v) != v}
+  flat = {k: _absolute_field(k, v)
+          for k, v in flatten(config.to_dict()).items()
+          if is_path_field(k) and _absolute_field(k, v) != v}
   if flat:
     config.update_from_flattened_dict(flat)
   return config
@@ -598,8 +600,20 @@ def absolute_overrides(overrides: Mapping[str, Any],
   absolute, except one equal to the saved value (a run saved with that
   relative path, resumed from its folder, keeps reading what it read)."""
   saved = flatten(load(saved_path))
-  return {k: (absolute(v) if is_path_field(k) and saved.get(k) != v else v)
-          for k, v in overrides.items()}
+  return {k: (_absolute_field(k, v) if is_path_field(k) and saved.get(k) != v
+              else v) for k, v in overrides.items()}
+
+
+def _absolute_field(key: str, value: Any) -> Any:
+  many = key.startswith("data.local_files.")
+  if isinstance(value, str) and any(
+      p.strip() == "~" or p.strip().startswith("~/")
+      for p in (value.split(",") if many else [value])):
+    raise ConfigFlagError(
+        f"--config.{key}={value}: the shell does not expand '~' after '=', "
+        "so it would name a folder '~' in the current one; write $HOME/... "
+        "or an absolute path.")
+  return absolute(value, many=many)
 
 
 def check_init_vocabulary(config: ml_collections.ConfigDict) -> None:

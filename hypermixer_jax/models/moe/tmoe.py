@@ -345,7 +345,7 @@ class MoeFeedForward(nn.Module):
         return jnp.einsum("gecf,efd->gecd", h, w2) + b2[:, None]
       # Partial outputs summed in float32, as one device's matmul sums.
       y = jnp.einsum("gecf,efd->gecd", h, w2,
-                     preferred_element_type=jnp.float32)
+                     preferred_element_type=jnp.promote_types(dt, jnp.float32))
       return jax.lax.psum(y, tp).astype(dt) + b2[:, None]
 
     specs = None
