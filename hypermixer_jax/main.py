@@ -257,12 +257,10 @@ def _config(mode: str):
 def unexpanded_home(paths: dict[str, str | None]) -> str | None:
   """The line for a path flag starting with ``~``, which the shell leaves
   as it is after ``=``: it would make a folder named ``~`` here."""
-  for name, value in paths.items():
-    if value and (value == "~" or value.startswith("~/")):
-      return (f"--{name}={value}: the shell does not expand '~' after '=', "
-              f"so it would name a folder '~' in this one; write "
-              f"--{name}=$HOME{value[1:]} or an absolute path.")
-  return None
+  from hypermixer_jax.train import storage  # pylint: disable=g-import-not-at-top
+  lines = [storage.unexpanded_home(f"--{name}", value)
+           for name, value in paths.items() if value]
+  return next((line for line in lines if line), None)
 
 
 def main(argv):

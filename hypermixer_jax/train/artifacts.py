@@ -212,9 +212,8 @@ def _check_not_the_run(workdir: str, output: str) -> None:
 
   # By the path as given (made absolute) and with links resolved: either
   # side may be a link (a checkpoints folder on another disk).
-  given = (os.path.abspath(workdir) if storage.is_local(workdir)
-           else os.fspath(workdir))
-  forms = [run_folders(given), run_folders(_resolved(workdir))]
+  forms = [run_folders(storage.absolute(workdir)),
+           run_folders(_resolved(workdir))]
   folders = {g(f) for fs in forms for f in fs for g in (str, _resolved)}
   ckpts = {g(fs[2]) for fs in forms for g in (str, _resolved)}
   if out in folders or any(out.startswith(c + "/") for c in ckpts):

@@ -589,9 +589,7 @@ def _flatten(tree: PyTree) -> dict[str, Any]:
 def manager_path(directory: str | os.PathLike) -> str:
   """``directory`` as Orbax takes it: a local path made absolute (Orbax's
   array storage refuses relative ones), an object-store URL unchanged."""
-  directory = os.fspath(directory)
-  return (os.path.abspath(directory) if storage.is_local(directory)
-          else directory)
+  return storage.absolute(directory)
 
 
 def reader(directory: str) -> ocp.CheckpointManager:

@@ -576,8 +576,8 @@ def absolute(value: Any, many: bool = False) -> Any:
   if not isinstance(value, str) or not value:
     return value
   parts = [p.strip() for p in value.split(",")] if many else [value]
-  return ",".join(p if not p or not storage.is_local(p) or os.path.isabs(p)
-                  else os.path.abspath(p) for p in parts)
+  return ",".join(p if not p or os.path.isabs(p) else storage.absolute(p)
+                  for p in parts)
 
 
 def absolute_paths(config: ml_collections.ConfigDict
@@ -606,13 +606,10 @@ def absolute_overrides(overrides: Mapping[str, Any],
 
 def _absolute_field(key: str, value: Any) -> Any:
   many = key.startswith("data.local_files.")
-  if isinstance(value, str) and any(
-      p.strip() == "~" or p.strip().startswith("~/")
-      for p in (value.split(",") if many else [value])):
-    raise ConfigFlagError(
-        f"--config.{key}={value}: the shell does not expand '~' after '=', "
-        "so it would name a folder '~' in the current one; write $HOME/... "
-        "or an absolute path.")
+  home = isinstance(value, str) and storage.unexpanded_home(
+      f"--config.{key}", value, many)
+  if home:
+    raise ConfigFlagError(home)
   return absolute(value, many=many)
 
 

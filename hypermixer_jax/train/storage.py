@@ -50,6 +50,26 @@ def is_local(p: str | os.PathLike) -> bool:
   return "://" not in os.fspath(p)
 
 
+def absolute(p: str | os.PathLike) -> str:
+  """A local path made absolute (from the current folder); an object-store
+  URL unchanged."""
+  p = os.fspath(p)
+  return os.path.abspath(p) if is_local(p) else p
+
+
+def unexpanded_home(flag: str, value: str, many: bool = False) -> str | None:
+  """The one line for a path written ``~/...`` after ``=`` (no shell expands
+  it there: it would name a folder ``~`` in the current one); ``many``: a
+  comma-separated list. None for any other value."""
+  parts = [p.strip() for p in value.split(",")] if many else [value]
+  if not any(p == "~" or p.startswith("~/") for p in parts):
+    return None
+  fixed = ", ".join("$HOME" + p[1:] if p[:1] == "~" else p for p in parts)
+  return (f"{flag}={value}: the shell does not expand '~' after '=', so it "
+          f"would name a folder '~' in this one; write {flag}={fixed} or an "
+          "absolute path.")
+
+
 def replace(target: str | os.PathLike, data: bytes | str) -> None:
   """Writes ``data`` (text as UTF-8) to ``target`` so that readers see all
   of it or none.
