@@ -154,7 +154,8 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
       hyper = list(per.get((task, "hypermixer"), {}).values())
       row += [experiment.fmt_mean_sd(final, 100) or "not run",
               glue.PAPER[mixer][task],
-              glue.hypermixer_above(task, mixer, hyper, final, n_eval)]
+              glue.hypermixer_above(task, mixer, hyper, final, n_eval,
+                                    untuned=True)]
     if base:
       row.append(experiment.against_baseline(
           final, base["naive_bayes"], n_eval=n_eval).text(100)

@@ -228,7 +228,8 @@ def _report(exp, args, runs, sizes, steps, seed_bases, vocab, c) -> None:
       f"MLM perplexity at equal capacity ({args.scale} scale, {steps} "
       "steps)",
       experiment.markdown_table(mlm.HEADERS,
-                                mlm.table_rows(runs, sizes, base)),
+                                mlm.table_rows(runs, sizes, base,
+                                               untuned=True)),
       notes, name=table_name)
   fig, axes = experiment.figure(size=(8.0, 3.6))
   ax = axes[0, 0]

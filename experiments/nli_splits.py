@@ -103,14 +103,14 @@ def _report(exp, args, tasks, models, budget, acc) -> None:
   for mixer in models:
     row = [glue.LABELS[mixer]]
     for task in tasks:
-      final = [r["eval"]["accuracy"] for r in acc.get((task, mixer), [])]
-      hyper = [r["eval"]["accuracy"] for r in acc.get((task, "hypermixer"),
-                                                      [])]
+      final, hyper = ([r["eval"]["accuracy"] for r in acc.get((task, m), [])]
+                      for m in (mixer, "hypermixer"))
       b = exp.data["baselines"].get(f"{task}/{budget}") or {}
       n_eval = b.get("dev_rows")
       row += [experiment.fmt_mean_sd(final, 100) or "not run",
               glue.PAPER[mixer][task],
-              glue.hypermixer_above(task, mixer, hyper, final, n_eval),
+              glue.hypermixer_above(task, mixer, hyper, final, n_eval,
+                                    untuned=True),
               experiment.against_baseline(
                   final, b["naive_bayes"], n_eval=n_eval).text(100)
               if b and final else ""]

@@ -189,7 +189,7 @@ def hypermixer_verdict(runs, size: int, seeds) -> str:
   (within ``EQUAL_SHARE`` of attention's mean) from it."""
   return synthetic.mse_verdict(_mses(runs, "hypermixer", size, seeds),
                                _mses(runs, "attention", size, seeds), size,
-                               (EQUAL_FROM, EQUAL_SHARE))
+                               (EQUAL_FROM, EQUAL_SHARE), untuned=True)
 
 
 def _plot_mse(exp, summary, sizes, seeds, mixers) -> None:

@@ -50,17 +50,24 @@ ALLOWED = {
                               "50,000", "8192", "256", "512", "4096", "2048",
                               "10", "100", "80/20", "+12-14", "+2", "1.49M",
                               "0.26M", "32", "32,768", "2021", "2022",
-                              "2023", "0.05"},
-    "docs/performance.md": {"2048", "8192", "32,128", "128", "256", "512",
+                              "2023", "0.05", "1e-2", "3e-3"},
+    "docs/performance.md": {"2x", "2048", "8192", "32,128", "128", "256", "512",
                             "1,024", "2,048", "8,192", "16,384", "16", "32",
                             "64", "100", "10,000"},
 }
 DOC_PAGES = ["docs/performance.md"]
 
+# A figure: digits with their sign, thousands, decimals, exponent, range
+# and unit ("+1.8%", "35-53%", "4.6pp", "1.2e-04", "8k"); a decimal is
+# never cut to its integer part ("4.6ms" is one figure, not "4").
 NUMBER = re.compile(
-    r"(?<![\w.§/:'-])[+-]?(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:e[-+]?\d+)?"
-    r"(?:[-/]\d+(?:\.\d+)?)*[%xMk]?(?![\w/])")
-INCLUDE = re.compile(r"<!-- table: [^ ]+ -->.*?<!-- /table -->", re.DOTALL)
+    r"(?<![\w.§/'-])[+-]?(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:e[-+]?\d+)?"
+    r"(?:[-/]\d+(?:\.\d+)?)*(?:%|[a-zA-Zµ]+)?(?![\w/]|\.\d)")
+# An included table, as scripts/docs_tables.py finds it (its marker alone
+# on a line): a marker with text after it on the line includes nothing,
+# and that text is prose.
+INCLUDE = re.compile(r"<!-- table: [^ ]+ -->\n.*?<!-- /table -->", re.DOTALL)
+BARE_INTEGER = re.compile(r"\d+")
 FENCE = re.compile(r"^ *```.*?^ *```", re.DOTALL | re.MULTILINE)
 
 
@@ -69,7 +76,10 @@ def _prose(text):
   included tables (those are checked against their files)."""
   text = FENCE.sub("", INCLUDE.sub("", text))
   text = re.sub(r"<!--.*?-->", "", text, flags=re.DOTALL)
-  text = re.sub(r"`[^`\n]*`", " ", text)
+  # Inline code is a command, a flag or a setting (`64` rows), unless it
+  # holds a measured-looking figure alone: one with decimals (`98.4`).
+  text = re.sub(r"`([^`\n]*)`", lambda m: m[1] if (
+      NUMBER.fullmatch(m[1].strip()) and "." in m[1]) else " ", text)
   text = re.sub(r"\]\([^)]*\)", "]", text)
   text = re.sub(r"https?://\S+", " ", text)
   # References into the papers: sections, figures, tables.
@@ -85,6 +95,12 @@ def _parts(figure):
   """The plain numbers of a figure: "+1.8%" -> ["1.8"], "35-53%" -> both."""
   return [p.replace(",", "") for p in
           re.findall(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?", figure)]
+
+
+def _small(figure):
+  """A count up to ten (seeds, layers), bare: "9x" or "8%" is a result."""
+  return (BARE_INTEGER.fullmatch(figure.lstrip("+-")) is not None
+          and int(figure.lstrip("+-")) <= SMALL)
 
 
 def _tokens(text):
@@ -176,7 +192,7 @@ def _unbacked_in_top(path):
       parts = _parts(f)
       if f in allowed or all(p in tokens for p in parts):
         continue
-      if all(float(p) <= SMALL and "." not in p for p in parts):
+      if _small(f):
         continue
       bad.append(f)
   return bad
@@ -206,7 +222,7 @@ def _unbacked_in_doc(text, allowed=frozenset(), results=RESULTS):
       parts = _parts(f)
       if f in allowed or any(all(r.holds(p) for p in parts) for r in records):
         continue
-      if all(float(p) <= SMALL and "." not in p for p in parts):
+      if _small(f):
         continue
       bad.append(f)
   return bad
@@ -272,6 +288,24 @@ def test_the_rule_catches_a_typed_figure_and_passes_a_recorded_one(tmp_path):
   assert _unbacked_in_page(page) == []
   page.write_text("A reaches 80.7, 35-53% of the time, at 1,874.9.\n")
   assert _unbacked_in_page(page) == ["35-53%", "1,874.9"]
+
+
+def test_the_rule_sees_figures_in_every_form_a_page_writes_them(tmp_path):
+  # A unit after a decimal, a small count that is a result ("9x", "8%"),
+  # a figure alone in inline code, one after a colon, and text on the line
+  # of an include marker (which includes nothing) are all figures to check.
+  folder = tmp_path / "study"
+  folder.mkdir()
+  (folder / "table.md").write_text("| A | 80.7 |\n")
+  (folder / "results.json").write_text(json.dumps({"acc": 0.807}))
+  page = folder / "README.md"
+  page.write_text(
+      "A gains 4.6pp, runs 9x faster, is 8% better, reaches `98.4` (dev:94.8)"
+      " with `--steps=1234`.\n\n<!-- table: table.md --> It "
+      "reaches 97.3. <!-- /table -->\n")
+  assert _unbacked_in_page(page) == ["4.6pp", "9x", "8%", "98.4", "94.8",
+                                     "97.3"]
+  assert _small("2") and not _small("9x") and not _small("1e-2")
 
 
 def test_claims_rows_back_only_the_experiment_they_come_from(tmp_path):

@@ -113,12 +113,42 @@ class ClaimsTest(absltest.TestCase):
         claims.judge(dataclasses.replace(c, relative_margin=False), data)[6],
         want.text(100))
 
-  def test_a_baseline_pattern_averages_its_matches(self):
+  def test_an_untuned_comparison_shows_its_test_but_decides_nothing(self):
+    # Every model at one shared setting: a significant difference is shown
+    # with its interval and p, never as the claim's verdict.
     data = {"runs": {**_runs("a", OURS), **_runs("b", OTHER)},
-            "baselines": {"m/seed=0": {"x": 0.4}, "m/seed=1": {"x": 0.6},
+            "baselines": {"majority": 0.5}}
+    tuned = claims.judge(_claim(), data)[6]
+    untuned = claims.judge(_claim(untuned=True), data)[6]
+    self.assertTrue(tuned.startswith("agrees: "), tuned)
+    self.assertEqual(untuned, "no verdict (untuned): "
+                     + tuned.removeprefix("agrees: "))
+    two = _claim(untuned=True, others=(claims.Arm("b", "b/seed=*"),
+                                       claims.Arm("c", "b/seed=*")))
+    self.assertEqual(claims.judge(two, data)[6].count("no verdict"), 1)
+    v = stats.verdict(OURS, OTHER, "higher", untuned=True)
+    self.assertEqual((v.word, v.text(100, words={"agrees": "yes"})),
+                     ("agrees", untuned))
+
+  def test_a_baseline_scored_per_seed_is_tested_as_seeds(self):
+    # A baseline with a value per seed (a pattern of keys) has a spread of
+    # its own: Welch's test against those values, as scipy computes it,
+    # not a one-sample test against their mean (which would be narrower).
+    base = [0.80, 0.78, 0.79]
+    data = {"runs": {**_runs("a", OURS), **_runs("b", OTHER)},
+            "baselines": {**{f"m/seed={i}": {"x": v}
+                             for i, v in enumerate(base)},
                           "other": {"x": 0.0}}}
     c = _claim(baseline=("avg", ("baselines", "m/seed=*", "x")))
-    self.assertTrue(claims.judge(c, data)[5].startswith("avg 50.0: ours"))
+    cell = claims.judge(c, data)[5]
+    ref = sps.ttest_ind(OURS, base, equal_var=False)
+    ci = ref.confidence_interval()
+    self.assertEqual(
+        cell, f"avg 79.0 ± 1.0 (n=3): ours above: "
+        f"{100 * (np.mean(OURS) - np.mean(base)):+.1f} [{100 * ci.low:+.1f}, "
+        f"{100 * ci.high:+.1f}], {stats.p_text(ref.pvalue)}")
+    one_sample = sps.ttest_1samp(OURS, np.mean(base)).confidence_interval()
+    self.assertGreater(ci.high - ci.low, one_sample.high - one_sample.low)
     with self.assertRaisesRegex(KeyError, "nothing at 'n/seed=\\*'"):
       claims.judge(_claim(baseline=("avg", ("baselines", "n/seed=*", "x"))),
                    data)

@@ -95,8 +95,14 @@ class WelchTest(parameterized.TestCase):
   def test_bad_input(self):
     with self.assertRaisesRegex(ValueError, "fractions, not percent"):
       stats.welch([81.0, 82.0, 80.0], [70.0, 71.0, 72.0], n_eval=872)
-    with self.assertRaisesRegex(ValueError, "no spread"):
+    # One seed a side is not a sample (scipy gives NaN), with or without
+    # the evaluation set's noise; a baseline is passed as a number.
+    with self.assertRaisesRegex(ValueError, "ours has 1 value.*two seeds"):
       stats.welch([0.5], [0.4])
+    with self.assertRaisesRegex(ValueError, "other has 1 value"):
+      stats.welch([0.79, 0.80, 0.81], [0.5], n_eval=100)
+    self.assertTrue(np.isnan(sps.ttest_ind([0.5], [0.79, 0.8, 0.81],
+                                           equal_var=False).pvalue))
     with self.assertRaisesRegex(ValueError, "no spread to test"):
       stats.welch([0.5, 0.5], [0.4, 0.4])
 

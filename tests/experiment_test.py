@@ -909,6 +909,11 @@ def test_seed_summary_matches_scipy_and_formats_missing_seeds():
   one = experiment.seed_summary([4e-3])
   assert (one["std"], experiment.fmt_seed_summary(one, 1)) == (0.0, "4.00e-03")
   assert experiment.fmt_seed_summary(experiment.seed_summary([]), 3) == "—"
+  # A diverged seed is one not run: the others' figures, counted as such.
+  diverged = experiment.seed_summary([3e-3, float("nan"), 1e-3])
+  assert diverged["seeds"] == 2 and diverged["mean"] == 2e-3
+  assert (experiment.fmt_seed_summary(diverged, 3)
+          == "2.00e-03 ± 1.4e-03 (2 of 3 seeds)")
 
 
 def test_glue_tune_selects_on_carved_phrases_and_reports_dev(tmp_path,

@@ -81,6 +81,9 @@ class Claim:
   at_scale: str | Callable[[dict[str, Any]], str] = ""
   # A row only once its runs are recorded (a study's --tune, run later).
   when_recorded: bool = False
+  # Every model at one shared setting, none searched: the difference and p
+  # are shown, but an unequal tuning decides nothing (NO_VERDICT).
+  untuned: bool = False
 
   def row(self, data: dict[str, Any]) -> list[str]:
     return judge(self, data)
@@ -133,15 +136,18 @@ def _path(data: Any, keys: Sequence[str]) -> Any:
   return data
 
 
-def _mean_at(data: Any, keys: Sequence[str]) -> float:
-  """The number at ``keys``, or the mean of the numbers where a key is a
-  pattern (``fnmatch``), e.g. a baseline scored on each seed's masks."""
+def _values_at(data: Any, keys: Sequence[str]) -> list[float]:
+  """The number at ``keys``, or the numbers where a key is a pattern
+  (``fnmatch``), e.g. a baseline scored on each seed's masks."""
   if not keys:
-    return float(data)
-  matches = fnmatch.filter(data, keys[0])
+    return [float(data)]
+  matches = sorted(fnmatch.filter(data, keys[0]))
   if not matches:
     raise KeyError(f"claims: nothing at {keys[0]!r} (keys: {sorted(data)}).")
-  return sum(_mean_at(data[k], keys[1:]) for k in matches) / len(matches)
+  return [v for k in matches for v in _values_at(data[k], keys[1:])]
+
+
+NO_VERDICT = stats.NO_VERDICT
 
 
 PPL = ("eval", "perplexity")
@@ -380,7 +386,8 @@ def _sst2(other: str, label: str, number: str, tuned: bool = False
                    "~1.3M params",
                    checked=("w128_s1000_n64/", 1000, glue.MIXERS))
                if tuned else
-               SST2_REGIME, at_scale=SST2_SCALE, when_recorded=tuned)
+               SST2_REGIME, at_scale=SST2_SCALE, when_recorded=tuned,
+               untuned=not tuned)
 
 
 def _nli(task: str, number: str, tuned: bool = False,
@@ -407,7 +414,8 @@ def _nli(task: str, number: str, tuned: bool = False,
                    + _nli_params(data, runs, ("hypermixer", name)))(data))
                if tuned
                else _nli_regime(task, ("hypermixer", name)),
-               at_scale=_nli_scale(task, tuned), when_recorded=tuned)
+               at_scale=_nli_scale(task, tuned), when_recorded=tuned,
+               untuned=not tuned)
 
 
 def _low_resource(tuned: bool = False) -> Claim:
@@ -426,7 +434,8 @@ def _low_resource(tuned: bool = False) -> Claim:
                    "({train} phrases), 1,000 steps x 64") if tuned else
                "SST-2, 10% of train (6.7k phrases), 1,000 steps x 64; "
                + GLUE_UNTUNED, at_scale="the paper measures SNLI/MNLI, not "
-               "SST-2, at 11M params", when_recorded=tuned)
+               "SST-2, at 11M params", when_recorded=tuned,
+               untuned=not tuned)
 
 
 def _tuning_cost() -> Claim:
@@ -469,7 +478,7 @@ def _synthetic(size: int, tuned: bool = False) -> Claim:
                        f"s1500/n{size}/tune/model={m}/setting=*"
                        for m in ("hypermixer", "attention"))))
                if tuned else SYN_REGIME.format(size),
-               at_scale=SYN_SCALE, when_recorded=tuned)
+               at_scale=SYN_SCALE, when_recorded=tuned, untuned=not tuned)
 
 
 SYN_PAPER = "synthetic_data_efficiency_paper"
@@ -529,7 +538,7 @@ def _synthetic_paper(size: int, other: str = "attention") -> Claim:
                spec="+.1e", margin=0.1 if equal else None,
                relative_margin=equal, regime=lambda data: _ran_on(
                    data, SYN_PAPER_REGIME.format(size), ours, theirs),
-               at_scale=SYN_PAPER_SCALE)
+               at_scale=SYN_PAPER_SCALE, untuned=True)
 
 
 def _exponent(kind: str, what: str) -> Measured:
@@ -559,7 +568,8 @@ def _mlm_vs_bert(model: str, claim: str, paper: str, direction: str, *,
                MLM_BIGRAM_CARVED if tuned else MLM_BIGRAM, scale=1.0,
                regime=(_mlm_tuned_regime((model, "attention")) if tuned
                        else MLM_REGIME),
-               at_scale=MLM_TUNED_SCALE if tuned else MLM_SCALE)
+               at_scale=MLM_TUNED_SCALE if tuned else MLM_SCALE,
+               untuned=not tuned)
 
 
 MOE_TUNED = "small8k/s1000/tuned/model={}/seed=*"
@@ -599,7 +609,7 @@ def _moe_pair(other: str, label: str, tuned: bool = False) -> Claim:
                ("bigram", ("baselines", "small8k/s1000/carved", "all",
                            "bigram")) if tuned else MOE_BIGRAM, scale=1.0,
                regime=_moe_regime(tuned, ("smlp_deterministic", other)),
-               at_scale=MOE_SCALE, when_recorded=tuned)
+               at_scale=MOE_SCALE, when_recorded=tuned, untuned=not tuned)
 
 
 def _hash_lowest(tuned: bool = False) -> Claim:
@@ -616,7 +626,7 @@ def _hash_lowest(tuned: bool = False) -> Claim:
                                     "all", "bigram")) if tuned else MOE_BIGRAM,
                scale=1.0, regime=_moe_regime(
                    tuned, ("hash",) + tuple(n for n, _ in others)),
-               at_scale=MOE_SCALE, when_recorded=tuned)
+               at_scale=MOE_SCALE, when_recorded=tuned, untuned=not tuned)
 
 
 SST2_PAIRS = (("attention", "the Transformer", "81.4 vs 79.4 (test)"),
@@ -656,7 +666,7 @@ CLAIMS: tuple[Claim | Measured, ...] = (
           (Arm("HyperMixer", SYN.format("hypermixer", 50_000), ("mse",)),),
           "higher", ("copy the input", ("baselines", "copy_input")), scale=1.0,
           spec="+.1e", regime=SYN_REGIME.format(50_000),
-          at_scale=SYN_SCALE),
+          at_scale=SYN_SCALE, untuned=True),
     *(_synthetic_paper(n) for n in (1_000, 10_000, 100_000)),
     _synthetic_paper(100_000, "mlp_mixer"),
     Claim(GMLP, "image_classification", "CIFAR-10: gMLP above MLP-Mixer",
@@ -665,7 +675,7 @@ CLAIMS: tuple[Claim | Measured, ...] = (
           (Arm("MLP-Mixer", IMG.format("mixer"), ("test", "accuracy")),),
           "higher", PIXELS,
           IMG_N, regime=_image_regime(("gmlp", "mixer"), "small", tuned=False),
-          at_scale=IMG_SCALE),
+          at_scale=IMG_SCALE, untuned=True),
     Claim(GMLP, "image_classification", "CIFAR-10: gMLP above MLP-Mixer, "
           "both tuned alike",
           "ImageNet top-1: gMLP-S 79.6 (20M), Mixer-B/16 76.4 (59M)",
@@ -752,19 +762,28 @@ def judge(c: Claim, data: dict[str, Any]) -> list[str]:
               else c.margin)
     verdicts.append(stats.verdict(ours, theirs, c.direction, n_eval=n_eval,
                                   margin=margin))
-  word = _joint_word(verdicts)
-  cells = [v.text(c.scale, spec=c.spec) for v in verdicts]
-  verdict = cells[0] if len(cells) == 1 else f"{word}: " + "; ".join(
-      f"vs {o.label}: {t}" for o, t in zip(c.others, cells))
+  if c.untuned:
+    word = NO_VERDICT
+    cells = [v.detail(c.scale, spec=c.spec) for v in verdicts]
+  else:
+    word = _joint_word(verdicts)
+    cells = [v.text(c.scale, spec=c.spec) for v in verdicts]
+  verdict = (f"{NO_VERDICT}: {cells[0]}" if c.untuned and len(cells) == 1
+             else cells[0] if len(cells) == 1 else f"{word}: " + "; ".join(
+                 f"vs {o.label}: {t}" for o, t in zip(c.others, cells)))
   label, path = c.baseline
   base = ""
   if path:
-    value = _mean_at(data, path)
-    f = c.spec.lstrip("+")
-    base = f"{label} {c.scale * value:{f}}"
+    # A baseline scored once is a number; one scored on each seed's masks
+    # has a spread of its own, and is tested as a model is (Welch).
+    values = _values_at(data, path)
+    baseline = values[0] if len(values) == 1 else values
+    base = f"{label} " + (_mean_sd_ci(values, c, ci=False)
+                          if len(values) > 1
+                          else f"{c.scale * values[0]:{c.spec.lstrip('+')}}")
     if len(ours) >= stats.MIN_SEEDS:
       base += ": ours " + stats.against_baseline(
-          ours, value, n_eval=n_eval).text(c.scale, spec=c.spec)
+          ours, baseline, n_eval=n_eval).text(c.scale, spec=c.spec)
   against = "; ".join(f"{o.label} {_mean_sd_ci(o.values(data), c, False)}"
                       for o in c.others)
   return [c.paper, c.text, c.paper_number,
@@ -788,7 +807,10 @@ def table(results: pathlib.Path,
           if not getattr(c, "when_recorded", False)
           or c.recorded(records[c.experiment])]
   return (tables.markdown_table(HEADERS, rows) + "\n\n"
-          + stats.VERDICT_NOTE + " The 95% CI of 'ours' is the seeds' t "
+          + stats.VERDICT_NOTE + f" '{NO_VERDICT}': every model ran at "
+          "one shared setting, none searched, so the difference and p are "
+          "shown but decide nothing (an equal search may reorder close "
+          "models; the rows tuned alike decide). The 95% CI of 'ours' is the seeds' t "
           "interval; for accuracies it carries the evaluation set's binomial "
           "noise too. Accuracies in points; perplexities and "
           "MSE as recorded; a claim against k models agrees only "

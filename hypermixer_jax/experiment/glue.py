@@ -157,16 +157,18 @@ def param_split(config: ml_collections.ConfigDict) -> dict:
 
 
 def hypermixer_above(task: str, mixer: str, hyper: list[float],
-                     other: list[float], n_eval: int | None = None) -> str:
+                     other: list[float], n_eval: int | None = None, *,
+                     untuned: bool = False) -> str:
   """The table's "HyperMixer above it?" cell: the paper's answer for
   ``task`` against ``mixer`` and what Welch's test on our seeds (``hyper``,
   ``other``: accuracies on ``n_eval`` examples) says of it; '' for
-  HyperMixer itself or without runs."""
+  HyperMixer itself or without runs; ``untuned``: no verdict, every model
+  at one shared setting)."""
   if mixer == "hypermixer" or not hyper or not other:
     return ""
   paper_higher = PAPER["hypermixer"][task] > PAPER[mixer][task]
   v = experiment.verdict(hyper, other, "higher" if paper_higher else "lower",
-                         n_eval=n_eval)
+                         n_eval=n_eval, untuned=untuned)
   return f"paper {'yes' if paper_higher else 'no'}; ours {v.text(100)}"
 
 

@@ -269,18 +269,20 @@ def pixel_baselines(tsvs: dict[str, str], archive: pathlib.Path) -> dict:
 # Report.
 # ---------------------------------------------------------------------------
 def claim_verdict(family: str, gmlp: list[float], other: list[float],
-                  n_eval: int | None = None) -> str:
+                  n_eval: int | None = None, untuned: bool = False) -> str:
   """The paper's claim of ``CLAIM[family]`` on the seeds' accuracies
   (``n_eval`` test images), with the difference, its interval and p."""
   if family not in CLAIM or not gmlp or not other:
     return ""
   margin = LEVEL_MARGIN if CLAIM[family] == "equal" else None
   return experiment.verdict(gmlp, other, CLAIM[family], n_eval=n_eval,
-                            margin=margin).text(100)
+                            margin=margin, untuned=untuned).text(100)
 
 
-def table_rows(families, runs: dict, base: dict | None) -> list[list]:
-  """One row per family (ours beside the paper) and the baselines'."""
+def table_rows(families, runs: dict, base: dict | None,
+               untuned: bool = False) -> list[list]:
+  """One row per family (ours beside the paper) and the baselines'
+  (``untuned``: every family at its config's setting, no verdict)."""
   acc = {f: [final_accuracy(r) for r in rs] for f, rs in runs.items()}
   rows = []
   for family in families:
@@ -299,7 +301,7 @@ def table_rows(families, runs: dict, base: dict | None) -> list[list]:
             acc[family], base["linear_pixels"],
             n_eval=base["test_images"]).text(100) if base else "",
         claim_verdict(family, acc.get("gmlp", []), acc[family],
-                      base.get("test_images") if base else None),
+                      base.get("test_images") if base else None, untuned),
         f"{experiment.flops_per_step(rs[0]) / 1e9:.2f}",
         f"{sum(r['wall_s'] for r in rs) / len(rs) / 60:.1f}",
         PAPER[family]])
@@ -363,7 +365,8 @@ def report(exp, scale: str, families, seeds, steps: int | None,
       h.replace("CIFAR-10 test", "ImageNet-1k val") for h in HEADERS]
   exp.write_table(f"Image classification ({scale} scale)",
                   experiment.markdown_table(
-                      headers, table_rows(families, runs, base)),
+                      headers, table_rows(families, runs, base,
+                                          untuned=True)),
                   notes(scale, seeds, steps, batch_size))
   plot(exp, runs, base)
 

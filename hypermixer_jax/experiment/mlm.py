@@ -273,8 +273,8 @@ def final_perplexity(run: dict) -> float:
   return float(run["eval"]["perplexity"])
 
 
-def table_rows(runs: dict, sizes: dict, base: dict | None = None
-               ) -> list[list]:
+def table_rows(runs: dict, sizes: dict, base: dict | None = None,
+               untuned: bool = False) -> list[list]:
   """One row per model (``runs``: {model: [run of each seed]}), ours beside
   the paper's: mean ± sd over seeds, the ratio to the unigram baseline of
   the same positions, and whether the seeds back the paper's order against
@@ -298,7 +298,8 @@ def table_rows(runs: dict, sizes: dict, base: dict | None = None
     if mixer in ("gmlp", "amlp") and ppl and bert:
       # gMLP: slightly higher perplexity than BERT; aMLP: at most BERT's.
       vs_bert = experiment.verdict(
-          ppl, bert, "higher" if mixer == "gmlp" else "lower").text()
+          ppl, bert, "higher" if mixer == "gmlp" else "lower",
+          untuned=untuned).text()
     rows.append([LABELS[mixer], m["num_layers"], m["d_model"], m["d_ffn"],
                  f"{p['total'] / 1e6:.3f}M", f"{p['non_embedding'] / 1e6:.3f}M",
                  experiment.fmt_mean_sd(ppl) or "not run", ratio, vs_bert,

@@ -354,8 +354,8 @@ def run_summary(result: Mapping[str, Any], tokens_per_step: int
 def table_rows(names: Sequence[str], labels: Mapping[str, str],
                runs: Mapping[str, Sequence[Mapping[str, Any]]],
                plan: Mapping[str, Mapping[str, Any]], reference: str,
-               paper: Mapping[str, str], unigram: float | None = None
-               ) -> list[list[Any]]:
+               paper: Mapping[str, str], unigram: float | None = None,
+               untuned: bool = False) -> list[list[Any]]:
   """One row per model: depth, parameters, FLOPs (total, layers, vs the
   reference), held-out perplexity over its seeds' runs (mean ± sd; as
   trained, over ``unigram``, on each row's last 80%), whether the
@@ -383,7 +383,7 @@ def table_rows(names: Sequence[str], labels: Mapping[str, str],
               f"{sum(ppl) / len(ppl) / unigram:.2f}" if unigram else "",
               experiment.fmt_mean_sd(last80),
               "" if name == reference else experiment.verdict(
-                  ref_ppl, ppl, "lower").text(words={
+                  ref_ppl, ppl, "lower", untuned=untuned).text(words={
                       "agrees": "yes", "disagrees": "no, higher"}),
               f"{tps:,.0f}", f"{tps / ref_tps:.2f}" if ref_runs else ""]
     else:
@@ -560,15 +560,15 @@ def write_report(exp: experiment.Experiment, scale: str,
   main_names = [n for n in MODELS if n in plan]
   unigram = base["all"]["unigram"] if base else None
   table = experiment.markdown_table(HEADERS, table_rows(
-      main_names, labels, runs, plan, REFERENCE, PAPER, unigram)
-      + (baseline_rows(base) if base else []))
+      main_names, labels, runs, plan, REFERENCE, PAPER, unigram,
+      untuned=True) + (baseline_rows(base) if base else []))
   abl = [n for n in ABLATIONS if n in plan]
   if abl:
     table += ("\n\nAblations, sMLP N1+N2 = "
               f"{s['smlp_depth'][0]}+{s['smlp_depth'][1]}:\n\n")
     table += experiment.markdown_table(HEADERS[:-1], [
         r[:-1] for r in table_rows([REFERENCE] + abl, labels, runs, plan,
-                                   REFERENCE, {}, unigram)])
+                                   REFERENCE, {}, unigram, untuned=True)])
   exp.write_table(f"sMLP vs MoE Transformers at equal FLOPs ({scale} "
                   f"scale, {'8k' if vocab else 'T5'} vocabulary)", table,
                   notes(scale, s, vocab, steps, seeds))

@@ -30,19 +30,24 @@ CLAIMS = ("higher", "lower", "equal")
 # How a table's verdicts were reached, for its notes.
 VERDICT_NOTE = (
     "Verdicts: Welch's t-test on the seeds, two-sided at alpha = 0.05, with "
-    "at least 3 seeds a side (a trivial baseline: a one-sample test); a cell "
+    "at least 3 seeds a side (a trivial baseline: a one-sample test, or "
+    "Welch's where it was scored on each seed's data); a cell "
     "gives the difference of the means with its 95% confidence interval and "
     "p. For accuracies each side also carries the evaluation set's binomial "
     "noise, p (1 - p) / n (conservative: both sides are scored on the same "
-    "examples). 'not decided' where p >= 0.05; equality is claimed only "
-    "from an equivalence test (TOST) with its margin stated.")
+    "examples). 'not decided' where p >= 0.05 (a claim of a difference "
+    "whose TOST shows the sides equal within its stated margin disagrees); "
+    "equality is claimed only from an equivalence test (TOST) with its "
+    "margin stated.")
 
 
+NO_VERDICT = "no verdict (untuned)"
 UNTUNED_NOTE = (
     "Untuned: every model at the one setting stated here (no search of "
     "learning rate or warm-up), so an equal search might reorder close "
-    "models; where the study has a table_tuned.md, it holds the comparison "
-    "with every model tuned alike. ")
+    "models; a test between models reads 'no verdict (untuned)': its "
+    "difference and p are shown but decide nothing; where the study has a "
+    "table_tuned.md, it holds the comparison with every model tuned alike. ")
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -71,9 +76,13 @@ def fmt_mean_sd(values: Sequence[float], scale: float = 1.0,
 
 def seed_summary(values: Sequence[float]) -> dict[str, float | int]:
   """A cell's seeds as ``mean``, ``std`` (ddof=1; 0 for one value), ``min``,
-  ``max`` and ``seeds`` (the count; for none, 0 seeds, NaN mean, min and
-  max, std 0)."""
-  v = np.array(values if len(values) else [np.nan], dtype=float)
+  ``max`` and ``seeds``, over the finite values (a diverged seed counts
+  as one not run: ``seeds`` is the finite count; for none, 0 seeds, NaN
+  mean, min and max, std 0)."""
+  v = np.array(values, dtype=float).ravel()
+  v = v[np.isfinite(v)]
+  if not len(v):
+    v = np.array([np.nan])
   return dict(mean=float(v.mean()),
               std=float(v.std(ddof=1)) if len(v) > 1 else 0.0,
               min=float(v.min()), max=float(v.max()),
@@ -162,11 +171,13 @@ def welch(ours: Sequence[float], other: Sequence[float] | float, *,
   equal_var=False)``.
   """
   from scipy import stats  # pylint: disable=g-import-not-at-top
+  for name, side in (("ours", ours), ("other", other)):
+    if not _scalar(side) and len(side) < 2:
+      raise ValueError(
+          f"welch: {name} has {len(side)} value(s); a test needs at least "
+          "two seeds a side (pass a deterministic baseline as a number).")
   m1, t1, k1 = _side(ours, n_eval)
   m2, t2, k2 = _side(other, n_eval)
-  if k1 < 2 and k2 < 2 and not n_eval:
-    raise ValueError(f"welch: {k1} and {k2} values have no spread; a test "
-                     "needs at least two seeds on one side.")
   terms = t1 + t2
   var = sum(v for v, _ in terms)
   if var == 0:
@@ -206,6 +217,9 @@ class Verdict:
   margin: float | None = None
   p_equal: float | None = None     # TOST's p, when a margin was given
   why: str = ""                    # why nothing was decided, if so
+  # Every model at one shared setting, none searched: the test is shown,
+  # but an unequal tuning decides nothing ('no verdict (untuned)').
+  untuned: bool = False
 
   def text(self, scale: float = 1.0, digits: int = 1,
            words: Mapping[str, str] | None = None, spec: str = "") -> str:
@@ -213,7 +227,8 @@ class Verdict:
     difference and its 95% interval times ``scale``, ``digits`` decimals or
     the format ``spec``, e.g. ``'+.1e'``; ``words`` renames the verdict,
     e.g. ``{'agrees': 'yes'}``)."""
-    word = (words or {}).get(self.word, self.word)
+    word = (NO_VERDICT if self.untuned
+            else (words or {}).get(self.word, self.word))
     if self.test is None:
       return f"{word} ({self.why})"
     return f"{word}: {self.detail(scale, digits, spec)}"
@@ -259,7 +274,7 @@ def _no_spread(values: Sequence[float], n_eval: int | None) -> bool:
 
 def verdict(ours: Sequence[float], other: Sequence[float] | float,
             claim: str, *, n_eval: int | None = None,
-            margin: float | None = None) -> Verdict:
+            margin: float | None = None, untuned: bool = False) -> Verdict:
   """Whether the seeds back a paper's claim that ``ours`` is ``claim``
   ('higher', 'lower' or 'equal') than ``other`` (seeds, or a number: a
   deterministic baseline).
@@ -273,8 +288,17 @@ def verdict(ours: Sequence[float], other: Sequence[float] | float,
   'disagrees' where the 95% interval lies wholly beyond the margin. Anything
   else, fewer than ``MIN_SEEDS`` seeds a side, or a value that is not
   finite, is 'not decided'. Pass values where higher is better or not, as
-  the claim reads (perplexities as they are, with 'lower').
+  the claim reads (perplexities as they are, with 'lower'). ``untuned``:
+  the models ran at one shared setting, none searched; the word is kept
+  but the text reads ``NO_VERDICT`` (an unequal tuning decides nothing).
   """
+  v = _verdict(ours, other, claim, n_eval=n_eval, margin=margin)
+  return dataclasses.replace(v, untuned=untuned)
+
+
+def _verdict(ours: Sequence[float], other: Sequence[float] | float,
+             claim: str, *, n_eval: int | None,
+             margin: float | None) -> Verdict:
   if claim not in CLAIMS:
     raise ValueError(f"verdict: claim={claim!r}; use one of {CLAIMS}.")
   if claim == "equal" and margin is None:
@@ -310,11 +334,13 @@ def verdict(ours: Sequence[float], other: Sequence[float] | float,
   return Verdict(word, claim, test, margin, p_equal)
 
 
-def against_baseline(ours: Sequence[float], baseline: float, *,
+def against_baseline(ours: Sequence[float],
+                     baseline: float | Sequence[float], *,
                      n_eval: int | None = None) -> Verdict:
-  """``ours`` against a trivial baseline (a number) by the same test as
-  ``verdict``: 'above' / 'below' where it decides, else 'not decided'
-  (never 'level': no margin was tested)."""
+  """``ours`` against a trivial baseline by the same test as ``verdict``: a
+  number (one-sample), or its seeds where it was scored on each seed's
+  data (Welch, as between two models); 'above' / 'below' where it decides,
+  else 'not decided' (never 'level': no margin was tested)."""
   v = verdict(ours, baseline, "higher", n_eval=n_eval)
   words = {"agrees": "above", "disagrees": "below"}
   return dataclasses.replace(v, word=words.get(v.word, v.word))

@@ -99,8 +99,8 @@ def tune(exp, config, mixers, setting: dict, lrs=None,
   return out
 
 
-def mse_verdict(hyper, attention, size: int, equal: tuple[int, float]
-                ) -> str:
+def mse_verdict(hyper, attention, size: int, equal: tuple[int, float],
+                untuned: bool = False) -> str:
   """Welch's test of HyperMixer's test MSEs against attention's at ``size``
   training sequences: the paper's "lower" below ``equal[0]`` sequences,
   "equal" (within the share ``equal[1]`` of attention's mean) from it;
@@ -109,7 +109,8 @@ def mse_verdict(hyper, attention, size: int, equal: tuple[int, float]
     return ""
   return experiment.verdict(
       hyper, attention, "equal" if size >= equal[0] else "lower",
-      margin=equal[1] * float(np.mean(attention))).text(spec="+.1e")
+      margin=equal[1] * float(np.mean(attention)),
+      untuned=untuned).text(spec="+.1e")
 
 
 def split_note(splits: dict, sizes) -> str:
