@@ -429,6 +429,12 @@ def test_tune_chooses_on_carved_images_and_reports_the_test_split(
              - round(final["test"]["accuracy"] * 40)) < 1e-4
   # The pixel baseline is fitted on the carved training images.
   assert results["baselines"]["small/s2b16/carved"]["train_images"] == 72
+  # Every search and seed run and the baseline record the carve they used
+  # (another carve's are retired, not reused).
+  digest = split["validation"]["sha256"]
+  assert all(r["carved_validation_sha256"] == digest
+             for r in [*searched, final,
+                       results["baselines"]["small/s2b16/carved"]])
   table = (out / "table_tuned.md").read_text()
   assert "lr 0.001, warm-up 50%" in table and "lr 0.03, warm-up 50%" in table
   assert " *" in table and "45,000 carved" in table

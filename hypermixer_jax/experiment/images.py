@@ -190,15 +190,17 @@ def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
   ``(split, selection runs, chosen, runs, baselines)``."""
   split = carve_validation(tsvs)
   exp.save(cifar_split=selection.split_record(split))
+  # Runs and baselines of another carve are retired, not reused.
+  tag = {"carved_validation_sha256": split["validation"]["sha256"]}
 
   def one(family, seed, setting, key, select):
     c = carved_config(config(family, seed), split, setting, select=select)
     return selection.lean(run(exp, c, key))
   searched, chosen, runs = selection.tune(
       exp, families, seeds, selection.settings(steps, lrs), prefix, one,
-      validation_accuracy, higher=True, reverse=reverse)
+      validation_accuracy, higher=True, reverse=reverse, tag=tag)
   base = exp.baseline(f"{prefix}carved", lambda: pixel_baselines(
-      {**tsvs, "train": split["train"]["path"]}, archive))
+      {**tsvs, "train": split["train"]["path"]}, archive), tag=tag)
   return split, searched, chosen, runs, base
 
 
