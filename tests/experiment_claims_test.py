@@ -187,7 +187,8 @@ class ClaimsTest(absltest.TestCase):
     text = claims._image_regime(("a", "b"), "carved", tuned=True)(data)
     self.assertEqual(
         text, "CIFAR-10 32x32, 1,600 training images, 40 steps x 64 (1.60 "
-        "epochs), 0.12M params; each model's lr and warm-up chosen from 2 "
+        "epochs), 0.12M params (the length not checked on the carved split);"
+        " each model's lr and warm-up chosen from 2 "
         "settings on the validation images carved from train (a at the "
         "grid's largest lr, 0.01; b at the grid's smallest lr, 0.001)")
     # A run without its own arguments ran at the default batch (a key with
@@ -303,7 +304,8 @@ def test_a_tuned_row_appears_once_its_runs_are_recorded(tmp_path):
       OURS[:3], OTHER, "higher", n_eval=872).text(100)
   assert row["regime"] == (
       "SST-2, 60,614 train phrases (a tenth of the sentences carved out), "
-      "1,000 steps x 64 (budget set on dev), ~1.3M params; each model's lr "
+      "1,000 steps x 64 (budget set on dev), ~1.3M params (the length not "
+      "checked on the carved split); each model's lr "
       "and warm-up chosen from 2 settings on the validation sentences carved from train (gmlp "
       "at the grid's largest lr, 0.003; hypermixer at the grid's smallest "
       "lr, 0.001)")
@@ -315,13 +317,14 @@ def test_a_tuned_row_appears_once_its_runs_are_recorded(tmp_path):
            "chosen": {m: {} for m in glue.MIXERS}}
   confirmed = "(budget set on dev; the same rule picks it on the carved split)"
   record["length_checks"] = {"w128_s1000_n64/": check}
-  assert confirmed in dict(zip(claims.HEADERS, claims.judge(
-      claim, record)))["regime"]
+  regime = dict(zip(claims.HEADERS, claims.judge(claim, record)))["regime"]
+  assert confirmed in regime and "not checked" not in regime
   for wrong in ({"lengths": [1000]}, {"chosen": {"gmlp": {}}},
                 {"picked": 500}):
     record["length_checks"] = {"w128_s1000_n64/": {**check, **wrong}}
-    assert "budget set on dev)" in dict(zip(claims.HEADERS, claims.judge(
-        claim, record)))["regime"]
+    regime = dict(zip(claims.HEADERS, claims.judge(claim, record)))["regime"]
+    assert ("budget set on dev), ~1.3M params (the length not checked on the "
+            "carved split)") in regime
 
 
 def test_the_carved_tuning_cost_row_waits_for_its_record(tmp_path):

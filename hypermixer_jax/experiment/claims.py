@@ -283,10 +283,11 @@ def _image_regime(models: Sequence[str], base: str, tuned: bool
     sizes = _millions(r["params"] for r in runs)
     text = (f"CIFAR-10 32x32, {images:,} training images, {steps} steps x "
             f"{batch} ({steps * batch / images:.2f} epochs), {sizes} "
-            "params; ")
+            "params")
     if not tuned:
-      return text + "each model at its config's lr and warm-up (not tuned)"
-    return text + _search_text(data, models, pattern, "images")
+      return text + "; each model at its config's lr and warm-up (not tuned)"
+    return (text + " (the length not checked on the carved split); "
+            + _search_text(data, models, pattern, "images"))
   return regime
 
 
@@ -354,13 +355,16 @@ def _tuned_regime(split: str, what: str, models: Sequence[str],
   """The regime of a study's tuned runs: ``head`` (``{train}``: the carved
   train part's size from the record's ``split``; ``{checked}``: whether the
   length rule, under ``checked``'s (prefix, steps, models), picks the length
-  on the carved split), then each model's search (``_search_text``)."""
+  on the carved split; where it was not asked, or does not, the regime says
+  so), then each model's search (``_search_text``)."""
   def regime(data: dict[str, Any]) -> str:
     train = data.get(split, {}).get("train", {}).get("documents", 0)
     same = checked and selection.length_confirmed(data, *checked)
-    return (head.format(train=f"{train:,}", checked=(
+    text = head.format(train=f"{train:,}", checked=(
         "; the same rule picks it on the carved split" if same else ""))
-            + "; " + _search_text(data, models, pattern, what))
+    if not same:
+      text += " (the length not checked on the carved split)"
+    return text + "; " + _search_text(data, models, pattern, what)
   return regime
 
 
