@@ -48,15 +48,26 @@ def _train(config) -> None:
   from hypermixer_jax.train import loop  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
   if not run_config.has_checkpoint(FLAGS.workdir):   # else it resumes
-    config = run_config.adopt_init_checkpoint(
-        config, explicit=config_flags.get_override_values(FLAGS["config"]))
+    explicit = config_flags.get_override_values(FLAGS["config"])
+    config = run_config.adopt_init_checkpoint(config, explicit=explicit)
+    config = run_config.adopt_init_vocabulary(config, explicit=explicit)
   loop.train_and_evaluate(config, FLAGS.workdir)
 
 
 def _evaluate(config) -> None:
   from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import run_config  # pylint: disable=g-import-not-at-top
+  steps = FLAGS.eval_steps
+  if "eval_steps" in config_flags.get_override_values(FLAGS["config"]):
+    # --config.eval_steps, the field training's evaluations take, counts
+    # here too; with --eval_steps as well, the two must agree.
+    if FLAGS["eval_steps"].present and steps != config.eval_steps:
+      raise run_config.ConfigFlagError(
+          f"--eval_steps={steps} and --config.eval_steps={config.eval_steps}"
+          " disagree: pass one of them.")
+    steps = config.eval_steps
   artifacts.evaluate_checkpoint(config, FLAGS.workdir, FLAGS.step,
-                                eval_steps=FLAGS.eval_steps)
+                                eval_steps=steps)
 
 
 def _predict(config) -> None:
@@ -79,10 +90,16 @@ def _verify(config) -> None:
   print(verify.format_table(rows), flush=True)
   bad = [r.step for r in rows if r.status == verify.DAMAGED]
   if bad:
-    sys.exit(f"Damaged: step(s) {', '.join(bad)} of {FLAGS.workdir}; "
-             "training on this workdir resumes from the newest step that "
-             "restores and moves the damaged steps newer than it to "
-             "checkpoints_damaged/.")
+    from hypermixer_jax.train import storage  # pylint: disable=g-import-not-at-top
+    folder = storage.path(FLAGS.workdir)
+    exported = (folder.is_dir() and not (folder / "checkpoints").exists()
+                and any(p.name.isdigit() for p in folder.iterdir()))
+    sys.exit(f"Damaged: step(s) {', '.join(bad)} of {FLAGS.workdir}; " + (
+        "an exported folder is not trained on: export those steps again "
+        "from their run (--mode=export --step=N --overwrite)." if exported
+        else "training on this workdir resumes from the newest step that "
+        "restores and moves the damaged steps newer than it to "
+        "checkpoints_damaged/."))
 
 
 def _compile(config) -> None:
@@ -131,7 +148,8 @@ flags.DEFINE_integer("step", None, "evaluate/predict/export: checkpoint step "
                      "of --workdir (default: the latest).")
 flags.DEFINE_integer("eval_steps", -1, "evaluate: batches of eval_batch_size "
                      "to score (-1: the whole eval_split; training's "
-                     "evaluations take --config.eval_steps).")
+                     "evaluations take --config.eval_steps, which evaluate "
+                     "takes too where given).")
 flags.DEFINE_string("input", None, "predict: input file (.txt one example a "
                     "line, .tsv/.jsonl with the task's columns).")
 flags.DEFINE_string("output", None, "predict: JSONL file; export: directory.")

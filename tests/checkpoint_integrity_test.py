@@ -321,6 +321,20 @@ def test_verify_from_the_command_line(run, tmp_path):
       "from the newest step that restores and moves the damaged steps newer "
       "than it to checkpoints_damaged/.")
   assert "Traceback" not in out.stderr
+  # An exported folder is not trained on: its fix is another export.
+  from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
+  export = tmp_path / "export"
+  artifacts.export_params(_config(), str(run[0]), str(export), step=8)
+  _damage(export / "8", "bitflip")
+  out = subprocess.run(
+      [sys.executable, "-m", "hypermixer_jax.main", "--mode=verify",
+       f"--workdir={export}"], cwd=ROOT, env=env, capture_output=True,
+      text=True, timeout=120)
+  assert out.returncode == 1, out.stderr[-2000:]
+  assert out.stderr.splitlines()[-1] == (
+      f"Damaged: step(s) 8 of {export}; an exported folder is not trained "
+      "on: export those steps again from their run (--mode=export --step=N "
+      "--overwrite).")
 
 
 def _main_env():

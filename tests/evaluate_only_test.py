@@ -2,6 +2,7 @@
 gives the metrics the run logged at that step."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from hypermixer_jax.train import artifacts
+from hypermixer_jax.train import config_checks
 from hypermixer_jax.train import loop
 from hypermixer_jax.train import metrics as metrics_lib
 
@@ -52,6 +54,21 @@ def test_latest_and_given_step_equal_the_logged_evaluations(run, tmp_path):
   artifacts.export_params(_config(), str(run), str(tmp_path / "p"), step=4)
   again = artifacts.evaluate_checkpoint(_config(), str(tmp_path / "p"))
   np.testing.assert_allclose(again["mse"], logged[4]["mse"], rtol=1e-6)
+  # Another run's step (a copy of the run is another run) beside it would
+  # be read in its place: refused; --overwrite replaces the folder's steps.
+  other = tmp_path / "other_run"
+  shutil.copytree(run, other)
+  with pytest.raises(config_checks.ConfigError, match=(
+      rf"holds step\(s\) \[4\] exported from another run \({run}\); this "
+      r"run's step beside them would not be the one evaluate, predict or "
+      r"fine-tuning read: export into another folder, or pass --overwrite")):
+    artifacts.export_params(_config(), str(other), str(tmp_path / "p"))
+  artifacts.export_params(_config(), str(run), str(tmp_path / "p"))  # its own
+  artifacts.export_params(_config(), str(other), str(tmp_path / "p"),
+                          step=8, overwrite=True)
+  assert [n for n in os.listdir(tmp_path / "p") if n.isdigit()] == ["8"]
+  assert json.load(open(tmp_path / "p" / artifacts.SOURCES)) == {
+      "8": str(other)}
 
 
 NOISE = ("oneDNN", "cuda drivers", "cuInit", "Length validation is skipped",
@@ -79,6 +96,17 @@ def test_main_modes_from_the_command_line(run, tmp_path):
   logged = metrics_lib.read_metrics(str(run), "eval")
   assert "step 8 on validation (48 of 48 examples): " in out.stdout
   assert f"mse={logged[8]['mse']:.5g}" in out.stdout
+  # --config.eval_steps counts as --eval_steps does; the two must agree.
+  out = main(f"--workdir={run}", "--mode=evaluate", "--step=8",
+             "--config.eval_steps=2")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "step 8 on validation (32 of 48 examples): " in out.stdout
+  out = main(f"--workdir={run}", "--mode=evaluate", "--eval_steps=1",
+             "--config.eval_steps=2")
+  assert out.returncode == 1
+  assert out.stderr.splitlines()[-1] == (
+      "Stopped: --eval_steps=1 and --config.eval_steps=2 disagree: pass one "
+      "of them.")
   # The export carries the config: evaluating it needs nothing else.
   out = main(f"--workdir={run}", "--mode=export", "--step=4",
              f"--output={tmp_path / 'p'}")

@@ -341,6 +341,19 @@ def test_init_checkpoint_of_another_family_is_named(tmp_path):
       f"init_checkpoint {tmp_path / 'synthetic'} holds a "
       "model.family='continuous' model, this run builds 'text'; fine-tune it "
       "with a config of its family, or drop --config.init_checkpoint.")
+  # Another mixer of the family: its fields (e.g. MLP-Mixer's token_mlp_dim)
+  # do not build the checkpoint's mixer; one line naming the config to use.
+  run_config.write(_load("glue", "sst2,hypermixer"), tmp_path / "hyper")
+  for mixer in ("mlp_mixer", "attention"):
+    other = _load("glue", f"sst2,{mixer},finetune")
+    other.init_checkpoint = str(tmp_path / "hyper")
+    with pytest.raises(config_checks.ConfigError) as e:
+      run_config.adopt_init_checkpoint(other)
+    assert str(e.value) == (
+        f"init_checkpoint {tmp_path / 'hyper'} holds a model.mixer="
+        f"'hypermixer' model, this run builds {mixer!r}; fine-tune it with "
+        "its mixer's config (e.g. --config=configs/glue.py:sst2,hypermixer,"
+        "finetune), or drop --config.init_checkpoint.")
 
 
 def test_accumulation_resumes_only_with_its_own_k_and_state(tmp_path):
@@ -406,6 +419,36 @@ def test_fine_tuning_with_another_vocabulary_is_refused(tmp_path, caplog):
   assert any(f"vocabulary {a}, this run reads {copy}; {a} cannot be read "
              "here, so the two are not compared" in r.getMessage()
              for r in caplog.records)
+
+
+def test_fine_tuning_reads_the_checkpoints_vocabulary_unless_given(
+    tmp_path, caplog):
+  """A fine-tuning config left at its file's vocabulary (the public T5 one
+  on gs://) reads init_checkpoint's (an export's own copy included), with
+  its extra ids; one given on the command line, or a saved one that cannot
+  be read here, is kept."""
+  vocab = tmp_path / "export" / "vocab" / "spm.model"
+  vocab.parent.mkdir(parents=True)
+  vocab.write_bytes(b"the pieces")
+  pre = _load("glue", "sst2,hypermixer")
+  pre.data.vocab_path, pre.data.extra_ids = str(vocab), 0
+  run_config.write(pre, tmp_path / "export")
+  tune = _load("glue", "sst2,hypermixer,finetune")
+  tune.init_checkpoint = str(tmp_path / "export")
+  default = tune.data.vocab_path
+  caplog.set_level("INFO")
+  got = run_config.adopt_init_vocabulary(tune)
+  assert (got.data.vocab_path, got.data.extra_ids) == (str(vocab), 0)
+  assert tune.data.vocab_path == default          # the input is not changed
+  assert any(f"data.vocab_path: {default!r} -> {str(vocab)!r}; "
+             "data.extra_ids: 100 -> 0" in r.getMessage()
+             for r in caplog.records)
+  run_config.check_init_vocabulary(got)           # and it then passes
+  kept = run_config.adopt_init_vocabulary(
+      tune, explicit={"data.vocab_path": default})
+  assert kept.data.vocab_path == default
+  vocab.unlink()
+  assert run_config.adopt_init_vocabulary(tune).data.vocab_path == default
 
 
 def test_relative_paths_are_made_absolute_as_given(tmp_path, monkeypatch):

@@ -167,11 +167,20 @@ def export_params(config: ml_collections.ConfigDict, workdir: str,
   ``overwrite`` replaces a step it holds and writes into any folder.
   """
   _check_not_the_run(workdir, output)
-  _check_export_folder(output, overwrite, config)
+  source = _run_folders(_resolved(workdir))[1]
+  foreign = _check_export_folder(output, overwrite, config, source)
   params, found = load_params(config, workdir, step)
+  if foreign:   # --overwrite: another run's steps would be read as this one's
+    def remove():
+      for s in foreign:
+        (storage.path(output) / str(s)).rmtree()
+      logging.warning("Removed step(s) %s of another run from %s "
+                      "(--overwrite).", foreign, output)
+    ckpt_lib.on_primary(remove, "removing another run's exported steps")
   write_params(output, params, found, overwrite=overwrite)
   if jax.process_index() == 0:
     run_config.write(config, output, vocabulary=True)
+    _record_source(output, found, source, removed=foreign)
   n = sum(x.size for x in jax.tree.leaves(params))
   logging.info("exported %d parameters (step %d) of %s to %s", n, found,
                workdir, output)
@@ -193,27 +202,27 @@ def _resolved(path: str) -> str:
           else path.rstrip("/"))
 
 
+def _run_folders(run: str) -> tuple[str, str, str]:
+  """(the folder read, the run's root, its checkpoints folder): --workdir
+  may be the run, its checkpoints folder or one step folder."""
+  parts = run.rstrip("/").split("/")
+  if parts[-1].isdigit() and len(parts) > 1 and parts[-2] == "checkpoints":
+    parts = parts[:-2]
+  elif parts[-1] == "checkpoints":
+    parts = parts[:-1]
+  root = "/".join(parts)
+  return run.rstrip("/"), root, root + "/checkpoints"
+
+
 def _check_not_the_run(workdir: str, output: str) -> None:
   """Refuses, even with ``--overwrite``, an export into the folder it reads
   or into the run's checkpoints: its parameters-only step (and config)
   would replace the run's training state."""
   out = _resolved(output)
-
-  def run_folders(run: str) -> tuple[str, str, str]:
-    """(the folder read, the run's root, its checkpoints folder): --workdir
-    may be the run, its checkpoints folder or one step folder."""
-    parts = run.rstrip("/").split("/")
-    if parts[-1].isdigit() and len(parts) > 1 and parts[-2] == "checkpoints":
-      parts = parts[:-2]
-    elif parts[-1] == "checkpoints":
-      parts = parts[:-1]
-    root = "/".join(parts)
-    return run.rstrip("/"), root, root + "/checkpoints"
-
   # By the path as given (made absolute) and with links resolved: either
   # side may be a link (a checkpoints folder on another disk).
-  forms = [run_folders(storage.absolute(workdir)),
-           run_folders(_resolved(workdir))]
+  forms = [_run_folders(storage.absolute(workdir)),
+           _run_folders(_resolved(workdir))]
   folders = {g(f) for fs in forms for f in fs for g in (str, _resolved)}
   ckpts = {g(fs[2]) for fs in forms for g in (str, _resolved)}
   if out in folders or any(out.startswith(c + "/") for c in ckpts):
@@ -223,11 +232,32 @@ def _check_not_the_run(workdir: str, output: str) -> None:
         "state: pass another folder.")
 
 
+# An export's record of the run each of its steps came from.
+SOURCES = "exported_from.json"
+
+
+def _sources(output: str) -> dict[str, str]:
+  path = storage.path(output) / SOURCES
+  return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _record_source(output: str, step: int, source: str,
+                   removed: list[int] = ()) -> None:
+  kept = {s: r for s, r in _sources(output).items()
+          if int(s) not in removed}
+  storage.replace(storage.path(output) / SOURCES, json.dumps(
+      {**kept, str(step): source}, indent=1, sort_keys=True) + "\n")
+
+
 def _check_export_folder(output: str, overwrite: bool,
-                         config: ml_collections.ConfigDict) -> None:
-  """Refuses to mix an export's files into a folder that holds others, or
+                         config: ml_collections.ConfigDict,
+                         source: str | None = None) -> list[int]:
+  """Refuses to mix an export's files into a folder that holds others,
   steps of a model of other shapes or vocabulary (their config.json would
-  be replaced by this one's, and they would no longer load)."""
+  be replaced by this one's, and they would no longer load), or steps of
+  another run than ``source`` (the run's root; evaluate, predict and
+  fine-tuning read the latest step, whichever run it came from). Returns
+  the other run's steps, which ``--overwrite`` removes."""
   out = storage.path(output)
   if out.exists() and not out.is_dir():
     raise config_checks.ConfigError(
@@ -247,7 +277,7 @@ def _check_export_folder(output: str, overwrite: bool,
           "folder, or pass --overwrite to replace its config.")
   # What --mode=evaluate writes into an export, besides the export's own.
   export = {run_config.CONFIG_FILE, run_config.VOCAB_DIR,
-            run_config.VOCAB_RECORD, "evaluations"}
+            run_config.VOCAB_RECORD, SOURCES, "evaluations"}
   # Steps, and a replacement's own folders (``write_params``).
   others = sorted(p.name for p in out.iterdir()
                   if p.name not in export and not p.name.isdigit()
@@ -258,6 +288,19 @@ def _check_export_folder(output: str, overwrite: bool,
         f"--output={output} is a folder with other files than an export's "
         f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}); "
         "pass a new or empty folder, or --overwrite to write into it.")
+  if source is None or not out.is_dir():
+    return []
+  sources = _sources(output)
+  foreign = sorted(int(p.name) for p in out.iterdir() if p.name.isdigit()
+                   and sources.get(p.name) != source)
+  if foreign and not overwrite:
+    runs = sorted({sources.get(str(s), "a run not recorded") for s in foreign})
+    raise config_checks.ConfigError(
+        f"--output={output} holds step(s) {foreign} exported from another "
+        f"run ({', '.join(runs)}); this run's step beside them would not be "
+        "the one evaluate, predict or fine-tuning read: export into another "
+        "folder, or pass --overwrite to replace them.")
+  return foreign
 
 
 # ---------------------------------------------------------------------------

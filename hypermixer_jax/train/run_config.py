@@ -517,11 +517,14 @@ def adopt_init_checkpoint(config: ml_collections.ConfigDict,
     return config
   ours = _tuples(_plain(config)["model"])
   where = f"init_checkpoint {config.init_checkpoint}"
-  if saved.get("family", ours.get("family")) != ours.get("family"):
-    raise ConfigFlagError(
-        f"{where} holds a model.family={saved['family']!r} model, this run "
-        f"builds {ours.get('family')!r}; fine-tune it with a config of its "
-        "family, or drop --config.init_checkpoint.")
+  for field, fix in (("family", "a config of its family"),
+                     ("mixer", "its mixer's config (e.g. --config=configs/"
+                      "glue.py:sst2,{},finetune)")):
+    if saved.get(field, ours.get(field)) != ours.get(field):
+      raise ConfigFlagError(
+          f"{where} holds a model.{field}={saved[field]!r} model, this run "
+          f"builds {ours.get(field)!r}; fine-tune it with "
+          f"{fix.format(saved[field])}, or drop --config.init_checkpoint.")
   reinit = [r for r in config.init_reinit.split(",") if r]
 
   def loaded(model: Mapping) -> dict[str, tuple[int, ...]]:
@@ -542,21 +545,55 @@ def adopt_init_checkpoint(config: ml_collections.ConfigDict,
   refused = [k for k in fields if f"model.{k}" in explicit]
   both = "; ".join(f"model.{k}: checkpoint {_show(theirs[k])}, config "
                    f"{_show(flat[k])}" for k in (refused or fields))
-  adopted = _merge(ours, _unflatten({k: theirs[k] for k in fields}), top=False)
-  if refused or not fields or loaded(adopted) != target:
-    drop = (", ".join(f"--config.model.{k}" for k in refused)
-            if refused else "the differing --config.model fields")
+  try:
+    adopted = loaded(_merge(ours, _unflatten({k: theirs[k] for k in fields}),
+                            top=False))
+  except Exception:  # pylint: disable=broad-except
+    adopted = None   # the checkpoint's values do not build this model
+  if refused or not fields or adopted != target:
+    fix = (f"drop {', '.join(f'--config.model.{k}' for k in refused)} to "
+           "take the checkpoint's values" if refused else
+           "fine-tune it with the config of the model it holds")
     raise ConfigFlagError(
         f"{where} has other parameter shapes than this config ("
-        f"{both or 'no single field explains it'}); drop {drop} to take the "
-        "checkpoint's values, or train from scratch without "
-        "--config.init_checkpoint.")
+        f"{both or 'no single field explains it'}); {fix}, or train from "
+        "scratch without --config.init_checkpoint.")
   logging.info("Model fields from %s (%s): %s", where, path, "; ".join(
       f"model.{k}: {_show(flat[k])} -> {_show(theirs[k])}" for k in fields))
   config = copy.deepcopy(config)
   with config.unlocked():
     config.update_from_flattened_dict(
         {f"model.{k}": theirs[k] for k in fields})
+  return config
+
+
+def adopt_init_vocabulary(config: ml_collections.ConfigDict,
+                          explicit: Collection[str] = ()
+                          ) -> ml_collections.ConfigDict:
+  """``config`` reading ``config.init_checkpoint``'s vocabulary (its run's
+  SentencePiece file, or an export's own copy) where the command line gave
+  no ``data.vocab_path``: the checkpoint's token ids name its pieces, so
+  the config file's default (e.g. the public T5 vocabulary on ``gs://``)
+  would be refused or unreadable. A saved vocabulary that cannot be read
+  here is not taken (``check_init_vocabulary`` warns)."""
+  path = find(config.init_checkpoint) if config.get("init_checkpoint") else None
+  if path is None or _plain(config)["model"].get("family") not in (
+      TOKEN_FAMILIES) or "data.vocab_path" in explicit:
+    return config
+  theirs = load(path).get("data", {})
+  vocab = theirs.get("vocab_path")
+  if not vocab or vocab == config.data.get("vocab_path") or not epath.Path(
+      vocab).is_file():
+    return config
+  fields = {"data.vocab_path": vocab}
+  if "extra_ids" in theirs and "data.extra_ids" not in explicit:
+    fields["data.extra_ids"] = theirs["extra_ids"]
+  logging.info("Vocabulary from init_checkpoint %s: %s", config.init_checkpoint,
+               "; ".join(f"{k}: {flatten(config).get(k)!r} -> {v!r}"
+                         for k, v in fields.items()))
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    config.update_from_flattened_dict(fields)
   return config
 
 

@@ -208,9 +208,12 @@ def truncate_logs(workdir: str, resume_step: int, *,
   dropped += _truncate_tensorboard(workdir, resume_step,
                                    redo_eval_at_resume_step)
   if dropped:
-    logging.info("Dropped %d log records after step %d (logged by the "
-                 "interrupted run; this run logs those steps again).",
-                 dropped, resume_step)
+    logging.info("Dropped %d log records %s step %d (%s; this run logs "
+                 "them again).", dropped,
+                 "at" if redo_eval_at_resume_step else "after", resume_step,
+                 "the finished run's evaluation of its last step"
+                 if redo_eval_at_resume_step else "logged by the interrupted "
+                 "run after its last checkpoint")
   return dropped
 
 
