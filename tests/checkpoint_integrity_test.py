@@ -426,6 +426,31 @@ def test_a_read_failed_by_the_storage_stops_and_sets_nothing_aside(
       ("8", "ok"), ("4", "ok")]
 
 
+def test_collected_read_coroutines_of_a_damaged_step_are_not_reported(
+    monkeypatch):
+  """Orbax's array-read coroutines collected after a failed restore report
+  their error (with the array's whole TensorStore spec) through
+  sys.unraisablehook: dropped; any other unraisable report goes on."""
+  import types  # pylint: disable=g-import-not-at-top
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", seen.append)
+  ckpt_lib.quiet_failed_reads()
+  where = {}
+  exec(compile("async def _read_array_index_and_device_put(): pass",   # pylint: disable=exec-used
+               os.path.join(os.sep, "venv", "orbax", "checkpoint", "_src",
+                            "serialization.py"), "exec"), where)
+  async def ours():
+    pass
+  for coroutine in (where["_read_array_index_and_device_put"](), ours()):
+    sys.unraisablehook(types.SimpleNamespace(
+        exc_type=Exception, exc_value=Exception("reading array index"),
+        exc_traceback=None, err_msg=None, object=coroutine))
+    coroutine.close()
+  assert [r.object.__qualname__ for r in seen] == [
+      "test_collected_read_coroutines_of_a_damaged_step_are_not_reported."
+      "<locals>.ours"]
+
+
 def test_leftover_read_errors_of_a_damaged_step_are_not_reported(caplog):
   """A damaged step fails several TensorStore reads; the first is the
   reason, the others asyncio would log (whenever the garbage collector

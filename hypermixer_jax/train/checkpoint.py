@@ -451,8 +451,11 @@ def quiet_failed_reads() -> None:
   TensorStore still completes the step's other reads; each completion then
   reports ``RuntimeError('Event loop is closed')`` through
   ``sys.unraisablehook``, hundreds of tracebacks that bury the one-line
-  reason; and a second array whose read failed too is logged by asyncio as
-  "Task exception was never retrieved" with TensorStore's error, at a time
+  reason; a second array whose read failed too is logged by asyncio as
+  "Task exception was never retrieved" with TensorStore's error, or, when
+  its coroutine is collected, reported through ``sys.unraisablehook`` as
+  "Exception ignored in: <coroutine object _read_array_index_and_device_put>"
+  with the array's whole TensorStore spec (dozens of lines each), at a time
   that depends on the garbage collector. Only those reports are dropped;
   every other goes on. Installed once per process, before a read that may
   fail.
@@ -465,12 +468,20 @@ def quiet_failed_reads() -> None:
     return
 
   def hook(report):
-    if not (isinstance(report.exc_value, RuntimeError)
-            and str(report.exc_value) == "Event loop is closed"):
+    closed = (isinstance(report.exc_value, RuntimeError)
+              and str(report.exc_value) == "Event loop is closed")
+    if not (closed or _orbax_coroutine(report.object)):
       previous(report)
 
   hook._drops_closed_loop = True  # pylint: disable=protected-access
   sys.unraisablehook = hook
+
+
+def _orbax_coroutine(obj: Any) -> bool:
+  """A coroutine of Orbax's own (an array read's leftover)."""
+  code = getattr(obj, "cr_code", None)
+  return code is not None and f"{os.sep}orbax{os.sep}checkpoint{os.sep}" in (
+      code.co_filename)
 
 
 def has_fingerprints(directory: str | os.PathLike, step: int) -> bool:
