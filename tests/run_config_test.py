@@ -331,8 +331,14 @@ def test_init_checkpoint_of_another_family_is_named(tmp_path):
   pre = _load("default")   # a continuous-family model
   run_config.write(pre, tmp_path / "synthetic")
   fine = _load("glue", "sst2,hypermixer,finetune")
-  # Without a saved config there is nothing to compare: unchanged.
+  # A path that does not exist stops before anything is built; one without
+  # a saved config has nothing to compare: unchanged.
   fine.init_checkpoint = str(tmp_path / "none")
+  with pytest.raises(config_checks.ConfigError, match=(
+      rf"^init_checkpoint {tmp_path / 'none'}: no such folder; pass a trained "
+      "run's workdir")):
+    run_config.adopt_init_checkpoint(fine)
+  (tmp_path / "none").mkdir()
   assert run_config.adopt_init_checkpoint(fine) is fine
   fine.init_checkpoint = str(tmp_path / "synthetic")
   with pytest.raises(config_checks.ConfigError) as e:

@@ -509,8 +509,14 @@ def adopt_init_checkpoint(config: ml_collections.ConfigDict,
   config's.
 
   Raises:
-    ConfigFlagError: a conflict, or another model family.
+    ConfigFlagError: a conflict, another model family or mixer, or an
+      init_checkpoint that does not exist (before anything is built).
   """
+  init = config.get("init_checkpoint")
+  if init and not storage.path(init).exists():
+    raise ConfigFlagError(
+        f"init_checkpoint {init}: no such folder; pass a trained run's "
+        "workdir, an exported folder or a converted checkpoint.")
   path = find(config.init_checkpoint) if config.get("init_checkpoint") else None
   saved = load(path).get("model") if path is not None else None
   if not saved:
