@@ -257,6 +257,11 @@ def _config(mode: str):
           f"{run_config.CONFIG_FILE}; pass --config=FILE[:arg] of the run it "
           f"was exported from, or copy that run's {run_config.CONFIG_FILE} "
           "into it.")
+    from hypermixer_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+    if FLAGS.config is None and mode == "train" and (
+        folder / workdir_lib.LOCK_FILE).exists():
+      # A job still before its first checkpoint: named, as its lock would.
+      workdir_lib.WorkdirLock(FLAGS.workdir).acquire().release()
     if FLAGS.config is None:
       raise app.UsageError(
           f"--config is required: {FLAGS.workdir} holds no checkpoint"

@@ -89,19 +89,27 @@ def test_busy_workdir_is_refused_with_holder(tmp_path):
   lock = workdir_lib.WorkdirLock(str(tmp_path)).acquire()
   try:
     out = _main(tmp_path, f"{CONFIGS}/default.py", *TINY_SYNTH)
+    # Without --config (the job has no checkpoint yet): the holder too,
+    # not "--config is required".
+    alone = subprocess.run(
+        [sys.executable, "-m", "hypermixer_jax.main", f"--workdir={tmp_path}"],
+        capture_output=True, text=True, timeout=400, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
   finally:
     lock.release()
-  assert out.returncode == 1, out.stderr[-3000:]
-  assert f"is in use by another job (host " in out.stderr
-  assert f"PID {os.getpid()}" in out.stderr
+  for o in (out, alone):
+    assert o.returncode == 1, o.stderr[-3000:]
+    assert f"is in use by another job (host " in o.stderr
+    assert f"PID {os.getpid()}" in o.stderr
 
 
 def test_missing_init_checkpoint_one_clean_error(tmp_path):
   out = _main(tmp_path / "w", f"{CONFIGS}/default.py", *TINY_SYNTH,
               f"--config.init_checkpoint={tmp_path}/nowhere")
   assert out.returncode == 1
-  assert (f"checkpoint path '{tmp_path}/nowhere' (config.init_checkpoint or "
-          "--step) does not exist" in out.stderr)
+  assert out.stderr.splitlines()[-1] == (
+      f"Stopped: init_checkpoint {tmp_path}/nowhere: no such folder; pass a "
+      "trained run's workdir, an exported folder or a converted checkpoint.")
   assert "cannot schedule new futures" not in out.stderr
   assert "Traceback" not in out.stderr
 
