@@ -193,10 +193,17 @@ def test_pipeline_patches_equal_numpy_patchify(tmp_path):
   assert batch["inputs"].shape == (6, 64, 48)
   np.testing.assert_array_equal(batch["label"], [int(l) for _, l in rows])
   np.testing.assert_allclose(batch["inputs"], want, atol=1e-5)
+  # The train split read as an evaluation reads it (once, in order): the
+  # whole images, as the validation split, whatever the seed.
+  for seed in (0, 3):
+    again = next(iter(data.build_pipeline(
+        _cifar_cfg(paths["test"], min_crop_area=0.35), "train", batch_size=6,
+        seed=seed, repeat=False, shuffle=False)))
+    np.testing.assert_array_equal(again["inputs"], batch["inputs"])
   # Training with min_crop_area=1: the whole image, flipped or not.
   batch = next(iter(data.build_pipeline(
       _cifar_cfg(paths["test"], min_crop_area=1.0), "train", batch_size=6,
-      seed=3, repeat=False, shuffle=False)))
+      seed=3, repeat=True, shuffle=False)))
   flipped = np.stack([
       _patchify(np.flip(np.asarray(
           tf.io.decode_jpeg(files[n], channels=3), np.float32) / 255.0

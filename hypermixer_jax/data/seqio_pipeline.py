@@ -100,8 +100,10 @@ def epoch_fn(cfg, split, *, batch_size, shard_index, num_shards, seed,
   """make_epoch for the seqio tasks: epoch -> tf.data.Dataset of batches."""
   name = cfg.task
   task_name = name
-  if name == "imagenet_patches" and split == "train":
-    task_name = "imagenet_patches_train"  # with random crops and flips
+  if name == "imagenet_patches" and split == "train" and (repeat or shuffle):
+    # Training reads: random crops and flips. The train split read once in
+    # order (an evaluation of it) is scored on the whole images.
+    task_name = "imagenet_patches_train"
   task = tasks.get_task(cfg, task_name,
                         shard_index=shard_index if num_shards > 1 else 0)
   shard_info = (seqio.ShardInfo(shard_index, num_shards)
