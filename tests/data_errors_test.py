@@ -37,6 +37,14 @@ def test_missing_local_files(vocab, tmp_path):
   cfg.local_files = {"train": str(tmp_path / "none-*.jsonl")}
   with pytest.raises(FileNotFoundError, match="matches no file"):
     _build(cfg)
+  # A path without wildcards (which seqio lists as it is) is checked too,
+  # at the build, for every format (evaluate reads no preflight).
+  for name in ("dev_typo.tsv", "dev_typo.jsonl"):
+    cfg.local_files = {"train": str(tmp_path / name)}
+    with pytest.raises(FileNotFoundError, match=(
+        rf"^data.local_files.train = '{tmp_path / name}': {tmp_path / name} "
+        "does not exist; check the path.$")):
+      _build(cfg)
   with pytest.raises(ValueError, match="no entry for split 'validation'"):
     _build(_text_config(vocab, tmp_path), "validation")
   # A configuration error main.py prints in one line (not a traceback).
@@ -113,3 +121,38 @@ def test_metrics():
   tp, fp, fn = 2, 1, 1
   assert out["accuracy"] == 0.6
   np.testing.assert_allclose(out["f1"], 2 * tp / (2 * tp + fp + fn))
+
+
+def test_gzip_shards_read_as_their_text(vocab, tmp_path):
+  """allenai/c4's shards are gzip JSONL (c4-train.00000-of-01024.json.gz):
+  read decompressed, the same batches as the plain files (a TSV too)."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  cfg = _text_config(vocab, tmp_path)
+  zipped = tmp_path / "gz"
+  zipped.mkdir()
+  for i, plain in enumerate(sorted((tmp_path / "c4").glob("corpus-*.jsonl"))):
+    with open(plain, "rb") as f, gzip.open(
+        zipped / f"c4-train.{i:05d}-of-00002.json.gz", "wb") as g:
+      shutil.copyfileobj(f, g)
+  want = list(_build(cfg))
+  cfg.local_files = {"train": str(zipped / "c4-train.*-of-00002.json.gz")}
+  got = list(_build(cfg))
+  assert len(got) == len(want) > 0
+  for a, b in zip(got, want):
+    for k in b:
+      np.testing.assert_array_equal(a[k], b[k])
+  tsv = tmp_path / "pairs.tsv"
+  testing.write_pairs_tsv(str(tsv), 6)
+  with open(tsv, "rb") as f, gzip.open(str(tsv) + ".gz", "wb") as g:
+    shutil.copyfileobj(f, g)
+  pairs = _text_config(vocab, tmp_path, task="glue_mnli")
+  batches = {}
+  for name in ("pairs.tsv", "pairs.tsv.gz"):
+    pairs.local_files = {"train": str(tmp_path / name)}
+    batches[name] = list(_build(pairs))
+  assert len(batches["pairs.tsv"]) == len(batches["pairs.tsv.gz"]) == 3
+  for a, b in zip(batches["pairs.tsv"], batches["pairs.tsv.gz"]):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])

@@ -48,10 +48,18 @@ def check_inputs(out: Mapping[str, tf.Tensor], where: list,
           for feat in out if feat != "label"]
 
 
+def text_lines(path: tf.Tensor) -> tf.data.Dataset:
+  """The lines of one file; a gzip file (``.gz``, as allenai/c4's
+  ``c4-train.NNNNN-of-01024.json.gz`` shards) is read decompressed."""
+  gzip = tf.strings.regex_full_match(tf.strings.lower(path), r".*\.gz")
+  return tf.data.TextLineDataset(
+      path, compression_type=tf.where(gzip, "GZIP", ""))
+
+
 def numbered_lines(path: tf.Tensor) -> tf.data.Dataset:
   """(line number from 1, checked line) of one file, parsed in this file's
   own chain (WikiText articles, TSV headers)."""
-  lines = tf.data.TextLineDataset(path).enumerate(start=1)
+  lines = text_lines(path).enumerate(start=1)
   return lines.map(tf.autograph.experimental.do_not_convert(
       lambda number, line: (number, check_line(path, number, line))),
                    num_parallel_calls=tf.data.AUTOTUNE)
@@ -206,7 +214,7 @@ def label_id(value: tf.Tensor, where: list, label_names: Sequence[str],
 def open_lines(path, fields):
   del fields
   return raw_lines({"path": path},
-                    tf.data.TextLineDataset(path).enumerate(start=1))
+                    text_lines(path).enumerate(start=1))
 
 
 def parse_jsonl(meta, number, line, fields):
@@ -255,7 +263,7 @@ def open_tsv(path, fields, extra_meta=None):
   with tf.control_dependencies(checks):
     meta = {"path": path, "num_columns": tf.size(columns),
             "columns": tf.stack(column_of), **(extra_meta or {})}
-  return raw_lines(meta, tf.data.TextLineDataset(path).enumerate(start=1)
+  return raw_lines(meta, text_lines(path).enumerate(start=1)
                     .skip(1))
 
 

@@ -63,6 +63,13 @@ def check_local_files(split_to_pattern: Mapping[str, str]) -> None:
   ValueError for a pattern whose format is unknown or mixed."""
   for split, patterns in split_to_pattern.items():
     pats = split_patterns(patterns)
+    # seqio lists a path without wildcards as it is, found or not.
+    missing = [f for f in seqio.utils.list_files(pats)
+               if not tf.io.gfile.exists(f)]
+    if missing:
+      raise FileNotFoundError(
+          f"data.local_files.{split} = {patterns!r}: {missing[0]} does not "
+          "exist; check the path.")
     if not seqio.utils.list_files(pats):
       raise FileNotFoundError(
           f"data.local_files.{split} = {patterns!r} matches no file.")
