@@ -156,3 +156,32 @@ def test_gzip_shards_read_as_their_text(vocab, tmp_path):
   for a, b in zip(batches["pairs.tsv"], batches["pairs.tsv.gz"]):
     for k in a:
       np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_image_rows_name_a_missing_file_and_resolve_from_the_tsv(tmp_path):
+  """A row whose image does not exist is named in one line (was a TF
+  traceback, or 'one of the files is corrupt' for .JPEG names); a name that
+  starts with images/ is relative to the TSV's folder even when that folder
+  has an images/ subfolder (was looked up under images/images/)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.data.checks import DataError  # pylint: disable=g-import-not-at-top
+  (tmp_path / "images").mkdir()
+  pixels = np.full((8, 8, 3), 100, np.uint8)
+  (tmp_path / "images" / "a.JPEG").write_bytes(
+      tf.io.encode_jpeg(pixels).numpy())
+  cfg = data.default_data_config()
+  cfg.update(task="imagenet_patches", image_size=8, patch_size=4,
+             num_classes=2, crop_fraction=1.0)
+  tsv = tmp_path / "labels.tsv"
+  tsv.write_text("filename\tclass_index\na.JPEG\t0\nimages/a.JPEG\t1\n")
+  cfg.local_files.validation = str(tsv)
+  assert [int(l) for b in _build(cfg, "validation") for l in b["label"]] == [
+      0, 1]
+  for name in ("missing.JPEG", "missing.jpg"):
+    tsv.write_text(f"filename\tclass_index\n{name}\t0\n")
+    with pytest.raises(DataError, match=(
+        rf"{tmp_path}/images/{name} does not exist; fix its path in the TSV "
+        r"that names it \(relative to the TSV's folder or its images/ "
+        r"folder\) or drop its row.$")):
+      list(_build(cfg, "validation"))

@@ -6,6 +6,8 @@ that runs of the synthetic task never import TensorFlow.
 """
 from __future__ import annotations
 
+import re
+
 import ml_collections
 import numpy as np
 import seqio
@@ -30,6 +32,13 @@ def translate(error: tf.errors.OpError, identity: dict) -> Exception:
   if data_error is not None:
     return data_error
   text = str(error.message)
+  missing = re.search(r": ([^:;\n]+); No such file or directory", text)
+  if isinstance(error, tf.errors.NotFoundError) and missing:
+    # A file a row names (an image of a TSV): TF's message names the path.
+    return DataError(
+        f"{identity['task']}:{identity['split']}: {missing[1]} does not "
+        "exist; fix its path in the TSV that names it (relative to the "
+        "TSV's folder or its images/ folder) or drop its row.")
   if "jpeg" in text.lower() or "decode" in text.lower():
     return DataError(
         f"{identity['task']}:{identity['split']}: an image failed to decode "

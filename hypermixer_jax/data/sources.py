@@ -239,7 +239,7 @@ def image_reader(num_classes: int) -> LocalReader:
     images = tf.strings.join([root, "/images"])
     prefix = tf.where(tf.size(tf.io.matching_files(images)) > 0, images,
                       root)
-    return formats.open_tsv(path, fields, {"prefix": prefix})
+    return formats.open_tsv(path, fields, {"prefix": prefix, "root": root})
 
   @tf.autograph.experimental.do_not_convert
   def to_features(meta, number, line):
@@ -256,8 +256,10 @@ def image_reader(num_classes: int) -> LocalReader:
     with tf.control_dependencies(checks):
       name = out["image"]
       absolute = tf.strings.regex_full_match(name, "/.*|[a-z0-9]+://.*")
-      image = tf.where(absolute, name,
-                       tf.strings.join([meta["prefix"], "/", name]))
+      # A name that starts with images/ is relative to the TSV's folder.
+      prefix = tf.where(tf.strings.regex_full_match(name, "images/.*"),
+                        meta["root"], meta["prefix"])
+      image = tf.where(absolute, name, tf.strings.join([prefix, "/", name]))
       return {"image": image, "label": value,
               "source": tf.strings.join([*where[:2],
                                          tf.strings.as_string(number),
