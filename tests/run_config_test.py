@@ -327,6 +327,26 @@ def test_doubts_warn_about_warmup_and_silent_runs():
       "'inception'"]
 
 
+def test_tfds_fields_beside_local_files_are_named():
+  """Local files serve every split and are read whole: a TFDS split
+  expression beside them (a low-resource subset) is refused, a data_dir
+  warned about; either alone passes."""
+  config = _load("glue", "sst2,hypermixer")
+  config.data.tfds_train_split = "train[:10%]"
+  assert config_checks.problems(config) == []          # TFDS: it applies
+  config.data.local_files.train = "/data/train.tsv"
+  assert config_checks.problems(config) == [
+      "data.tfds_train_split='train[:10%]' selects part of a TFDS split, but "
+      "data.local_files.train is set: local files are read whole, for every "
+      "split; drop data.tfds_train_split, or cut the file itself"]
+  config.data.tfds_train_split = ""
+  config.data.data_dir = "/tfds"
+  assert config_checks.problems(config) == []
+  assert [d for d in config_checks.doubts(config) if "data_dir" in d] == [
+      "data.data_dir='/tfds' is not read: data.local_files.train is set, and "
+      "local files serve every split. Drop one of the two."]
+
+
 def test_init_checkpoint_of_another_family_is_named(tmp_path):
   pre = _load("default")   # a continuous-family model
   run_config.write(pre, tmp_path / "synthetic")

@@ -114,6 +114,12 @@ def _flatten(config, prefix: str = "") -> dict[str, Any]:
   return out
 
 
+def _local_files(flat: dict[str, Any]) -> list[str]:
+  """The ``data.local_files.*`` fields that name files."""
+  return [k for k, v in flat.items()
+          if k.startswith("data.local_files.") and v]
+
+
 def problems(config: ml_collections.ConfigDict) -> list[str]:
   """One line per invalid field (empty when the config is valid)."""
   flat = _flatten(config)
@@ -146,6 +152,12 @@ def problems(config: ml_collections.ConfigDict) -> list[str]:
       out.append(f"evals.{name}: a pseudo_attention map needs a model of "
                  f"continuous inputs (the synthetic task), not "
                  f"model.family={family!r}; use a config without it")
+  local = _local_files(flat)
+  for field in ("data.tfds_train_split", "data.tfds_validation_split"):
+    if local and flat.get(field):
+      out.append(f"{field}={flat[field]!r} selects part of a TFDS split, but "
+                 f"{local[0]} is set: local files are read whole, for every "
+                 f"split; drop {field}, or cut the file itself")
   if "decay" in flat:
     from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
     if flat["decay"] not in optim.DECAYS:
@@ -170,6 +182,11 @@ def doubts(config: ml_collections.ConfigDict) -> list[str]:
                f"updates: the learning rate only reaches {top:.3g}, not "
                f"learning_rate={flat['learning_rate']:g}. Set "
                f"--config.warmup_steps={max(updates // 10, 1)} (or fewer).")
+  local = _local_files(flat)
+  if local and flat.get("data.data_dir"):
+    out.append(f"data.data_dir={flat['data.data_dir']!r} is not read: "
+               f"{local[0]} is set, and local files serve every split. Drop "
+               "one of the two.")
   log_every = flat.get("log_every")
   if isinstance(log_every, int) and log_every > steps:
     out.append(f"log_every={log_every} > num_train_steps={steps}: the only "
