@@ -185,3 +185,27 @@ def test_image_rows_name_a_missing_file_and_resolve_from_the_tsv(tmp_path):
         r"that names it \(relative to the TSV's folder or its images/ "
         r"folder\) or drop its row.$")):
       list(_build(cfg, "validation"))
+
+
+def test_empty_tsv_lines_are_skipped_and_an_unknown_format_named(
+    vocab, tmp_path):
+  """An empty line in a TSV (a trailing one, as editors leave) is no row, as
+  Python's csv reads it; a line of tabs is a row of empty fields (named).
+  A file of no known format stops in one line (main prints it, no
+  traceback)."""
+  from hypermixer_jax.data.checks import DataError  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  cfg = _text_config(vocab, tmp_path, task="glue_sst2")
+  tsv = tmp_path / "sst2.tsv"
+  tsv.write_text("sentence\tlabel\na fine film\t1\n\nno good\t0\n\r\n\n")
+  cfg.local_files = {"train": str(tsv)}
+  labels = [int(l) for b in _build(cfg) for l in b["label"]]
+  assert labels == [1, 0]
+  tsv.write_text("sentence\tlabel\na fine film\t1\n\t\n")
+  with pytest.raises(DataError, match=r"sst2.tsv:3: .*empty"):
+    list(_build(cfg))
+  cfg.local_files = {"train": str(tmp_path / "sst2.csv")}
+  (tmp_path / "sst2.csv").write_text("sentence,label\n")
+  with pytest.raises(workdir_lib.user_errors(), match=(
+      r"Cannot tell the format of .*sst2.csv' from its extension")):
+    _build(cfg)

@@ -48,8 +48,9 @@ def file_format(pattern: str) -> str:
                    (".txt", "text"), (".raw", "text")):
     if name.endswith(ext) or f"{ext}-" in name or f"{ext}." in name:
       return fmt
-  raise ValueError(f"Cannot tell the format of {pattern!r} from its extension: "
-                   "use .jsonl, .tsv (with a header line), .txt or .raw.")
+  raise DataError(f"Cannot tell the format of {pattern!r} from its extension: "
+                  "use .jsonl, .tsv (with a header line), .txt or .raw (each "
+                  "may end in .gz).")
 
 
 def split_patterns(patterns: str | Sequence[str]) -> list[str]:
@@ -74,8 +75,8 @@ def check_local_files(split_to_pattern: Mapping[str, str]) -> None:
       raise FileNotFoundError(
           f"data.local_files.{split} = {patterns!r} matches no file.")
     if len({file_format(p) for p in pats}) > 1:
-      raise ValueError(f"data.local_files.{split} = {patterns!r} mixes file "
-                       "formats; use one of .jsonl, .tsv, .txt per split.")
+      raise DataError(f"data.local_files.{split} = {patterns!r} mixes file "
+                      "formats; use one of .jsonl, .tsv, .txt per split.")
     files = seqio.utils.list_files(pats)
     # (An empty TSV has its own message, naming the header it needs.)
     if file_format(pats[0]) != "tsv" and not any(_has_text(f) for f in files):
@@ -100,7 +101,7 @@ def _has_text(path: str, chunk: int = 1 << 16) -> bool:
 
 # format -> (open, parse, drop blank lines)
 _FORMATS = {"jsonl": (formats.open_lines, formats.parse_jsonl, True),
-            "tsv": (formats.open_tsv, formats.parse_tsv, False),
+            "tsv": (formats.open_tsv, formats.parse_tsv, "empty"),
             "text": (formats.open_lines, formats.parse_text, True),
             "wikitext": (wikitext.open_wikitext, wikitext.parse_wikitext,
                          False)}
@@ -128,7 +129,11 @@ class LocalReader:
   one-off measurement; docs/performance.md, Input pipelines, has the command).
   """
 
-  def __init__(self, open_fn, to_features, drop_blank: bool, per_row=None):
+  def __init__(self, open_fn, to_features, drop_blank: bool | str,
+               per_row=None):
+    """``drop_blank``: True drops lines of whitespace alone; ``'empty'``
+    only empty lines (a TSV's line of tabs is a row of empty fields, which
+    its checks name)."""
     self._open = open_fn
     self._to_features = to_features
     self._drop_blank = drop_blank
@@ -145,7 +150,9 @@ class LocalReader:
     def block(meta, row):
       number, line = row
       if self._drop_blank:
-        keep = tf.strings.length(tf.strings.strip(line)) > 0
+        keep = tf.strings.length(
+            tf.strings.strip(line) if self._drop_blank is True
+            else tf.strings.regex_replace(line, "\r$", "")) > 0
         number, line = (tf.boolean_mask(number, keep),
                         tf.boolean_mask(line, keep))
       # A block holds rows of one file: its meta is the same in every row.
@@ -269,7 +276,7 @@ def image_reader(num_classes: int) -> LocalReader:
   def read_image(row):
     return {**row, "image": tf.io.read_file(row["image"])}
 
-  return LocalReader(open_file, to_features, drop_blank=False,
+  return LocalReader(open_file, to_features, drop_blank="empty",
                      per_row=read_image)
 
 
