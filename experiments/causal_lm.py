@@ -161,7 +161,7 @@ def lm_part(args, exp) -> None:
                           ablation_seeds=ablation_seeds, bases=bases,
                           vocab=vocab)
   causal.write_lm_report(exp, runs, bases, s, notes + " ".join(
-      causal.gap_verdicts(runs, s["seq_len"])), extra, chosen)
+      causal.gap_verdicts(runs, s["seq_len"], untuned=True)), extra, chosen)
 
 
 def _time_length(exp, args, configs, names, n: int, rows: list) -> None:

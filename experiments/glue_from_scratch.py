@@ -155,7 +155,7 @@ def _report(exp, done, tasks, mixers, base, args) -> None:
       row += [experiment.fmt_mean_sd(final, 100) or "not run",
               glue.PAPER[mixer][task],
               glue.hypermixer_above(task, mixer, hyper, final, n_eval,
-                                    untuned=True)]
+                                    untuned=args.scale == "small")]
     if base:
       row.append(experiment.against_baseline(
           final, base["naive_bayes"], n_eval=n_eval).text(100)

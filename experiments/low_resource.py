@@ -191,7 +191,7 @@ def _report(exp, args, tasks, fractions, seeds, acc) -> None:
                      experiment.verdict(
                          vals["hypermixer"], vals["attention"], "higher",
                          n_eval=nb["dev_rows"] if nb else None,
-                         untuned=True).text(100),
+                         untuned=args.scale == "small").text(100),
                      f"{100 * nb['naive_bayes']:.1f}" if nb else "",
                      experiment.against_baseline(
                          vals["hypermixer"], nb["naive_bayes"],

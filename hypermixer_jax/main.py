@@ -92,7 +92,10 @@ def _verify(config) -> None:
   if bad:
     from hypermixer_jax.train import storage  # pylint: disable=g-import-not-at-top
     folder = storage.path(FLAGS.workdir)
-    exported = (folder.is_dir() and not (folder / "checkpoints").exists()
+    # (A run's own checkpoints/ folder, which verify takes too, is no
+    # export.)
+    exported = (folder.is_dir() and folder.name != "checkpoints"
+                and not (folder / "checkpoints").exists()
                 and any(p.name.isdigit() for p in folder.iterdir()))
     sys.exit(f"Damaged: step(s) {', '.join(bad)} of {FLAGS.workdir}; " + (
         "an exported folder is not trained on: export those steps again "

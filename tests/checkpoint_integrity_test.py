@@ -321,6 +321,13 @@ def test_verify_from_the_command_line(run, tmp_path):
       "from the newest step that restores and moves the damaged steps newer "
       "than it to checkpoints_damaged/.")
   assert "Traceback" not in out.stderr
+  # The run's checkpoints folder (verify reads it too) is no export.
+  out = subprocess.run(
+      [sys.executable, "-m", "hypermixer_jax.main", "--mode=verify",
+       f"--workdir={workdir / 'checkpoints'}"], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=120)
+  assert out.returncode == 1, out.stderr[-2000:]
+  assert "training on this workdir resumes" in out.stderr.splitlines()[-1]
   # An exported folder is not trained on: its fix is another export.
   from hypermixer_jax.train import artifacts  # pylint: disable=g-import-not-at-top
   export = tmp_path / "export"

@@ -129,6 +129,7 @@ def test_gzip_shards_read_as_their_text(vocab, tmp_path):
   import gzip  # pylint: disable=g-import-not-at-top
   import shutil  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.data.checks import DataError  # pylint: disable=g-import-not-at-top
   cfg = _text_config(vocab, tmp_path)
   zipped = tmp_path / "gz"
   zipped.mkdir()
@@ -143,6 +144,15 @@ def test_gzip_shards_read_as_their_text(vocab, tmp_path):
   for a, b in zip(got, want):
     for k in b:
       np.testing.assert_array_equal(a[k], b[k])
+  # The vocabulary trainer reads them too; an empty .gz holds no data.
+  from hypermixer_jax.data import train_vocab  # pylint: disable=g-import-not-at-top
+  assert (list(train_vocab.iter_text(str(zipped / "*.json.gz")))
+          == list(train_vocab.iter_text(str(tmp_path / "c4" / "*.jsonl"))))
+  with gzip.open(zipped / "empty.json.gz", "wb"):
+    pass
+  cfg.local_files = {"train": str(zipped / "empty.json.gz")}
+  with pytest.raises(DataError, match="holds no line of data"):
+    _build(cfg)
   tsv = tmp_path / "pairs.tsv"
   testing.write_pairs_tsv(str(tsv), 6)
   with open(tsv, "rb") as f, gzip.open(str(tsv) + ".gz", "wb") as g:
@@ -201,6 +211,9 @@ def test_empty_tsv_lines_are_skipped_and_an_unknown_format_named(
   cfg.local_files = {"train": str(tsv)}
   labels = [int(l) for b in _build(cfg) for l in b["label"]]
   assert labels == [1, 0]
+  tsv.write_text("sentence\tlabel\n\n\r\n")      # a header and empty lines
+  with pytest.raises(DataError, match="a header line and no rows"):
+    list(_build(cfg))
   tsv.write_text("sentence\tlabel\na fine film\t1\n\t\n")
   with pytest.raises(DataError, match=r"sst2.tsv:3: .*empty"):
     list(_build(cfg))

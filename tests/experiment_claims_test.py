@@ -187,7 +187,7 @@ class ClaimsTest(absltest.TestCase):
     text = claims._image_regime(("a", "b"), "carved", tuned=True)(data)
     self.assertEqual(
         text, "CIFAR-10 32x32, 1,600 training images, 40 steps x 64 (1.60 "
-        "epochs), 0.12M params (the length not checked on the carved split);"
+        "epochs), 0.12M params (the length not confirmed on the carved split);"
         " each model's lr and warm-up chosen from 2 "
         "settings on the validation images carved from train (a at the "
         "grid's largest lr, 0.01; b at the grid's smallest lr, 0.001)")
@@ -305,7 +305,7 @@ def test_a_tuned_row_appears_once_its_runs_are_recorded(tmp_path):
   assert row["regime"] == (
       "SST-2, 60,614 train phrases (a tenth of the sentences carved out), "
       "1,000 steps x 64 (budget set on dev), ~1.3M params (the length not "
-      "checked on the carved split); each model's lr "
+      "confirmed on the carved split); each model's lr "
       "and warm-up chosen from 2 settings on the validation sentences carved from train (gmlp "
       "at the grid's largest lr, 0.003; hypermixer at the grid's smallest "
       "lr, 0.001)")
@@ -318,12 +318,12 @@ def test_a_tuned_row_appears_once_its_runs_are_recorded(tmp_path):
   confirmed = "(budget set on dev; the same rule picks it on the carved split)"
   record["length_checks"] = {"w128_s1000_n64/": check}
   regime = dict(zip(claims.HEADERS, claims.judge(claim, record)))["regime"]
-  assert confirmed in regime and "not checked" not in regime
+  assert confirmed in regime and "not confirmed" not in regime
   for wrong in ({"lengths": [1000]}, {"chosen": {"gmlp": {}}},
                 {"picked": 500}):
     record["length_checks"] = {"w128_s1000_n64/": {**check, **wrong}}
     regime = dict(zip(claims.HEADERS, claims.judge(claim, record)))["regime"]
-    assert ("budget set on dev), ~1.3M params (the length not checked on the "
+    assert ("budget set on dev), ~1.3M params (the length not confirmed on the "
             "carved split)") in regime
 
 

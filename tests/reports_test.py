@@ -48,12 +48,18 @@ def test_every_report_names_its_folder():
     ids=lambda a: " ".join(x for x in a[1:] if not x.startswith("--out"))
     [:80] + f" [{pathlib.Path(a[0]).stem}]")
 def test_committed_tables_are_what_the_report_writes(argv, tmp_path,
-                                                     monkeypatch):
+                                                     monkeypatch, shared_data):
+  # (A report reads the sample data's digests and the studies' shared
+  # vocabulary store, experiments/results/vocab/, beside its folder.)
+  del shared_data
   folder = _out(argv)
   committed = ROOT / folder
   copy = tmp_path / folder
   shutil.copytree(committed, copy,
                   ignore=shutil.ignore_patterns("runs", "claims", "*.lock"))
+  store = ROOT / "experiments" / "results" / "vocab"
+  if store.is_dir():
+    shutil.copytree(store, tmp_path / "experiments" / "results" / "vocab")
   monkeypatch.chdir(tmp_path)
   monkeypatch.setattr(sys, "argv", list(argv))
   script_modules.load(argv[0]).main()

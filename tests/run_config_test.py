@@ -378,8 +378,8 @@ def test_init_checkpoint_of_another_family_is_named(tmp_path):
     assert str(e.value) == (
         f"init_checkpoint {tmp_path / 'hyper'} holds a model.mixer="
         f"'hypermixer' model, this run builds {mixer!r}; fine-tune it with "
-        "its mixer's config (e.g. --config=configs/glue.py:sst2,hypermixer,"
-        "finetune), or drop --config.init_checkpoint.")
+        "a config of its mixer (e.g. --config=configs/glue.py:sst2,"
+        "hypermixer,finetune), or drop --config.init_checkpoint.")
 
 
 def test_accumulation_resumes_only_with_its_own_k_and_state(tmp_path):

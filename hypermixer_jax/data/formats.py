@@ -244,8 +244,11 @@ def open_tsv(path, fields, extra_meta=None):
   """A TSV with a header line; its columns are looked up by name."""
   lines = numbered_lines(path)
   header = lines.take(1).reduce(tf.constant(""), lambda _, x: x[1])
-  has_rows = lines.skip(1).take(1).reduce(tf.constant(False),
-                                          lambda *_: tf.constant(True))
+  # Empty lines are no rows (the reader drops them).
+  has_rows = lines.skip(1).filter(
+      lambda _, line: tf.strings.length(
+          tf.strings.regex_replace(line, "\r$", "")) > 0).take(1).reduce(
+              tf.constant(False), lambda *_: tf.constant(True))
   columns = tf.strings.split(header, "\t")
   column_of, checks = [], [
       data_check(tf.strings.length(header) > 0, path,

@@ -23,6 +23,8 @@ bad row's message out of the graph: it stops the pipeline with a
 """
 from __future__ import annotations
 
+import gzip
+import io
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -64,9 +66,10 @@ def check_local_files(split_to_pattern: Mapping[str, str]) -> None:
   ValueError for a pattern whose format is unknown or mixed."""
   for split, patterns in split_to_pattern.items():
     pats = split_patterns(patterns)
-    # seqio lists a path without wildcards as it is, found or not.
-    missing = [f for f in seqio.utils.list_files(pats)
-               if not tf.io.gfile.exists(f)]
+    # seqio lists a path without wildcards as it is, found or not (a
+    # glob's matches exist: not asked again, one request each on gs://).
+    missing = [p for p in pats if not any(c in p for c in "*?[")
+               and not tf.io.gfile.exists(p)]
     if missing:
       raise FileNotFoundError(
           f"data.local_files.{split} = {patterns!r}: {missing[0]} does not "
@@ -87,10 +90,19 @@ def check_local_files(split_to_pattern: Mapping[str, str]) -> None:
           "or blank); pass the file(s) of that split.")
 
 
+def open_text(path: str, mode: str = "r"):
+  """A local or remote file (``tf.io.gfile``), read decompressed where its
+  name ends in ``.gz`` (as the pipeline's readers do)."""
+  if not path.lower().endswith(".gz"):
+    return tf.io.gfile.GFile(path, mode)
+  raw = gzip.GzipFile(fileobj=tf.io.gfile.GFile(path, "rb"), mode="rb")
+  return raw if mode == "rb" else io.TextIOWrapper(raw, encoding="utf-8")
+
+
 def _has_text(path: str, chunk: int = 1 << 16) -> bool:
   """Whether a file holds anything but whitespace (read in chunks, up to
   the first that does)."""
-  with tf.io.gfile.GFile(path, "rb") as f:
+  with open_text(path, "rb") as f:
     while True:
       block = f.read(chunk)
       if not block:

@@ -36,7 +36,7 @@ csv.field_size_limit(sys.maxsize)
 def _rows(path: str) -> Iterator[dict]:
   """Dict rows of a local file (JSONL object, TSV with header, text line)."""
   fmt = sources.file_format(path)
-  with tf.io.gfile.GFile(path, "r") as f:
+  with sources.open_text(path) as f:
     if fmt == "jsonl":
       yield from (json.loads(line) for line in f if line.strip())
     elif fmt == "tsv":

@@ -98,6 +98,7 @@ from hypermixer_jax.experiment.stats import fmt_seed_summary
 from hypermixer_jax.experiment.stats import mean_sd
 from hypermixer_jax.experiment.stats import mean_ci
 from hypermixer_jax.experiment.stats import MIN_SEEDS
+from hypermixer_jax.experiment.stats import NO_VERDICT
 from hypermixer_jax.experiment.stats import seed_summary
 from hypermixer_jax.experiment.stats import tost
 from hypermixer_jax.experiment.stats import verdict

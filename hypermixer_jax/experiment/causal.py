@@ -419,29 +419,32 @@ def count_baselines(config: ml_collections.ConfigDict, held: dict, lengths,
           "train_tokens": int(train["weights"].sum())}
 
 
-def gap_verdicts(runs: dict, n: int, hyper: str = "hypermixer"
-                 ) -> list[str]:
+def gap_verdicts(runs: dict, n: int, hyper: str = "hypermixer", *,
+                 untuned: bool = False) -> list[str]:
   """HyperMixer's (the model ``hyper``'s) perplexity against the
   Transformer's at length ``n``: the gap to ``TARGET_GAP`` and Welch's test
-  of "lower"."""
+  of "lower" (``untuned``: every model at one shared setting, no verdict)."""
   if not (runs.get("attention") and runs.get(hyper)):
     return []
   hm = [ppl_at(r, n) for r in runs[hyper]]
   tf = [ppl_at(r, n) for r in runs["attention"]]
   return [
-      f"Causal HyperMixer / Transformer perplexity - 1 = {target(hm, tf)}; "
-      "HyperMixer's perplexity lower than the Transformer's (Welch's test on "
-      f"the seeds): {experiment.verdict(hm, tf, 'lower')}."]
+      "Causal HyperMixer / Transformer perplexity - 1 = "
+      f"{target(hm, tf, untuned)}; HyperMixer's perplexity lower than the "
+      "Transformer's (Welch's test on the seeds): "
+      f"{experiment.verdict(hm, tf, 'lower', untuned=untuned)}."]
 
 
-def target(hm: list[float], tf: list[float]) -> str:
+def target(hm: list[float], tf: list[float], untuned: bool = False) -> str:
   """The gap of the perplexities ``hm`` to ``tf`` (seeds) and whether it
   meets ``TARGET_GAP``: tested as equality within that share of the
-  Transformer's mean (TOST, after Welch's test finds no difference)."""
+  Transformer's mean (TOST, after Welch's test finds no difference;
+  ``untuned``: no verdict)."""
   ref = experiment.mean_sd(tf)[0]
   gap = experiment.mean_sd(hm)[0] / ref - 1
   v = experiment.verdict(hm, tf, "equal", margin=TARGET_GAP * ref)
-  met = {"agrees": "met", "disagrees": "not met"}.get(v.word, "not decided")
+  met = (experiment.NO_VERDICT if untuned else
+         {"agrees": "met", "disagrees": "not met"}.get(v.word, "not decided"))
   return (f"{100 * gap:+.1f}% (target: within {100 * TARGET_GAP:.0f}%: "
           f"{met}; {v.detail()})")
 
@@ -508,17 +511,17 @@ def selection_section(selection: dict, chosen: str | None, runs: dict,
     return text + ": not run yet.\n"
   return text + (
       f": {experiment.fmt_mean_sd(hm)} against the Transformer's "
-      f"{experiment.fmt_mean_sd(tf)} at N = {n}, {target(hm, tf)}; lower "
-      "than the "
-      "Transformer's (Welch's test on the seeds): "
-      f"{experiment.verdict(hm, tf, 'lower')}." + "".join(
+      f"{experiment.fmt_mean_sd(tf)} at N = {n}, {target(hm, tf, True)}; "
+      "lower than the Transformer's (Welch's test on the seeds): "
+      f"{experiment.verdict(hm, tf, 'lower', untuned=True)}." + "".join(
           f" At N = {m} (trained at {n}): "
           f"{experiment.fmt_mean_sd([ppl_at(r, m) for r in runs[chosen]])} "
           "against "
           f"{experiment.fmt_mean_sd([ppl_at(r, m) for r in runs['attention']])}"
           ", lower: " + str(experiment.verdict(
               [ppl_at(r, m) for r in runs[chosen]],
-              [ppl_at(r, m) for r in runs["attention"]], "lower")) + "."
+              [ppl_at(r, m) for r in runs["attention"]], "lower",
+              untuned=True)) + "."
           for m in s["eval_lengths"] if m != n) + "\n")
 
 

@@ -286,7 +286,7 @@ def _image_regime(models: Sequence[str], base: str, tuned: bool
             "params")
     if not tuned:
       return text + "; each model at its config's lr and warm-up (not tuned)"
-    return (text + " (the length not checked on the carved split); "
+    return (text + " (the length not confirmed on the carved split); "
             + _search_text(data, models, pattern, "images"))
   return regime
 
@@ -363,7 +363,7 @@ def _tuned_regime(split: str, what: str, models: Sequence[str],
     text = head.format(train=f"{train:,}", checked=(
         "; the same rule picks it on the carved split" if same else ""))
     if not same:
-      text += " (the length not checked on the carved split)"
+      text += " (the length not confirmed on the carved split)"
     return text + "; " + _search_text(data, models, pattern, what)
   return regime
 

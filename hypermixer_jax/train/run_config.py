@@ -523,14 +523,15 @@ def adopt_init_checkpoint(config: ml_collections.ConfigDict,
     return config
   ours = _tuples(_plain(config)["model"])
   where = f"init_checkpoint {config.init_checkpoint}"
-  for field, fix in (("family", "a config of its family"),
-                     ("mixer", "its mixer's config (e.g. --config=configs/"
-                      "glue.py:sst2,{},finetune)")):
+  for field in ("family", "mixer"):
     if saved.get(field, ours.get(field)) != ours.get(field):
+      example = (f" (e.g. --config=configs/glue.py:sst2,{saved[field]},"
+                 "finetune)" if field == "mixer"
+                 and ours.get("family") == "text" else "")
       raise ConfigFlagError(
           f"{where} holds a model.{field}={saved[field]!r} model, this run "
-          f"builds {ours.get(field)!r}; fine-tune it with "
-          f"{fix.format(saved[field])}, or drop --config.init_checkpoint.")
+          f"builds {ours.get(field)!r}; fine-tune it with a config of its "
+          f"{field}{example}, or drop --config.init_checkpoint.")
   reinit = [r for r in config.init_reinit.split(",") if r]
 
   def loaded(model: Mapping) -> dict[str, tuple[int, ...]]:
