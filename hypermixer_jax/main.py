@@ -90,19 +90,24 @@ def _verify(config) -> None:
   print(verify.format_table(rows), flush=True)
   bad = [r.step for r in rows if r.status == verify.DAMAGED]
   if bad:
-    from hypermixer_jax.train import storage  # pylint: disable=g-import-not-at-top
-    folder = storage.path(FLAGS.workdir)
-    # (A run's own checkpoints/ folder, which verify takes too, is no
-    # export.)
-    exported = (folder.is_dir() and folder.name != "checkpoints"
-                and not (folder / "checkpoints").exists()
-                and any(p.name.isdigit() for p in folder.iterdir()))
+    exported = bool(_exported_steps(FLAGS.workdir))
     sys.exit(f"Damaged: step(s) {', '.join(bad)} of {FLAGS.workdir}; " + (
         "an exported folder is not trained on: export those steps again "
         "from their run (--mode=export --step=N --overwrite)." if exported
         else "training on this workdir resumes from the newest step that "
         "restores and moves the damaged steps newer than it to "
         "checkpoints_damaged/."))
+
+
+def _exported_steps(workdir: str) -> list[int]:
+  """The steps of an exported folder (step folders at its top); none for a
+  run (it has checkpoints/) or a run's own checkpoints/ folder."""
+  from hypermixer_jax.train import storage  # pylint: disable=g-import-not-at-top
+  folder = storage.path(workdir)
+  if (not folder.is_dir() or folder.name == "checkpoints"
+      or (folder / "checkpoints").exists()):
+    return []
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
 
 def _compile(config) -> None:
@@ -243,8 +248,7 @@ def _config(mode: str):
   if saved is None:
     from hypermixer_jax.train import storage  # pylint: disable=g-import-not-at-top
     folder = storage.path(FLAGS.workdir)
-    exported = sorted(int(p.name) for p in folder.iterdir()
-                      if p.name.isdigit()) if folder.is_dir() else []
+    exported = _exported_steps(FLAGS.workdir)
     if mode == "train" and exported:
       # Training there would write a run over the export (its config.json
       # too) and ignore its parameters.
@@ -253,8 +257,7 @@ def _config(mode: str):
           f"{exported}), not a run to resume: fine-tune from it with "
           f"--config.init_checkpoint={FLAGS.workdir} and another --workdir "
           "(evaluate or predict it with --workdir as it is).")
-    if FLAGS.config is None and mode != "train" and folder.is_dir() and any(
-        p.name.isdigit() for p in folder.iterdir()):
+    if FLAGS.config is None and mode != "train" and exported:
       raise app.UsageError(
           f"--mode={mode}: {FLAGS.workdir} holds exported steps but no "
           f"{run_config.CONFIG_FILE}; pass --config=FILE[:arg] of the run it "

@@ -114,10 +114,12 @@ def _flatten(config, prefix: str = "") -> dict[str, Any]:
   return out
 
 
-def _local_files(flat: dict[str, Any]) -> list[str]:
+def _local_files(config: ml_collections.ConfigDict) -> list[str]:
   """The ``data.local_files.*`` fields that name files."""
-  return [k for k, v in flat.items()
-          if k.startswith("data.local_files.") and v]
+  from hypermixer_jax.data import config as data_config  # pylint: disable=g-import-not-at-top
+  data = config.get("data")
+  return ([f"data.local_files.{k}" for k in data_config.local_files(data)]
+          if data is not None and "local_files" in data else [])
 
 
 def problems(config: ml_collections.ConfigDict) -> list[str]:
@@ -152,7 +154,7 @@ def problems(config: ml_collections.ConfigDict) -> list[str]:
       out.append(f"evals.{name}: a pseudo_attention map needs a model of "
                  f"continuous inputs (the synthetic task), not "
                  f"model.family={family!r}; use a config without it")
-  local = _local_files(flat)
+  local = _local_files(config)
   for field in ("data.tfds_train_split", "data.tfds_validation_split"):
     if local and flat.get(field):
       out.append(f"{field}={flat[field]!r} selects part of a TFDS split, but "
@@ -182,7 +184,7 @@ def doubts(config: ml_collections.ConfigDict) -> list[str]:
                f"updates: the learning rate only reaches {top:.3g}, not "
                f"learning_rate={flat['learning_rate']:g}. Set "
                f"--config.warmup_steps={max(updates // 10, 1)} (or fewer).")
-  local = _local_files(flat)
+  local = _local_files(config)
   if local and flat.get("data.data_dir"):
     out.append(f"data.data_dir={flat['data.data_dir']!r} is not read: "
                f"{local[0]} is set, and local files serve every split. Drop "
