@@ -121,7 +121,8 @@ def lm_part(args, exp) -> None:
   models = experiment.split(args.models)
   configs = model_configs(s, vocab["model_vocab_size"], models,
                           experiment.split(args.ablate_hyper_dims, int),
-                          experiment.split(args.ablate_chunks, int))
+                          experiment.split(args.ablate_chunks, int),
+                          causal.recorded_models(exp))
   names = models + [k for k in configs if k not in MODELS]
   sizes = causal.record_sizes(exp, configs, names, s["seq_len"])
   steps = args.steps or s["steps"]

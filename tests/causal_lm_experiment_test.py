@@ -280,9 +280,23 @@ def test_toy_run_records_and_resumes(shared, vocab, tmp_path, monkeypatch):
     raise AssertionError("a recorded cell was trained again")
   monkeypatch.setattr(cl, "run_cell", fail)
   monkeypatch.setattr(experiment, "train", fail)
+  # (The recorded sizes are kept: each model's config is the one recorded,
+  # once read back from JSON.)
+  def recount(*a, **k):
+    raise AssertionError("a recorded model's FLOPs were counted again")
+  monkeypatch.setattr(causal, "sizes_of", recount)
   cl.lm_part(args, experiment.Experiment(args.out, args))
   again = json.loads((tmp_path / "out" / "results.json").read_text())
   assert again["runs"] == saved["runs"]
+
+  # A report reads the recorded models: it compiles none to match FLOPs,
+  # and writes the same table.
+  monkeypatch.setattr(causal, "forward_flops", recount)
+  monkeypatch.setattr(cl, "forward_flops", recount)
+  (tmp_path / "out" / "table.md").unlink()
+  report = argparse.Namespace(**dict(vars(args), report_only=True))
+  cl.lm_part(report, experiment.Experiment(report.out, report))
+  assert (tmp_path / "out" / "table.md").read_text() == table
 
 
 def _one_layer_one_share(monkeypatch, vocab) -> None:

@@ -3,7 +3,9 @@ in forward FLOPs per token, its training config, the held-out set read at
 several lengths, per-token scoring, and its tables and figure."""
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import math
 import pathlib
 import statistics
@@ -121,28 +123,47 @@ def match_flops(m: ml_collections.ConfigDict, target: float, n: int,
 
 
 def model_configs(s: dict, vocab_size: int, mixers=MODELS, hyper_dims=(),
-                  chunks=()) -> dict[str, ml_collections.ConfigDict]:
+                  chunks=(), recorded: dict | None = None
+                  ) -> dict[str, ml_collections.ConfigDict]:
   """The matched models: ``{name: config}``, those of ``mixers`` (the
   Transformer always, the reference) and the HyperMixer ablations
-  ``hypermixer_h<d'>_c<C>``."""
-  bert = model_config("attention", s, vocab_size)
-  target = forward_flops(bert, s["seq_len"])
+  ``hypermixer_h<d'>_c<C>``; a name in ``recorded`` (``recorded_models``:
+  a report's) is taken from it, not matched again."""
+  recorded = recorded or {}
+  bert = recorded.get("attention") or model_config("attention", s,
+                                                   vocab_size)
+  target = functools.cache(lambda: forward_flops(bert, s["seq_len"]))
   out = {"attention": bert}
   for mixer in mixers:
     if mixer != "attention":
-      out[mixer] = match_flops(model_config(mixer, s, vocab_size), target,
-                               s["seq_len"])
+      out[mixer] = recorded.get(mixer) or match_flops(
+          model_config(mixer, s, vocab_size), target(), s["seq_len"])
   cells = [(h, s["chunk"]) for h in hyper_dims] + [
       (s["hyper_dim"], c) for c in chunks]
   for h, c in cells:
+    name = f"hypermixer_h{h}_c{c}"
     if (h, c) == (s["hyper_dim"], s["chunk"]):
       continue
+    if name in recorded:
+      out[name] = recorded[name]
+      continue
     m = model_config("hypermixer", s, vocab_size, hyper_dim=h, chunk=c)
-    matched = match_flops(m, target, s["seq_len"])
+    matched = match_flops(m, target(), s["seq_len"])
     # A mixing that alone nearly fills the budget keeps the Transformer's
     # FFN instead of losing it (and is reported with its larger FLOPs).
-    out[f"hypermixer_h{h}_c{c}"] = matched if matched.d_ffn >= MIN_FFN else m
+    out[name] = matched if matched.d_ffn >= MIN_FFN else m
   return out
+
+
+def recorded_models(exp) -> dict[str, ml_collections.ConfigDict] | None:
+  """A report's models (``--report_only``): the configs the record's
+  ``sizes`` hold, those its runs trained (a report trains nothing, so it
+  does not compile every model again to match FLOPs); None when training
+  (the models are matched afresh and checked against the record)."""
+  if not exp.report_only:
+    return None
+  return {name: ml_collections.ConfigDict(rec["model"])
+          for name, rec in exp.data.get("sizes", {}).items()}
 
 
 def hyper_dim_name(s: dict, hyper_dim: int) -> str:
@@ -152,25 +173,31 @@ def hyper_dim_name(s: dict, hyper_dim: int) -> str:
           else f"hypermixer_h{hyper_dim}_c{s['chunk']}")
 
 
-def selection_configs(s: dict, vocab_size: int, hyper_dims
+def selection_configs(s: dict, vocab_size: int, hyper_dims,
+                      recorded: dict | None = None
                       ) -> dict[str, ml_collections.ConfigDict]:
   """The candidates of the d' selection (``{name: config}``, the
   Transformer first: the reference of the FLOP match), each matched to the
-  Transformer's FLOPs as ``model_configs`` matches them; a width whose
-  mixing leaves no FFN of ``MIN_FFN`` is refused (an unmatched candidate
-  would buy its score with FLOPs)."""
-  bert = model_config("attention", s, vocab_size)
-  target = forward_flops(bert, s["seq_len"])
+  Transformer's FLOPs as ``model_configs`` matches them (``recorded``: a
+  report's, taken as they are); a width whose mixing leaves no FFN of
+  ``MIN_FFN`` is refused (an unmatched candidate would buy its score with
+  FLOPs)."""
+  recorded = recorded or {}
+  bert = recorded.get("attention") or model_config("attention", s,
+                                                   vocab_size)
+  target = functools.cache(lambda: forward_flops(bert, s["seq_len"]))
   out = {"attention": bert}
   for h in hyper_dims:
-    m = match_flops(model_config("hypermixer", s, vocab_size, hyper_dim=h),
-                    target, s["seq_len"])
+    name = hyper_dim_name(s, h)
+    m = recorded.get(name) or match_flops(
+        model_config("hypermixer", s, vocab_size, hyper_dim=h), target(),
+        s["seq_len"])
     if m.d_ffn < MIN_FFN:
       raise ValueError(
           f"--select_hyper_dims: d'={h} leaves an FFN of {m.d_ffn} (< "
           f"{MIN_FFN}) at the Transformer's FLOPs, so it cannot be matched; "
           "choose among narrower widths.")
-    out[hyper_dim_name(s, h)] = m
+    out[name] = m
   return out
 
 
@@ -400,7 +427,9 @@ def record_sizes(exp, configs: dict, names, n: int) -> dict:
   where the config is unchanged: counting FLOPs compiles the model)."""
   sizes = exp.data.get("sizes", {})
   for name in names:
-    if name not in sizes or sizes[name]["model"] != configs[name].to_dict():
+    # (Compared as JSON holds it: a tuple field reads back as a list.)
+    model = json.loads(json.dumps(configs[name].to_dict()))
+    if name not in sizes or sizes[name]["model"] != model:
       sizes[name] = {"model": configs[name].to_dict(),
                      **sizes_of(configs[name], n)}
   exp.save(sizes=sizes)
@@ -555,7 +584,7 @@ def hyper_dim_choice(exp, args, study, vocab: dict, configs: dict
   shared = pathlib.Path(args.shared)
   candidates = selection_configs(
       s, vocab["model_vocab_size"],
-      experiment.split(args.select_hyper_dims, int))
+      experiment.split(args.select_hyper_dims, int), recorded_models(exp))
   names = [n for n in candidates if n != "attention"]
   configs.update({n: candidates[n] for n in names})
   sizes = record_sizes(exp, configs, names, s["seq_len"])
