@@ -31,14 +31,17 @@ and ``--models=attention`` (the report pairs the draws recorded for both); a
 process with ``--order=reverse`` takes the draws from the end, so that two
 processes on the same model meet halfway instead of waiting on each other.
 
-Once every draw is recorded for both models, each model's best draw is
-trained again with ``--best_seeds`` (1, 2): the top of its curve, over seeds.
-
 ``--carve`` (small scale): nothing is chosen on dev. Each trial trains on
 the SST-2 train phrases less every 10th sentence's and is scored on those
-(``glue.carve``), so the curves are of validation accuracy; each model's
-best draw then trains seeds 0 and ``--best_seeds`` on the same phrases,
-scored on dev (``table_carved.md``).
+(``glue.carve``), so the curves are of validation accuracy; once every draw
+is recorded for both models, each model's best draw trains seeds 0 and
+``--best_seeds`` (1, 2) on the same phrases, scored on dev
+(``table_carved.md``): the top of its curve, over seeds, tested by Welch.
+Without ``--carve`` the curves are of dev accuracy and no draw is trained
+again (it would be chosen on the sentences it is scored on).
+
+The gap's interval and test carry the evaluation sentences' binomial noise
+beside the draws' (``tuning`` module).
 
 Writes ``results.json``, ``table.md`` and ``tuning_cost.png``.
 """
@@ -132,24 +135,29 @@ def main() -> None:
               for t in range(len(space)) for m in MODELS
               if key(m, t) in exp.runs}
   best = {}
-  if len(by_trial) == len(MODELS) * len(space):   # the search is complete
-    seeds = experiment.split(args.best_seeds, int)
-    best = _best_draws(exp, space, by_trial, [0] + seeds if split else seeds,
-                       trained, f"{budget}/{task}", config, bool(split))
-  _report(exp, args, task, budget, paired_trials(by_trial, len(space)), best)
+  # The best draws' seeds: only where the draws were scored on carved
+  # phrases (on dev, the best draw is chosen on the sentences its seeds
+  # would be scored on).
+  if split and len(by_trial) == len(MODELS) * len(space):   # complete
+    seeds = [0] + experiment.split(args.best_seeds, int)
+    best = _best_draws(exp, space, by_trial, seeds, trained,
+                       f"{budget}/{task}", config)
+  n_eval = (exp.data["sst2_split"]["validation"]["documents"] if split
+            else exp.data.get("baselines", {}).get(budget, {}).get("dev_rows"))
+  _report(exp, args, task, budget, paired_trials(by_trial, len(space)), best,
+          n_eval)
 
 
-def _best_draws(exp, space, by_trial, seeds, trained, prefix, config,
-                carved: bool = False) -> dict:
-  """Each model's best draw, trained again with ``seeds`` (by the models
-  of ``trained``): its lr, dropout and accuracies, seed 0's first (the
-  trial itself, unless ``carved``: a trial scored on carved phrases is not
-  a dev accuracy)."""
+def _best_draws(exp, space, by_trial, seeds, trained, prefix, config
+                ) -> dict:
+  """Each model's best draw (on the carved phrases), trained again with
+  ``seeds`` (by the models of ``trained``) and scored on dev: its lr,
+  dropout and accuracies."""
   best = {}
   for mixer in MODELS:
     t = max(range(len(space)), key=lambda t, m=mixer: by_trial[m, t])
     best[mixer] = dict(draw=t, lr=space[t][0], dropout=space[t][1],
-                       accuracy=[] if carved else [by_trial[mixer, t]])
+                       accuracy=[])
     for seed in seeds:
       k = f"{prefix}/{mixer}/best/trial{t}/seed={seed}"
       if mixer in trained:
@@ -170,7 +178,7 @@ def paired_trials(by_trial: dict[tuple[str, int], float], count: int
   return {m: [by_trial[m, t] for t in shared] for m in MODELS}
 
 
-def _report(exp, args, task, budget, acc, best) -> None:
+def _report(exp, args, task, budget, acc, best, n_eval) -> None:
   done = len(acc[MODELS[0]])
   if not done:
     print("tuning_cost: no trial recorded for both models yet.")
@@ -179,11 +187,13 @@ def _report(exp, args, task, budget, acc, best) -> None:
   curves = {m: [tuning.expected_max(acc[m], n) for n in ns] for m in MODELS}
   tag = "_carved" if budget.endswith("_carved") else ""   # --carve
   split = "validation (carved)" if tag else "dev"
-  exp.save(**{f"expected_max{tag}": curves, f"best_draws{tag}": best})
+  exp.save(**{f"expected_max{tag}": curves}, **(
+      {f"best_draws{tag}": best} if tag else {}))
   rows = []
   for n in sorted({1, 2, 3, 5, 10, 15, done} & set(ns)):
     rows.append([n] + [f"{100 * curves[m][n - 1]:.1f}" for m in MODELS]
-                + tuning.gap_cells(acc["hypermixer"], acc["attention"], n))
+                + tuning.gap_cells(acc["hypermixer"], acc["attention"], n,
+                                   n_eval))
   base = exp.data.get("baselines", {}).get(budget)
   if base:
     rows.append([f"Naive Bayes (bag of tokens), dev: "
@@ -195,8 +205,7 @@ def _report(exp, args, task, budget, acc, best) -> None:
         f"{best[m]['dropout']:.2f})" for m in MODELS] + [
             "", experiment.verdict(
                 best["hypermixer"]["accuracy"], best["attention"]["accuracy"],
-                "higher", n_eval=(base or {}).get("dev_rows")
-            ).text(100) if tag else "no test: chosen on dev"])
+                "higher", n_eval=(base or {}).get("dev_rows")).text(100)])
   exp.write_table(
       f"Tuning cost: expected best {task} {split} accuracy after n trials "
       f"({args.scale} scale)",
@@ -218,15 +227,18 @@ def _report(exp, args, task, budget, acc, best) -> None:
       f"scores swapped at random, {tuning.PERMUTATIONS:,} swaps), 'agrees' "
       "(the paper: HyperMixer above) / 'disagrees' where p < 0.05, once at "
       f"least {tuning.MIN_TRIALS} trials are recorded. Both cover the draws' "
-      f"variation, not the {split} sentences' own noise (each trial is "
-      "scored once, on the same sentences), so they are narrower than a test "
-      f"over new examples would give. Each trial is one run (seed 0), so a curve's "
-      "right end rests on its top trials and their seed noise: 'best draw, "
-      "over seeds' trains each model's best draw again with --best_seeds "
-      + ("(its verdict: Welch's test below)" if tag else "beside its seed "
-         "0, the draw's own dev score, the maximum it was picked by: "
-         "optimistic for both, and chosen on the sentences it is scored on, "
-         "so not tested (--carve chooses on carved train sentences)") + ". "
+      f"variation and the {split} set's own noise (every trial is scored on "
+      f"the same {n_eval:,} examples: each resample and each "
+      "permuted gap also carries a normal term of variance p1 (1 - p1) / n + "
+      "p2 (1 - p2) / n, p1 and p2 the two expected maxima). Each trial is "
+      "one run (seed 0), so a curve's right end rests on its top trials and "
+      "their seed noise: "
+      + ("'best draw, over seeds' trains each model's best draw (chosen on "
+         "the carved phrases) again with seeds 0 and --best_seeds, scored on "
+         "dev (its verdict: Welch's test below). " if tag else
+         "the best draws are trained over seeds only with --carve, where "
+         "they are chosen on carved train phrases rather than on the dev "
+         "sentences their seeds are scored on. ")
       + experiment.VERDICT_NOTE,
       name=f"table{tag}")
   _plot(exp, ns, curves, None if tag else base, split, tag)

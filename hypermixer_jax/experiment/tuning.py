@@ -12,6 +12,14 @@ valid test: at n near T it rejects equal models more often than its level.
 The permutation test is exact whatever n: under "the two models score
 alike", each draw's two scores are exchangeable, so swapping them at random
 gives the gap's null distribution.
+
+Both see only the draws' variation: every trial is scored on the same
+evaluation examples. For accuracies, ``n_eval`` (the evaluation set's size)
+adds that set's own noise, as ``stats`` adds it to a comparison of seeds:
+the gap carries a normal term of variance p1 (1 - p1) / n_eval + p2 (1 - p2)
+/ n_eval (p1, p2: the two expected maxima; conservative, both are scored on
+the same examples), added to each permuted gap (its tail probability
+integrated exactly) and to each bootstrap resample.
 """
 from __future__ import annotations
 
@@ -33,30 +41,53 @@ def expected_max(values, n: int) -> float:
   return float(np.sum(v * ((i / t) ** n - ((i - 1) / t) ** n)))
 
 
+def eval_sd(ours, other, n: int, n_eval: int | None) -> float:
+  """The standard deviation the evaluation set's binomial noise gives the
+  gap at ``n`` trials (module docstring); 0 without ``n_eval``."""
+  if not n_eval:
+    return 0.0
+  a, b = expected_max(ours, n), expected_max(other, n)
+  for value in (a, b):
+    if not 0.0 <= value <= 1.0:
+      raise ValueError(f"n_eval={n_eval} is for accuracies in [0, 1]; got "
+                       f"{value:g} (pass fractions, not percent).")
+  return float(np.sqrt((a * (1 - a) + b * (1 - b)) / n_eval))
+
+
 def gap_interval(ours, other, n: int, samples: int = BOOTSTRAP,
-                 seed: int = 0) -> tuple[float, float]:
+                 seed: int = 0, n_eval: int | None = None
+                 ) -> tuple[float, float]:
   """95% percentile interval of ``expected_max(ours, n) -
   expected_max(other, n)`` over bootstrap resamples of the trials (paired:
-  trial t of both models is the same hyperparameter draw)."""
+  trial t of both models is the same hyperparameter draw); with ``n_eval``
+  each resample also carries the evaluation set's noise."""
   from scipy import stats as scipy_stats  # pylint: disable=g-import-not-at-top
   ours, other = np.asarray(ours, np.float64), np.asarray(other, np.float64)
   if ours.shape != other.shape:
     raise ValueError(f"gap_interval: {len(ours)} and {len(other)} trials; "
                      "the models must share the draws.")
-  ci = scipy_stats.bootstrap(
+  rng = np.random.default_rng(seed)
+  res = scipy_stats.bootstrap(
       (ours, other), lambda a, b: expected_max(a, n) - expected_max(b, n),
       paired=True, vectorized=False, n_resamples=samples,
-      confidence_level=1 - stats.ALPHA, method="percentile",
-      rng=np.random.default_rng(seed)).confidence_interval
-  return float(ci.low), float(ci.high)
+      confidence_level=1 - stats.ALPHA, method="percentile", rng=rng)
+  sd = eval_sd(ours, other, n, n_eval)
+  if not sd:
+    return float(res.confidence_interval.low), float(
+        res.confidence_interval.high)
+  gaps = res.bootstrap_distribution + rng.normal(0.0, sd, samples)
+  low, high = np.percentile(gaps, [50 * stats.ALPHA, 100 - 50 * stats.ALPHA])
+  return float(low), float(high)
 
 
 def permutation_p(ours, other, n: int, samples: int = PERMUTATIONS,
-                  seed: int = 0) -> float:
+                  seed: int = 0, n_eval: int | None = None) -> float:
   """Two-sided p of ``expected_max(ours, n) - expected_max(other, n)`` by a
   paired permutation test: each trial's two scores swapped or not, every
   way where there are at most ``samples`` ways (exact), else ``samples``
-  random ways (the observed one counted among them)."""
+  random ways (the observed one counted among them). With ``n_eval`` each
+  permuted gap also carries the evaluation set's noise: p is the mean over
+  the ways of P(|gap + noise| >= observed)."""
   ours, other = np.asarray(ours, np.float64), np.asarray(other, np.float64)
   if ours.shape != other.shape:
     raise ValueError(f"permutation_p: {len(ours)} and {len(other)} trials; "
@@ -70,12 +101,20 @@ def permutation_p(ours, other, n: int, samples: int = PERMUTATIONS,
     return np.sort(a, axis=1) @ weights - np.sort(b, axis=1) @ weights
   observed = abs(expected_max(ours, n) - expected_max(other, n))
   tol = 1e-12 * max(1.0, observed)
+  sd = eval_sd(ours, other, n, n_eval)
+
+  def beyond(g):   # P(|g + noise| >= observed), each way
+    if not sd:
+      return (np.abs(g) >= observed - tol).astype(np.float64)
+    from scipy import stats as scipy_stats  # pylint: disable=g-import-not-at-top
+    return (scipy_stats.norm.sf((observed - g) / sd)
+            + scipy_stats.norm.cdf((-observed - g) / sd))
   if 2 ** t <= samples:
     swap = (np.arange(2 ** t)[:, None] >> np.arange(t)) & 1
-    return float(np.mean(np.abs(gaps(swap.astype(bool))) >= observed - tol))
+    return float(np.mean(beyond(gaps(swap.astype(bool)))))
   swap = np.random.default_rng(seed).random((samples, t)) < 0.5
-  hits = np.sum(np.abs(gaps(swap)) >= observed - tol)
-  return float((1 + hits) / (1 + samples))
+  # (The observed way counted among them, as beyond its gap: conservative.)
+  return float((1 + np.sum(beyond(gaps(swap)))) / (1 + samples))
 
 
 def gap_verdict(gap: float, p: float, trials: int) -> str:
@@ -90,13 +129,14 @@ def gap_verdict(gap: float, p: float, trials: int) -> str:
   return f"{word}, {stats.p_text(p)}"
 
 
-def gap_cells(ours, other, n: int) -> list[str]:
+def gap_cells(ours, other, n: int, n_eval: int | None = None) -> list[str]:
   """A table's two cells for the gap at ``n`` trials, in points: the
   bootstrap interval (none for a single trial) and the permutation test's
-  verdict."""
+  verdict (``n_eval``: with the evaluation set's noise)."""
   if len(ours) < 2:
     return ["-", gap_verdict(0.0, 1.0, len(ours))]
-  low, high = gap_interval(ours, other, n)
+  low, high = gap_interval(ours, other, n, n_eval=n_eval)
   gap = expected_max(ours, n) - expected_max(other, n)
   return [f"{100 * low:+.1f} / {100 * high:+.1f}",
-          gap_verdict(gap, permutation_p(ours, other, n), len(ours))]
+          gap_verdict(gap, permutation_p(ours, other, n, n_eval=n_eval),
+                      len(ours))]
