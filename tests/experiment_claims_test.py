@@ -129,6 +129,18 @@ class ClaimsTest(absltest.TestCase):
     v = stats.verdict(OURS, OTHER, "higher", untuned=True)
     self.assertEqual((v.word, v.text(100, words={"agrees": "yes"})),
                      ("agrees", untuned))
+    # Against a baseline: one with no setting of its own keeps its test;
+    # one whose setting was searched (a ridge penalty) decides nothing
+    # against untuned models, and still decides against tuned ones.
+    base = claims.judge(_claim(untuned=True), data)[5]
+    self.assertTrue(base.startswith("majority 50.0: ours above: "), base)
+    searched = claims.judge(_claim(untuned=True, baseline_tuned=True),
+                            data)[5]
+    self.assertEqual(searched, base.replace("ours above: ",
+                                            "ours no verdict (untuned): "))
+    self.assertEqual(claims.judge(_claim(baseline_tuned=True), data)[5], base)
+    self.assertEqual(
+        stats.against_baseline(OURS, 0.5, untuned=True).word, "above")
 
   def test_a_baseline_scored_per_seed_is_tested_as_seeds(self):
     # A baseline with a value per seed (a pattern of keys) has a spread of

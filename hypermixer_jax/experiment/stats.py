@@ -336,11 +336,14 @@ def _verdict(ours: Sequence[float], other: Sequence[float] | float,
 
 def against_baseline(ours: Sequence[float],
                      baseline: float | Sequence[float], *,
-                     n_eval: int | None = None) -> Verdict:
+                     n_eval: int | None = None,
+                     untuned: bool = False) -> Verdict:
   """``ours`` against a trivial baseline by the same test as ``verdict``: a
   number (one-sample), or its seeds where it was scored on each seed's
   data (Welch, as between two models); 'above' / 'below' where it decides,
-  else 'not decided' (never 'level': no margin was tested)."""
-  v = verdict(ours, baseline, "higher", n_eval=n_eval)
+  else 'not decided' (never 'level': no margin was tested). ``untuned``:
+  ``ours`` ran at a shared setting, no search, against a baseline whose
+  own setting was searched (e.g. a ridge penalty): ``NO_VERDICT``."""
+  v = verdict(ours, baseline, "higher", n_eval=n_eval, untuned=untuned)
   words = {"agrees": "above", "disagrees": "below"}
   return dataclasses.replace(v, word=words.get(v.word, v.word))
