@@ -143,7 +143,7 @@ def _tuned(exp, args, models, seeds, steps, prefix, config, sizes, shared,
                                    held_out=mlm.held_out(c))
   lrs = experiment.split(args.lrs, float) or None
   tuned = mlm.tune(exp, models, seeds, steps, f"{prefix}/", one, lrs,
-                   reverse=args.order == "reverse")
+                   split=split, reverse=args.order == "reverse")
   lengths = experiment.split(args.budget_check, int)
   budget = mlm.budget_check(exp, f"{prefix}/", tuned[0], tuned[1], lengths,
                             steps, config, split, models) if lengths else None

@@ -53,6 +53,7 @@ import numpy as np
 
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import glue
+from hypermixer_jax.experiment import selection
 from hypermixer_jax.experiment import tuning
 
 MODELS = ("hypermixer", "attention")
@@ -124,12 +125,15 @@ def main() -> None:
         config(MODELS[0], 1e-3, 0.0)))
   def key(mixer, t):
     return f"{budget}/{task}/{mixer}/trial{t}"
+  # Every carved run records the carve (one of another is run again).
+  stamp = selection.split_tag(split) if split else {}
   # Draw by draw, both models each, so that a run cut short leaves pairs.
   draws = list(enumerate(space))
   for t, (lr, dropout) in draws[::-1] if args.order == "reverse" else draws:
     for mixer in trained:
+      retire_other_carve(exp, key(mixer, t), stamp)
       exp.cell(key(mixer, t), lambda c=config(mixer, lr, dropout, select=True),
-               k=key(mixer, t): run_trial(c, exp.workdir(k)))
+               k=key(mixer, t): dict(run_trial(c, exp.workdir(k)), **stamp))
   exp.reload()   # with what another process recorded meanwhile
   by_trial = {(m, t): accuracy(exp.runs[key(m, t)])
               for t in range(len(space)) for m in MODELS
@@ -141,18 +145,29 @@ def main() -> None:
   if split and len(by_trial) == len(MODELS) * len(space):   # complete
     seeds = [0] + experiment.split(args.best_seeds, int)
     best = _best_draws(exp, space, by_trial, seeds, trained,
-                       f"{budget}/{task}", config)
+                       f"{budget}/{task}", config, stamp)
   n_eval = (exp.data["sst2_split"]["validation"]["documents"] if split
             else exp.data.get("baselines", {}).get(budget, {}).get("dev_rows"))
   _report(exp, args, task, budget, paired_trials(by_trial, len(space)), best,
           n_eval)
 
 
-def _best_draws(exp, space, by_trial, seeds, trained, prefix, config
-                ) -> dict:
+def retire_other_carve(exp, key: str, stamp: dict) -> None:
+  """Retires ``key``'s record where it was made on another carve than
+  ``stamp``'s (``selection.split_tag``), so that it runs again."""
+  run = exp.runs.get(key)
+  if run is None or exp.report_only:
+    return
+  got = {k: run.get(k) for k in stamp}
+  if got != stamp:
+    exp.supersede(key, f"recorded {got}, the carve now has {stamp}")
+
+
+def _best_draws(exp, space, by_trial, seeds, trained, prefix, config,
+                stamp: dict) -> dict:
   """Each model's best draw (on the carved phrases), trained again with
   ``seeds`` (by the models of ``trained``) and scored on dev: its lr,
-  dropout and accuracies."""
+  dropout and accuracies (each run recording the carve, ``stamp``)."""
   best = {}
   for mixer in MODELS:
     t = max(range(len(space)), key=lambda t, m=mixer: by_trial[m, t])
@@ -161,8 +176,9 @@ def _best_draws(exp, space, by_trial, seeds, trained, prefix, config
     for seed in seeds:
       k = f"{prefix}/{mixer}/best/trial{t}/seed={seed}"
       if mixer in trained:
+        retire_other_carve(exp, k, stamp)
         exp.cell(k, lambda c=config(mixer, *space[t], seed=seed), k=k:
-                 run_trial(c, exp.workdir(k)))
+                 dict(run_trial(c, exp.workdir(k)), **stamp))
       exp.reload()
       if k in exp.runs:
         best[mixer]["accuracy"].append(accuracy(exp.runs[k]))

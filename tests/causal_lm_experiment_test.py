@@ -350,6 +350,9 @@ def test_tune_chooses_each_models_setting_on_carved_documents(
   assert sorted(k for k in saved["runs"] if "/tune/" in k) == sorted(
       f"small/s2/tune/model={m}/setting={i}"
       for m in ("attention", "hypermixer") for i in (0, 1))
+  # Every search and seed run records the carve it was made on.
+  assert {r["carved_validation_sha256"] for r in saved["runs"].values()} == {
+      saved["c4_split"]["validation"]["sha256"]}
   # Nothing of the untuned grid ran.
   assert all("/tune/" in w or "/tuned/" in w for w, _, _ in trained)
   for w, files, lr in trained:

@@ -780,6 +780,20 @@ def test_tuning_cost_carved_chooses_nothing_on_dev(shared_data, tmp_path,
   table = (tmp_path / "table_carved.md").read_text()
   assert "expected best sst2 validation (carved) accuracy" in table
   assert not (tmp_path / "table.md").exists()
+  # Every run records the carve; one recorded on another carve is retired
+  # and run again, the others are kept.
+  carve = saved["sst2_split"]["validation"]["sha256"]
+  assert {r["carved_validation_sha256"] for r in saved["runs"].values()} == {
+      carve}
+  stale = "w128_s2_n64_carved/sst2/attention/trial1"
+  saved["runs"][stale]["carved_validation_sha256"] = "another"
+  (tmp_path / "results.json").write_text(json.dumps(saved))
+  calls.clear()
+  tuning_cost.main()
+  assert [c[0] for c in calls] == [f"runs/{stale}"]
+  again = json.loads((tmp_path / "results.json").read_text())
+  assert again["runs"][stale]["carved_validation_sha256"] == carve
+  assert "another" in json.dumps(again["superseded"])
 
 
 class LowResourceTest(absltest.TestCase):

@@ -257,6 +257,9 @@ def test_synthetic_tune_holds_out_training_sequences_and_tests_on_test(
                            "sha256": digest.hexdigest()}
   assert (f"Held-out sequences: n=500: 50 (sha256 "
           f"{split['validation']['sha256'][:12]}...)") in table
+  # Every search and seed run records that carve.
+  assert {r["carved_validation_sha256"] for r in exp.runs.values()} == {
+      split["validation"]["sha256"]}
 
 
 @pytest.mark.slow

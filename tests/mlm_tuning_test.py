@@ -113,6 +113,9 @@ def test_tune_selects_on_the_carved_split_and_reports_at_the_choice(
   assert len(tune) == 2 * 2 and len(tuned) == 2
   split = saved["c4_split"]
   assert split["validation"]["documents"] == 12
+  # Every search and seed run records the carve it was made on.
+  assert {r["carved_validation_sha256"] for r in {**tune, **tuned}.values()
+          } == {split["validation"]["sha256"]}
   for workdir, train, valid, eval_steps, lr, warmup, seed in seen:
     assert train.endswith("c4_split/train.jsonl")      # never the whole sample
     if "/tune/" in workdir:

@@ -382,9 +382,12 @@ def test_tune_carves_c4_documents_and_scores_seeds_on_wikitext(
   assert all(s[0] == selection.SEED and s[2] == split["validation"]["path"]
              for s in seen)
   assert vbase["scored"] == split["validation"]["path"]
-  # Each length run records the dispatch and decay rule, as the search's.
+  # Each length run records the dispatch, decay rule and carve, as the
+  # search's.
+  tag = sparse_lm.run_tag(split)
+  assert tag["carved_validation_sha256"] == split["validation"]["sha256"]
   assert {k: v for k, v in exp.runs["b/budget/steps=25/model=switch"].items()
-          if k in sparse_lm.run_tag()} == sparse_lm.run_tag()
+          if k in tag} == tag
   assert scores == {25: {"smlp_deterministic": 200.0, "switch": 1e4},
                     50: {"smlp_deterministic": 200.0, "switch": 200.0}}
   section = selection.length_section(scores, 600.0, "0.6 x unigram", list(

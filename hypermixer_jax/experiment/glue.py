@@ -338,7 +338,7 @@ def tune(exp: experiment.Experiment, mixers, seeds, config, steps: int,
   the carved train part."""
   split = carve(exp, source, task, group)
   # Runs and baselines of another carve are retired, not reused.
-  tag = {"carved_validation_sha256": split["validation"]["sha256"]}
+  tag = selection.split_tag(split)
 
   def one(mixer, seed, setting, key, select):
     c = carved_config(config(mixer, seed), split, setting, select=select)
@@ -361,7 +361,7 @@ def budget_check(exp: experiment.Experiment, prefix: str, tuned: tuple,
   steps)``: the untuned run config. The length the rule picks (the best
   model above Naive Bayes) is recorded (``selection.record_length``)."""
   split, searched, chosen = tuned[:3]
-  tag = {"carved_validation_sha256": split["validation"]["sha256"]}
+  tag = selection.split_tag(split)
   base = exp.baseline(
       f"{prefix}carved_validation/seed={selection.SEED}",
       lambda: bag_of_words_baselines(carved_config(
@@ -410,7 +410,7 @@ def tune_tfds(exp: experiment.Experiment, mixers, seeds, config,
   split = exp.baseline(f"{prefix}split", lambda: selection.tfds_split_record(
       first, carve), tag={"expressions": carve,
                           "data_dir": first.data.data_dir})
-  tag = {"carved_validation_sha256": split["validation"]["sha256"]}
+  tag = selection.split_tag(split)
 
   def one(mixer, seed, setting, key, select):
     c = selection.carved_tfds(config(mixer, seed), carve, setting,

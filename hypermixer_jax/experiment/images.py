@@ -191,7 +191,7 @@ def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
   split = carve_validation(tsvs)
   exp.save(cifar_split=selection.split_record(split))
   # Runs and baselines of another carve are retired, not reused.
-  tag = {"carved_validation_sha256": split["validation"]["sha256"]}
+  tag = selection.split_tag(split)
 
   def one(family, seed, setting, key, select):
     c = carved_config(config(family, seed), split, setting, select=select)

@@ -386,13 +386,14 @@ def choose(runs_by_model: dict) -> dict:
 
 
 def tune(exp, models, seeds, steps: int, prefix: str, run, lrs=None, *,
-         reverse: bool = False) -> tuple[dict, dict, dict]:
+         split: dict, reverse: bool = False) -> tuple[dict, dict, dict]:
   """Every model's search (``tune_settings`` over ``lrs``) and its seeds at
   its choice (``choose``): ``selection.tune`` with ``run(model, seed,
-  setting, key, select)``; ``reverse``: a second process's order."""
+  setting, key, select)``, every run recording ``split``'s digest;
+  ``reverse``: a second process's order."""
   return selection.tune(exp, models, seeds, tune_settings(steps, lrs),
                         prefix, run, final_perplexity, higher=False,
-                        reverse=reverse)
+                        reverse=reverse, tag=selection.split_tag(split))
 
 
 # The small scale's length rule: the shortest training length at which every
@@ -418,10 +419,11 @@ def budget_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
     c = carved_config(config(model, TUNE_SEED, n), split, setting,
                       select=True)
     return lean(experiment.train(c, exp.workdir(key)))
+  tag = selection.split_tag(split)
   ppl = selection.length_check(exp, prefix, searched, chosen, lengths,
-                               steps, run, final_perplexity)
+                               steps, run, final_perplexity, tag=tag)
   selection.record_length(exp, prefix, steps, budget_rule(ppl, base, models),
-                          ppl, chosen)
+                          ppl, chosen, tag)
   return ppl, base
 
 

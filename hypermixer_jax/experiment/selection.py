@@ -169,6 +169,14 @@ def _scored_once(c: ml_collections.ConfigDict) -> None:
   c.eval_steps = -1
 
 
+def split_tag(split: dict) -> dict[str, str]:
+  """What every run chosen on or trained for ``split`` (``carve_lines``')
+  records and must still hold (``tune``'s ``tag``): the carved validation
+  part's digest, so that runs of another carve are retired and run
+  again."""
+  return {"carved_validation_sha256": split["validation"]["sha256"]}
+
+
 def split_record(split: dict) -> dict:
   """``carve_lines``' description without this machine's paths."""
   return {k: {f: v for f, v in x.items() if f != "path"}

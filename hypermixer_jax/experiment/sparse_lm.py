@@ -618,11 +618,13 @@ def carve_c4(exp: experiment.Experiment, config) -> dict:
   return selection.carve_lines(joined, folder)
 
 
-def run_tag() -> dict[str, str]:
-  """What every search and length-check run records: the MoE dispatch and
-  the weight-decay rule (runs of another are retired and run again)."""
+def run_tag(split: dict) -> dict[str, str]:
+  """What every search and length-check run records: the MoE dispatch, the
+  weight-decay rule and the digest of ``split``'s carved validation part
+  (runs of another are retired and run again)."""
   from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
-  return {"dispatch": DISPATCH, "weight_decay_mask": optim.DECAY_MASK_RULE}
+  return {"dispatch": DISPATCH, "weight_decay_mask": optim.DECAY_MASK_RULE,
+          **selection.split_tag(split)}
 
 
 def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
@@ -651,7 +653,7 @@ def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
   searched, chosen, runs = selection.tune(
       exp, names, seeds, selection.settings(steps, lrs), f"{budget}/", one,
       lambda r: r["perplexity"], higher=False, reverse=reverse,
-      tag=run_tag())
+      tag=run_tag(split))
   base = exp.baseline(f"{budget}/carved", lambda: lm_baselines(
       selection.carved(config(REFERENCE, tuple(plan[REFERENCE]["depth"])),
                        split)))
@@ -687,10 +689,11 @@ def length_check(exp: experiment.Experiment, plan: Mapping[str, Any],
     return dict(selection.lean(r), perplexity=r["eval"]["perplexity"])
   scores = selection.length_check(
       exp, f"{prefix}/", searched, chosen, lengths, steps, run,
-      lambda r: r["perplexity"], tag=run_tag())
+      lambda r: r["perplexity"], tag=run_tag(split))
   names = [n for n in MODELS if n in plan]
   selection.record_length(exp, f"{prefix}/", steps, selection.shortest_length(
-      scores, length_bars(base, names), names), scores, chosen, run_tag())
+      scores, length_bars(base, names), names), scores, chosen,
+      run_tag(split))
   return scores, base
 
 

@@ -80,9 +80,9 @@ def tune(exp, config, mixers, setting: dict, lrs=None,
   full draws of the size and are scored on the test draw, as the untuned
   runs. ``config(mixer, size, seed)``: the untuned run config."""
   out, steps = {}, setting["steps"]
-  exp.save(synthetic_splits={f"n{size}": carved_split(
-      config(mixers[0], size, selection.SEED))
-      for size in setting["sizes"]})
+  splits = {f"n{size}": carved_split(config(mixers[0], size, selection.SEED))
+            for size in setting["sizes"]}
+  exp.save(synthetic_splits=splits)
   for size in setting["sizes"]:
     def one(mixer, seed, setting, key, select, size=size):
       c = selection.at(config(mixer, size, seed), setting)
@@ -95,7 +95,7 @@ def tune(exp, config, mixers, setting: dict, lrs=None,
     out[size] = selection.tune(
         exp, mixers, setting["seeds"], selection.settings(steps, lrs),
         f"s{steps}/n{size}/", one, lambda r: r["mse"], higher=False,
-        reverse=reverse)
+        reverse=reverse, tag=selection.split_tag(splits[f"n{size}"]))
   return out
 
 
