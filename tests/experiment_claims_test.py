@@ -327,7 +327,8 @@ def test_a_tuned_row_appears_once_its_runs_are_recorded(tmp_path):
   # length, is not.
   check = {"steps": 1000, "picked": 1000, "lengths": [500, 1000],
            "chosen": {m: {} for m in glue.MIXERS}}
-  confirmed = "(budget set on dev; the same rule picks it on the carved split)"
+  confirmed = ("(budget set on dev; the same rule picks it among 500 and "
+               "1,000 steps on the carved split)")
   record["length_checks"] = {"w128_s1000_n64/": check}
   regime = dict(zip(claims.HEADERS, claims.judge(claim, record)))["regime"]
   assert confirmed in regime and "not confirmed" not in regime

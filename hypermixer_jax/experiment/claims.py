@@ -363,8 +363,12 @@ def _tuned_regime(split: str, what: str, models: Sequence[str],
   def regime(data: dict[str, Any]) -> str:
     train = data.get(split, {}).get("train", {}).get("documents", 0)
     same = checked and selection.length_confirmed(data, *checked)
+    tried = [f"{n:,}" for n in (
+        data["length_checks"][checked[0]]["lengths"] if same else [])]
     text = head.format(train=f"{train:,}", checked=(
-        "; the same rule picks it on the carved split" if same else ""))
+        "; the same rule picks it among " + ", ".join(tried[:-1])
+        + " and " * (len(tried) > 1) + tried[-1] + " steps on the carved "
+        "split" if same else ""))
     if not same:
       text += " (the length not confirmed on the carved split)"
     return text + "; " + _search_text(data, models, pattern, what)
