@@ -89,8 +89,9 @@ def main() -> None:
   p.add_argument("--task", default="sst2")
   p.add_argument("--trials", type=int, default=TRIALS)
   p.add_argument("--best_seeds", default="1,2",
-                 help="once every draw is recorded, each model's best draw "
-                      "is trained again with these seeds (its seed spread)")
+                 help="with --carve, once every draw is recorded, each "
+                      "model's best draw is trained again with seed 0 and "
+                      "these seeds (its seed spread)")
   p.add_argument("--carve", action="store_true",
                  help="small scale: trials scored on phrases carved from "
                  "train, the best draws' seeds on dev (table_carved.md)")
@@ -146,7 +147,10 @@ def main() -> None:
     seeds = [0] + experiment.split(args.best_seeds, int)
     best = _best_draws(exp, space, by_trial, seeds, trained,
                        f"{budget}/{task}", config, stamp)
-  n_eval = (exp.data["sst2_split"]["validation"]["documents"] if split
+  # The examples a trial is scored on, for the evaluation noise: the dev
+  # sentences, or the carved sentences (their phrases nest inside them, so
+  # the sentence is the unit of independent noise; conservative).
+  n_eval = (split["validation"]["groups"] if split
             else exp.data.get("baselines", {}).get(budget, {}).get("dev_rows"))
   _report(exp, args, task, budget, paired_trials(by_trial, len(space)), best,
           n_eval)
@@ -243,19 +247,23 @@ def _report(exp, args, task, budget, acc, best, n_eval) -> None:
       f"scores swapped at random, {tuning.PERMUTATIONS:,} swaps), 'agrees' "
       "(the paper: HyperMixer above) / 'disagrees' where p < 0.05, once at "
       f"least {tuning.MIN_TRIALS} trials are recorded. Both cover the draws' "
-      f"variation and the {split} set's own noise (every trial is scored on "
-      f"the same {n_eval:,} examples: each resample and each "
-      "permuted gap also carries a normal term of variance p1 (1 - p1) / n + "
-      "p2 (1 - p2) / n, p1 and p2 the two expected maxima). Each trial is "
-      "one run (seed 0), so a curve's right end rests on its top trials and "
-      "their seed noise: "
+      + (f"variation and the {split} set's own noise (every trial is scored "
+         f"on the same {n_eval:,} sentences{' (their phrases)' * bool(tag)}"
+         ": each resample and each permuted gap also carries a normal term "
+         "of variance p1 (1 - p1) / n + p2 (1 - p2) / n, p1 and p2 the two "
+         "expected maxima). " if n_eval else
+         f"variation only (the {split} set's size is not recorded: its own "
+         "noise is left out, so both are narrower than a test over new "
+         "examples would give). ")
+      + "Each trial is one run (seed 0), so a curve's right end rests on "
+      "its top trials and their seed noise: "
       + ("'best draw, over seeds' trains each model's best draw (chosen on "
          "the carved phrases) again with seeds 0 and --best_seeds, scored on "
          "dev (its verdict: Welch's test below). " if tag else
          "the best draws are trained over seeds only with --carve, where "
          "they are chosen on carved train phrases rather than on the dev "
          "sentences their seeds are scored on. ")
-      + experiment.VERDICT_NOTE,
+      + (experiment.VERDICT_NOTE if tag else ""),
       name=f"table{tag}")
   _plot(exp, ns, curves, None if tag else base, split, tag)
 

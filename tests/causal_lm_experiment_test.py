@@ -470,3 +470,22 @@ def test_tune_searches_hypermixer_at_the_width_chosen_on_validation(
   assert "HyperMixer enters at d' = 4, the width chosen" in table
   # The gap verdict reads the chosen width's seeds.
   assert "Causal HyperMixer / Transformer perplexity - 1 = +0.0%" in table
+
+
+def test_recorded_sizes_are_counted_once(tmp_path, monkeypatch):
+  # A model recorded once (in this process, or read back from JSON by
+  # another) is not compiled again to count its FLOPs.
+  counted = []
+  monkeypatch.setattr(causal, "sizes_of", lambda m, n: counted.append(
+      m.mixer) or {"params": 1, "non_embedding": 1, "flops_per_token": 1.0})
+  configs = {"attention": cl.model_config("attention", TINY, VOCAB)}
+  exp = experiment.Experiment(tmp_path, None)
+  causal.record_sizes(exp, configs, ["attention"], TINY["seq_len"])
+  causal.record_sizes(exp, configs, ["attention"], TINY["seq_len"])
+  causal.record_sizes(experiment.Experiment(tmp_path, None), configs,
+                      ["attention"], TINY["seq_len"])
+  assert counted == ["attention"]
+  wider = {"attention": cl.model_config("attention", dict(TINY, d_ffn=128),
+                                        VOCAB)}
+  causal.record_sizes(exp, wider, ["attention"], TINY["seq_len"])
+  assert counted == ["attention", "attention"]

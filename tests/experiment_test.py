@@ -724,7 +724,7 @@ def test_tuning_cost_models_split_between_processes(shared_data, tmp_path,
   assert "best_draws" not in saved
   table = (tmp_path / "table.md").read_text()
   assert "best draw, over seeds |" not in table
-  assert "on the same 872 examples" in table
+  assert "on the same 872 sentences" in table
   calls.clear()
   main()
   assert not calls

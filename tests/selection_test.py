@@ -123,6 +123,10 @@ def test_carve_by_group_keeps_each_group_on_one_side(tmp_path):
   assert kept == [r for i, r in enumerate(rows) if (i // 3) % 10]
   assert (split["train"]["documents"], split["validation"]["documents"]) == (
       66, 9)
+  # The groups each part holds: 3 of the 25 premises held out.
+  assert (split["train"]["groups"], split["validation"]["groups"]) == (22, 3)
+  assert "groups" not in selection.carve_lines(source, tmp_path / "plain")[
+      "validation"]
 
 
 def _fake_tune(tmp_path, scores, seeds=(0, 1), reverse=False, report=False,

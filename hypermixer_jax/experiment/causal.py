@@ -430,8 +430,7 @@ def record_sizes(exp, configs: dict, names, n: int) -> dict:
     # (Compared as JSON holds it: a tuple field reads back as a list.)
     model = json.loads(json.dumps(configs[name].to_dict()))
     if name not in sizes or sizes[name]["model"] != model:
-      sizes[name] = {"model": configs[name].to_dict(),
-                     **sizes_of(configs[name], n)}
+      sizes[name] = {"model": model, **sizes_of(configs[name], n)}
   exp.save(sizes=sizes)
   return sizes
 

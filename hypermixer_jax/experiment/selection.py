@@ -64,7 +64,7 @@ def carve_lines(source: str | pathlib.Path, folder: str | pathlib.Path, *,
   header (a TSV's), kept at the top of both. ``group(rows)``: each
   example's group (e.g. its premise); then every ``VALIDATION_EVERY``-th
   group, in order of first appearance, is carved whole, so that no group
-  has examples on both sides.
+  has examples on both sides, and each part also counts its ``groups``.
 
   Deterministic: a second call rewrites identical files, so the record's
   digests name the split wherever it is rebuilt."""
@@ -93,6 +93,9 @@ def carve_lines(source: str | pathlib.Path, folder: str | pathlib.Path, *,
     settle_file(path, "".join(head + parts[split]))
     out[split] = {"path": str(path), "documents": len(parts[split]),
                   "sha256": experiment.file_digest(path)}
+    if group is not None:
+      out[split]["groups"] = len({r for r, h in zip(rank, held)
+                                  if h == (split == "validation")})
   return out
 
 

@@ -634,8 +634,9 @@ def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
   run trains on the carved train part (the C4 documents less every 10th)
   and is scored by its final perplexity on the held-out tenth; then the
   seeds at each model's choice, trained on the same part and scored on WikiText-2 valid as the
-  untuned runs. Every run records the dispatch and the weight-decay rule
-  (runs of another are retired and run again).
+  untuned runs. Every run records the dispatch, the weight-decay rule and
+  the carve's digest (``run_tag``: runs of another are retired and run
+  again).
   Returns ``(split, searched, chosen, runs, baselines)``."""
   names = [n for n in MODELS if n in plan]
   split = carve_c4(exp, config(REFERENCE, tuple(plan[REFERENCE]["depth"])))
