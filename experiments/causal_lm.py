@@ -90,8 +90,7 @@ import statistics
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import causal
 from hypermixer_jax.experiment import mlm
-# The study's models, configs and scoring, named here for the tests and
-# readers.
+# The study's models, configs and scoring, named here for tests and readers.
 # pylint: disable=g-importing-member,unused-import
 from hypermixer_jax.experiment.causal import digest
 from hypermixer_jax.experiment.causal import forward_flops

@@ -60,13 +60,6 @@ MODELS = ("hypermixer", "attention")
 TRIALS = 20
 
 
-def trials(count: int, seed: int = 0) -> list[tuple[float, float]]:
-  """(learning rate, dropout) pairs of the paper's search space."""
-  rng = np.random.default_rng(seed)
-  return [(float(10 ** rng.uniform(-8, -1)), float(rng.uniform(0, 0.5)))
-          for _ in range(count)]
-
-
 def run_trial(config, workdir: str) -> dict:
   """One trial; a run stopped by the loop's NaN guard scores 0."""
   out = dict(lr=config.learning_rate, dropout=config.model.dropout_rate)
@@ -77,13 +70,7 @@ def run_trial(config, workdir: str) -> dict:
   return out
 
 
-def accuracy(run: dict) -> float:
-  """A trial's dev accuracy; a NaN one (diverged) counts as 0."""
-  value = run["eval"].get("accuracy", float("nan"))
-  return value if value == value else 0.0
-
-
-def main() -> None:
+def _parser():
   p = experiment.parser("tuning_cost", __doc__, report_only=True,
                         data_dir="", steps=glue.SMALL["steps"], models=MODELS)
   p.add_argument("--task", default="sst2")
@@ -97,7 +84,11 @@ def main() -> None:
                  "train, the best draws' seeds on dev (table_carved.md)")
   p.add_argument("--order", choices=("forward", "reverse"), default="forward",
                  help="reverse: a second process takes the draws from the end")
-  args = experiment.parse(p)
+  return p
+
+
+def main() -> None:
+  args = experiment.parse(_parser())
   trained = experiment.split(args.models)
   if not trained or set(trained) - set(MODELS):
     raise SystemExit(f"tuning_cost: --models={args.models!r}: give "
@@ -106,7 +97,7 @@ def main() -> None:
   shared = pathlib.Path(args.shared)
   small = args.scale == "small"
   task = "sst2" if small else args.task
-  space = trials(args.trials)
+  space = tuning.trials(args.trials)
   if small:
     kw = dict(steps=args.steps, vocab=glue.sst2_vocab(exp, shared))
     budget = glue.budget_tag(glue.SMALL["width"], args.steps,
@@ -132,11 +123,11 @@ def main() -> None:
   draws = list(enumerate(space))
   for t, (lr, dropout) in draws[::-1] if args.order == "reverse" else draws:
     for mixer in trained:
-      retire_other_carve(exp, key(mixer, t), stamp)
+      selection.retire_other_carve(exp, key(mixer, t), stamp)
       exp.cell(key(mixer, t), lambda c=config(mixer, lr, dropout, select=True),
                k=key(mixer, t): dict(run_trial(c, exp.workdir(k)), **stamp))
   exp.reload()   # with what another process recorded meanwhile
-  by_trial = {(m, t): accuracy(exp.runs[key(m, t)])
+  by_trial = {(m, t): tuning.accuracy(exp.runs[key(m, t)])
               for t in range(len(space)) for m in MODELS
               if key(m, t) in exp.runs}
   best = {}
@@ -152,19 +143,8 @@ def main() -> None:
   # the sentence is the unit of independent noise; conservative).
   n_eval = (split["validation"]["groups"] if split
             else exp.data.get("baselines", {}).get(budget, {}).get("dev_rows"))
-  _report(exp, args, task, budget, paired_trials(by_trial, len(space)), best,
+  _report(exp, args, task, budget, tuning.paired_trials(by_trial, len(space), MODELS), best,
           n_eval)
-
-
-def retire_other_carve(exp, key: str, stamp: dict) -> None:
-  """Retires ``key``'s record where it was made on another carve than
-  ``stamp``'s (``selection.split_tag``), so that it runs again."""
-  run = exp.runs.get(key)
-  if run is None or exp.report_only:
-    return
-  got = {k: run.get(k) for k in stamp}
-  if got != stamp:
-    exp.supersede(key, f"recorded {got}, the carve now has {stamp}")
 
 
 def _best_draws(exp, space, by_trial, seeds, trained, prefix, config,
@@ -180,22 +160,13 @@ def _best_draws(exp, space, by_trial, seeds, trained, prefix, config,
     for seed in seeds:
       k = f"{prefix}/{mixer}/best/trial{t}/seed={seed}"
       if mixer in trained:
-        retire_other_carve(exp, k, stamp)
+        selection.retire_other_carve(exp, k, stamp)
         exp.cell(k, lambda c=config(mixer, *space[t], seed=seed), k=k:
                  dict(run_trial(c, exp.workdir(k)), **stamp))
       exp.reload()
       if k in exp.runs:
-        best[mixer]["accuracy"].append(accuracy(exp.runs[k]))
+        best[mixer]["accuracy"].append(tuning.accuracy(exp.runs[k]))
   return best
-
-
-def paired_trials(by_trial: dict[tuple[str, int], float], count: int
-                  ) -> dict[str, list[float]]:
-  """Each model's accuracies over the draws recorded for every model (in
-  draw order), from ``{(model, draw): accuracy}``."""
-  shared = [t for t in range(count)
-            if all((m, t) in by_trial for m in MODELS)]
-  return {m: [by_trial[m, t] for t in shared] for m in MODELS}
 
 
 def _report(exp, args, task, budget, acc, best, n_eval) -> None:
@@ -233,37 +204,11 @@ def _report(exp, args, task, budget, acc, best, n_eval) -> None:
           ["trials"] + [glue.LABELS[m] for m in MODELS]
           + ["gap, 95% bootstrap interval (points)", "HyperMixer above?"],
           rows),
-      f"{done} random-search trials per model, log10(lr) ~ U(-8, -1), "
-      "dropout ~ U(0, 0.5), the same draws for both models"
-      + (f", the small GLUE layout (width {glue.SMALL['width']}, 2 layers, "
-         f"length {glue.SMALL['seq_len']}, 8k SST-2 vocabulary), "
-         f"{args.steps} steps of batch 64" if args.scale == "small" else "")
-      + f". {split.capitalize()} accuracy at the last step"
-      + ("; best draws' seeds: dev" * bool(tag)) + "; a diverged trial counts as 0. "
-      "Gap: HyperMixer - Transformer, percentiles 2.5 and 97.5 of "
-      f"{tuning.BOOTSTRAP} paired bootstrap resamples of the trials (a "
-      "description: the bootstrap of a maximum is no test). 'HyperMixer "
-      "above?': a paired permutation test of the gap at n (each draw's two "
-      f"scores swapped at random, {tuning.PERMUTATIONS:,} swaps), 'agrees' "
-      "(the paper: HyperMixer above) / 'disagrees' where p < 0.05, once at "
-      f"least {tuning.MIN_TRIALS} trials are recorded. Both cover the draws' "
-      + (f"variation and the {split} set's own noise (every trial is scored "
-         f"on the same {n_eval:,} sentences{' (their phrases)' * bool(tag)}"
-         ": each resample and each permuted gap also carries a normal term "
-         "of variance p1 (1 - p1) / n + p2 (1 - p2) / n, p1 and p2 the two "
-         "expected maxima). " if n_eval else
-         f"variation only (the {split} set's size is not recorded: its own "
-         "noise is left out, so both are narrower than a test over new "
-         "examples would give). ")
-      + "Each trial is one run (seed 0), so a curve's right end rests on "
-      "its top trials and their seed noise: "
-      + ("'best draw, over seeds' trains each model's best draw (chosen on "
-         "the carved phrases) again with seeds 0 and --best_seeds, scored on "
-         "dev (its verdict: Welch's test below). " if tag else
-         "the best draws are trained over seeds only with --carve, where "
-         "they are chosen on carved train phrases rather than on the dev "
-         "sentences their seeds are scored on. ")
-      + (experiment.VERDICT_NOTE if tag else ""),
+      tuning.table_note(done, split, bool(tag), n_eval, layout=(
+          f"the small GLUE layout (width {glue.SMALL['width']}, 2 layers, "
+          f"length {glue.SMALL['seq_len']}, 8k SST-2 vocabulary), "
+          f"{args.steps} steps of batch 64" if args.scale == "small"
+          else "")),
       name=f"table{tag}")
   _plot(exp, ns, curves, None if tag else base, split, tag)
 

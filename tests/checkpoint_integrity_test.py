@@ -225,6 +225,33 @@ def test_verify_names_a_missing_process_position(run, tmp_path):
       "process 1 of 2)") in rows[0].what
 
 
+@pytest.mark.parametrize("content", [None, "null", "{}", '{"epoch": 0}'])
+def test_a_damaged_input_position_makes_its_step_damaged(run, tmp_path,
+                                                         content, caplog):
+  # The only position file lost, or holding no position: the step does not
+  # resume where it stopped, so verify names it and training resumes from
+  # the older step (never from the start of the data, nor a config blame).
+  workdir = _copy(run, tmp_path)
+  data = workdir / "checkpoints" / "8" / "data"
+  [position] = [data / f for f in os.listdir(data)
+                if f.startswith("process_")]
+  if content is None:
+    os.remove(position)
+  else:
+    position.write_text(content)
+  rows = verify.verify(workdir)
+  assert [(r.step, r.status) for r in rows] == [("8", "damaged"), ("4", "ok")]
+  assert ("holds no input position" in rows[0].what
+          and "\n" not in rows[0].what), rows[0].what
+  if content != "{}":
+    return
+  with caplog.at_level("WARNING"):
+    result = loop.train_and_evaluate(_config(), str(workdir))
+  assert "Resuming from step 4, the newest step that restores." in caplog.text
+  assert f"{position} holds no input position" in caplog.text
+  assert result.source == "workdir" and result.step == 8
+
+
 def test_readers_fall_back_and_name_their_step(run, tmp_path, caplog):
   workdir = _copy(run, tmp_path)
   _damage(workdir / "checkpoints" / "8", "zeroed")
@@ -262,7 +289,7 @@ def test_steps_saved_without_fingerprints_still_restore(tmp_path, caplog):
   manager = ocp.CheckpointManager(tmp_path, item_names=("state", "data"))
   manager.save(3, args=ocp.args.Composite(
       state=ocp.args.StandardSave(state),
-      data=multihost.DataStateSave({"batch": 3})))
+      data=multihost.DataStateSave({"epoch": 0, "batch": 3})))
   manager.wait_until_finished()
   manager.close()
   with caplog.at_level("WARNING"), ckpt_lib.Checkpointer(tmp_path) as ck:
@@ -270,7 +297,7 @@ def test_steps_saved_without_fingerprints_still_restore(tmp_path, caplog):
         jax.tree.map(lambda x: jax.ShapeDtypeStruct(
             x.shape, x.dtype, sharding=NamedSharding(
                 jax.make_mesh((1,), ("d",)), P())), state))
-  assert step == 3 and data == {"batch": 3}
+  assert step == 3 and data == {"epoch": 0, "batch": 3}
   np.testing.assert_array_equal(restored["params"]["w"], np.arange(6))
   assert "no fingerprints (saved before they existed): restored with the " \
       "NaN/Inf check alone" in caplog.text

@@ -539,13 +539,13 @@ class TuningCostTest(absltest.TestCase):
       self.assertAlmostEqual(tuning.expected_max(values, n), brute)
 
   def test_search_space(self):
-    space = tuning_cost.trials(200, seed=3)
+    space = tuning.trials(200, seed=3)
     lrs, dropouts = np.array(space).T
     self.assertTrue(np.all((lrs >= 1e-8) & (lrs <= 1e-1)))
     self.assertTrue(np.all((dropouts >= 0) & (dropouts <= 0.5)))
     # log-uniform: about half the draws below 10^-4.5.
     self.assertBetween(np.mean(lrs < 10 ** -4.5), 0.35, 0.65)
-    self.assertEqual(space, tuning_cost.trials(200, seed=3))
+    self.assertEqual(space, tuning.trials(200, seed=3))
 
   def test_gap_interval_is_paired_over_the_draws(self):
     ours = [0.5, 0.8, 0.6, 0.7, 0.1, 0.9]
@@ -663,9 +663,9 @@ class TuningCostTest(absltest.TestCase):
     by_trial = {("hypermixer", 0): 0.6, ("attention", 0): 0.5,
                 ("hypermixer", 1): 0.9,
                 ("hypermixer", 2): 0.7, ("attention", 2): 0.8}
-    self.assertEqual(tuning_cost.paired_trials(by_trial, 4),
+    self.assertEqual(tuning.paired_trials(by_trial, 4, tuning_cost.MODELS),
                      {"hypermixer": [0.6, 0.7], "attention": [0.5, 0.8]})
-    self.assertEqual(tuning_cost.paired_trials({}, 4),
+    self.assertEqual(tuning.paired_trials({}, 4, tuning_cost.MODELS),
                      {"hypermixer": [], "attention": []})
 
 
@@ -706,7 +706,7 @@ def test_tuning_cost_models_split_between_processes(shared_data, tmp_path,
         "--scale=small", "--trials=3", "--steps=2", "--best_seeds=1,2",
         *flags])
     tuning_cost.main()
-  space = tuning_cost.trials(3)
+  space = tuning.trials(3)
   run = "runs/w128_s2_n64/sst2/{}/trial{}"
   main("--models=attention", "--order=reverse")
   assert calls == [(run.format("attention", t), lr, d, 0)
@@ -760,7 +760,7 @@ def test_tuning_cost_carved_chooses_nothing_on_dev(shared_data, tmp_path,
   tuning_cost.main()
   saved = json.loads((tmp_path / "results.json").read_text())
   train_part = saved["sst2_split"]["train"]["sha256"]
-  space = tuning_cost.trials(3)
+  space = tuning.trials(3)
   top = int(np.argmax([d for _, d in space]))
   trials = [c for c in calls if "/best/" not in c[0]]
   best = [c for c in calls if "/best/" in c[0]]

@@ -299,3 +299,27 @@ def test_earlier_single_record_still_restores(tmp_path, monkeypatch, record,
   for i in range(count):
     _as_process(monkeypatch, i, count)
     assert multihost.DataStateHandler().restore(tmp_path) == want[i]
+
+
+def test_one_line_names_the_error_a_read_was_raised_from():
+  # Orbax's read error says only which slice failed; TensorStore's, which
+  # it is raised from, names the array file and why (a truncated file).
+  try:
+    try:
+      raise ValueError(
+          'OUT_OF_RANGE: Error reading "params.x/0.0.0": Requested byte '
+          'range [0, 4096) is not valid for value of size 100 '
+          '[tensorstore_spec={"driver": "zarr"}]')
+    except ValueError as inner:
+      raise Exception(   # pylint: disable=broad-exception-raised
+          "Encountered error while reading array index: (slice(0, 32, 1),)."
+          " See full TensorStore details: <bound method spec of "
+          "TensorStore({'base': {'driver': 'zarr'}})>") from inner
+  except Exception as e:  # pylint: disable=broad-except
+    assert ckpt_lib.one_line(e) == (
+        "Exception: Encountered error while reading array index: "
+        "(slice(0, 32, 1),). (from ValueError: OUT_OF_RANGE: Error reading "
+        '"params.x/0.0.0": Requested byte range [0, 4096) is not valid for '
+        "value of size 100)")
+  # Without a cause, the message alone.
+  assert ckpt_lib.one_line(KeyError("x")) == "KeyError: 'x'"

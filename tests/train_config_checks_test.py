@@ -92,3 +92,34 @@ def test_a_pseudo_attention_map_of_a_token_model_is_refused():
       "evals.pseudo_attention: a pseudo_attention map needs a model of "
       "continuous inputs (the synthetic task), not model.family='text'; use "
       "a config without it"]
+
+
+@pytest.mark.parametrize("override, line", [
+    ("--config.model.mixer_kwargs.hyper_dim=0",
+     "model.mixer_kwargs.hyper_dim=0: must be a positive integer"),
+    ("--config.data.synthetic.num_examples=-1",
+     "data.synthetic.num_examples=-1: must be an integer >= 0 (0: endless)"),
+])
+def test_sizes_the_models_and_pipelines_divide_by_are_checked(override, line):
+  # Before: a ZeroDivisionError inside HyperMixing, a bare StopIteration.
+  config = flag_configs.load(
+      os.path.join(os.path.dirname(SMLP), "default.py"), override)
+  assert config_checks.problems(config) == [line]
+
+
+@pytest.mark.parametrize("override, start", [
+    ("--config.data.task=nosuchtask", "Unknown data.task 'nosuchtask'; "),
+    ("--config.data.synthetic.seq_len=16",
+     "data.synthetic.seq_len=16 is below the minimum 39 for 4 objects"),
+    ("--config.data.synthetic.shapes=('disc',)",
+     "data.synthetic.shapes: unknown shape 'disc'; choose from "),
+])
+def test_bad_data_options_stop_in_one_line(override, start):
+  # A DataError (main.py prints it as one 'Stopped:' line), not a traceback.
+  from hypermixer_jax import data  # pylint: disable=g-import-not-at-top
+  config = flag_configs.load(
+      os.path.join(os.path.dirname(SMLP), "default.py"), override)
+  with pytest.raises(data.DataError) as e:
+    data.build_pipeline(config.data, "train", batch_size=8, seed=0,
+                        repeat=True, shuffle=True)
+  assert str(e.value).startswith(start) and "\n" not in str(e.value)

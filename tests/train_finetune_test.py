@@ -60,6 +60,11 @@ def test_mismatched_checkpoint_fails_loudly(mlm_run):
   with pytest.raises(ValueError, match="does not fit the model") as e:
     ckpt_lib.load_pretrained(workdir, wider.params, REINIT)
   msg = str(e.value)
+  # An error main.py stops with in its own words (no traceback), also when
+  # the checkpoint's config.json is gone and nothing checked the fields
+  # before.
+  from hypermixer_jax.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  assert isinstance(e.value, workdir_lib.user_errors())
   # Every encoder array whose shape changed is named, not just the first.
   for name in ("encoder/token_embed/embedding",
                "encoder/stack/layer_0/feature_mixing/wi/dense/kernel",

@@ -179,11 +179,16 @@ class Pipeline:
 def _check_config(cfg: ml_collections.ConfigDict, split: str) -> None:
   name = cfg.task
   if name not in task_specs.TASK_NAMES:
-    raise ValueError(f"Unknown data.task {name!r}; choose from "
-                     f"{task_specs.TASK_NAMES}.")
+    raise DataError(f"Unknown data.task {name!r}; choose from "
+                    f"{task_specs.TASK_NAMES}.")
   if name == "synthetic_pairs":
-    synthetic.check_options(cfg.synthetic)
-    synthetic.num_examples(cfg.synthetic, split)
+    try:
+      synthetic.check_options(cfg.synthetic)
+      synthetic.num_examples(cfg.synthetic, split)
+    except ValueError as e:   # one line naming the data.synthetic field
+      text = str(e)
+      raise DataError(f"data.{text}" if text.startswith("synthetic.")
+                      else text) from None
     return
   from hypermixer_jax.data import seqio_pipeline  # pylint: disable=g-import-not-at-top
   seqio_pipeline.check_config(cfg, split)

@@ -49,11 +49,13 @@ def check_options(opts) -> None:
         "validation split of its own.")
   for s in opts.shapes:
     if s not in SHAPES:
-      raise ValueError(f"Unknown synthetic shape {s!r}; choose from {SHAPES}.")
+      raise ValueError(f"synthetic.shapes: unknown shape {s!r}; choose "
+                       f"from {SHAPES}.")
   if not opts.shapes:
-    raise ValueError("synthetic.shapes is empty.")
+    raise ValueError("synthetic.shapes is empty; name at least one shape.")
   if not 1 <= opts.min_width <= opts.max_width:
-    raise ValueError(f"Need 1 <= min_width <= max_width, got "
+    raise ValueError(f"synthetic.min_width, max_width: need 1 <= min_width "
+                     f"<= max_width, got "
                      f"{opts.min_width}, {opts.max_width}.")
   num_objects = 2 * len(opts.shapes)
   minimum = num_objects * opts.max_width + num_objects - 1

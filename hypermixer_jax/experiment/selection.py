@@ -180,6 +180,17 @@ def split_tag(split: dict) -> dict[str, str]:
   return {"carved_validation_sha256": split["validation"]["sha256"]}
 
 
+def retire_other_carve(exp, key: str, stamp: dict) -> None:
+  """Retires ``exp``'s record ``key`` where it was made on another carve
+  than ``stamp``'s (``split_tag``), so that it runs again."""
+  run = exp.runs.get(key)
+  if run is None or exp.report_only:
+    return
+  got = {k: run.get(k) for k in stamp}
+  if got != stamp:
+    exp.supersede(key, f"recorded {got}, the carve now has {stamp}")
+
+
 def split_record(split: dict) -> dict:
   """``carve_lines``' description without this machine's paths."""
   return {k: {f: v for f, v in x.items() if f != "path"}

@@ -23,6 +23,8 @@ integrated exactly) and to each bootstrap resample.
 """
 from __future__ import annotations
 
+from typing import Any, Mapping, Sequence
+
 import numpy as np
 
 from hypermixer_jax.experiment import stats
@@ -140,3 +142,65 @@ def gap_cells(ours, other, n: int, n_eval: int | None = None) -> list[str]:
   return [f"{100 * low:+.1f} / {100 * high:+.1f}",
           gap_verdict(gap, permutation_p(ours, other, n, n_eval=n_eval),
                       len(ours))]
+
+
+def trials(count: int, seed: int = 0) -> list[tuple[float, float]]:
+  """``count`` (learning rate, dropout) draws of Mai et al.'s search space:
+  log10(lr) ~ U(-8, -1), dropout ~ U(0, 0.5)."""
+  rng = np.random.default_rng(seed)
+  return [(float(10 ** rng.uniform(-8, -1)), float(rng.uniform(0, 0.5)))
+          for _ in range(count)]
+
+
+def accuracy(run: Mapping[str, Any]) -> float:
+  """A recorded trial's evaluation accuracy; a NaN one (diverged) counts
+  as 0."""
+  value = run["eval"].get("accuracy", float("nan"))
+  return value if value == value else 0.0
+
+
+def paired_trials(by_trial: Mapping[tuple[str, int], float], count: int,
+                  models: Sequence[str]) -> dict[str, list[float]]:
+  """Each of ``models``' scores over the draws recorded for every one of
+  them (in draw order), from ``{(model, draw): score}``."""
+  shared = [t for t in range(count)
+            if all((m, t) in by_trial for m in models)]
+  return {m: [by_trial[m, t] for t in shared] for m in models}
+
+
+def table_note(done: int, split: str, carved: bool, n_eval: int | None,
+               layout: str = "") -> str:
+  """The note under a tuning-cost table of ``done`` trials scored on
+  ``split`` (``carved``: chosen on carved phrases, the best draws' seeds
+  scored on dev); ``layout``: the models and budget, as a phrase."""
+  return (
+      f"{done} random-search trials per model, log10(lr) ~ U(-8, -1), "
+      "dropout ~ U(0, 0.5), the same draws for both models"
+      + (f", {layout}" if layout else "")
+      + f". {split.capitalize()} accuracy at the last step"
+      + ("; best draws' seeds: dev" * carved)
+      + "; a diverged trial counts as 0. "
+      "Gap: HyperMixer - Transformer, percentiles 2.5 and 97.5 of "
+      f"{BOOTSTRAP} paired bootstrap resamples of the trials (a "
+      "description: the bootstrap of a maximum is no test). 'HyperMixer "
+      "above?': a paired permutation test of the gap at n (each draw's two "
+      f"scores swapped at random, {PERMUTATIONS:,} swaps), 'agrees' "
+      "(the paper: HyperMixer above) / 'disagrees' where p < 0.05, once at "
+      f"least {MIN_TRIALS} trials are recorded. Both cover the draws' "
+      + (f"variation and the {split} set's own noise (every trial is scored "
+         f"on the same {n_eval:,} sentences{' (their phrases)' * carved}"
+         ": each resample and each permuted gap also carries a normal term "
+         "of variance p1 (1 - p1) / n + p2 (1 - p2) / n, p1 and p2 the two "
+         "expected maxima). " if n_eval else
+         f"variation only (the {split} set's size is not recorded: its own "
+         "noise is left out, so both are narrower than a test over new "
+         "examples would give). ")
+      + "Each trial is one run (seed 0), so a curve's right end rests on "
+      "its top trials and their seed noise: "
+      + ("'best draw, over seeds' trains each model's best draw (chosen on "
+         "the carved phrases) again with seeds 0 and --best_seeds, scored on "
+         "dev (its verdict: Welch's test below). " if carved else
+         "the best draws are trained over seeds only with --carve, where "
+         "they are chosen on carved train phrases rather than on the dev "
+         "sentences their seeds are scored on. ")
+      + (stats.VERDICT_NOTE if carved else ""))

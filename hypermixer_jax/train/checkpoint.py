@@ -58,7 +58,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from etils import epath
 import jax
@@ -88,6 +88,11 @@ def damaged_folder(directory: str | os.PathLike) -> epath.Path:
 
 class CheckpointError(RuntimeError):
   """No usable checkpoint where one is expected; the message names it."""
+
+
+class InitCheckpointMismatch(CheckpointError, ValueError):
+  """An ``init_checkpoint`` whose arrays do not fit the model; the message
+  names the paths and the fix."""
 
 
 class IntegrityError(CheckpointError):
@@ -158,12 +163,17 @@ class Checkpointer:
     async_save: write in a background thread (training goes on meanwhile).
     sigterm: a training run's checkpointer: in a run of one process, SIGTERM
       is a preemption notice (``SigtermNotice``) until ``close``.
+    check_data: ``check_data(data_state, path)`` raises where a restored
+      input position is not one (e.g. ``multihost.checked_position``): the
+      step then does not restore, as one with a damaged array.
   """
 
   def __init__(self, directory: str | os.PathLike, *, save_every: int = 1000,
                keep: int | None = 3, async_save: bool = True,
-               sigterm: bool = False):
+               sigterm: bool = False,
+               check_data: Callable[[Any, str], Any] | None = None):
     self.directory = os.fspath(directory)
+    self._check_data = check_data
     self._sigterm = SigtermNotice() if sigterm else None
     self._save_every = int(save_every)
     # The save interval is ours (``step % save_every``): Orbax's own policy
@@ -266,6 +276,10 @@ class Checkpointer:
         items[FINGERPRINTS] = ocp.args.JsonRestore()
       restored, error = self.manager.restore(
           step, args=ocp.args.Composite(**items)), None
+      if self._check_data and restored[DATA] is not None:
+        self._check_data(restored[DATA], os.path.join(
+            self.directory, str(step), DATA, multihost.process_file(
+                jax.process_index(), jax.process_count())))
     except Exception as e:  # pylint: disable=broad-except
       restored, error = None, e
       _meet_restore_barrier(self.manager)
@@ -567,11 +581,24 @@ def check_restored(tree: PyTree, record: Any, where: str, *,
     raise IntegrityError(f"{where}: " + "; ".join(found))
 
 
+def _short(e: BaseException) -> str:
+  """``e``'s message on one line, without the spec TensorStore appends."""
+  text = " ".join(str(e).split())
+  for cut in (" [tensorstore_spec=", " See full TensorStore details:"):
+    text = text.split(cut)[0]
+  return text
+
+
 def one_line(e: Exception) -> str:
   """One line of an exception (Orbax/tensorstore errors span pages; the
-  JSON spec TensorStore appends says nothing the error did not)."""
-  text = " ".join(str(e).split()).split(" [tensorstore_spec=")[0]
-  return f"{type(e).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
+  JSON spec TensorStore appends says nothing the error did not), with the
+  error it was raised from (e.g. Orbax's "error while reading array index"
+  from TensorStore's, which names the array file and what is wrong)."""
+  text = _short(e)[:400] + ("..." if len(_short(e)) > 400 else "")
+  cause = e.__cause__
+  if cause is not None and _short(cause) and _short(cause) not in text:
+    text += f" (from {type(cause).__name__}: {_short(cause)[:300]})"
+  return f"{type(e).__name__}: {text}"
 
 
 def _jsonable(x: Any) -> Any:
@@ -869,13 +896,13 @@ def _load_step(manager: ocp.CheckpointManager, directory: str, step: int,
     if src and (bad := _shape_error(k, src, new, saved)):
       errors.append(bad)
   if not sources:
-    raise ValueError(
+    raise InitCheckpointMismatch(
         f"init checkpoint {directory}/{step}: init_reinit={list(reinit)} "
         f"re-initialises every one of the model's {len(new)} parameter "
         "arrays, so nothing would be loaded; narrow init_reinit, or train "
         "from scratch without init_checkpoint.")
   if errors:
-    raise ValueError(
+    raise InitCheckpointMismatch(
         f"init checkpoint {directory}/{step} does not fit the model "
         f"(re-initialised: {list(reinit)}): give the model fields its run "
         "was trained with (its config.json), or add the differing parts to "

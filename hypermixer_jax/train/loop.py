@@ -51,6 +51,7 @@ from hypermixer_jax import sharding
 from hypermixer_jax.train import checkpoint as ckpt_lib
 from hypermixer_jax.train import evaluation
 from hypermixer_jax.train import metrics as metrics_lib
+from hypermixer_jax.train import multihost
 from hypermixer_jax.train import optim
 from hypermixer_jax.train import preflight
 from hypermixer_jax.train import profiling
@@ -394,7 +395,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
   ck = ckpt_lib.Checkpointer(
       os.path.join(workdir, "checkpoints"), save_every=config.checkpoint_every,
       keep=config.keep_checkpoints, async_save=config.async_checkpoints,
-      sigterm=True)
+      sigterm=True, check_data=multihost.checked_position)
   train_pipe = _pipeline(config, "train", config.batch_size, train=True)
   profiler = profiling.StepProfiler(workdir, config.profile.start_step,
                                     config.profile.num_steps)

@@ -29,7 +29,7 @@ from etils import epath
 import jax
 import orbax.checkpoint as ocp
 
-_LEGACY_FILE = "metadata"        # JsonCheckpointHandler's file name
+LEGACY_FILE = "metadata"        # JsonCheckpointHandler's file name
 _LEGACY_KEY = "per_process"      # all processes' positions in that file
 FILE_PATTERN = re.compile(r"process_(\d+)-of-(\d+)\.json$")
 
@@ -81,7 +81,7 @@ class DataStateHandler(ocp.AsyncCheckpointHandler):
     own = directory / process_file(index, count)
     if own.exists():
       return json.loads(own.read_text())
-    legacy = directory / _LEGACY_FILE
+    legacy = directory / LEGACY_FILE
     if legacy.exists():
       return _own_from_legacy(json.loads(legacy.read_text()), index, count)
     saved = sorted({int(m.group(2)) for p in directory.iterdir()
@@ -117,6 +117,24 @@ def _warn_process_count(saved: int, count: int) -> None:
       "the checkpoint's input positions were saved by %d process(es), this "
       "run has %d: the input shards differ, so the pipeline starts from the "
       "beginning instead of resuming its position.", saved, count)
+
+
+def checked_position(state: Any, path: Any) -> dict:
+  """``state``, read from the input-position file ``path`` of a training
+  run; a ValueError naming the file unless it holds a position (an object
+  with the epoch and batch a pipeline resumes at): the training loop's
+  checkpointer (``Checkpointer(check_data=...)``) and verify then count its
+  step as damaged, as a missing file, instead of restarting the data stream
+  or blaming the config."""
+  if not (isinstance(state, dict) and all(
+      isinstance(state.get(k), int) and not isinstance(state.get(k), bool)
+      and state[k] >= 0 for k in ("epoch", "batch"))):
+    shown = json.dumps(state)
+    raise ValueError(
+        f"{path} holds no input position ({shown[:60]}"
+        f"{'...' if len(shown) > 60 else ''}: no epoch and batch): the "
+        "checkpoint is damaged")
+  return state
 
 
 def _own_from_legacy(record: Any, index: int, count: int) -> Any | None:

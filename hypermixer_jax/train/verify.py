@@ -72,14 +72,20 @@ def verify(path: str | os.PathLike) -> list[Row]:
   manager = ckpt_lib.reader(directory)
   try:
     finished = set(manager.all_steps())
-    rows = [_check(manager, directory, step, finished)
+    # A training run's steps each hold their input positions; an export's
+    # (or one saved with none) hold none or an empty one, and then none is
+    # expected.
+    positioned = any(_holds_position(
+        epath.Path(directory) / str(s) / ckpt_lib.DATA) for s in on_disk)
+    rows = [_check(manager, directory, step, finished, positioned)
             for step in sorted(set(on_disk), reverse=True)]
   finally:
     manager.close()
   return rows + [Row(name.split("/")[-1], SET_ASIDE, name) for name in aside]
 
 
-def _check(manager, directory: str, step: int, finished: set[int]) -> Row:
+def _check(manager, directory: str, step: int, finished: set[int],
+           positioned: bool) -> Row:
   if step not in finished:
     return Row(str(step), DAMAGED, ckpt_lib.UNFINISHED)
   try:
@@ -92,7 +98,8 @@ def _check(manager, directory: str, step: int, finished: set[int]) -> Row:
                                        sharding=_spread(m.shape, mesh)),
         meta)
     restored = ckpt_lib.read_tree(manager, directory, step, target)
-    _check_positions(epath.Path(directory) / str(step) / ckpt_lib.DATA)
+    _check_positions(epath.Path(directory) / str(step) / ckpt_lib.DATA,
+                     positioned)
     record = restored[ckpt_lib.FINGERPRINTS]
     found = integrity.problems(restored[ckpt_lib.STATE], record)
   except Exception as e:  # pylint: disable=broad-except
@@ -130,14 +137,41 @@ def _spread(shape, mesh: jax.sharding.Mesh) -> jax.sharding.NamedSharding:
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
 
 
-def _check_positions(folder: epath.Path) -> None:
+def _position_files(folder: epath.Path) -> set[str]:
+  """The input-position files (``process_I-of-N.json``, or the older
+  single file) in a step's data folder."""
+  if not folder.is_dir():
+    return set()
+  return {f.name for f in folder.iterdir()
+          if multihost.FILE_PATTERN.match(f.name)
+          or f.name == multihost.LEGACY_FILE}
+
+
+def _holds_position(folder: epath.Path) -> bool:
+  """Whether one of the step's input-position files holds a position."""
+  for name in _position_files(folder):
+    try:
+      multihost.checked_position(json.loads((folder / name).read_text()), name)
+      return True
+    except (OSError, ValueError):
+      continue
+  return False
+
+
+def _check_positions(folder: epath.Path, expected: bool) -> None:
   """Every process's input position file is there (``process_I-of-N.json``
-  for each I of its N, as a resume reads them) and parses as JSON."""
+  for each I of its N, as a resume reads them) and parses as JSON; where
+  ``expected`` (other steps of the run hold positions), one is there and
+  each holds a position (``multihost.checked_position``)."""
   if not folder.is_dir():
     raise FileNotFoundError(f"{folder} is missing")
   names = {f.name for f in folder.iterdir()}
   counts = {int(m.group(2)) for n in names
             if (m := multihost.FILE_PATTERN.match(n))}
+  if expected and not _position_files(folder):
+    raise FileNotFoundError(
+        f"{folder} holds no input position file (process_I-of-N.json), "
+        "though the run's other steps do")
   for count in sorted(counts):
     for index in range(count):
       if multihost.process_file(index, count) not in names:
@@ -146,9 +180,11 @@ def _check_positions(folder: epath.Path) -> None:
             f"(the input position of process {index} of {count})")
   for f in folder.glob("*.json"):
     try:
-      json.loads(f.read_text())
+      state = json.loads(f.read_text())
     except ValueError as e:
       raise ValueError(f"{f} is not JSON: {e}") from e
+    if expected:
+      multihost.checked_position(state, f)
 
 
 def format_table(rows: list[Row]) -> str:
