@@ -161,7 +161,7 @@ def test_validation_carved_from_the_training_set():
 @pytest.mark.parametrize("every,examples", [(1, 100), (10, 0), (10, 5)])
 def test_a_carve_the_training_set_cannot_give_is_refused(every, examples):
   cfg = _config(num_examples=examples, validation_every=every)
-  with pytest.raises(ValueError, match=r"^synthetic.validation_every="
+  with pytest.raises(ValueError, match=r"^data.synthetic.validation_every="
                      f"{every} carves .* num_examples={examples}\\); set it "
                      "to 0"):
     data.build_pipeline(cfg, "train", batch_size=2, seed=0, repeat=False,

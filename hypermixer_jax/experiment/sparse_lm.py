@@ -651,13 +651,15 @@ def tune(exp: experiment.Experiment, plan: Mapping[str, Any], seeds,
       return dict(selection.lean(r), perplexity=r["eval"]["perplexity"])
     return {**r, **run_summary(r, tokens_per_step),
             "last80": heldout_last80(c, exp.workdir(key))}
+  # The baselines first (a count, seconds): a report of a search still
+  # running has them.
+  base = exp.baseline(f"{budget}/carved", lambda: lm_baselines(
+      selection.carved(config(REFERENCE, tuple(plan[REFERENCE]["depth"])),
+                       split)), tag=selection.split_tag(split))
   searched, chosen, runs = selection.tune(
       exp, names, seeds, selection.settings(steps, lrs), f"{budget}/", one,
       lambda r: r["perplexity"], higher=False, reverse=reverse,
       tag=run_tag(split))
-  base = exp.baseline(f"{budget}/carved", lambda: lm_baselines(
-      selection.carved(config(REFERENCE, tuple(plan[REFERENCE]["depth"])),
-                       split)))
   return split, searched, chosen, runs, base
 
 
