@@ -84,7 +84,8 @@ def main() -> None:
   tsvs = None
   if small and (args.tune or not args.report_only):
     tsvs = images.cifar_tsvs(
-        shared, args.cifar_dir or os.path.join(args.out, "cifar10_data"))
+        shared, args.cifar_dir or os.path.join(args.out, "cifar10_data"),
+        extract=not args.report_only)
   steps = args.steps or (images.SMALL_STEPS if small else None)
   prefix = images.run_prefix(args.scale, steps, args.batch_size)
   base = None

@@ -96,6 +96,33 @@ def test_prepare_writes_tsvs_and_extracts(tmp_path):
     assert (out / name).read_bytes() == blob
 
 
+def test_a_report_writes_the_tsvs_without_the_images(tmp_path, monkeypatch):
+  # extract=False (a --report_only report): the same TSVs, no image; a
+  # training run over that folder then extracts the images.
+  files = {f"{split}/{cls}/{i:04d}.jpg": _jpeg(10 * c + i)
+           for split in ("train", "test")
+           for c, cls in enumerate(prepare_images.CIFAR10_CLASSES)
+           for i in range(2)}
+  archive = _tar(tmp_path / "cifar.tar.gz", files)
+  prepare_images.prepare(archive, str(tmp_path / "full"))
+  listed = tmp_path / "listed"
+  prepare_images.prepare(archive, str(listed), extract=False)
+  for split in ("train", "test"):
+    assert (listed / f"{split}.tsv").read_text() == (
+        tmp_path / "full" / f"{split}.tsv").read_text()
+  assert sorted(p.name for p in listed.iterdir()) == ["test.tsv",
+                                                       "train.tsv"]
+  shared = tmp_path / "shared"
+  (shared / "cifar10").mkdir(parents=True)
+  os.replace(archive, shared / ic.ARCHIVE)
+  monkeypatch.setattr(ic, "SUBSET_PER_CLASS", 1)
+  ic.cifar_tsvs(shared, str(listed), extract=False)
+  assert not (listed / "train").exists()
+  ic.cifar_tsvs(shared, str(listed))
+  for name, blob in files.items():
+    assert (listed / name).read_bytes() == blob
+
+
 def test_prepare_reports_its_progress(tmp_path, capsys):
   """The extraction of a large archive says how far it is (a line at the
   end here; a line a minute in a log file, a bar on a terminal)."""

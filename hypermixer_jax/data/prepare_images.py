@@ -79,27 +79,30 @@ def _image_members(tar: tarfile.TarFile, archive: str, splits: Sequence[str],
 
 
 def prepare(archive: str, out: str, classes: Sequence[str] = CIFAR10_CLASSES,
-            splits: Sequence[str] = ("train", "test"), seed: int = 0
-            ) -> dict[str, str]:
+            splits: Sequence[str] = ("train", "test"), seed: int = 0, *,
+            extract: bool = True) -> dict[str, str]:
   """Extracts ``archive`` into ``out`` and writes ``out/<split>.tsv``.
 
   Returns ``{split: path of its TSV}``; each TSV has the header
   ``filename<TAB>class_index`` and one row per image (path relative to the
   TSV), class index = position of its folder in ``classes``, rows in the
   random order of ``seed`` (the same archive and seed give the same files).
+  ``extract=False`` writes the same TSVs from the archive's listing alone
+  (what a report reads: the rows and their digests, no image).
   """
   if len(set(classes)) != len(classes):
     raise ValueError(f"classes {list(classes)} has duplicates.")
   os.makedirs(out, exist_ok=True)
   with tarfile.open(archive) as tar:
     members = _image_members(tar, archive, splits, classes)
-    # Tens of thousands of files: a bar on a terminal, a line a minute in a
-    # log file.
-    terminal = sys.stderr.isatty()
-    tar.extractall(out, members=tqdm.tqdm(
-        tar.getmembers(), desc=f"extracting {os.path.basename(archive)}",
-        unit=" files", mininterval=0.1 if terminal else 60.0,
-        ascii=not terminal), filter="data")
+    if extract:
+      # Tens of thousands of files: a bar on a terminal, a line a minute in
+      # a log file.
+      terminal = sys.stderr.isatty()
+      tar.extractall(out, members=tqdm.tqdm(
+          tar.getmembers(), desc=f"extracting {os.path.basename(archive)}",
+          unit=" files", mininterval=0.1 if terminal else 60.0,
+          ascii=not terminal), filter="data")
   paths = {}
   for split, by_class in members.items():
     path = os.path.join(out, f"{split}.tsv")

@@ -54,14 +54,18 @@ LEVEL_MARGIN = 0.01
 # ---------------------------------------------------------------------------
 # Data and runs.
 # ---------------------------------------------------------------------------
-def cifar_tsvs(shared: pathlib.Path, cifar_dir: str) -> dict[str, str]:
+def cifar_tsvs(shared: pathlib.Path, cifar_dir: str, *,
+               extract: bool = True) -> dict[str, str]:
   """``{'train', 'test', 'test_subset'}`` TSVs of CIFAR-10 in ``cifar_dir``,
-  extracted from the shared archive on first use."""
+  extracted from the shared archive on first use (``extract=False``, for a
+  report: the TSVs alone, from the archive's listing; a later training run
+  extracts the images)."""
   paths = {s: os.path.join(cifar_dir, f"{s}.tsv") for s in ("train", "test")}
-  if not all(os.path.exists(p) for p in paths.values()):
+  if not all(os.path.exists(p) for p in paths.values()) or (
+      extract and not _images_there(paths)):
     from hypermixer_jax.data import prepare_images  # pylint: disable=g-import-not-at-top
     archive = experiment.require(shared / ARCHIVE, "CIFAR-10 archive")
-    paths = prepare_images.prepare(archive, cifar_dir)
+    paths = prepare_images.prepare(archive, cifar_dir, extract=extract)
   subset = os.path.join(cifar_dir, f"test_{SUBSET_PER_CLASS}_per_class.tsv")
   with open(paths["test"], encoding="utf-8") as f:
     header, *rows = f.read().splitlines()
@@ -74,6 +78,19 @@ def cifar_tsvs(shared: pathlib.Path, cifar_dir: str) -> dict[str, str]:
   with open(subset, "w", encoding="utf-8") as f:
     f.write("\n".join([header, *keep]) + "\n")
   return {**paths, "test_subset": subset}
+
+
+def _images_there(paths: dict[str, str]) -> bool:
+  """Whether the first image of each TSV is on disk (TSVs written without
+  the images, ``extract=False``, are not)."""
+  for path in paths.values():
+    with open(path, encoding="utf-8") as f:
+      f.readline()
+      first = f.readline().split("\t", 1)[0]
+    if first and not os.path.exists(os.path.join(os.path.dirname(path),
+                                                 first)):
+      return False
+  return True
 
 
 def image_config(family: str, scale: str, *, tsvs: dict[str, str] | None
