@@ -192,6 +192,31 @@ def test_silently_altered_newest_step_is_set_aside_and_trained_again(
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("edit, what", [
+    (lambda r, k: r.pop(k), "no fingerprint recorded for {k}"),
+    (lambda r, k: r.__setitem__(k, "bfloat16" + r[k][len("float32"):]),
+     "dtype or shape other than recorded in {k}"),
+    (lambda r, k: r.__setitem__(k + "_copy", r[k]),
+     "recorded arrays missing from the checkpoint: {k}_copy"),
+])
+def test_verify_finds_a_fingerprint_record_that_does_not_cover_the_step(
+    run, tmp_path, edit, what):
+  # A restore may cast (fine-tuning in another dtype) and skips what the
+  # record does not cover; verify reads the whole step at its saved dtypes,
+  # so an edited or partial record is damage, not "ok".
+  workdir = _copy(run, tmp_path)
+  path = workdir / "checkpoints" / "8" / ckpt_lib.FINGERPRINTS / "metadata"
+  record = json.loads(open(path).read())
+  key = "params/encoder/conv_stem_0/kernel"
+  assert record["arrays"][key].startswith("float32[")
+  edit(record["arrays"], key)
+  with open(path, "w") as f:
+    json.dump(record, f)
+  rows = verify.verify(workdir)
+  assert [(r.step, r.status) for r in rows] == [("8", "damaged"), ("4", "ok")]
+  assert rows[0].what == what.format(k=key)
+
+
 @pytest.mark.parametrize("how", ["truncated", "zeroed", "emptied", "bitflip",
                                  "lost fingerprints"])
 def test_verify_names_the_damaged_step(run, tmp_path, how):

@@ -196,13 +196,17 @@ def record(tree: PyTree, where: str) -> dict[str, Any]:
 
 
 def problems(tree: PyTree, saved: Mapping[str, Any] | None, *,
-             prefix: str = "") -> list[str]:
+             prefix: str = "", complete: bool = False) -> list[str]:
   """What is wrong with ``tree`` as read back from a checkpoint.
 
   ``saved``: the checkpoint's ``record`` (None: it has none, so only
   finiteness is checked). ``prefix``: the path of ``tree`` inside the saved
   tree (``'params/'`` for parameters read alone). Arrays the record does not
-  hold, or read with another dtype (a cast on restore), are not compared.
+  hold, or read with another dtype (a cast on restore), are not compared,
+  unless ``complete``: ``tree`` is the whole saved tree read at its saved
+  dtypes (``--mode=verify``), so an array the record lacks, a record entry
+  without its array and a dtype other than the recorded one are problems
+  (the record or the arrays were altered) rather than skipped.
   Returns one short description per kind of problem (empty: all good).
   """
   prints, finite = summarise(tree)
@@ -213,9 +217,31 @@ def problems(tree: PyTree, saved: Mapping[str, Any] | None, *,
   out = []
   if differ:
     out.append(f"fingerprint mismatch in {_some(prefix, differ)}")
+  if complete and saved is not None:
+    out += _uncovered(prints, recorded, prefix)
   bad = sorted(p for p, ok in finite.items() if not ok)
   if bad:
     out.append(f"NaN/Inf in {_some(prefix, bad)}")
+  return out
+
+
+def _uncovered(prints: Mapping[str, str], recorded: Mapping[str, str],
+               prefix: str) -> list[str]:
+  """What of ``prints`` the record ``recorded`` does not vouch for."""
+  out = []
+  unrecorded = sorted(p for p in prints if prefix + p not in recorded)
+  if unrecorded:
+    out.append(f"no fingerprint recorded for {_some(prefix, unrecorded)}")
+  retyped = sorted(p for p, fp in prints.items() if prefix + p in recorded
+                   and not _same_type(recorded[prefix + p], fp))
+  if retyped:
+    out.append(f"dtype or shape other than recorded in "
+               f"{_some(prefix, retyped)}")
+  orphans = sorted(k[len(prefix):] for k in recorded
+                   if k.startswith(prefix) and k[len(prefix):] not in prints)
+  if orphans:
+    out.append(f"recorded arrays missing from the checkpoint: "
+               f"{_some(prefix, orphans)}")
   return out
 
 

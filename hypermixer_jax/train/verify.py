@@ -101,7 +101,8 @@ def _check(manager, directory: str, step: int, finished: set[int],
     _check_positions(epath.Path(directory) / str(step) / ckpt_lib.DATA,
                      positioned)
     record = restored[ckpt_lib.FINGERPRINTS]
-    found = integrity.problems(restored[ckpt_lib.STATE], record)
+    found = integrity.problems(restored[ckpt_lib.STATE], record,
+                               complete=True)
   except Exception as e:  # pylint: disable=broad-except
     return Row(str(step), DAMAGED,
                ckpt_lib.one_line(e) + _empty_files(directory, step))
@@ -110,6 +111,7 @@ def _check(manager, directory: str, step: int, finished: set[int],
   if record is None:
     return Row(str(step), NO_FINGERPRINT,
                "saved before fingerprints were recorded; read and finite")
+  # (complete=True: every array has its entry and every entry its array.)
   return Row(str(step), OK, f"{len(record['arrays'])} arrays match")
 
 
