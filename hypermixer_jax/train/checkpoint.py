@@ -276,13 +276,18 @@ class Checkpointer:
         items[FINGERPRINTS] = ocp.args.JsonRestore()
       restored, error = self.manager.restore(
           step, args=ocp.args.Composite(**items)), None
-      if self._check_data and restored[DATA] is not None:
-        self._check_data(restored[DATA], os.path.join(
-            self.directory, str(step), DATA, multihost.process_file(
-                jax.process_index(), jax.process_count())))
     except Exception as e:  # pylint: disable=broad-except
       restored, error = None, e
       _meet_restore_barrier(self.manager)
+    # After the restore's barrier (met above either way): a position that
+    # only this process finds bad is agreed on below, never waited for.
+    if error is None and self._check_data and restored[DATA] is not None:
+      try:
+        self._check_data(restored[DATA], os.path.join(
+            self.directory, str(step), DATA, multihost.process_file(
+                jax.process_index(), jax.process_count())))
+      except Exception as e:  # pylint: disable=broad-except
+        error = e
     if not _on_every_process(error is None):
       if error is not None:
         raise error
