@@ -230,6 +230,30 @@ def test_an_experiment_stops_on_a_preempted_run_and_resumes_it(tmp_path):
   assert out["step"] == 60 and out["source"] == "workdir" and out["eval"]
 
 
+def test_a_notice_after_the_last_step_records_the_run_then_stops(
+    tmp_path, monkeypatch):
+  # SIGTERM during the final evaluation or close: no step is left to stop
+  # at, so the run ends whole (recorded), and the experiment starts no
+  # other run (before, it went on to the next cell).
+  from hypermixer_jax.experiment import runs  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(runs, "_NOTICE", [])
+  close = ckpt_lib.Checkpointer.close
+
+  def close_after_a_notice(self):
+    if self._sigterm is not None and not self._sigterm.received:
+      os.kill(os.getpid(), signal.SIGTERM)
+    close(self)
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "close", close_after_a_notice)
+  out = runs.train(_config(*RUN), str(tmp_path / "a"))
+  assert out["step"] == 60 and out["eval"]
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "close", close)
+  with pytest.raises(SystemExit, match=(
+      f"notice \\(SIGTERM\\) came after the last step of {tmp_path}/a, "
+      f"which is recorded; stopping before {tmp_path}/b")):
+    runs.train(_config(*RUN), str(tmp_path / "b"))
+  assert not (tmp_path / "b").exists()
+
+
 def test_sigterm_notice_is_one_process_and_main_thread_only():
   before = signal.getsignal(signal.SIGTERM)
   notice = ckpt_lib.SigtermNotice()

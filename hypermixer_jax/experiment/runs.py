@@ -56,6 +56,10 @@ def held_out_arrays(config) -> dict[str, Any]:
                          batches=config.eval_steps)
 
 
+# The workdir of a run after whose last step a preemption notice came
+# (``train``): the process starts no other run.
+_NOTICE: list[str] = []
+
 # What a record keeps of each logged training interval.
 THROUGHPUT = ("steps_per_sec", "tokens_per_sec", "tflops_per_device")
 
@@ -79,6 +83,11 @@ def train(config, workdir: str, *, with_params: bool = False
   from hypermixer_jax.train import loop  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import metrics  # pylint: disable=g-import-not-at-top
   from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
+  if _NOTICE:
+    raise SystemExit(
+        f"a preemption notice (SIGTERM) came after the last step of "
+        f"{_NOTICE[0]}, which is recorded; stopping before {workdir}: run "
+        "the same command again to go on.")
   set_aside_other_run(config, workdir)
   result = loop.train_and_evaluate(config, workdir)
   if getattr(result, "preempted", False):
@@ -87,6 +96,10 @@ def train(config, workdir: str, *, with_params: bool = False
     raise SystemExit(f"{workdir}: preempted at step {result.step} (its "
                      "checkpoint is saved); run the same command again to "
                      "resume.")
+  if getattr(result, "notice", False):
+    # The notice came after the last step: the run is whole and is
+    # recorded; the next run of this process stops instead of starting.
+    _NOTICE.append(workdir)
   curves = {split: {int(s): r for s, r in
                     metrics.read_metrics(workdir, split).items()}
             for split in ("train", "eval")}

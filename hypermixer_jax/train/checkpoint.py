@@ -202,6 +202,12 @@ class Checkpointer:
     reached = self.manager.reached_preemption(step)
     return reached or bool(self._sigterm and self._sigterm.received)
 
+  @property
+  def notice_received(self) -> bool:
+    """Whether this process got a SIGTERM notice while open (``sigterm``),
+    even after the last step, when no save or stop followed it."""
+    return bool(self._sigterm and self._sigterm.received)
+
   def should_save(self, step: int, *, preempted: bool | None = None) -> bool:
     """Periodic save due at ``step``, or preemption.
 

@@ -69,6 +69,9 @@ class TrainResult:
   parameters); ``eval_metrics`` the task evaluator's last metrics; ``evals``
   the outputs of each declared evaluator's last run; ``source`` where the
   run started from (``'workdir'``, ``'init_checkpoint'``, ``'scratch'``).
+  ``notice``: a preemption notice (SIGTERM) came during the run; where not
+  ``preempted`` it came after the last step (the run is whole), and the
+  process should stop rather than start other work.
   """
   workdir: str
   step: int
@@ -77,6 +80,7 @@ class TrainResult:
   state: Any
   source: str = "scratch"
   evals: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+  notice: bool = False
 
 
 def check_model_fits_data(config: ml_collections.ConfigDict) -> None:
@@ -447,4 +451,5 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
   return TrainResult(workdir=workdir, step=progress.step,
                      eval_metrics=progress.eval_metrics,
                      preempted=progress.preempted, state=run.state,
-                     source=source, evals=progress.evals)
+                     source=source, evals=progress.evals,
+                     notice=progress.preempted or ck.notice_received)
