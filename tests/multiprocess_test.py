@@ -29,8 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = os.path.join(ROOT, "configs", "default.py")
 TIMEOUT = 300  # seconds per launch, all processes together
 
-# Constant learning rate: the run is split into two launches (to 6 steps,
-# then on to 12), and a decay would depend on num_train_steps.
+# Constant learning rate: the restarted launch trains steps 7-12 again, and
+# its losses must equal the uninterrupted run's.
 TINY = [
     "--config.model.num_layers=1", "--config.model.d_model=16",
     "--config.model.d_ffn=32", "--config.model.max_len=40",
@@ -113,19 +113,16 @@ def cache_dir(tmp_path_factory):
 def test_two_processes_train_like_one(tmp_path, cache_dir):
   one, two = tmp_path / "one", tmp_path / "two"
   _launch(one, 12, processes=1, devices=4, cache_dir=cache_dir)
-  logs = _launch(two, 6, processes=2, devices=2, cache_dir=cache_dir)
+  logs = _launch(two, 12, processes=2, devices=2, cache_dir=cache_dir)
   assert "JAX process 1/2 (distributed: explicit)" in logs[1]
   assert "4 devices (2 processes)" in logs[0]
-  # Both processes wrote the step-6 checkpoint; a new launch restores it.
-  assert ckpt_lib.Checkpointer(two / "checkpoints").all_steps() == [6]
+  # Both processes wrote the step-6 and step-12 checkpoints.
+  assert ckpt_lib.Checkpointer(two / "checkpoints").all_steps() == [6, 12]
   # Each process wrote its own input position (nothing gathered), and they
   # differ: each host reads its own shard.
   data = two / "checkpoints" / "6" / "data"
   positions = [(data / f"process_{i}-of-2.json").read_text() for i in (0, 1)]
   assert positions[0] != positions[1]
-  logs = _launch(two, 12, processes=2, devices=2, cache_dir=cache_dir)
-  assert "resuming from own checkpoint" in logs[0]
-  assert "resuming from own checkpoint" in logs[1]
 
   ref = metrics_lib.read_metrics(str(one))
   got = metrics_lib.read_metrics(str(two))
@@ -141,9 +138,10 @@ def test_two_processes_train_like_one(tmp_path, cache_dir):
   # The run learnt something, so equal losses are not equal constants.
   assert got[12]["loss"] < got[1]["loss"]
 
-  # Process 1's part of step 12 damaged: both processes resume from step 6
-  # (neither from 12 while the other falls back), step 12 is set aside, and
-  # steps 7-12 train again to the same losses.
+  # A restart restores step 6 in both processes and trains on to the same
+  # losses: process 1's part of step 12 is damaged, so both processes
+  # resume from step 6 (neither from 12 while the other falls back), step
+  # 12 is set aside, and steps 7-12 train again.
   (two / "checkpoints" / "12" / "data" / "process_1-of-2.json").write_text(
       "{not json")
   logs = _launch(two, 12, processes=2, devices=2, cache_dir=cache_dir)

@@ -50,6 +50,9 @@ def test_run_ending_inside_the_window_still_writes_the_trace(tmp_path):
   assert profiling.trace_files(str(tmp_path / "profile"))
 
 
+# Marked slow to run early (conftest.py: slow modules first): late in a test
+# worker that had run hundreds of tests this run took 44 s, alone 6 s.
+@pytest.mark.slow
 def test_training_run_profiles_logs_lines_and_reports_mfu(tmp_path, capsys):
   """Through the loop: the profiled window, one plain line per log step, MFU
   from the configured peak (CPUs are not in the peak table)."""

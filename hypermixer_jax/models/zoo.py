@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import json
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -320,18 +321,35 @@ def abstract_variables(config: Mapping[str, Any]):
       jax.random.key(0), x)
 
 
+# Parameter sizes per counted config (its JSON): a study's report counts
+# each model twice (total, then outside the embedding), and tracing a
+# paper-size init is the slow part.
+_SIZES: dict[str, list[tuple[frozenset[str], int]]] = {}
+
+
+def _plain(x: Any) -> Any:
+  if isinstance(x, Mapping):
+    return {str(k): _plain(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_plain(v) for v in x]
+  return x
+
+
 def count_params(config: Mapping[str, Any], under: str | None = None) -> int:
   """Number of parameters of ``config``'s model, counted abstractly.
 
   With ``under``, counts only parameters whose path contains a module named
   ``under`` (e.g. ``'token_mixing'``).
   """
-  params = nn.unbox(abstract_variables(config))["params"]
-  total = 0
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    if under is None or under in common.path_names(path):
-      total += int(np.prod(leaf.shape))
-  return total
+  key = json.dumps(_plain(config), sort_keys=True, default=repr)
+  if key not in _SIZES:
+    if len(_SIZES) >= 512:
+      _SIZES.clear()
+    params = nn.unbox(abstract_variables(config))["params"]
+    _SIZES[key] = [(frozenset(common.path_names(path)),
+                    int(np.prod(leaf.shape)))
+                   for path, leaf in jax.tree_util.tree_leaves_with_path(params)]
+  return sum(n for names, n in _SIZES[key] if under is None or under in names)
 
 
 # ---------------------------------------------------------------------------
