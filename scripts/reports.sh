@@ -50,7 +50,8 @@ run experiments/mlm_perplexity.py --scale=small --tune --report_only --lrs=3e-4,
     --models=attention,gmlp,amlp --seeds=0,1,2 --budget_check=1000 --out=$R/mlm_perplexity
 run experiments/smlp_vs_moe.py --scale=small --report_only --ablations --out=$R/smlp_vs_moe
 run experiments/smlp_vs_moe.py --scale=small --tune --report_only \
-    --lrs=3e-4,1e-3,3e-3,1e-2,3e-2,1e-1 --seeds=0,1,2 --out=$R/smlp_vs_moe
+    --lrs=3e-4,1e-3,3e-3,1e-2,3e-2,1e-1 --seeds=0,1,2 --budget_check=500 \
+    --out=$R/smlp_vs_moe
 run experiments/causal_lm.py --scale=small --report_only --ablation_seeds=3 \
     --select_hyper_dims=16,32,64 --out=$R/causal_lm
 run experiments/causal_lm.py --scale=small --tune --report_only --ablate_hyper_dims= \

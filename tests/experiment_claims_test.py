@@ -333,11 +333,16 @@ def test_a_tuned_row_appears_once_its_runs_are_recorded(tmp_path):
   regime = dict(zip(claims.HEADERS, claims.judge(claim, record)))["regime"]
   assert confirmed in regime and "not confirmed" not in regime
   for wrong in ({"lengths": [1000]}, {"chosen": {"gmlp": {}}},
-                {"picked": 500}):
+                {"picked": 500, "chosen": {"gmlp": {}}}):
     record["length_checks"] = {"w128_s1000_n64/": {**check, **wrong}}
     regime = dict(zip(claims.HEADERS, claims.judge(claim, record)))["regime"]
     assert ("budget set on dev), ~1.3M params (the length not confirmed on the "
             "carved split)") in regime
+  # A check over every model that picks another length names it.
+  record["length_checks"] = {"w128_s1000_n64/": {**check, "picked": 500}}
+  regime = dict(zip(claims.HEADERS, claims.judge(claim, record)))["regime"]
+  assert ("budget set on dev), ~1.3M params (on the carved split the same "
+          "rule picks 500 steps: the length not confirmed)") in regime
 
 
 def test_the_carved_tuning_cost_row_waits_for_its_record(tmp_path):

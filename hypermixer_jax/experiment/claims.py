@@ -362,6 +362,18 @@ MOE_SCALE = ("the paper's models run ~0.8 TFLOPs a step (d = 1024) with "
              "more with many experts")
 
 
+def _unconfirmed(data: dict[str, Any],
+                 checked: tuple[str, int, Sequence[str]] | None) -> str:
+  """Why a tuned regime's length is not confirmed: the carved split's
+  check picked another length (named), or it was not run."""
+  r = data.get("length_checks", {}).get(checked[0], {}) if checked else {}
+  if (r.get("picked") and r["picked"] != checked[1]
+      and set(checked[2]) <= set(r.get("chosen", {}))):
+    return (f" (on the carved split the same rule picks {r['picked']:,} "
+            "steps: the length not confirmed)")
+  return " (the length not confirmed on the carved split)"
+
+
 def _tuned_regime(split: str, what: str, models: Sequence[str],
                   pattern: str, head: str,
                   checked: tuple[str, int, Sequence[str]] | None = None
@@ -377,7 +389,7 @@ def _tuned_regime(split: str, what: str, models: Sequence[str],
     text = head.format(train=f"{train:,}", checked=(
         _picked_on_carve(data, checked[0]) if same else ""))
     if not same:
-      text += " (the length not confirmed on the carved split)"
+      text += _unconfirmed(data, checked)
     return text + "; " + _search_text(data, models, pattern, what)
   return regime
 
