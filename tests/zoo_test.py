@@ -108,6 +108,22 @@ class ZooTest(parameterized.TestCase):
     self.assertEqual(models.count_params(cfg), params_of("glue_hypermixer"))
     self.assertIs(common.DTYPES[cfg.dtype], jnp.bfloat16)
 
+  def test_a_counted_config_changed_in_place_is_counted_again(self):
+    # The counts are kept per config contents, not per object: a config
+    # counted, then changed, gives its new model's count (as traced anew).
+    cfg = models.get_model_config("glue_hypermixer")
+    cfg.num_layers, cfg.d_model, cfg.d_ffn = 1, 16, 32
+    cfg.mixer_kwargs.hyper_dim = 8
+    small = models.count_params(cfg)
+    cfg.d_ffn = 64
+    wider = models.count_params(cfg)
+    traced = nn.unbox(zoo.abstract_variables(cfg))["params"]
+    self.assertEqual(wider, sum(x.size for x in jax.tree.leaves(traced)))
+    # Each layer's two d_model x d_ffn matrices and the d_ffn bias grow.
+    self.assertEqual(wider - small, 16 * 32 * 2 + 32)
+    self.assertEqual(models.count_params(cfg, "token_embed"),
+                     cfg.vocab_size * cfg.d_model)
+
 
 if __name__ == "__main__":
   from absl.testing import absltest
