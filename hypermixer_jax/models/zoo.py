@@ -43,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import json
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -327,21 +326,13 @@ def abstract_variables(config: Mapping[str, Any]):
 _SIZES: dict[str, list[tuple[frozenset[str], int]]] = {}
 
 
-def _plain(x: Any) -> Any:
-  if isinstance(x, Mapping):
-    return {str(k): _plain(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_plain(v) for v in x]
-  return x
-
-
 def count_params(config: Mapping[str, Any], under: str | None = None) -> int:
   """Number of parameters of ``config``'s model, counted abstractly.
 
   With ``under``, counts only parameters whose path contains a module named
   ``under`` (e.g. ``'token_mixing'``).
   """
-  key = json.dumps(_plain(config), sort_keys=True, default=repr)
+  key = ml_collections.ConfigDict(config).to_json(sort_keys=True)
   if key not in _SIZES:
     if len(_SIZES) >= 512:
       _SIZES.clear()
