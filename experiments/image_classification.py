@@ -34,7 +34,10 @@ recipe, the image task's seqio pipeline (JPEG decode, crop/flip, patches):
 warm-up chosen among ``selection.settings`` on every 10th training image
 (carved beside the TSVs, digests under ``cifar_split`` in ``results.json``,
 seed 100), then the seeds at each family's choice, trained on the other
-training images: ``table_tuned.md``.
+training images: ``table_tuned.md``; ``--budget_check=150,600`` also trains
+each family's choice for those lengths on the carved images and records the
+length the rule (the best family above the pixels' linear classifier on the
+carved validation images) picks.
 
 Writes ``results.json``, ``table.md`` (mean ± sd over seeds; the paper's
 claims, gMLP above MLP-Mixer and level with the Transformer, judged by
@@ -52,16 +55,22 @@ from hypermixer_jax.experiment import images
 
 def _tune(exp, args, families, seeds, tsvs, steps: int, prefix: str) -> None:
   """``--tune``: the search and the seeds at each family's choice
-  (``images.tune``), then ``table_tuned.md``."""
+  (``images.tune``), ``--budget_check``'s lengths (``images.budget_check``),
+  then ``table_tuned.md``."""
   lrs = experiment.split(args.lrs, float) or None
-  tuned = images.tune(
-      exp, families, seeds, tsvs, lambda f, s: images.image_config(
-          f, "small", tsvs=tsvs, steps=args.steps or None,
-          batch_size=args.batch_size, seed=s),
-      steps, prefix, pathlib.Path(args.shared) / images.ARCHIVE,
-      args.order == "reverse", lrs)
+  archive = pathlib.Path(args.shared) / images.ARCHIVE
+
+  def config(family, seed, n=None):
+    return images.image_config(family, "small", tsvs=tsvs,
+                               steps=n or args.steps or None,
+                               batch_size=args.batch_size, seed=seed)
+  tuned = images.tune(exp, families, seeds, tsvs, config, steps, prefix,
+                      archive, args.order == "reverse", lrs)
+  lengths = experiment.split(args.budget_check, int)
+  check = images.budget_check(exp, prefix, tuned, families, lengths, steps,
+                              config, tsvs, archive) if lengths else None
   images.report_tuned(exp, families, args.seeds, steps, args.batch_size,
-                      tuned, lrs)
+                      tuned, lrs, check=check)
 
 
 def main() -> None:
@@ -73,9 +82,10 @@ def main() -> None:
                  "train.tsv/test.tsv (default OUT/cifar10_data)")
   p.add_argument("--batch_size", type=int, default=images.SMALL_BATCH,
                  help="small scale: training batch")
-  experiment.tune_flags(p, "images")
+  experiment.tune_flags(p, "images", budget_check=True)
   args = experiment.parse(p)
   experiment.check_tune(args, "CIFAR-10's training images")
+  experiment.check_budget(args)
   exp = experiment.Experiment(args.out, args)
   families = experiment.split(args.families)
   seeds = experiment.split(args.seeds, int)

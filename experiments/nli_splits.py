@@ -24,7 +24,9 @@ writes them from the runs recorded so far.
 warm-up chosen among ``selection.settings`` on every 10th premise (QNLI:
 question) of the train part with all its pairs (seed 100), then the seeds at
 each model's choice trained on the rest of the train part and scored on the
-test part: ``table_tuned_<task>.md``.
+test part: ``table_tuned_<task>.md``; ``--budget_check=500`` also trains
+each model's choice for 500 steps on the carved premises and records the
+length the rule (the best model above Naive Bayes) picks there.
 """
 from __future__ import annotations
 
@@ -44,9 +46,11 @@ def main() -> None:
   p.add_argument("--tasks", default=",".join(nli.FILES))
   p.add_argument("--width", type=int, default=nli.SMALL["width"])
   p.add_argument("--seq_len", type=int, default=nli.SMALL["seq_len"])
-  experiment.tune_flags(p, "premises", table="table_tuned_<task>.md")
+  experiment.tune_flags(p, "premises", table="table_tuned_<task>.md",
+                        budget_check=True)
   args = experiment.parse(p)
   experiment.check_tune(args, "each task's train part")
+  experiment.check_budget(args)
   exp = experiment.Experiment(args.out, args)
   shared = pathlib.Path(args.shared)
   tasks, models = experiment.split(args.tasks), experiment.split(args.models)
@@ -67,9 +71,10 @@ def main() -> None:
     splits[task] = dict(split, vocab=vocab["sha256"], source=file)
     exp.save()
 
-    def config(model, seed, task=task, split=split, vocab=vocab):
+    def config(model, seed, steps=None, task=task, split=split,
+               vocab=vocab):
       return nli.task_config(task, model, split, vocab, shared, seed=seed,
-                             width=args.width, steps=args.steps,
+                             width=args.width, steps=steps or args.steps,
                              seq_len=args.seq_len)
     if args.tune:
       _tune(exp, args, task, models, seeds, config, budget, split)
@@ -87,15 +92,21 @@ def main() -> None:
 
 def _tune(exp, args, task, models, seeds, config, budget, split) -> None:
   """``--tune`` on ``task``: the search on premises carved from the train
-  part and the seeds at each model's choice (``glue.tune``)."""
+  part, the seeds at each model's choice (``glue.tune``) and
+  ``--budget_check``'s lengths (``glue.budget_check``; ``config(model,
+  seed, steps)``)."""
   search = experiment.split(args.lrs, float) or None
-  tuned = glue.tune(exp, models, seeds, config, args.steps,
-                    f"{budget}/task={task}/", split["train"], search,
+  prefix = f"{budget}/task={task}/"
+  tuned = glue.tune(exp, models, seeds, config, args.steps, prefix,
+                    split["train"], search,
                     reverse=args.order == "reverse", task=task,
                     group=nli.carve_groups(split["train"], task))
+  lengths = experiment.split(args.budget_check, int)
+  check = glue.budget_check(exp, prefix, tuned, models, lengths,
+                            args.steps, config) if lengths else None
   glue.report_tuned(exp, models, args.seeds, args.steps, tuned, search,
                     task=task, text=nli.tuned_text(task),
-                    name=f"table_tuned_{task}")
+                    name=f"table_tuned_{task}", check=check)
 
 
 def _report(exp, args, tasks, models, budget, acc) -> None:

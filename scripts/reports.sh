@@ -18,16 +18,16 @@ run experiments/glue_from_scratch.py --scale=small --tune --report_only \
 run experiments/nli_splits.py --report_only --out=$R/nli_splits
 run experiments/nli_splits.py --tune --report_only --tasks=qnli \
     --models=hypermixer,attention,mlp_mixer --lrs=1e-3,3e-3,1e-2,3e-4,1e-4,3e-5 \
-    --seeds=0,1,2,3,4 --out=$R/nli_splits
+    --seeds=0,1,2,3,4 --budget_check=500 --out=$R/nli_splits
 run experiments/nli_splits.py --tune --report_only --tasks=snli \
     --models=hypermixer,attention,mlp_mixer --lrs=1e-4,3e-4,1e-3,3e-3,1e-2 \
-    --seeds=0,1,2,3,4 --out=$R/nli_splits
+    --seeds=0,1,2,3,4 --budget_check=500 --out=$R/nli_splits
 run experiments/nli_splits.py --tune --report_only --tasks=mnli \
     --models=hypermixer,attention,mlp_mixer --lrs=1e-4,3e-4,1e-3,3e-3 \
-    --seeds=0,1,2,3,4 --out=$R/nli_splits
+    --seeds=0,1,2,3,4 --budget_check=500 --out=$R/nli_splits
 run experiments/low_resource.py --scale=small --report_only --out=$R/low_resource
 run experiments/low_resource.py --scale=small --tune --report_only --lrs=1e-3,3e-3,1e-2,3e-2 \
-    --seeds=0,1,2,3,4 --out=$R/low_resource
+    --seeds=0,1,2,3,4 --budget_check=500 --out=$R/low_resource
 run experiments/tuning_cost.py --scale=small --report_only --out=$R/tuning_cost
 run experiments/tuning_cost.py --scale=small --carve --report_only --out=$R/tuning_cost
 run experiments/pretrain_finetune.py --scale=small --report_only --out=$R/pretrain_finetune
@@ -40,7 +40,7 @@ run experiments/synthetic_data_efficiency.py --scale=paper --report_only --seeds
 run experiments/image_classification.py --scale=small --report_only --out=$R/image_classification
 run experiments/image_classification.py --scale=small --tune --report_only \
     --families=gmlp,vit,mixer --lrs=0.0003,0.001,0.003,0.01 --seeds=0,1,2,3,4 \
-    --out=$R/image_classification
+    --budget_check=150,600 --out=$R/image_classification
 run experiments/mlm_perplexity.py --scale=small --report_only --steps=6000 \
     --models=attention,gmlp --seeds=0 --out=$R/mlm_perplexity
 run experiments/mlm_perplexity.py --scale=small --report_only \

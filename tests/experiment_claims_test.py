@@ -197,12 +197,34 @@ class ClaimsTest(absltest.TestCase):
                      "small/s300/tuned/model=a/seed=0": run(1e-2),
                      "small/s300/tuned/model=b/seed=0": run(1e-3)}}
     text = claims._image_regime(("a", "b"), "carved", tuned=True)(data)
+    search = ("; each model's lr and warm-up chosen from 2 "
+              "settings on the validation images carved from train (a at the "
+              "grid's largest lr, 0.01; b at the grid's smallest lr, 0.001)")
     self.assertEqual(
         text, "CIFAR-10 32x32, 1,600 training images, 40 steps x 64 (1.60 "
-        "epochs), 0.12M params (the length not confirmed on the carved split);"
-        " each model's lr and warm-up chosen from 2 "
-        "settings on the validation images carved from train (a at the "
-        "grid's largest lr, 0.01; b at the grid's smallest lr, 0.001)")
+        "epochs; the length set by compute), 0.12M params (the length not "
+        "confirmed on the carved split)" + search)
+    # The length rule's check on the carved images, under the runs' prefix
+    # (the batch named where it is not the small scale's): confirmed where
+    # it picks the length used after a shorter one was tried and both
+    # models were judged; another pick is named.
+    check = {"steps": 40, "picked": 40, "lengths": [20, 40],
+             "chosen": {"a": {}, "b": {}}}
+    data["length_checks"] = {"small/s40b64/": check}
+    self.assertEqual(
+        claims._image_regime(("a", "b"), "carved", tuned=True)(data),
+        "CIFAR-10 32x32, 1,600 training images, 40 steps x 64 (1.60 "
+        "epochs; the length set by compute; the same rule picks it among 20 "
+        "and 40 steps on the carved split), 0.12M params" + search)
+    data["length_checks"] = {"small/s40b64/": dict(check, picked=20)}
+    self.assertIn(
+        "0.12M params (on the carved split the same rule picks 20 steps: the "
+        "length not confirmed); each",
+        claims._image_regime(("a", "b"), "carved", tuned=True)(data))
+    data["length_checks"] = {"small/s40/": check}   # another batch's check
+    self.assertIn("(the length not confirmed on the carved split)",
+                  claims._image_regime(("a", "b"), "carved", tuned=True)(data))
+    del data["length_checks"]
     # A run without its own arguments ran at the default batch (a key with
     # no 'b<batch>'), not at the last invocation's (the record's args).
     data["runs"] = {"small/s300/a/seed=0": {"step": 40, "params": 2e6}}
@@ -343,6 +365,13 @@ def test_a_tuned_row_appears_once_its_runs_are_recorded(tmp_path):
   regime = dict(zip(claims.HEADERS, claims.judge(claim, record)))["regime"]
   assert ("budget set on dev), ~1.3M params (on the carved split the same "
           "rule picks 500 steps: the length not confirmed)") in regime
+  # A length the study holds fixed by design (its head says why) is not
+  # called unconfirmed.
+  fixed = claims._tuned_regime("sst2_split", "sentences", ("hypermixer",),
+                               claims.SST2_TUNED, "{train} phrases, held "
+                               "fixed", fixed=True)(record)
+  assert fixed.startswith("60,614 phrases, held fixed; each model's lr")
+  assert "not confirmed" not in fixed
 
 
 def test_the_carved_tuning_cost_row_waits_for_its_record(tmp_path):

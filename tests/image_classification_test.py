@@ -479,3 +479,25 @@ def test_tune_chooses_on_carved_images_and_reports_the_test_split(
   again = json.loads((out / "results.json").read_text())
   assert again["runs"] == runs
   assert (out / "table_tuned.md").read_text() == table
+  # --budget_check=1: the choice trained 1 step on the carved training
+  # images (its warm-up share of 1 step: 1), scored on the 8 carved ones,
+  # beside the pixels' linear classifier fitted on the carved training
+  # images and scored on the carved ones; the rule's pick is recorded.
+  _run_script(monkeypatch, argv + ["--budget_check=1"], cache)
+  results = json.loads((out / "results.json").read_text())
+  short = results["runs"]["small/s2b16/budget/steps=1/model=vit"]
+  assert short["setting"] == {"lr": best["setting"]["lr"], "warmup": 1,
+                              "warmup_share": 0.5}
+  assert short["step"] == 1 and "test" not in short
+  assert short["carved_validation_sha256"] == digest
+  pixels = results["baselines"]["small/s2b16/carved_validation/seed=100"]
+  assert (pixels["train_images"], pixels["test_images"]) == (72, 8)
+  check = results["length_checks"]["small/s2b16/"]
+  want = selection.shortest_length(
+      {1: {"vit": short["eval"]["accuracy"]},
+       2: {"vit": best["eval"]["accuracy"]}},
+      pixels["linear_pixels"], ["vit"], best_above=True)
+  assert (check["picked"], check["lengths"]) == (want, [1, 2])
+  table = (out / "table_tuned.md").read_text()
+  assert (f"| bar: the pixels' linear classifier on these images | "
+          f"{100 * pixels['linear_pixels']:.2f} |") in table

@@ -285,12 +285,18 @@ def _image_regime(models: Sequence[str], base: str, tuned: bool
     batch = runs[0].get("args", {}).get("batch_size", images_lib.SMALL_BATCH)
     images = data["baselines"][base]["train_images"]
     sizes = _millions(r["params"] for r in runs)
-    text = (f"CIFAR-10 32x32, {images:,} training images, {steps} steps x "
-            f"{batch} ({steps * batch / images:.2f} epochs), {sizes} "
-            "params")
+    epochs = f"{steps * batch / images:.2f} epochs"
     if not tuned:
-      return text + "; each model at its config's lr and warm-up (not tuned)"
-    return (text + " (the length not confirmed on the carved split); "
+      return (f"CIFAR-10 32x32, {images:,} training images, {steps} steps x "
+              f"{batch} ({epochs}), {sizes} params; each model at its "
+              "config's lr and warm-up (not tuned)")
+    checked = (images_lib.run_prefix("small", steps, batch), steps, models)
+    same = selection.length_confirmed(data, *checked)
+    return (f"CIFAR-10 32x32, {images:,} training images, {steps} steps x "
+            f"{batch} ({epochs}; the length set by compute"
+            + (_picked_on_carve(data, checked[0]) if same else "")
+            + f"), {sizes} params" + ("" if same else _unconfirmed(
+                data, checked)) + "; "
             + _search_text(data, models, pattern, "images"))
   return regime
 
@@ -376,19 +382,20 @@ def _unconfirmed(data: dict[str, Any],
 
 def _tuned_regime(split: str, what: str, models: Sequence[str],
                   pattern: str, head: str,
-                  checked: tuple[str, int, Sequence[str]] | None = None
-                  ) -> Callable[[dict[str, Any]], str]:
+                  checked: tuple[str, int, Sequence[str]] | None = None, *,
+                  fixed: bool = False) -> Callable[[dict[str, Any]], str]:
   """The regime of a study's tuned runs: ``head`` (``{train}``: the carved
   train part's size from the record's ``split``; ``{checked}``: whether the
   length rule, under ``checked``'s (prefix, steps, models), picks the length
   on the carved split; where it was not asked, or does not, the regime says
-  so), then each model's search (``_search_text``)."""
+  so, unless ``fixed``: a length the study holds fixed by design, which
+  ``head`` says), then each model's search (``_search_text``)."""
   def regime(data: dict[str, Any]) -> str:
     train = data.get(split, {}).get("train", {}).get("documents", 0)
     same = checked and selection.length_confirmed(data, *checked)
     text = head.format(train=f"{train:,}", checked=(
         _picked_on_carve(data, checked[0]) if same else ""))
-    if not same:
+    if not same and not fixed:
       text += _unconfirmed(data, checked)
     return text + "; " + _search_text(data, models, pattern, what)
   return regime
@@ -420,6 +427,10 @@ def _sst2(other: str, label: str, number: str, tuned: bool = False
                untuned=not tuned)
 
 
+# The models of the pair tasks' tuned runs, all judged by the length rule.
+NLI_MODELS = ("hypermixer", "attention", "mlp_mixer")
+
+
 def _nli(task: str, number: str, tuned: bool = False,
          other: tuple[str, str] = ("attention", "Transformer")) -> Claim:
   name, label = other
@@ -440,8 +451,11 @@ def _nli(task: str, number: str, tuned: bool = False,
                    ("hypermixer", name), runs,
                    f"{task.upper()}: {{train}} pairs of the dev file's "
                    f"train part (a tenth of the {nli.GROUP_BY[task]}s "
-                   "carved out), 1,000 steps x 64, "
-                   + _nli_params(data, runs, ("hypermixer", name)))(data))
+                   "carved out), 1,000 steps x 64 (SST-2's small budget"
+                   "{checked}), "
+                   + _nli_params(data, runs, ("hypermixer", name)),
+                   checked=(f"{budget}/task={task}/", 1000, NLI_MODELS)
+               )(data))
                if tuned
                else _nli_regime(task, ("hypermixer", name)),
                at_scale=_nli_scale(task, tuned), when_recorded=tuned,
@@ -461,7 +475,10 @@ def _low_resource(tuned: bool = False) -> Claim:
                ("baselines", base, "dev_rows"), regime=_tuned_regime(
                    "sst2_10pct_split", "sentences", ("hypermixer", "attention"),
                    runs, "SST-2, 10% of train less a tenth of the sentences "
-                   "({train} phrases), 1,000 steps x 64") if tuned else
+                   "({train} phrases), 1,000 steps x 64 (the budget at 100%"
+                   "{checked})", checked=("w128_s1000/fraction=0.1/", 1000,
+                                          ("hypermixer", "attention")))
+               if tuned else
                "SST-2, 10% of train (6.7k phrases), 1,000 steps x 64; "
                + GLUE_UNTUNED, at_scale="the paper measures SNLI/MNLI, not "
                "SST-2, at 11M params", when_recorded=tuned,
@@ -503,7 +520,9 @@ def _synthetic(size: int, tuned: bool = False) -> Claim:
                scale=1.0, spec="+.1e", regime=(lambda data: _ran_on(
                    data, _tuned_regime(
                        "", "sequences", ("hypermixer", "attention"), runs,
-                       f"{size:,} training sequences, 1,500 steps x 64"
+                       f"{size:,} training sequences, 1,500 steps x 64 (one "
+                       "length at every size, so that the sizes differ only "
+                       "in data: held fixed, not chosen)", fixed=True
                    )(data), *arms, search=tuple(
                        f"s1500/n{size}/tune/model={m}/setting=*"
                        for m in ("hypermixer", "attention"))))

@@ -360,25 +360,17 @@ def budget_check(exp: experiment.Experiment, prefix: str, tuned: tuple,
   Bayes and the majority class on those examples. ``config(mixer, seed,
   steps)``: the untuned run config. The length the rule picks (the best
   model above Naive Bayes) is recorded (``selection.record_length``)."""
-  split, searched, chosen = tuned[:3]
-  tag = selection.split_tag(split)
-  base = exp.baseline(
-      f"{prefix}carved_validation/seed={selection.SEED}",
-      lambda: bag_of_words_baselines(carved_config(
-          config(mixers[0], selection.SEED, steps), split, select=True)),
-      tag=tag)
+  split = tuned[0]
 
   def run(mixer, setting, n, key):
     c = carved_config(config(mixer, selection.SEED, n), split, setting,
                       select=True)
     return selection.lean(run_cell(exp, c, key))
-  chosen = {m: chosen[m] for m in mixers if m in chosen}
-  acc = selection.length_check(
-      exp, prefix, searched, chosen, lengths, steps, run,
-      lambda r: r["eval"]["accuracy"], higher=True, tag=tag)
-  selection.record_length(exp, prefix, steps, selection.shortest_length(
-      acc, base[LENGTH_BAR], mixers, best_above=True), acc, chosen, tag)
-  return acc, base
+  return selection.accuracy_length_check(
+      exp, prefix, tuned, mixers, lengths, steps, run,
+      lambda: bag_of_words_baselines(carved_config(
+          config(mixers[0], selection.SEED, steps), split, select=True)),
+      LENGTH_BAR)
 
 
 def budget_section(check: tuple, mixers, steps: int) -> str:

@@ -221,16 +221,57 @@ def tune(exp, families, seeds, tsvs: dict[str, str], config, steps: int,
   return split, searched, chosen, runs, base
 
 
+# The length rule of ``budget_check`` (the GLUE studies' rule, with the
+# pixels' linear classifier as the trivial baseline): the shortest length at
+# which the best family's accuracy on the carved validation images is above
+# that classifier's on the same images. The small scale's 300 steps were set
+# by compute (``SMALL_STEPS``), not by this rule; the check says whether the
+# rule would pick them, and the longer lengths whether the order moves.
+LENGTH_BAR = "linear_pixels"
+
+
+def budget_check(exp, prefix: str, tuned: tuple, families, lengths,
+                 steps: int, config, tsvs: dict[str, str],
+                 archive: pathlib.Path) -> tuple[dict, dict]:
+  """``({length: {family: validation accuracy}}, baselines)``
+  (``selection.accuracy_length_check`` of ``tune``'s ``tuned``): each
+  family at its chosen lr and warm-up share trained for each of
+  ``lengths`` on the carved train part and scored on the carved validation
+  images, beside ``pixel_baselines`` fitted on the carved train part and
+  scored on those images. ``config(family, seed, steps)``: the untuned run
+  config."""
+  split = tuned[0]
+
+  def train(family, setting, n, key):
+    c = carved_config(config(family, selection.SEED, n), split, setting,
+                      select=True)
+    return selection.lean(run(exp, c, key))
+  return selection.accuracy_length_check(
+      exp, prefix, tuned, families, lengths, steps, train,
+      lambda: pixel_baselines({**tsvs, "train": split["train"]["path"],
+                               "test": split["validation"]["path"]},
+                              archive), LENGTH_BAR)
+
+
 def report_tuned(exp, families, seeds: str, steps: int, batch_size: int,
                  tuned: tuple[dict, dict, dict, dict, dict],
-                 lrs: Sequence[float] | None = None) -> None:
+                 lrs: Sequence[float] | None = None, *,
+                 check: tuple | None = None) -> None:
   """``table_tuned.md``: the tuned families' seeds on the test split
   beside the baselines, and every family's search (``lrs``: its learning
-  rates, as ``tune``'s)."""
+  rates, as ``tune``'s); ``check``: ``budget_check``'s, as a last
+  section."""
   split, searched, chosen, runs, base = tuned
   table = (experiment.markdown_table(HEADERS, table_rows(families, runs,
                                                          base)) + "\n\n"
            + selection.search_section(searched, chosen, LABELS, lrs))
+  if check:
+    acc, carved = check
+    table += selection.length_section(
+        {n: {f: 100 * a for f, a in at.items()} for n, at in acc.items()},
+        100 * carved[LENGTH_BAR], "the pixels' linear classifier on these "
+        "images", families, steps, LABELS, best_above=True,
+        fmt="{:.2f}".format)
   text = selection.notes(
       "image of the CIFAR-10 training TSV", split, steps, seeds,
       len(selection.settings(steps, lrs)), "all 10,000 test images",

@@ -464,6 +464,32 @@ def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
   return out
 
 
+def accuracy_length_check(exp, prefix: str, tuned: tuple, models, lengths,
+                          steps: int, train: Callable[[str, dict, int, str],
+                                                      dict],
+                          baseline: Callable[[], dict], bar: str
+                          ) -> tuple[dict, dict]:
+  """``({length: {model: validation accuracy}}, baselines)``: the length
+  check (``length_check``) of a study whose runs record ``eval.accuracy``
+  on the carved validation part, judged by its rule's bar, the trivial
+  baseline ``baseline()[bar]`` scored on those examples (recorded under
+  ``{prefix}carved_validation/seed=SEED``). ``tuned``: ``(split, searched,
+  chosen, ...)`` of the study's search; ``train(model, setting, steps,
+  key)``: a selection run's record. The length the rule picks (the
+  shortest at which the best of ``models`` is above the bar) is recorded
+  (``record_length``)."""
+  split, searched, chosen = tuned[:3]
+  tag = split_tag(split)
+  base = exp.baseline(f"{prefix}carved_validation/seed={SEED}", baseline,
+                      tag=tag)
+  chosen = {m: chosen[m] for m in models if m in chosen}
+  acc = length_check(exp, prefix, searched, chosen, lengths, steps, train,
+                     lambda r: r["eval"]["accuracy"], higher=True, tag=tag)
+  record_length(exp, prefix, steps, shortest_length(
+      acc, base[bar], models, best_above=True), acc, chosen, tag)
+  return acc, base
+
+
 def length_note(checked: bool, tuned: bool) -> str:
   """How a budget note says whether its training length was checked on the
   carved split (``length_confirmed``): in this (``tuned``) table's last
