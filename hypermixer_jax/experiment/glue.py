@@ -360,16 +360,11 @@ def budget_check(exp: experiment.Experiment, prefix: str, tuned: tuple,
   Bayes and the majority class on those examples. ``config(mixer, seed,
   steps)``: the untuned run config. The length the rule picks (the best
   model above Naive Bayes) is recorded (``selection.record_length``)."""
-  split = tuned[0]
-
-  def run(mixer, setting, n, key):
-    c = carved_config(config(mixer, selection.SEED, n), split, setting,
-                      select=True)
-    return selection.lean(run_cell(exp, c, key))
   return selection.accuracy_length_check(
-      exp, prefix, tuned, mixers, lengths, steps, run,
+      exp, prefix, tuned, mixers, lengths, steps, config, carved_config,
+      run_cell,
       lambda: bag_of_words_baselines(carved_config(
-          config(mixers[0], selection.SEED, steps), split, select=True)),
+          config(mixers[0], selection.SEED, steps), tuned[0], select=True)),
       LENGTH_BAR)
 
 

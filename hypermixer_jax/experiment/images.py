@@ -241,14 +241,9 @@ def budget_check(exp, prefix: str, tuned: tuple, families, lengths,
   scored on those images. ``config(family, seed, steps)``: the untuned run
   config."""
   split = tuned[0]
-
-  def train(family, setting, n, key):
-    c = carved_config(config(family, selection.SEED, n), split, setting,
-                      select=True)
-    return selection.lean(run(exp, c, key))
   return selection.accuracy_length_check(
-      exp, prefix, tuned, families, lengths, steps, train,
-      lambda: pixel_baselines({**tsvs, "train": split["train"]["path"],
+      exp, prefix, tuned, families, lengths, steps, config, carved_config,
+      run, lambda: pixel_baselines({**tsvs, "train": split["train"]["path"],
                                "test": split["validation"]["path"]},
                               archive), LENGTH_BAR)
 

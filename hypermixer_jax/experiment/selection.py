@@ -465,8 +465,7 @@ def length_check(exp, prefix: str, searched: dict, chosen: dict, lengths,
 
 
 def accuracy_length_check(exp, prefix: str, tuned: tuple, models, lengths,
-                          steps: int, train: Callable[[str, dict, int, str],
-                                                      dict],
+                          steps: int, config, carve, run,
                           baseline: Callable[[], dict], bar: str
                           ) -> tuple[dict, dict]:
   """``({length: {model: validation accuracy}}, baselines)``: the length
@@ -474,12 +473,18 @@ def accuracy_length_check(exp, prefix: str, tuned: tuple, models, lengths,
   on the carved validation part, judged by its rule's bar, the trivial
   baseline ``baseline()[bar]`` scored on those examples (recorded under
   ``{prefix}carved_validation/seed=SEED``). ``tuned``: ``(split, searched,
-  chosen, ...)`` of the study's search; ``train(model, setting, steps,
-  key)``: a selection run's record. The length the rule picks (the
+  chosen, ...)`` of the study's search. A run: ``config(model, SEED,
+  steps)`` (the untuned run config) made a selection run by ``carve(c,
+  split, setting, select=True)`` (the study's ``carved_config``), trained
+  and recorded by ``run(exp, c, key)``. The length the rule picks (the
   shortest at which the best of ``models`` is above the bar) is recorded
   (``record_length``)."""
   split, searched, chosen = tuned[:3]
   tag = split_tag(split)
+
+  def train(model, setting, n, key):
+    c = carve(config(model, SEED, n), split, setting, select=True)
+    return lean(run(exp, c, key))
   base = exp.baseline(f"{prefix}carved_validation/seed={SEED}", baseline,
                       tag=tag)
   chosen = {m: chosen[m] for m in models if m in chosen}
