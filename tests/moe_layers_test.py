@@ -111,6 +111,37 @@ def test_tmoe_expert_parallel_equals_dense_reference(router, cf):
   np.testing.assert_allclose(y_dense[1, 9:], 0.0, atol=1e-7)
 
 
+def test_gshard_random_routing_in_training_only():
+  x, _, seg = _inputs()
+  kw = dict(router="gshard", capacity_factor=4.0)
+  rand = MoeFeedForward(E, F, second_expert_policy="random", **kw)
+  every = MoeFeedForward(E, F, **kw)
+  params = nn.unbox(rand.init(jax.random.key(2), x)["params"])
+
+  def fwd(layer, key, deterministic):
+    return jax.jit(lambda p, x: layer.apply(
+        {"params": p}, x, segment_ids=seg, deterministic=deterministic,
+        rngs={"dropout": key}, mutable=COLLECTIONS))(params, x)
+  # At inference every second choice asks: the same outputs as 'all'.
+  np.testing.assert_allclose(fwd(rand, jax.random.key(0), True)[0],
+                             fwd(every, jax.random.key(0), True)[0],
+                             rtol=1e-6, atol=1e-7)
+  y0, aux0 = fwd(rand, jax.random.key(0), False)
+  y1, _ = fwd(rand, jax.random.key(1), False)
+  y_all, _ = fwd(every, jax.random.key(0), False)
+  # In training the draws change which second experts run (no slot is
+  # short at cf = 4, so nothing else differs).
+  assert not np.allclose(y0, y1) and not np.allclose(y0, y_all)
+  assert float(aux0["moe_metrics"]["dropped_fraction"][0]) == 0.0
+  # Expert parallelism draws the same routes.
+  with jax.set_mesh(_mesh()), nn.logical_axis_rules(RULES):
+    y_ep, _ = fwd(rand, jax.random.key(0), False)
+  np.testing.assert_allclose(y_ep, y0, rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match="second_expert_policy='sample'"):
+    MoeFeedForward(E, F, router="gshard", second_expert_policy="sample").init(
+        jax.random.key(0), x)
+
+
 def test_tmoe_gradients_expert_parallel_equal_dense():
   x, ids, seg = _inputs()
   layer = MoeFeedForward(E, F, router="switch", capacity_factor=1.0)

@@ -15,8 +15,9 @@ def _softmax(x):
   return np.exp(x) / np.exp(x).sum(-1, keepdims=True)
 
 
-def _np_top_k(logits, k, cap, mask, normalize, priority="choice"):
-  """Reference: a loop over choices and tokens in slot-priority order."""
+def _np_top_k(logits, k, cap, mask, normalize, priority="choice", draw=None):
+  """Reference: a loop over choices and tokens in slot-priority order
+  (``draw``: GShard's random routing, second choice asked where 2 g2 > u)."""
   s, e = logits.shape
   probs = _softmax(logits.astype(np.float64))
   order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
@@ -30,7 +31,8 @@ def _np_top_k(logits, k, cap, mask, normalize, priority="choice"):
   if priority == "token":
     pairs = sorted(pairs, key=lambda it: (it[1], it[0]))
   for i, t in pairs:
-    if not mask[t]:
+    if not mask[t] or (draw is not None and i == 1
+                       and not 2 * gates[t, 1] > draw[t]):
       continue
     ex = order[t, i]
     if count[ex] < cap:
@@ -135,6 +137,51 @@ def test_top_k_route_matches_numpy_loop(k, normalize, priority):
   assert want_d.sum(0).max() <= 1 and want_d.sum(2).max() <= 1
 
 
+@pytest.mark.parametrize("priority", ["choice", "token"])
+def test_gshard_random_routing_matches_numpy_loop(priority):
+  rng = np.random.RandomState(7)
+  s, e, cap = 17, 4, 5
+  logits = (rng.randn(s, e) * 1.5).astype(np.float32)
+  mask = rng.rand(s) > 0.15
+  draw = rng.rand(s).astype(np.float32)
+  routes, aux = jax.jit(
+      lambda l, m, u: routers.top_k_route(
+          l, k=2, capacity=cap, mask=m, priority=priority,
+          second_draw=u))(logits, mask, draw)
+  dispatch, combine = _dense_jit(routes, e, cap)
+  want_d, want_c = _np_top_k(logits, 2, cap, mask, True, priority, draw)
+  np.testing.assert_array_equal(dispatch, want_d)
+  np.testing.assert_allclose(combine, want_c, rtol=1e-5, atol=1e-7)
+  # Some second choices were not drawn (else the case tests nothing); they
+  # count as neither used nor dropped.
+  probs = _softmax(logits.astype(np.float64))
+  top2 = np.sort(probs, -1)[:, ::-1][:, :2]
+  asked = mask & (2 * top2[:, 1] / top2.sum(-1) > draw)
+  assert 0 < asked.sum() < mask.sum()
+  wanted = mask.sum() + asked.sum()
+  np.testing.assert_allclose(aux["dropped_fraction"],
+                             1 - want_d.sum() / wanted, rtol=1e-5)
+  np.testing.assert_allclose(aux["expert_usage"],
+                             want_d.sum((0, 2)) / wanted, rtol=1e-5)
+
+
+def test_gshard_random_routing_asks_with_probability_twice_the_gate():
+  # A token whose normalised second gate is g2 asks for its second expert
+  # with probability 2 g2: over 4,000 draws, within 4.5 binomial SEs.
+  g2 = np.array([0.05, 0.2, 0.35, 0.5 - 1e-4])
+  logits = np.log(np.stack([1 - g2, g2, np.full_like(g2, 1e-9)], -1))
+  n = 4000
+  draws = jax.random.uniform(jax.random.key(0), (n, len(g2)))
+  route = jax.jit(jax.vmap(lambda u: routers.top_k_route(
+      jnp.asarray(logits, jnp.float32), k=2, capacity=8, second_draw=u)[0]))
+  rate = np.asarray(route(draws).keep[:, :, 1]).mean(0)
+  se = np.sqrt(2 * g2 * (1 - 2 * g2) / n) + 1e-3
+  np.testing.assert_array_less(np.abs(rate - 2 * g2), 4.5 * se)
+  with pytest.raises(ValueError, match="k=2 with normalize_gates=True"):
+    routers.top_k_route(jnp.zeros((4, 3)), k=1, capacity=4,
+                        second_draw=jnp.zeros((4,)))
+
+
 @pytest.mark.parametrize("s,e", [(12, 3), (40, 4), (64, 8), (640, 8)])
 def test_balanced_assignment_exact_loads_and_optimal(s, e):
   rng = np.random.RandomState(s)
@@ -213,6 +260,31 @@ def test_base_route_train_balanced_and_inference_greedy():
       want[t, ex, count[ex]] = 1
     count[ex] += 1
   np.testing.assert_array_equal(dispatch, want)
+
+
+def test_base_route_padding_does_not_compete_in_training():
+  # 8 real tokens that all prefer expert 0 and 8 padding tokens whose
+  # logits (whatever the router makes of the pad embedding) prefer it even
+  # more: the real tokens must still get the optimum of their own problem,
+  # at most S / E = 4 of them per expert (Hungarian method, SciPy).
+  rng = np.random.RandomState(11)
+  s, e = 16, 4
+  logits = rng.randn(s, e).astype(np.float32)
+  logits[:, 0] += 2.0
+  real = np.arange(s) % 2 == 0
+  logits[~real, 0] += 20.0
+  routes, _ = jax.jit(lambda l, m: routers.base_route(
+      l, train=True, mask=m, epsilon=1e-5, max_iters=100_000))(
+          jnp.asarray(logits), jnp.asarray(real))
+  got = np.asarray(routes.expert[:, 0])
+  assert not np.asarray(routes.keep)[~real].any()
+  np.testing.assert_array_equal(np.bincount(got, minlength=e), [4] * e)
+  sub = logits[real]
+  rows, cols = linear_sum_assignment(-np.repeat(sub, s // e, axis=1))
+  opt = np.repeat(sub, s // e, axis=1)[rows, cols].sum()
+  total = sub[np.arange(len(sub)), got[real]].sum()
+  np.testing.assert_allclose(total, opt, atol=s * 1e-5 + 1e-4)
+  assert np.bincount(got[real], minlength=e)[0] == 4     # expert 0 full
 
 
 @pytest.mark.parametrize("route", ["base", "switch", "hash"])

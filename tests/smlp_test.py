@@ -238,3 +238,27 @@ def test_partial_loss_weights_start_at_each_rows_own_prefix():
   det, det_cfg = _model(smoe_routing="deterministic")
   assert models.model_facts(det_cfg).loss_weights is None
   np.testing.assert_array_equal(det.loss_position_weights(weights), weights)
+
+
+def test_gshard_random_routing_reaches_the_tmoe():
+  # model.moe.second_expert_policy reaches the sparse blocks' tMoE: training
+  # draws differ by rng, inference equals the 'all' policy.
+  model, cfg = _model(0, tmoe_router="gshard", second_expert_policy="random",
+                      capacity_factor=4.0)
+  every, _ = _model(0, tmoe_router="gshard", capacity_factor=4.0)
+  tokens = jax.random.randint(jax.random.key(0), (2, cfg.max_len), 0,
+                              cfg.vocab_size)
+  params = model.init(jax.random.key(1), tokens)["params"]
+
+  def logits(m, key, deterministic):
+    return jax.jit(lambda p: m.apply(
+        {"params": p}, tokens, deterministic=deterministic,
+        rngs={"dropout": key}, mutable=COLLECTIONS)[0])(params)
+  np.testing.assert_allclose(logits(model, jax.random.key(2), True),
+                             logits(every, jax.random.key(2), True),
+                             rtol=1e-6, atol=1e-6)
+  assert not np.allclose(logits(model, jax.random.key(2), False),
+                         logits(model, jax.random.key(3), False))
+  np.testing.assert_allclose(logits(every, jax.random.key(2), False),
+                             logits(every, jax.random.key(3), False),
+                             rtol=1e-6, atol=1e-6)

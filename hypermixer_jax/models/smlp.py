@@ -131,6 +131,8 @@ class MoeOptions:
     capacity_factor, eval_capacity_factor: expert slots in training / at
       inference.
     jitter_noise: Switch's router-input noise in training.
+    second_expert_policy: GShard's second expert, 'all' or 'random' (the
+      paper's random routing; ``moe.tmoe.MoeFeedForward``).
     load_balancing_weight, z_loss_weight: the routers' sown losses.
     dispatch: how tokens (tMoE) and columns (partial sMoE) reach the expert
       slots: 'index' (gather / scatter) or 'einsum' (one-hot tensors).
@@ -143,6 +145,7 @@ class MoeOptions:
   capacity_factor: float = 1.25
   eval_capacity_factor: float = 2.0
   jitter_noise: float = 0.0
+  second_expert_policy: str = "all"
   load_balancing_weight: float = 1e-2
   z_loss_weight: float = 1e-3
   dispatch: str = "index"
@@ -221,6 +224,7 @@ class SparseBlock(nn.Module):
         capacity_factor=o.capacity_factor,
         eval_capacity_factor=o.eval_capacity_factor,
         jitter_noise=o.jitter_noise,
+        second_expert_policy=o.second_expert_policy,
         load_balancing_weight=o.load_balancing_weight,
         z_loss_weight=o.z_loss_weight, token_priority=True,
         dispatch=o.dispatch,

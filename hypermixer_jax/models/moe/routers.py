@@ -26,7 +26,8 @@ Routers (Yu et al. 2022, Sec. 2.2, and the papers they cite):
     argmax is e, P_e: mean router probability of e), router z-loss
     mean(logsumexp(x W_r)^2) (Zoph et al.), capacity factor.
   * GShard (Lepikhin et al.): top-2, gates renormalised over the two, the
-    second choices fill the slots left by all first choices.
+    second choices fill the slots left by all first choices; optionally its
+    random routing (the second expert asked for with probability 2 g2).
   * Base Layers (Lewis et al.): a balanced assignment (every expert exactly
     S / E tokens) by an auction (Bertsekas), gate sigmoid(x . w_e); greedy
     top-1 at inference.
@@ -131,14 +132,18 @@ def dense(routes: Routes, num_experts: int, capacity: int):
 
 
 def _stats(probs: Array | None, routes: Routes, num_experts: int,
-           real: Array) -> dict:
+           real: Array, wanted: Array | None = None) -> dict:
+  """``wanted``: [S, k] the choices that asked for a slot (default: all k of
+  every real token); usage and drops are shares of them."""
   n_real = jnp.maximum(jnp.sum(real), 1.0)
   k = routes.expert.shape[1]
+  n_wanted = (k * n_real if wanted is None
+              else jnp.maximum(jnp.sum(wanted * real[:, None]), 1.0))
   processed = jnp.sum(jax.nn.one_hot(routes.expert, num_experts)
                       * routes.keep[..., None], axis=(0, 1))      # [E]
   out = {
-      "expert_usage": processed / (k * n_real),
-      "dropped_fraction": 1.0 - jnp.sum(processed) / (k * n_real),
+      "expert_usage": processed / n_wanted,
+      "dropped_fraction": 1.0 - jnp.sum(processed) / n_wanted,
   }
   if probs is not None:
     top = jnp.max(probs, axis=-1)
@@ -180,7 +185,7 @@ def router_z_loss(logits: Array, real: Array) -> Array:
 
 def top_k_route(logits: Array, *, k: int, capacity: int,
                 mask: Array | None = None, normalize_gates: bool = True,
-                priority: str = "choice"):
+                priority: str = "choice", second_draw: Array | None = None):
   """Top-k routing with capacity (GShard for k=2).
 
   Args:
@@ -195,12 +200,21 @@ def top_k_route(logits: Array, *, k: int, capacity: int,
       dropped because of a LATER token's first choice (not causal);
       'token': all choices of token s before those of token s+1 (causal).
       Identical for k = 1.
+    second_draw: [S] uniform(0, 1) draws for GShard's random routing (k = 2,
+      normalised gates): token s asks for its second expert only where
+      ``2 * g2 > draw``, i.e. with probability 2 g2 <= 1, so a second choice
+      with a small gate mostly frees its slot. None: every second choice asks.
   Returns:
-    (``Routes`` [S, k], aux).
+    (``Routes`` [S, k], aux). A second choice that was not drawn is not kept
+    and counts as neither used nor dropped in the statistics.
   """
   if priority not in ("choice", "token"):
     raise ValueError(f"top_k_route: priority={priority!r}, expected 'choice' "
                      "or 'token'.")
+  if second_draw is not None and (k != 2 or not normalize_gates):
+    raise ValueError(
+        f"top_k_route: second_draw (GShard's random routing) needs k=2 with "
+        f"normalize_gates=True, got k={k}, normalize_gates={normalize_gates}.")
   s, e = logits.shape
   logits = logits.astype(jnp.float32)
   real = _real(mask, s)
@@ -208,7 +222,14 @@ def top_k_route(logits: Array, *, k: int, capacity: int,
   gates, experts = jax.lax.top_k(probs, k)                        # [S, k]
   if normalize_gates and k > 1:
     gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
+  wanted = None
+  if second_draw is not None:
+    wanted = jnp.stack([jnp.ones((s,), jnp.float32),
+                        (2.0 * gates[:, 1] > second_draw).astype(jnp.float32)],
+                       axis=-1)                                   # [S, 2]
   choice = jax.nn.one_hot(experts, e) * real[:, None, None]       # [S, k, E]
+  if wanted is not None:
+    choice = choice * wanted[..., None]
   if priority == "choice":
     choice = jnp.swapaxes(choice, 0, 1)                           # [k, S, E]
   keep, slot, _ = _slots(choice.reshape(-1, e), jnp.zeros((e,), jnp.float32),
@@ -220,7 +241,7 @@ def top_k_route(logits: Array, *, k: int, capacity: int,
   top1 = jax.nn.one_hot(experts[:, 0], e)
   aux = {"load_balancing_loss": load_balancing_loss(probs, top1, real),
          "z_loss": router_z_loss(logits, real)}
-  aux.update(_stats(probs, routes, e, real))
+  aux.update(_stats(probs, routes, e, real, wanted))
   return routes, aux
 
 
@@ -373,7 +394,10 @@ def base_route(logits: Array, *, train: bool, capacity: int | None = None,
   """Base Layers routing; gate = sigmoid(logit of the chosen expert).
 
   Training: ``balanced_assignment`` of all S tokens (padding included, so the
-  loads stay exactly S / E; padding slots are then left empty). Inference:
+  loads stay exactly S / E; padding slots are then left empty). Padding
+  scores 0 for every expert: indifferent, it takes the slots the real tokens
+  leave, so the real tokens get the best assignment with at most S / E of
+  them per expert, whatever the router makes of the padding. Inference:
   greedy top-1 with ``capacity`` slots in token order, filled by the real
   tokens only.
   """
@@ -382,7 +406,8 @@ def base_route(logits: Array, *, train: bool, capacity: int | None = None,
   real = _real(mask, s)
   if train:
     capacity = s // e
-    expert = balanced_assignment(logits, epsilon=epsilon, max_iters=max_iters)
+    expert = balanced_assignment(jnp.where(real[:, None] > 0, logits, 0.0),
+                                 epsilon=epsilon, max_iters=max_iters)
   else:
     if capacity is None:
       raise ValueError("base_route: inference routing needs a capacity.")

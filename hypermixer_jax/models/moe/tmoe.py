@@ -44,6 +44,7 @@ from hypermixer_jax.models.moe import routers
 Array = common.Array
 EXPERT_AXIS = "expert"          # mesh axis of the experts
 ROUTERS = ("switch", "gshard", "base", "hash")
+SECOND_EXPERT_POLICIES = ("all", "random")
 DISPATCHES = ("index", "einsum")
 
 
@@ -231,6 +232,10 @@ class MoeFeedForward(nn.Module):
     token_priority: GShard fills slots token by token (both choices of a
       token before the next token), which keeps top-2 causal; the default
       is GShard's choice-major priority.
+    second_expert_policy: GShard's second expert: 'all' (every token asks
+      for it, as flaxformer's top-2 routers) or 'random' (the GShard paper's
+      random routing: asked for with probability 2 g2 in training, drawn
+      from the 'dropout' rng; every second choice asks at inference).
     vocab_size, hash_seed: the Hash router's table (call with ``token_ids``).
     auction_epsilon, auction_max_iters: Base Layers' assignment solver.
     dropout_rate: dropout on the layer's output.
@@ -247,6 +252,7 @@ class MoeFeedForward(nn.Module):
   load_balancing_weight: float = 1e-2
   z_loss_weight: float = 1e-3
   token_priority: bool = False
+  second_expert_policy: str = "all"
   vocab_size: int | None = None
   hash_seed: int = 0
   auction_epsilon: float | None = None
@@ -263,10 +269,14 @@ class MoeFeedForward(nn.Module):
     cf = self.eval_capacity_factor if deterministic else self.capacity_factor
     cap = routers.expert_capacity(n, e, cf, k)
     if self.router in ("switch", "gshard"):
-      fn = lambda l, m: routers.top_k_route(
+      draw = None
+      if k == 2 and self.second_expert_policy == "random" and not deterministic:
+        draw = jax.random.uniform(self.make_rng("dropout"), mask.shape)
+      fn = lambda l, m, u: routers.top_k_route(
           l, k=k, capacity=cap, mask=m, normalize_gates=k > 1,
-          priority="token" if self.token_priority else "choice")
-      return route_groups(fn, logits, mask) + (cap,)
+          priority="token" if self.token_priority else "choice",
+          second_draw=u)
+      return route_groups(fn, logits, mask, draw) + (cap,)
     if self.router == "base":
       fn = lambda l, m: routers.base_route(
           l, train=not deterministic, capacity=cap, mask=m,
@@ -291,6 +301,10 @@ class MoeFeedForward(nn.Module):
     if self.router not in ROUTERS:
       raise ValueError(f"MoeFeedForward: router={self.router!r}, expected "
                        f"one of {ROUTERS}.")
+    if self.second_expert_policy not in SECOND_EXPERT_POLICIES:
+      raise ValueError(
+          f"MoeFeedForward: second_expert_policy={self.second_expert_policy!r}"
+          f", expected one of {SECOND_EXPERT_POLICIES}.")
     check_dispatch(self.dispatch, "MoeFeedForward")
     common.check_width(x, None, "MoeFeedForward")
     b, n, d = x.shape
