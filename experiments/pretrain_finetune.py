@@ -67,6 +67,7 @@ from hypermixer_jax.experiment.pretraining import settings_of
 from hypermixer_jax.experiment.pretraining import SMALL
 from hypermixer_jax.experiment.pretraining import WARMUP
 from hypermixer_jax.experiment.pretraining import warmup_key
+from hypermixer_jax.train import run_config
 
 MODELS = ("hypermixer", "attention", "gmlp")
 # SST-2 at --fractions of its labels, then a pair task at all of its own.
@@ -118,11 +119,13 @@ class _Grid:
         cfg, exp.workdir(key)))
 
   def encoder(self, mixer: str, seed: int) -> tuple[str, dict]:
-    """The pretrained encoder's workdir, and (when its checkpoint was not
-    kept: runs/ is not committed) the perplexity of pretraining it again
-    with the same config and seed, beside the recorded one."""
+    """The pretrained encoder's workdir, and (when its last step is not
+    there: runs/ is not committed, or a stopped process saved an earlier
+    step) the perplexity of pretraining it again with the same config and
+    seed (resuming the step that is there), beside the recorded one."""
     workdir, recorded = self.pretrain(mixer, seed)
-    if pathlib.Path(workdir, "checkpoints").is_dir():
+    steps = run_config.checkpoint_steps(workdir)
+    if steps and steps[-1] >= self.args.pretrain_steps:
       return workdir, {}
     again = experiment.train(pretrain_config(
         mixer, self.shared, self.vocab, seed=seed,

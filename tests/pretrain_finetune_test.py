@@ -185,9 +185,10 @@ def _fake_grid(shared_data, out, monkeypatch):
   calls = []
 
   def train(config, workdir):
-    if config.get("init_checkpoint"):
-      assert pathlib.Path(config.init_checkpoint, "checkpoints").is_dir()
-    (pathlib.Path(workdir) / "checkpoints").mkdir(parents=True)
+    if config.get("init_checkpoint"):   # its last step (--pretrain_steps)
+      assert pathlib.Path(config.init_checkpoint, "checkpoints", "3").is_dir()
+    (pathlib.Path(workdir) / "checkpoints" / str(config.num_train_steps)
+     ).mkdir(parents=True, exist_ok=True)
     calls.append((pathlib.Path(workdir).relative_to(out).as_posix(),
                   config.learning_rate))
     acc = ACC.get(config.learning_rate, 0.7)
@@ -337,6 +338,15 @@ def test_a_recorded_encoder_without_checkpoint_is_pretrained_again(
       "p3_f2/model=gmlp/fraction=1/arm=pretrained/lr=0.0003/seed=0"]
   assert run["pretrain_again_perplexity"] == 40.0
   assert run["pretrain_recorded_perplexity"] == 40.0
+  # A pretraining whose process was stopped (a preemption save at step 1
+  # of 3) is no encoder: it is trained on (resumed in its workdir) before
+  # any fine-tuning reads it.
+  shutil.rmtree(out / PRE.format(100))
+  (out / PRE.format(100) / "checkpoints" / "1").mkdir(parents=True)
+  calls.clear()
+  main("--seeds=0", "--lrs=0.001,0.0003,0.003", "--arms=pretrained")
+  assert calls[:2] == [(PRE.format(100), pf.SMALL["pretrain_lr"]),
+                       (SEL.format("pretrained", "0.003"), 3e-3)]
 
 
 def test_arms_split_between_processes(shared_data, tmp_path, monkeypatch):
