@@ -119,13 +119,10 @@ class _Grid:
         cfg, exp.workdir(key)))
 
   def encoder(self, mixer: str, seed: int) -> tuple[str, dict]:
-    """The pretrained encoder's workdir, and (when its last step is not
-    there: runs/ is not committed, or a stopped process saved an earlier
-    step) the perplexity of pretraining it again with the same config and
-    seed (resuming the step that is there), beside the recorded one."""
+    """(workdir, {}); a run without its last step (not kept, cut short) is
+    pretrained again or resumed: the dict has both held-out perplexities."""
     workdir, recorded = self.pretrain(mixer, seed)
-    steps = run_config.checkpoint_steps(workdir)
-    if steps and steps[-1] >= self.args.pretrain_steps:
+    if run_config.checkpoint_steps(workdir)[-1:] == [self.args.pretrain_steps]:
       return workdir, {}
     again = experiment.train(pretrain_config(
         mixer, self.shared, self.vocab, seed=seed,
