@@ -140,6 +140,10 @@ def test_gshard_random_routing_in_training_only():
   with pytest.raises(ValueError, match="second_expert_policy='sample'"):
     MoeFeedForward(E, F, router="gshard", second_expert_policy="sample").init(
         jax.random.key(0), x)
+  with pytest.raises(ValueError, match="router='switch' has one expert a "
+                     "token: leave it at 'all'"):
+    MoeFeedForward(E, F, router="switch", second_expert_policy="random").init(
+        jax.random.key(0), x)
 
 
 def test_tmoe_gradients_expert_parallel_equal_dense():

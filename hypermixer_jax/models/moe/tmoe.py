@@ -305,6 +305,11 @@ class MoeFeedForward(nn.Module):
       raise ValueError(
           f"MoeFeedForward: second_expert_policy={self.second_expert_policy!r}"
           f", expected one of {SECOND_EXPERT_POLICIES}.")
+    if self.second_expert_policy != "all" and self.router != "gshard":
+      raise ValueError(
+          f"MoeFeedForward: second_expert_policy="
+          f"{self.second_expert_policy!r} is GShard's (top-2); router="
+          f"{self.router!r} has one expert a token: leave it at 'all'.")
     check_dispatch(self.dispatch, "MoeFeedForward")
     common.check_width(x, None, "MoeFeedForward")
     b, n, d = x.shape
