@@ -270,7 +270,7 @@ class MoeFeedForward(nn.Module):
     cap = routers.expert_capacity(n, e, cf, k)
     if self.router in ("switch", "gshard"):
       draw = None
-      if k == 2 and self.second_expert_policy == "random" and not deterministic:
+      if self.second_expert_policy == "random" and not deterministic:
         draw = jax.random.uniform(self.make_rng("dropout"), mask.shape)
       fn = lambda l, m, u: routers.top_k_route(
           l, k=k, capacity=cap, mask=m, normalize_gates=k > 1,
