@@ -39,10 +39,8 @@ against the same model trained from scratch with the same fine-tuning budget.
       --out=experiments/results/pretrain_finetune
 
 Two processes on one ``--out`` can split the work (``--arms``). Writes
-``results.json``, ``table.md`` and ``pretrain_finetune.png`` (dev accuracy
-against fine-tuning step) into ``--out``. At paper scale the same pair of
-commands is the README's fine-tuning recipe (``configs/c4_mlm.py``, then
-``configs/glue.py:TASK,MIXER,finetune``).
+``results.json``, ``table.md`` and ``pretrain_finetune.png`` into ``--out``.
+At paper scale: configs/c4_mlm.py, then configs/glue.py:TASK,MIXER,finetune.
 """
 from __future__ import annotations
 
@@ -62,6 +60,7 @@ from hypermixer_jax.experiment.pretraining import nb_key
 from hypermixer_jax.experiment.pretraining import pretrain_config
 from hypermixer_jax.experiment.pretraining import probe_encoders
 from hypermixer_jax.experiment.pretraining import report
+from hypermixer_jax.experiment.pretraining import search_grid
 from hypermixer_jax.experiment.pretraining import selection_config
 from hypermixer_jax.experiment.pretraining import settings_of
 from hypermixer_jax.experiment.pretraining import SMALL
@@ -87,6 +86,9 @@ def _parser():
                  help="fine-tuning learning rates searched on the carved "
                  "validation split")
   p.add_argument("--warmup_shares", default="0.1", help="tried with each lr")
+  p.add_argument("--pair_grid", default="", help="LRS/SHARES: the pair "
+                 "task's own search (e.g. 3e-4,1e-3/0.1); default: --lrs x "
+                 "--warmup_shares")
   p.add_argument("--arms", default=",".join(ARMS),
                  help="the arms this process trains (each arm chooses its "
                  "own learning rate, so two processes can take one each); "
@@ -233,12 +235,10 @@ def main() -> None:
   cells = _Grid(exp, args, shared, vocab, trained)
   chosen, keys = {}, {}
   settings = settings_of(tasks, experiment.split(args.fractions, float))
+  grids = {task: search_grid(args, task) for task in tasks}
   for mixer in models:
     for setting in settings:
-      cells.setting(mixer, setting, [
-          (lr, w) for lr in experiment.split(args.lrs, float)
-          for w in experiment.split(args.warmup_shares, float)], seeds,
-                    chosen, keys)
+      cells.setting(mixer, setting, grids[setting[0]], seeds, chosen, keys)
     # Linear probes of the pretrained encoders (the SST-2 settings).
     for seed in (seeds if "pretrained" in trained else []):
       for fraction in (f for t, f in settings if t == "sst2"):

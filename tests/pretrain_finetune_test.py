@@ -153,7 +153,7 @@ def test_report_rows_of_run_and_unrun_settings(tmp_path):
     exp.runs[f"probe/s30/model=gmlp/fraction=1/seed={s}"] = {
         "random": fresh, "pretrained": pre, "dev_rows": 872}
   args = argparse.Namespace(pretrain_steps=30, finetune_steps=10,
-                            lrs="1e-3")
+                            lrs="1e-3", warmup_shares="0.1", pair_grid="")
   pretraining.report(exp, args, ["gmlp"], settings, [0, 1], chosen, keys)
   rows = [[c.strip() for c in line.split("|")[1:-1]]
           for line in (tmp_path / "table.md").read_text().splitlines()
@@ -312,6 +312,35 @@ def test_warm_up_shares_widen_the_search_and_keep_the_recorded_keys(
   assert runs[share.format("scratch", "0.001")[5:]]["warmup_steps"] == 1
   assert runs[SEL.format("scratch", "0.001")[5:]]["warmup_steps"] == 1
   assert "| 0.0003, warm-up 50% / searching |" in (out / "table.md").read_text()
+
+
+def test_pair_grid_gives_the_pair_task_its_own_search(
+    shared_data, tmp_path, monkeypatch):
+  # SST-2 searches --lrs x --warmup_shares; the pair task --pair_grid
+  # (its recorded, smaller search), and the table's note names both.
+  args = argparse.Namespace(lrs="1e-3,3e-4", warmup_shares="0.02,0.1",
+                            pair_grid="1e-3/0.1")
+  assert pretraining.search_grid(args, "sst2") == [
+      (1e-3, 0.02), (1e-3, 0.1), (3e-4, 0.02), (3e-4, 0.1)]
+  assert pretraining.search_grid(args, "snli") == [(1e-3, 0.1)]
+  args.pair_grid = ""
+  assert pretraining.search_grid(args, "snli") == pretraining.search_grid(
+      args, "sst2")
+  args.pair_grid = "1e-3"
+  with pytest.raises(SystemExit, match=r"--pair_grid='1e-3': give "
+                     r"LRS/SHARES, e\.g\. --pair_grid=3e-4,1e-3/0\.1\."):
+    pretraining.search_grid(args, "snli")
+  out = tmp_path / "out"
+  calls, main = _fake_grid(shared_data, out, monkeypatch)
+  main("--seeds=0", "--tasks=sst2,snli", "--lrs=0.001,0.0003",
+       "--pair_grid=0.001/0.1", "--arms=scratch")
+  pair = SEL.replace("task=sst2", "task=snli")
+  assert [c for c, _ in calls if "select/" in c] == [
+      SEL.format("scratch", "0.001"), SEL.format("scratch", "0.0003"),
+      pair.format("scratch", "0.001")]
+  assert ("best of lr 0.001,0.0003 x warm-up share 0.1 (a pair task: lr "
+          "0.001 x warm-up share 0.1) on a validation split"
+          in (out / "table.md").read_text())
 
 
 def test_a_recorded_encoder_without_checkpoint_is_pretrained_again(

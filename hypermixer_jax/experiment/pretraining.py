@@ -214,6 +214,27 @@ def probe_encoders(config: ml_collections.ConfigDict, pretrained: str,
   return out
 
 
+def search_grid(args, task: str) -> list[tuple[float, float]]:
+  """The (learning rate, warm-up share) pairs each arm of a ``task``
+  setting searches: ``--lrs`` x ``--warmup_shares``, or for a pair task
+  ``--pair_grid`` ('LRS/SHARES') where given."""
+  lrs, shares = args.lrs, args.warmup_shares
+  if task != "sst2" and args.pair_grid:
+    lrs, _, shares = args.pair_grid.partition("/")
+    if not (lrs and shares):
+      raise SystemExit(f"pretrain_finetune: --pair_grid={args.pair_grid!r}: "
+                       "give LRS/SHARES, e.g. --pair_grid=3e-4,1e-3/0.1.")
+  return [(lr, w) for lr in experiment.split(lrs, float)
+          for w in experiment.split(shares, float)]
+
+
+def _grid_note(args) -> str:
+  grid = lambda lrs, shares: f"lr {lrs} x warm-up share {shares}"
+  pair = args.pair_grid.partition("/")
+  return grid(args.lrs, args.warmup_shares) + (
+      f" (a pair task: {grid(pair[0], pair[2])})" if args.pair_grid else "")
+
+
 def settings_of(tasks: list[str], fractions: list[float]
                 ) -> list[tuple[str, float]]:
   """(task, fraction of its labels) pairs: SST-2 at each fraction, a pair
@@ -307,7 +328,8 @@ def _notes(args, seeds, bases) -> str:
       "part of nli_splits' fixed cut of its dev file (trained on the 80% "
       "part). Both arms: the same model, vocabulary, "
       f"batches of 64 and {args.finetune_steps} steps in each setting. "
-      f"Learning rate: each arm's best of {args.lrs} on a validation split "
+      f"Learning rate: each arm's best of {_grid_note(args)} on a "
+      "validation split "
       f"carved from the setting's train file (every "
       f"{selection.VALIDATION_EVERY}th SST-2 sentence with all its "
       f"phrases, every "
