@@ -52,6 +52,7 @@ from hypermixer_jax.experiment import mlm
 from hypermixer_jax.experiment import nli
 from hypermixer_jax.experiment import selection
 # pylint: disable=g-importing-member
+from hypermixer_jax.experiment.pretraining import ARMS
 from hypermixer_jax.experiment.pretraining import carve_setting
 from hypermixer_jax.experiment.pretraining import carved_search_run
 from hypermixer_jax.experiment.pretraining import choose_carved
@@ -61,6 +62,7 @@ from hypermixer_jax.experiment.pretraining import pretrain_config
 from hypermixer_jax.experiment.pretraining import probe_encoders
 from hypermixer_jax.experiment.pretraining import report
 from hypermixer_jax.experiment.pretraining import search_grid
+from hypermixer_jax.experiment.pretraining import select_key
 from hypermixer_jax.experiment.pretraining import selection_config
 from hypermixer_jax.experiment.pretraining import settings_of
 from hypermixer_jax.experiment.pretraining import SMALL
@@ -71,7 +73,6 @@ from hypermixer_jax.train import run_config
 MODELS = ("hypermixer", "attention", "gmlp")
 # SST-2 at --fractions of its labels, then a pair task at all of its own.
 TASKS = ("sst2", "snli")
-ARMS = ("scratch", "pretrained")
 
 
 def _parser():
@@ -181,9 +182,7 @@ class _Grid:
     ``selection.SEED``, carved split of the setting's train file), after
     running it when ``arm`` is trained here (``carved_search_run``)."""
     exp, seed = self.exp, selection.SEED
-    key = experiment.cell_key(f"select/{self.tag}", dict(
-        task=task, model=mixer, fraction=fraction, arm=arm, lr=lr,
-        **warmup_key(share), seed=seed))
+    key = select_key(self.tag, mixer, task, fraction, arm, lr, share)
     init = (exp.workdir(self.pretrain_key(mixer, seed))
             if arm == "pretrained" else "")
     cfg = self.config(mixer, task, fraction, lr, share, seed, init)

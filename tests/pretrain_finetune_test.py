@@ -255,6 +255,13 @@ def test_learning_rate_is_chosen_on_a_split_carved_from_train(
   assert seed["data"]["validation"].endswith("SST-2/dev.tsv")
   table = (out / "table.md").read_text()
   assert "| 0.0003 / searching |" in table
+  # The search itself, under the table: every setting's carved score, the
+  # choice marked, an arm not searched yet, and a choice at the grid's edge.
+  assert ("| model | lr 0.001, warm-up 10% | lr 0.0003, warm-up 10% |\n"
+          "| --- | --- | --- |\n| gMLP, scratch | 70.00 | 80.00 * |\n"
+          "| gMLP, pretrained | not run | not run |" in table)
+  assert ("the searched learning rates (a wider search may find a better "
+          "one): gMLP, scratch (lr 0.0003)." in table)
 
 
 def test_a_diverged_or_nan_search_run_is_never_chosen(

@@ -15,6 +15,8 @@ from hypermixer_jax.experiment import mlm
 from hypermixer_jax.experiment import nli
 from hypermixer_jax.experiment import selection
 
+# The two arms of every setting, each with its own search.
+ARMS = ("scratch", "pretrained")
 TASK_LABELS = {"sst2": "SST-2", "mnli": "MNLI-m", "snli": "SNLI",
                "qnli": "QNLI"}
 SMALL = dict(width=128, seq_len=64, batch_size=64, pretrain_steps=3000,
@@ -126,6 +128,14 @@ def carved_search_run(exp, key: str, split: dict, run, train: bool
   elif key in exp.runs and not carved_alike(exp.runs[key], split):
     return None
   return key
+
+
+def select_key(tag: str, mixer: str, task: str, fraction: float, arm: str,
+               lr: float, share: float) -> str:
+  """The key of a search's selection run (seed ``selection.SEED``)."""
+  return experiment.cell_key(f"select/{tag}", dict(
+      task=task, model=mixer, fraction=fraction, arm=arm, lr=lr,
+      **warmup_key(share), seed=selection.SEED))
 
 
 def choose_carved(runs: dict, search: dict, grid: list) -> tuple | None:
@@ -265,8 +275,38 @@ def report(exp, args, models, settings, seeds, chosen, keys) -> None:
           ["model", "task, labels", "scratch", "pretrained", "gain (points)",
            "pretraining helps", "lr scratch / pretrained", "Naive Bayes",
            "MLM ppl reached", "linear probe: random / pretrained encoder",
-           "TFLOPs pretrain / fine-tune"], rows), _notes(args, seeds, bases))
+           "TFLOPs pretrain / fine-tune"], rows),
+      _notes(args, seeds, bases) + "\n\n" + _search_sections(
+          exp.runs, args, models, settings, chosen))
   _plot(exp, models, settings, keys)
+
+
+def _search_sections(runs, args, models, settings, chosen) -> str:
+  """Each setting's searches: every arm's carved-validation accuracy at
+  each (lr, warm-up share) of its grid, the choice marked, and the arms
+  chosen at the edge of the searched rates."""
+  tag = f"p{args.pretrain_steps}_f{args.finetune_steps}"
+  out = []
+  for task, fraction in settings:
+    grid = search_grid(args, task)
+    searched, picks, labels = {}, {}, {}
+    for mixer, arm in ((m, a) for m in models for a in ARMS):
+      name = f"{mixer}/{arm}"
+      labels[name] = f"{glue.LABELS[mixer]}, {arm}"
+      searched[name] = [dict(runs[k], setting=dict(lr=lr, warmup_share=w))
+                        for (lr, w), k in (((lr, w), select_key(
+                            tag, mixer, task, fraction, arm, lr, w))
+                                            for lr, w in grid) if k in runs]
+      lr, w, how = chosen[mixer, (task, fraction), arm]
+      picks[name] = (dict(lr=lr, warmup_share=w) if how == "validation"
+                     else None)
+    out.append(f"**{setting_label(task, fraction)}**, selection runs "
+               f"(seed {selection.SEED}) on the carved split. "
+               + selection.search_section(
+                   searched, picks, labels,
+                   list(dict.fromkeys(lr for lr, _ in grid)),
+                   shares=list(dict.fromkeys(w for _, w in grid))))
+  return "\n\n".join(out)
 
 
 def _row(runs, bases, args, mixer, setting, seeds, chosen, keys) -> list:
