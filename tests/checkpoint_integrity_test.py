@@ -250,30 +250,39 @@ def test_verify_names_a_missing_process_position(run, tmp_path):
       "process 1 of 2)") in rows[0].what
 
 
-@pytest.mark.parametrize("content", [None, "null", "{}", '{"epoch": 0}'])
+@pytest.mark.parametrize("content", [None, "null", "{}", '{"epoch": 0}',
+                                     "altered"])
 def test_a_damaged_input_position_makes_its_step_damaged(run, tmp_path,
                                                          content, caplog):
-  # The only position file lost, or holding no position: the step does not
-  # resume where it stopped, so verify names it and training resumes from
-  # the older step (never from the start of the data, nor a config blame).
+  # The only position file lost, holding no position, or with one changed
+  # digit that still parses (its batch number): the step does not resume
+  # where it stopped, so verify names it and training resumes from the older
+  # step (never from the start of the data or another batch, nor a config
+  # blame).
   workdir = _copy(run, tmp_path)
   data = workdir / "checkpoints" / "8" / "data"
   [position] = [data / f for f in os.listdir(data)
                 if f.startswith("process_")]
+  text = position.read_text()
   if content is None:
     os.remove(position)
+  elif content == "altered":
+    assert '"batch": 8,' in text
+    position.write_text(text.replace('"batch": 8,', '"batch": 9,'))
   else:
     position.write_text(content)
   rows = verify.verify(workdir)
   assert [(r.step, r.status) for r in rows] == [("8", "damaged"), ("4", "ok")]
-  assert ("holds no input position" in rows[0].what
-          and "\n" not in rows[0].what), rows[0].what
-  if content != "{}":
+  why = ("differs from its sha256 digest" if content == "altered"
+         else "holds no input position")
+  assert why in rows[0].what and "\n" not in rows[0].what, rows[0].what
+  if content not in ("{}", "altered"):
     return
   with caplog.at_level("WARNING"):
     result = loop.train_and_evaluate(_config(), str(workdir))
   assert "Resuming from step 4, the newest step that restores." in caplog.text
-  assert f"{position} holds no input position" in caplog.text
+  assert (f"{position}: its input position differs" if content == "altered"
+          else f"{position} holds no input position") in caplog.text
   assert result.source == "workdir" and result.step == 8
 
 

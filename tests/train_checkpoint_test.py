@@ -1,5 +1,7 @@
 """Tests of hypermixer_jax.train.checkpoint: save/restore across meshes, fine-tune loading."""
+import hashlib
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -260,8 +262,31 @@ def test_data_position_is_one_file_per_process(tmp_path):
   ck.close()
   data_dir = tmp_path / "4" / "data"
   assert [p.name for p in data_dir.glob("*.json")] == ["process_0-of-1.json"]
+  # The position with the SHA-256 of its JSON text.
   assert json.loads((data_dir / "process_0-of-1.json").read_text()) == {
-      "position": 9}
+      "sha256": hashlib.sha256(b'{"position": 9}').hexdigest(),
+      "input_position": {"position": 9}}
+
+
+def test_a_position_that_differs_from_its_digest_is_refused(tmp_path):
+  item = {"epoch": 1, "batch": 30, "iterator": "CgRzZWVk\u00e9", "lr": 1e-05,
+          "ids": [3, -2], "done": False, "none": None}
+  path = tmp_path / "process_0-of-1.json"
+  path.write_text(multihost.encode_position(item))
+  assert multihost.read_position(path) == item
+  # Earlier versions' files: the bare position.
+  (tmp_path / "bare.json").write_text(json.dumps(item))
+  assert multihost.read_position(tmp_path / "bare.json") == item
+  for old, new in [('"batch": 30', '"batch": 31'), ("CgRz", "CgRy"),
+                   ('"sha256": "', '"sha256": "0')]:
+    path.write_text(multihost.encode_position(item).replace(old, new, 1))
+    with pytest.raises(ValueError, match=(
+        f"^{re.escape(str(path))}: its input position differs from its "
+        "sha256 digest .*: the checkpoint is damaged$")):
+      multihost.read_position(path)
+  path.write_text(multihost.encode_position(item)[:-5])
+  with pytest.raises(ValueError, match=f"^{re.escape(str(path))} is not JSON"):
+    multihost.read_position(path)
 
 
 def _as_process(monkeypatch, index, count):

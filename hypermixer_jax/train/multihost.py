@@ -5,7 +5,10 @@ position in it (``Pipeline.get_state()``, which holds the tf.data iterator
 state with its shuffle buffer: megabytes per host). ``DataStateHandler`` is
 the Orbax handler of the checkpoint's ``data`` item: every process writes its
 own file ``process_<i>-of-<n>.json`` into the item folder, in Orbax's
-asynchronous save and commit protocol, and reads back only its own. Nothing
+asynchronous save and commit protocol, and reads back only its own. The file
+carries the SHA-256 of its position (``read_position`` checks it), so a
+changed byte that still parses as JSON makes the step damaged instead of
+resuming at another position or blaming the config. Nothing
 is gathered between hosts (t5x keeps one dataset checkpoint per host the same
 way), so the cost of a save per host does not grow with the number of hosts.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import re
 import threading
@@ -32,10 +36,41 @@ import orbax.checkpoint as ocp
 LEGACY_FILE = "metadata"        # JsonCheckpointHandler's file name
 _LEGACY_KEY = "per_process"      # all processes' positions in that file
 FILE_PATTERN = re.compile(r"process_(\d+)-of-(\d+)\.json$")
+# A position file: {"sha256": <digest of the position's JSON>,
+# "input_position": <the position>} (files of earlier versions: the position).
+_DIGEST, _POSITION = "sha256", "input_position"
 
 
 def process_file(index: int, count: int) -> str:
   return f"process_{index}-of-{count}.json"
+
+
+def _digest(payload: str) -> str:
+  return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def encode_position(item: Any) -> str:
+  """The text of a position file: ``item`` as JSON with its digest."""
+  payload = json.dumps(item)
+  return f'{{"{_DIGEST}": "{_digest(payload)}", "{_POSITION}": {payload}}}'
+
+
+def read_position(path: epath.PathLike) -> Any:
+  """The position held by the file ``path`` (``encode_position``'s text, or
+  an earlier version's bare JSON); a ValueError naming the file where it is
+  not JSON or its position differs from its digest."""
+  text = epath.Path(path).read_text()
+  try:
+    record = json.loads(text)
+  except ValueError as e:
+    raise ValueError(f"{path} is not JSON ({e}): the checkpoint is "
+                     "damaged") from e
+  if not (isinstance(record, dict) and set(record) == {_DIGEST, _POSITION}):
+    return record
+  if _digest(json.dumps(record[_POSITION])) != record[_DIGEST]:
+    raise ValueError(f"{path}: its input position differs from its sha256 "
+                     "digest (a changed byte): the checkpoint is damaged")
+  return record[_POSITION]
 
 
 def _process() -> tuple[int, int]:
@@ -54,7 +89,7 @@ class DataStateHandler(ocp.AsyncCheckpointHandler):
   async def async_save(self, directory: epath.Path,
                        args: "DataStateSave") -> list[ocp.Future]:
     index, count = _process()
-    payload = json.dumps(args.item)
+    payload = encode_position(args.item)
 
     async def write() -> None:
       (epath.Path(directory) / process_file(index, count)).write_text(payload)
@@ -80,7 +115,7 @@ class DataStateHandler(ocp.AsyncCheckpointHandler):
     index, count = _process()
     own = directory / process_file(index, count)
     if own.exists():
-      return json.loads(own.read_text())
+      return read_position(own)
     legacy = directory / LEGACY_FILE
     if legacy.exists():
       return _own_from_legacy(json.loads(legacy.read_text()), index, count)

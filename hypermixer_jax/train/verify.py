@@ -3,9 +3,10 @@
 Each step is read in full (every array of its state, into the shapes and
 dtypes its own metadata gives, spread over the local devices: no config is
 needed), its arrays compared with the fingerprints saved with it and checked
-for NaN/Inf, and each process's input position parsed. The table says, per
-step, ``ok``, ``ok, no fingerprint`` (saved before fingerprints were
-recorded: read and finite, nothing to compare), ``damaged`` with what failed,
+for NaN/Inf, and each process's input position parsed and checked against
+its SHA-256. The table says, per step, ``ok``, ``ok, no fingerprint`` (saved
+before fingerprints were recorded: read and finite, nothing to compare),
+``damaged`` with what failed,
 or ``set aside`` for the steps a training run moved to
 ``checkpoints_damaged/`` (``checkpoint.damaged_folder``; earlier versions:
 ``checkpoints/damaged/``).
@@ -13,7 +14,6 @@ or ``set aside`` for the steps a training run moved to
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 from etils import epath
@@ -153,7 +153,8 @@ def _holds_position(folder: epath.Path) -> bool:
   """Whether one of the step's input-position files holds a position."""
   for name in _position_files(folder):
     try:
-      multihost.checked_position(json.loads((folder / name).read_text()), name)
+      multihost.checked_position(multihost.read_position(folder / name),
+                                 name)
       return True
     except (OSError, ValueError):
       continue
@@ -181,10 +182,7 @@ def _check_positions(folder: epath.Path, expected: bool) -> None:
             f"{folder / multihost.process_file(index, count)} is missing "
             f"(the input position of process {index} of {count})")
   for f in folder.glob("*.json"):
-    try:
-      state = json.loads(f.read_text())
-    except ValueError as e:
-      raise ValueError(f"{f} is not JSON: {e}") from e
+    state = multihost.read_position(f)
     if expected:
       multihost.checked_position(state, f)
 
