@@ -49,7 +49,6 @@ import pathlib
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import glue
 from hypermixer_jax.experiment import mlm
-from hypermixer_jax.experiment import nli
 from hypermixer_jax.experiment import selection
 # pylint: disable=g-importing-member
 from hypermixer_jax.experiment.pretraining import ARMS
@@ -61,6 +60,7 @@ from hypermixer_jax.experiment.pretraining import nb_key
 from hypermixer_jax.experiment.pretraining import pretrain_config
 from hypermixer_jax.experiment.pretraining import probe_encoders
 from hypermixer_jax.experiment.pretraining import report
+from hypermixer_jax.experiment.pretraining import retire_other_decay
 from hypermixer_jax.experiment.pretraining import search_grid
 from hypermixer_jax.experiment.pretraining import select_key
 from hypermixer_jax.experiment.pretraining import selection_config
@@ -236,6 +236,7 @@ def main() -> None:
   settings = settings_of(tasks, experiment.split(args.fractions, float))
   grids = {task: search_grid(args, task) for task in tasks}
   for mixer in models:
+    retire_other_decay(exp, mixer, shared, vocab, tasks)   # they run again
     for setting in settings:
       cells.setting(mixer, setting, grids[setting[0]], seeds, chosen, keys)
     # Linear probes of the pretrained encoders (the SST-2 settings).

@@ -13,10 +13,12 @@ import pytest
 
 from hypermixer_jax import experiment
 from hypermixer_jax.experiment import glue
+from hypermixer_jax.experiment import nli
 from hypermixer_jax.experiment import pretraining
 from hypermixer_jax.experiment import selection
 from hypermixer_jax.models import zoo
 from hypermixer_jax.train import checkpoint
+from hypermixer_jax.train import optim
 
 import script_modules
 
@@ -72,6 +74,67 @@ def test_pretrained_encoder_is_the_classifier_encoder(configs, mixer):
     assert c.model.head == head
 
 
+def _decay_masks(model_config):
+  """(the current rule's mask, the rule of runs recorded without
+  ``weight_decay_mask``: every leaf of rank > 1), flattened by path."""
+  boxed = zoo.abstract_variables(model_config)["params"]
+  new = checkpoint._flatten(optim.weight_decay_mask(boxed))  # pylint: disable=protected-access
+  old = {k: len(v.shape) > 1 for k, v in checkpoint._flatten(  # pylint: disable=protected-access
+      nn.unbox(boxed)).items()}
+  return new, old
+
+
+@pytest.mark.parametrize("mixer", pf.MODELS)
+def test_which_models_the_earlier_decay_rule_trained_otherwise(configs, mixer):
+  # Runs recorded before runs named their weight-decay rule decayed every
+  # leaf of rank > 1. In this study's models that differs from the current
+  # rule only at the Transformer's [heads, head_dim] query / key / value
+  # biases (and, the check's control, wherever layers are scanned).
+  models = [c.model for c in configs[0][mixer]]
+  for model in models:
+    new, old = _decay_masks(model)
+    assert any(new.values()) and not all(new.values())
+    differ = sorted(k for k in new if new[k] != old[k])
+    assert differ == ([f"encoder/stack/layer_{i}/token_mixing/{w}/bias"
+                       for i in range(2) for w in ("key", "query", "value")]
+                      if mixer == "attention" else [])
+  assert experiment.decay_rules_differ(models) == (mixer == "attention")
+  scanned = models[1].copy_and_resolve_references()
+  scanned.scan_layers = True
+  assert experiment.decay_rules_differ([scanned])
+
+
+def test_records_of_the_earlier_decay_rule_run_again_where_it_differs(
+    shared_data, tmp_path):
+  vocab = {"path": str(shared_data / "t5_spm/sentencepiece.model"),
+           "model_vocab_size": 8064}
+  exp = experiment.Experiment(tmp_path / "exp")
+  keys = {m: [f"pretrain/s3/model={m}/seed=0",
+              f"p3_f2/task=snli/model={m}/fraction=1/arm=scratch/lr=0.001/"
+              "seed=0", f"probe/s3/model={m}/fraction=1/seed=0"]
+          for m in ("attention", "gmlp")}
+  for m in keys:
+    for k in keys[m]:
+      exp.runs[k] = {"eval": {"accuracy": 0.5}}
+  current = "p3_f2/model=attention/fraction=1/arm=scratch/lr=0.01/seed=0"
+  exp.runs[current] = {"eval": {"accuracy": 0.6},
+                       "weight_decay_mask": optim.DECAY_MASK_RULE}
+  exp.save()
+  assert pf.retire_other_decay(exp, "gmlp", shared_data, vocab,
+                               ["snli"]) == []
+  assert pf.retire_other_decay(exp, "attention", shared_data, vocab,
+                               ["snli"]) == keys["attention"]
+  assert sorted(exp.runs) == sorted([current, *keys["gmlp"]])
+  retired = json.loads((tmp_path / "exp/results.json").read_text())[
+      "superseded"]
+  assert sorted(retired) == sorted(keys["attention"])
+  assert all("earlier weight-decay rule" in r["superseded_because"]
+             for r in retired.values())
+  # Nothing left to retire: a second process retires nothing.
+  assert pf.retire_other_decay(exp, "attention", shared_data, vocab,
+                               ["snli"]) == []
+
+
 def test_same_vocabulary_length_and_seed(configs, shared_data, tmp_path):
   configs, out = configs
   for pre, fine, pair in configs.values():
@@ -95,7 +158,7 @@ def test_same_vocabulary_length_and_seed(configs, shared_data, tmp_path):
   test = pathlib.Path(pair.data.local_files.validation)
   assert pair.eval_split == "validation" and train.parent == out / "splits"
   tr, te = (p.read_text(encoding="utf-8").splitlines() for p in (train, test))
-  source = (shared_data / pf.nli.FILES["snli"][0]).read_text(
+  source = (shared_data / nli.FILES["snli"][0]).read_text(
       encoding="utf-8").splitlines()
   assert sorted(tr + te) == sorted(source)
   # A partition of the rows by premise: no premise on both sides.

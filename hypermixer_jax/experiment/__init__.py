@@ -85,10 +85,12 @@ from hypermixer_jax.experiment.records import cell_key
 from hypermixer_jax.experiment.records import Experiment
 from hypermixer_jax.experiment.records import grid
 from hypermixer_jax.experiment.records import where_ran
+from hypermixer_jax.experiment.runs import decay_rules_differ
 from hypermixer_jax.experiment.runs import flops_per_step
 from hypermixer_jax.experiment.runs import held_out_arrays
 from hypermixer_jax.experiment.runs import match_field
 from hypermixer_jax.experiment.runs import pipeline_arrays
+from hypermixer_jax.experiment.runs import retire_other_decay_rule
 from hypermixer_jax.experiment.runs import train
 from hypermixer_jax.experiment.runs import trained_params
 from hypermixer_jax.experiment.stats import against_baseline

@@ -130,6 +130,20 @@ def carved_search_run(exp, key: str, split: dict, run, train: bool
   return key
 
 
+def retire_other_decay(exp, mixer: str, shared: pathlib.Path, vocab: dict,
+                       tasks) -> list[str]:
+  """Retires ``mixer``'s records (pretraining, probes, both arms, every
+  task) trained under the earlier weight-decay rule where it decays other
+  leaves of the study's models (``experiment.retire_other_decay_rule``):
+  they train again, never mixed with runs of the current rule."""
+  models = [pretrain_config(mixer, shared, vocab, seed=0, steps=1).model] + [
+      finetune_config(mixer, shared, vocab, lr=1.0, seed=0, fraction=1.0,
+                      out=exp.out, steps=1, task=task).model
+      for task in dict.fromkeys(("sst2", *tasks))]
+  return experiment.retire_other_decay_rule(
+      exp, [k for k in exp.runs if f"model={mixer}/" in k], models)
+
+
 def select_key(tag: str, mixer: str, task: str, fraction: float, arm: str,
                lr: float, share: float) -> str:
   """The key of a search's selection run (seed ``selection.SEED``)."""

@@ -114,6 +114,39 @@ def train(config, workdir: str, *, with_params: bool = False
   return out
 
 
+def decay_rules_differ(model_configs) -> bool:
+  """Whether the weight-decay rule of runs recorded without
+  ``weight_decay_mask`` (every leaf of rank > 1 decays) decays other leaves
+  than the current rule (``optim.weight_decay_mask``) in one of the models
+  of ``model_configs``: then such records did not train what the cell now
+  trains."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax import linen as nn  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.models import zoo  # pylint: disable=g-import-not-at-top
+  from hypermixer_jax.train import optim  # pylint: disable=g-import-not-at-top
+  for model_config in model_configs:
+    boxed = zoo.abstract_variables(model_config)["params"]
+    old = [len(x.shape) > 1 for x in jax.tree.leaves(nn.unbox(boxed))]
+    if jax.tree.leaves(optim.weight_decay_mask(boxed)) != old:
+      return True
+  return False
+
+
+def retire_other_decay_rule(exp, keys, model_configs) -> list[str]:
+  """Retires (``exp.supersede``) each of ``keys`` recorded without
+  ``weight_decay_mask`` where ``decay_rules_differ(model_configs)``, so that
+  the cell trains again under the current rule instead of mixing runs of
+  two rules in one comparison. Returns the keys retired."""
+  old = [k for k in keys if k in exp.runs
+         and "weight_decay_mask" not in exp.runs[k]]
+  if not old or exp.report_only or not decay_rules_differ(model_configs):
+    return []
+  for key in old:
+    exp.supersede(key, "trained under the earlier weight-decay rule (every "
+                  "leaf of rank > 1), which decays other leaves of this model")
+  return old
+
+
 # Fields a cell's run may change between its starts without changing what
 # it trains (prefixes of the flattened config).
 BOOKKEEPING = ("checkpoint_every", "keep_checkpoints", "async_checkpoints",
