@@ -133,6 +133,20 @@ def test_records_of_the_earlier_decay_rule_run_again_where_it_differs(
   # Nothing left to retire: a second process retires nothing.
   assert pf.retire_other_decay(exp, "attention", shared_data, vocab,
                                ["snli"]) == []
+  # What the rule changed: the cells run again beside their retired records.
+  assert pretraining._rule_section(exp.data) == ""  # pylint: disable=protected-access
+  exp.runs[keys["attention"][0]] = {"eval": {"perplexity": 420.0}}
+  exp.runs[keys["attention"][1]] = {"eval": {"accuracy": 0.52}}
+  exp.data["superseded"][keys["attention"][0]]["eval"] = {"perplexity": 400.0}
+  assert experiment.decay_rule_pairs(exp.data, "accuracy") == [
+      (keys["attention"][1], 0.5, 0.52)]
+  assert pretraining._rule_section(exp.data) == (  # pylint: disable=protected-access
+      "\n\n**Weight-decay rule.** Cells run again under the current rule "
+      "beside their retired records of the earlier one (the same setting and "
+      "seed): accuracy, 1 cell(s): current - earlier +2.00 points on average "
+      "(sd 0.00, largest |difference| 2.00); MLM held-out perplexity, 1 "
+      "cell(s): current - earlier +5.00 % on average (sd 0.00, largest "
+      "|difference| 5.00).")
 
 
 def test_same_vocabulary_length_and_seed(configs, shared_data, tmp_path):

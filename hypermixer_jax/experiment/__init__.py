@@ -85,6 +85,7 @@ from hypermixer_jax.experiment.records import cell_key
 from hypermixer_jax.experiment.records import Experiment
 from hypermixer_jax.experiment.records import grid
 from hypermixer_jax.experiment.records import where_ran
+from hypermixer_jax.experiment.runs import decay_rule_pairs
 from hypermixer_jax.experiment.runs import decay_rules_differ
 from hypermixer_jax.experiment.runs import flops_per_step
 from hypermixer_jax.experiment.runs import held_out_arrays

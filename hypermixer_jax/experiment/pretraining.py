@@ -291,8 +291,31 @@ def report(exp, args, models, settings, seeds, chosen, keys) -> None:
            "MLM ppl reached", "linear probe: random / pretrained encoder",
            "TFLOPs pretrain / fine-tune"], rows),
       _notes(args, seeds, bases) + "\n\n" + _search_sections(
-          exp.runs, args, models, settings, chosen))
+          exp.runs, args, models, settings, chosen) + _rule_section(exp.data))
   _plot(exp, models, settings, keys)
+
+
+def _rule_section(data: dict) -> str:
+  """The cells run again under the current weight-decay rule beside their
+  retired records (``experiment.decay_rule_pairs``): what the rule
+  changed, on the same setting and seed."""
+  acc = [100 * (b - a) for _, a, b in experiment.decay_rule_pairs(
+      data, "accuracy")]
+  ppl = [100 * (b / a - 1) for _, a, b in experiment.decay_rule_pairs(
+      data, "perplexity")]
+  if not acc and not ppl:
+    return ""
+  out = ("\n\n**Weight-decay rule.** Cells run again under the current rule "
+         "beside their retired records of the earlier one (the same setting "
+         "and seed):")
+  for name, diffs, unit in (("accuracy", acc, "points"),
+                            ("MLM held-out perplexity", ppl, "%")):
+    if diffs:
+      out += (f" {name}, {len(diffs)} cell(s): current - earlier "
+              f"{np.mean(diffs):+.2f} {unit} on average (sd "
+              f"{np.std(diffs, ddof=1) if len(diffs) > 1 else 0:.2f}, largest "
+              f"|difference| {max(abs(d) for d in diffs):.2f});")
+  return out[:-1] + "."
 
 
 def _search_sections(runs, args, models, settings, chosen) -> str:

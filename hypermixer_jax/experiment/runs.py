@@ -142,9 +142,26 @@ def retire_other_decay_rule(exp, keys, model_configs) -> list[str]:
   if not old or exp.report_only or not decay_rules_differ(model_configs):
     return []
   for key in old:
-    exp.supersede(key, "trained under the earlier weight-decay rule (every "
-                  "leaf of rank > 1), which decays other leaves of this model")
+    exp.supersede(key, OTHER_DECAY_RULE)
   return old
+
+
+# Why ``retire_other_decay_rule`` retired a record (``superseded_because``).
+OTHER_DECAY_RULE = ("trained under the earlier weight-decay rule (every leaf "
+                    "of rank > 1), which decays other leaves of this model")
+
+
+def decay_rule_pairs(data: dict, field: str) -> list[tuple[str, float, float]]:
+  """``(key, retired, current)`` values of ``eval[field]`` for each record
+  ``retire_other_decay_rule`` retired whose cell has run again: what the
+  rule changed, the setting and seed being the same."""
+  out = []
+  for name, old in data.get("superseded", {}).items():
+    new = data.get("runs", {}).get(name.split("#")[0], {})
+    if (old.get("superseded_because") == OTHER_DECAY_RULE
+        and field in old.get("eval", {}) and field in new.get("eval", {})):
+      out.append((name, old["eval"][field], new["eval"][field]))
+  return out
 
 
 # Fields a cell's run may change between its starts without changing what
