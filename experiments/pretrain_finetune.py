@@ -83,10 +83,10 @@ def _parser():
   p.add_argument("--fractions", default=SMALL["fractions"],
                  help="fractions of SST-2's train phrases (a pair task "
                  "always uses its whole train part)")
-  p.add_argument("--lrs", default=SMALL["lrs"],
-                 help="fine-tuning learning rates searched on the carved "
-                 "validation split")
-  p.add_argument("--warmup_shares", default="0.1", help="tried with each lr")
+  p.add_argument("--lrs", default=SMALL["lrs"], help="fine-tuning "
+                 "learning rates searched on the carved validation split")
+  p.add_argument("--warmup_shares", default=SMALL["warmup_shares"],
+                 help="tried with each lr")
   p.add_argument("--pair_grid", default="", help="LRS/SHARES: the pair "
                  "task's own search (e.g. 3e-4,1e-3/0.1); default: --lrs x "
                  "--warmup_shares")

@@ -30,8 +30,7 @@ run experiments/low_resource.py --scale=small --tune --report_only --lrs=1e-3,3e
     --seeds=0,1,2,3,4 --budget_check=500 --out=$R/low_resource
 run experiments/tuning_cost.py --scale=small --report_only --out=$R/tuning_cost
 run experiments/tuning_cost.py --scale=small --carve --report_only --out=$R/tuning_cost
-run experiments/pretrain_finetune.py --scale=small --report_only --lrs=3e-4,1e-3,3e-3,1e-2 \
-    --warmup_shares=0.02,0.1 --pair_grid=3e-4,1e-3/0.1 --out=$R/pretrain_finetune
+run experiments/pretrain_finetune.py --scale=small --report_only --out=$R/pretrain_finetune
 run experiments/synthetic_data_efficiency.py --scale=small --report_only \
     --out=$R/synthetic_data_efficiency
 run experiments/synthetic_data_efficiency.py --scale=small --tune --report_only \

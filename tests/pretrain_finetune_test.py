@@ -289,7 +289,8 @@ def _fake_grid(shared_data, out, monkeypatch):
     monkeypatch.setattr(sys, "argv", [
         "pretrain_finetune.py", f"--out={out}", f"--shared={shared_data}",
         "--models=gmlp", "--fractions=1.0", "--tasks=sst2",
-        "--pretrain_steps=3", "--finetune_steps=2", *flags])
+        "--pretrain_steps=3", "--finetune_steps=2", "--lrs=3e-4,1e-3",
+        "--warmup_shares=0.1", *flags])   # a small grid unless flags say
     pf.main()
   return calls, main
 

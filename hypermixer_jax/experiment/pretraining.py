@@ -20,8 +20,8 @@ ARMS = ("scratch", "pretrained")
 TASK_LABELS = {"sst2": "SST-2", "mnli": "MNLI-m", "snli": "SNLI",
                "qnli": "QNLI"}
 SMALL = dict(width=128, seq_len=64, batch_size=64, pretrain_steps=3000,
-             pretrain_lr=1e-3, finetune_steps=1000, lrs="3e-4,1e-3",
-             fractions="0.1,1.0")
+             pretrain_lr=1e-3, finetune_steps=1000, lrs="3e-4,1e-3,3e-3,1e-2",
+             warmup_shares="0.02,0.1", fractions="0.1,1.0")
 C4_TRAIN_ALL = ("c4/c4_en_tfds_minimal_train_1000.jsonl,"
                 "c4/c4_en_train_00000_first1000.jsonl")
 # The bar: pretrained beats scratch by this many points at 10% of the labels,
