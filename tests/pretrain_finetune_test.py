@@ -143,10 +143,10 @@ def test_records_of_the_earlier_decay_rule_run_again_where_it_differs(
   assert pretraining._rule_section(exp.data) == (  # pylint: disable=protected-access
       "\n\n**Weight-decay rule.** Cells run again under the current rule "
       "beside their retired records of the earlier one (the same setting and "
-      "seed): accuracy, 1 cell(s): current - earlier +2.00 points on average "
-      "(sd 0.00, largest |difference| 2.00); MLM held-out perplexity, 1 "
-      "cell(s): current - earlier +5.00 % on average (sd 0.00, largest "
-      "|difference| 5.00).")
+      "seed): accuracy, 1 cell(s): current - earlier +2 points on average "
+      "(sd 0, largest |difference| 2); MLM held-out perplexity, 1 "
+      "cell(s): current - earlier +5 % on average (sd 0, largest "
+      "|difference| 5).")
 
 
 def test_same_vocabulary_length_and_seed(configs, shared_data, tmp_path):

@@ -312,9 +312,9 @@ def _rule_section(data: dict) -> str:
                             ("MLM held-out perplexity", ppl, "%")):
     if diffs:
       out += (f" {name}, {len(diffs)} cell(s): current - earlier "
-              f"{np.mean(diffs):+.2f} {unit} on average (sd "
-              f"{np.std(diffs, ddof=1) if len(diffs) > 1 else 0:.2f}, largest "
-              f"|difference| {max(abs(d) for d in diffs):.2f});")
+              f"{np.mean(diffs):+.3g} {unit} on average (sd "
+              f"{np.std(diffs, ddof=1) if len(diffs) > 1 else 0:.3g}, largest "
+              f"|difference| {max(abs(d) for d in diffs):.3g});")
   return out[:-1] + "."
 
 
